@@ -1,0 +1,402 @@
+//! OSU-style one-sided benchmark of a [`Transport`]: latency at 8 B and bandwidth from 8 B to
+//! 4 MiB for `get`, `put`, `accumulate` (and `fetch_add` latency), rank 0 acting on rank 1's
+//! shard while the other ranks wait.
+//!
+//! Run it as `mpirun -n 2 peregrine bench rma` (MPI backend, with the raw-MPI reference) or
+//! `peregrine bench rma --backend local` (ranks as threads).
+//!
+//! Method, after the OSU one-sided micro-benchmarks (osu_get_latency, osu_get_bw, ...):
+//! - latency: one operation and its completion per iteration (`get`; `put`/`accumulate` then
+//!   `flush(target)`; `fetch_add`), after warm-up iterations that are not timed;
+//! - bandwidth: a window of `W` operations of the same size (W = 64, fewer above 256 KiB so that a
+//!   window moves at most 16 MiB), issued back to back as one batch, then one completion;
+//! - each figure is the median of several trials; with the MPI backend each trial of ours is
+//!   followed by the same loop in raw MPI on an `MPI_Win_allocate` window in a `lock_all` epoch
+//!   with `MPI_Win_flush` (the reference), so that both see the same machine state.
+
+use std::fmt;
+use std::time::Instant;
+
+use peregrine_transport::{Result, ShardMap, Transport, Window};
+
+/// The operations measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// `get`
+    Get,
+    /// `put` + `flush`
+    Put,
+    /// `accumulate` (sum) + `flush`
+    Accumulate,
+    /// `fetch_add` (8 B only)
+    FetchAdd,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Get => "get",
+            Self::Put => "put",
+            Self::Accumulate => "accumulate",
+            Self::FetchAdd => "fetch_add",
+        })
+    }
+}
+
+/// Benchmark settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Smallest message of the bandwidth sweep, bytes (multiple of 8).
+    pub min_size: usize,
+    /// Largest message of the bandwidth sweep, bytes (multiple of 8).
+    pub max_size: usize,
+    /// Timed iterations of the latency loops.
+    pub latency_iters: usize,
+    /// Untimed warm-up iterations before every timed loop.
+    pub warmup: usize,
+    /// Trials per figure (the median is reported).
+    pub trials: usize,
+    /// Measure against raw MPI too (MPI backend only).
+    pub raw: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self { min_size: 8, max_size: 4 << 20, latency_iters: 20_000, warmup: 1_000, trials: 5, raw: true }
+    }
+}
+
+/// What a row measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// One operation + completion per iteration.
+    Latency,
+    /// Windows of operations, one completion per window.
+    Bandwidth,
+}
+
+/// One line of the report.
+#[derive(Clone, Debug)]
+pub struct Row {
+    /// What is measured.
+    pub kind: Kind,
+    /// The operation.
+    pub op: Op,
+    /// Message size in bytes.
+    pub size: usize,
+    /// Seconds per operation, ours (median of the trials).
+    pub ours: f64,
+    /// Seconds per operation, raw MPI, when measured.
+    pub raw: Option<f64>,
+}
+
+impl Row {
+    /// Header line matching [`Row`]'s `Display`.
+    pub fn header(kind: Kind) -> String {
+        match kind {
+            Kind::Latency => format!(
+                "{:<11} {:>9} {:>12} {:>12} {:>8}",
+                "# op", "size(B)", "lat(us)", "raw-lat(us)", "ours/raw"
+            ),
+            Kind::Bandwidth => format!(
+                "{:<11} {:>9} {:>12} {:>12} {:>8}",
+                "# op", "size(B)", "bw(GB/s)", "raw-bw(GB/s)", "raw/ours"
+            ),
+        }
+    }
+
+    /// Ours over raw, as a cost ratio (> 1: ours is slower).
+    pub fn ratio(&self) -> Option<f64> {
+        self.raw.map(|r| self.ours / r)
+    }
+}
+
+impl fmt::Display for Row {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (ours, raw) = match self.kind {
+            Kind::Latency => (self.ours * 1e6, self.raw.map(|r| r * 1e6)),
+            Kind::Bandwidth => {
+                (self.size as f64 / self.ours / 1e9, self.raw.map(|r| self.size as f64 / r / 1e9))
+            }
+        };
+        let dash = || "-".to_owned();
+        write!(
+            f,
+            "{:<11} {:>9} {:>12.3} {:>12} {:>8}",
+            self.op.to_string(),
+            self.size,
+            ours,
+            raw.map_or_else(dash, |r| format!("{r:.3}")),
+            self.ratio().map_or_else(dash, |r| format!("{r:.2}")),
+        )
+    }
+}
+
+/// Operations per completion for a message of `size` bytes in the bandwidth loops.
+fn window_ops(size: usize) -> usize {
+    (16 << 20) / size.max(1)
+}
+
+/// Runs the benchmark; collective (every rank calls it). Rank 0 measures and calls `report` for
+/// each row as soon as it is known (other ranks never call it).
+pub fn run(t: &Transport, cfg: &Config, mut report: impl FnMut(&Row)) -> Result<()> {
+    let n = t.world_size();
+    let target = usize::from(n > 1);
+    let elems = (cfg.max_size / 8).max(1);
+    // Rank 1's shard holds the target region; the others are a single element.
+    let map = ShardMap::from_lens((0..n).map(|r| if r == target { elems } else { 1 }));
+    let data: Window<f64> = t.alloc_window("rma bench data", &map)?;
+    let counter: Window<u64> = t.alloc_window("rma bench counter", &map)?;
+    let base = map.range(target).start;
+    let mut raw = raw_reference(t, cfg, elems)?;
+    let me = t.rank() == 0;
+    // A window of operations moves at most 16 MiB (see `window_ops`).
+    let mut buf = if me { vec![1.0f64; (2 << 20).max(elems)] } else { Vec::new() };
+
+    for op in [Op::Get, Op::Put, Op::Accumulate, Op::FetchAdd] {
+        let mut ours = Vec::new();
+        let mut theirs = Vec::new();
+        for _ in 0..cfg.trials {
+            t.barrier()?;
+            if me {
+                ours.push(timed(cfg.latency_iters, cfg.warmup, || match op {
+                    Op::Get => data.get(base, &mut buf[..1]),
+                    Op::Put => data.put(base, &buf[..1]).and_then(|()| data.flush(target)),
+                    Op::Accumulate => data.accumulate(base, &buf[..1]).and_then(|()| data.flush(target)),
+                    Op::FetchAdd => counter.fetch_add(base, 1).map(drop),
+                })?);
+                if let Some(raw) = &mut raw {
+                    theirs.push(timed(cfg.latency_iters, cfg.warmup, || raw.op(op, target, 1))?);
+                }
+            }
+        }
+        if me {
+            report(&Row {
+                kind: Kind::Latency,
+                op,
+                size: 8,
+                ours: median(&mut ours),
+                raw: median_opt(&mut theirs),
+            });
+        }
+    }
+
+    for op in [Op::Get, Op::Put, Op::Accumulate] {
+        let mut size = cfg.min_size.max(8);
+        while size <= cfg.max_size {
+            let len = size / 8;
+            let w = window_ops(size).clamp(1, 64);
+            let ranges = vec![base..base + len; w];
+            let iters = ((256usize << 20) / (size * w)).clamp(4, 200);
+            let mut ours = Vec::new();
+            let mut theirs = Vec::new();
+            for _ in 0..cfg.trials {
+                t.barrier()?;
+                if me {
+                    let out = &mut buf[..len * w];
+                    ours.push(
+                        timed(iters, cfg.warmup.min(iters), || match op {
+                            Op::Get => data.get_batch(&ranges, out),
+                            Op::Put => data.put_batch(&ranges, out).and_then(|()| data.flush(target)),
+                            _ => data.accumulate_batch(&ranges, out).and_then(|()| data.flush(target)),
+                        })? / w as f64,
+                    );
+                    if let Some(raw) = &mut raw {
+                        theirs.push(
+                            timed(iters, cfg.warmup.min(iters), || raw.window(op, target, len, w))?
+                                / w as f64,
+                        );
+                    }
+                }
+            }
+            if me {
+                report(&Row {
+                    kind: Kind::Bandwidth,
+                    op,
+                    size,
+                    ours: median(&mut ours),
+                    raw: median_opt(&mut theirs),
+                });
+            }
+            size *= 2;
+        }
+    }
+    t.barrier()?;
+    if let Some(raw) = raw {
+        raw.free()?;
+    }
+    counter.free()?;
+    data.free()
+}
+
+/// Seconds per call of `f` over `iters` calls, after `warmup` untimed ones.
+fn timed(iters: usize, warmup: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    for _ in 0..warmup {
+        f()?;
+    }
+    let start = Instant::now();
+    for _ in 0..iters {
+        f()?;
+    }
+    Ok(start.elapsed().as_secs_f64() / iters.max(1) as f64)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn median_opt(v: &mut [f64]) -> Option<f64> {
+    (!v.is_empty()).then(|| median(v))
+}
+
+#[cfg(feature = "mpi")]
+fn raw_reference(t: &Transport, cfg: &Config, elems: usize) -> Result<Option<raw::RawWindow>> {
+    if cfg.raw && t.backend() == peregrine_transport::Backend::Mpi {
+        raw::RawWindow::new(t.rank(), elems).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+fn raw_reference(_: &Transport, _: &Config, _: usize) -> Result<Option<raw::RawWindow>> {
+    Ok(None)
+}
+
+/// Without MPI there is no reference: the window type is uninhabited, so `raw` is always `None`.
+#[cfg(not(feature = "mpi"))]
+mod raw {
+    use super::{Op, Result};
+    pub enum RawWindow {}
+    impl RawWindow {
+        pub fn op(&mut self, _: Op, _: usize, _: usize) -> Result<()> {
+            match *self {}
+        }
+        pub fn window(&mut self, _: Op, _: usize, _: usize, _: usize) -> Result<()> {
+            match *self {}
+        }
+        pub fn free(self) -> Result<()> {
+            match self {}
+        }
+    }
+}
+
+/// The reference: the same loops written directly against MPI.
+#[cfg(feature = "mpi")]
+mod raw {
+    use std::ffi::c_int;
+
+    use mpi::ffi;
+    use peregrine_transport::{Error, Result};
+
+    use super::Op;
+
+    /// A raw `MPI_Win_allocate` window in a `lock_all` epoch, on `MPI_COMM_WORLD`.
+    /// Invariant: `win` is live until `free`.
+    pub struct RawWindow {
+        rank: usize,
+        win: ffi::MPI_Win,
+        /// Origin buffer (f64 for data, reinterpreted as u64 for fetch_add).
+        buf: Vec<f64>,
+    }
+
+    fn check(rank: usize, call: &'static str, rc: c_int) -> Result<()> {
+        if rc == ffi::MPI_SUCCESS as c_int {
+            Ok(())
+        } else {
+            Err(Error::Mpi { rank, call, code: rc, message: "raw MPI reference".to_owned() })
+        }
+    }
+
+    impl RawWindow {
+        /// Collective over MPI_COMM_WORLD.
+        pub fn new(rank: usize, elems: usize) -> Result<Self> {
+            let mut base: *mut f64 = std::ptr::null_mut();
+            let mut win = std::mem::MaybeUninit::<ffi::MPI_Win>::uninit();
+            // SAFETY: MPI is initialised (the transport did it); out-pointers are valid; every rank
+            // calls this collectively.
+            let rc = unsafe {
+                ffi::MPI_Win_allocate(
+                    (elems * 8) as ffi::MPI_Aint,
+                    8,
+                    ffi::RSMPI_INFO_NULL,
+                    ffi::RSMPI_COMM_WORLD,
+                    (&mut base as *mut *mut f64).cast(),
+                    win.as_mut_ptr(),
+                )
+            };
+            check(rank, "MPI_Win_allocate", rc)?;
+            // SAFETY: written by the successful call above.
+            let win = unsafe { win.assume_init() };
+            // SAFETY: live window; assert 0 = no assertions.
+            check(rank, "MPI_Win_lock_all", unsafe { ffi::MPI_Win_lock_all(0, win) })?;
+            // The origin buffer of the largest window of operations (16 MiB).
+            Ok(Self { rank, win, buf: vec![1.0; (2 << 20).max(elems)] })
+        }
+
+        /// One operation of one element and its completion.
+        pub fn op(&mut self, op: Op, target: usize, len: usize) -> Result<()> {
+            self.window(op, target, len, 1)
+        }
+
+        /// `w` operations of `len` elements at displacement 0 of `target`, then `MPI_Win_flush`.
+        pub fn window(&mut self, op: Op, target: usize, len: usize, w: usize) -> Result<()> {
+            let dbl = f64::mpi_dt();
+            let n = len as c_int;
+            let t = target as c_int;
+            assert!(w * len <= self.buf.len(), "a window of operations fits the origin buffer");
+            let buf = self.buf.as_mut_ptr();
+            for i in 0..w {
+                // SAFETY: live window in a lock_all epoch; `i * len + len <= buf.len()` (asserted);
+                // the target region `0..len` lies inside the target's allocation; `buf` is
+                // borrowed mutably until the flush below completes every operation.
+                let rc = unsafe {
+                    let o = buf.add(i * len).cast();
+                    match op {
+                        Op::Get => ffi::MPI_Get(o, n, dbl, t, 0, n, dbl, self.win),
+                        Op::Put => ffi::MPI_Put(o, n, dbl, t, 0, n, dbl, self.win),
+                        Op::Accumulate => {
+                            ffi::MPI_Accumulate(o, n, dbl, t, 0, n, dbl, ffi::RSMPI_SUM, self.win)
+                        }
+                        Op::FetchAdd => {
+                            let one = 1u64;
+                            let mut old = 0u64;
+                            ffi::MPI_Fetch_and_op(
+                                (&one as *const u64).cast(),
+                                (&mut old as *mut u64).cast(),
+                                ffi::RSMPI_UINT64_T,
+                                t,
+                                0,
+                                ffi::RSMPI_SUM,
+                                self.win,
+                            )
+                        }
+                    }
+                };
+                check(self.rank, "MPI RMA", rc)?;
+            }
+            // SAFETY: live window in a lock_all epoch.
+            check(self.rank, "MPI_Win_flush", unsafe { ffi::MPI_Win_flush(t, self.win) })
+        }
+
+        /// Collective.
+        pub fn free(mut self) -> Result<()> {
+            // SAFETY: live window, epoch open.
+            check(self.rank, "MPI_Win_unlock_all", unsafe { ffi::MPI_Win_unlock_all(self.win) })?;
+            // SAFETY: live window, epoch closed, collective.
+            let rc = unsafe { ffi::MPI_Win_free(&mut self.win) };
+            check(self.rank, "MPI_Win_free", rc)
+        }
+    }
+
+    trait MpiDt {
+        fn mpi_dt() -> ffi::MPI_Datatype;
+    }
+    impl MpiDt for f64 {
+        fn mpi_dt() -> ffi::MPI_Datatype {
+            // SAFETY: constant handle from rsmpi's shim.
+            unsafe { ffi::RSMPI_DOUBLE }
+        }
+    }
+}

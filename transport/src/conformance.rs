@@ -1,0 +1,444 @@
+//! The conformance suite: what every backend must do, as SPMD cases that check their own results.
+//!
+//! Each case is run by every rank of a world (threads under `cargo test` for `local`, processes
+//! under `mpirun -n 2|4` for `mpi`: see `tests/`) and returns an error naming the rank and what
+//! was wrong. [`run_all`] runs them in order, with a barrier between cases.
+
+use std::time::{Duration, Instant};
+
+use crate::{Elem, Error, ReduceOp, ShardMap, Transport, Window};
+
+/// How a case failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Failure {
+    /// A transport call failed where it should have worked.
+    #[error(transparent)]
+    Transport(#[from] Error),
+    /// A result was wrong.
+    #[error("rank {rank}: {detail}")]
+    Check {
+        /// The rank that saw it.
+        rank: usize,
+        /// What was expected and what came.
+        detail: String,
+    },
+}
+
+type Outcome = std::result::Result<(), Failure>;
+
+macro_rules! ensure {
+    ($t:expr, $cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(Failure::Check { rank: $t.rank(), detail: format!($($fmt)+) });
+        }
+    };
+}
+
+/// Sizes of the suite's loops.
+#[derive(Clone, Copy, Debug)]
+pub struct Params {
+    /// `fetch_add` calls per rank on the shared counter.
+    pub tickets_per_rank: usize,
+    /// Rounds of the compare-and-swap election.
+    pub election_rounds: usize,
+    /// Critical sections per rank under the compare-and-swap spin lock.
+    pub lock_sections: usize,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Self { tickets_per_rank: 100_000, election_rounds: 200, lock_sections: 200 }
+    }
+}
+
+/// A named case.
+#[derive(Clone, Copy, Debug)]
+pub struct Case {
+    /// Short name, printed in reports.
+    pub name: &'static str,
+    /// The case; every rank calls it.
+    pub run: fn(&Transport, &Params) -> Outcome,
+}
+
+/// Every case, in the order [`run_all`] runs them.
+pub const CASES: &[Case] = &[
+    Case { name: "collectives", run: collectives },
+    Case { name: "uneven-shards-crossing-ranges", run: uneven_shards },
+    Case { name: "accumulate-everywhere-f32", run: accumulate_everywhere::<f32> },
+    Case { name: "accumulate-everywhere-f64", run: accumulate_everywhere::<f64> },
+    Case { name: "accumulate-everywhere-u64", run: accumulate_everywhere::<u64> },
+    Case { name: "fetch-add-tickets", run: fetch_add_tickets },
+    Case { name: "compare-and-swap-election", run: cas_election },
+    Case { name: "compare-and-swap-spin-lock", run: cas_spin_lock },
+    Case { name: "bad-use-is-an-error", run: bad_use },
+];
+
+/// Result of one case on this rank.
+#[derive(Debug)]
+pub struct CaseReport {
+    /// The case's name.
+    pub name: &'static str,
+    /// Wall time on this rank.
+    pub elapsed: Duration,
+    /// What happened.
+    pub outcome: Outcome,
+}
+
+impl CaseReport {
+    /// One report line: `ok   <case> <ms> (<ranks> ranks, <backend>)` or `FAIL <case> <error>`.
+    pub fn line(&self, t: &Transport) -> String {
+        match &self.outcome {
+            Ok(()) => format!(
+                "ok   {:<32} {:>9.3} ms  ({} ranks, {})",
+                self.name,
+                self.elapsed.as_secs_f64() * 1e3,
+                t.world_size(),
+                t.backend()
+            ),
+            Err(e) => format!("FAIL {:<32} {e}", self.name),
+        }
+    }
+}
+
+/// The line rank 0 prints after every case passed.
+pub fn summary_line(t: &Transport) -> String {
+    format!("conformance: all cases passed on {} ranks ({})", t.world_size(), t.backend())
+}
+
+/// Runs every case on this rank (collective), and calls `report` after each. Stops at the first
+/// failure, since peers may then be stuck in a different collective.
+pub fn run_all(t: &Transport, params: &Params, mut report: impl FnMut(&CaseReport)) -> Outcome {
+    for case in CASES {
+        let start = Instant::now();
+        let outcome = (case.run)(t, params).and_then(|()| Ok(t.barrier()?));
+        let r = CaseReport { name: case.name, elapsed: start.elapsed(), outcome };
+        report(&r);
+        r.outcome?;
+    }
+    Ok(())
+}
+
+/// `allreduce` (sum, min, max on each type) and `broadcast` from every root.
+fn collectives(t: &Transport, _: &Params) -> Outcome {
+    let (r, n) = (t.rank() as u64, t.world_size() as u64);
+    let mut v = [r, 10 + r, 1];
+    t.allreduce(&mut v, ReduceOp::Sum)?;
+    ensure!(t, v == [n * (n - 1) / 2, 10 * n + n * (n - 1) / 2, n], "u64 sum: got {v:?}");
+    let mut v = [r as f64 * 0.5, -(r as f64)];
+    t.allreduce(&mut v, ReduceOp::Min)?;
+    ensure!(t, v == [0.0, -((n - 1) as f64)], "f64 min: got {v:?}");
+    let mut v = [r as f32, 3.0];
+    t.allreduce(&mut v, ReduceOp::Max)?;
+    ensure!(t, v == [(n - 1) as f32, 3.0], "f32 max: got {v:?}");
+    for root in 0..t.world_size() {
+        let mut b = [r * 7 + 1, 42, r];
+        t.broadcast(&mut b, root)?;
+        let root = root as u64;
+        ensure!(t, b == [root * 7 + 1, 42, root], "broadcast from {root}: got {b:?}");
+    }
+    Ok(())
+}
+
+/// An uneven map with an empty shard; value at global index `i`.
+fn uneven_map(n: usize) -> ShardMap {
+    ShardMap::from_lens((0..n).map(|r| if r == 1 { 0 } else { 5 + 7 * r + 3 * (r % 2) }))
+}
+
+fn pattern(i: usize) -> f64 {
+    (i * i) as f64 * 0.25 + 1.0
+}
+
+/// Puts and gets over global ranges that do not line up with the (uneven) shards.
+fn uneven_shards(t: &Transport, _: &Params) -> Outcome {
+    let (rank, n) = (t.rank(), t.world_size());
+    let map = uneven_map(n);
+    let w: Window<f64> = t.alloc_window("uneven", &map)?;
+    let total = map.total();
+    // Rank r writes the r-th of n equal slices of the global range: they cross shard boundaries.
+    let slice = |r: usize| (r * total / n)..((r + 1) * total / n);
+    let mine = slice(rank);
+    let data: Vec<f64> = mine.clone().map(pattern).collect();
+    // Half with one put, half with a batched put of single elements.
+    let mid = mine.start + mine.len() / 2;
+    w.put(mine.start, &data[..mid - mine.start])?;
+    let singles: Vec<_> = (mid..mine.end).map(|i| i..i + 1).collect();
+    w.put_batch(&singles, &data[mid - mine.start..])?;
+    w.flush_all()?;
+    t.barrier()?;
+
+    let mut all = vec![0.0; total];
+    w.get(0, &mut all)?;
+    for (i, &x) in all.iter().enumerate() {
+        ensure!(t, x == pattern(i), "get(0..{total}): element {i} is {x}, expected {}", pattern(i));
+    }
+    // A batch of ranges around every shard boundary, some empty.
+    let ranges: Vec<_> = (0..n)
+        .map(|r| map.range(r).start)
+        .map(|b| b.saturating_sub(2)..(b + 2).min(total))
+        .chain([total..total, 0..0])
+        .collect();
+    let mut out = vec![0.0; ranges.iter().map(|r| r.len()).sum()];
+    w.get_batch(&ranges, &mut out)?;
+    let expected: Vec<f64> = ranges.iter().flat_map(|r| r.clone().map(pattern)).collect();
+    ensure!(t, out == expected, "get_batch around shard boundaries: got {out:?}, expected {expected:?}");
+    t.barrier()?;
+    w.free()?;
+    Ok(())
+}
+
+/// Every rank accumulates into every element of every shard, by single ranges and by batches;
+/// then every rank reads back the exact sums (small integers: exact in every type).
+fn accumulate_everywhere<T: Elem + FromSmall>(t: &Transport, _: &Params) -> Outcome {
+    let (rank, n) = (t.rank(), t.world_size());
+    let map = uneven_map(n);
+    let total = map.total();
+    let w: Window<T> = t.alloc_window("accumulate", &map)?;
+    const ROUNDS: usize = 3;
+    let contribution = |r: usize, i: usize| (r + 1) * (i % 13 + 1);
+    let data: Vec<T> = (0..total).map(|i| T::from_small(contribution(rank, i))).collect();
+    for _ in 0..ROUNDS {
+        w.accumulate(0, &data)?;
+    }
+    // One more round as a batch of odd-sized ranges.
+    let ranges: Vec<_> = (0..total).step_by(3).map(|s| s..(s + 3).min(total)).collect();
+    w.accumulate_batch(&ranges, &data)?;
+    w.flush_all()?;
+    t.barrier()?;
+    let mut got = vec![T::default(); total];
+    w.get(0, &mut got)?;
+    for (i, &x) in got.iter().enumerate() {
+        let want = T::from_small((0..n).map(|r| contribution(r, i)).sum::<usize>() * (ROUNDS + 1));
+        ensure!(t, x == want, "{}: element {i} is {x:?}, expected {want:?}", T::NAME);
+    }
+    t.barrier()?;
+    w.free()?;
+    Ok(())
+}
+
+/// Conversion of small integers, exact in every element type.
+pub trait FromSmall {
+    /// `v` as this type (exact for `v < 2^24`).
+    fn from_small(v: usize) -> Self;
+}
+impl FromSmall for f32 {
+    fn from_small(v: usize) -> Self {
+        v as f32
+    }
+}
+impl FromSmall for f64 {
+    fn from_small(v: usize) -> Self {
+        v as f64
+    }
+}
+impl FromSmall for u64 {
+    fn from_small(v: usize) -> Self {
+        v as u64
+    }
+}
+
+/// Every rank takes `tickets_per_rank` tickets with `fetch_add(1)` on one counter: the total is
+/// exact and every ticket is handed out exactly once.
+fn fetch_add_tickets(t: &Transport, p: &Params) -> Outcome {
+    let n = t.world_size();
+    let k = p.tickets_per_rank;
+    // The counter lives on the last rank, so that it is remote for most ranks.
+    let counter: Window<u64> =
+        t.alloc_window("counter", &ShardMap::from_lens((0..n).map(|r| usize::from(r == n - 1))))?;
+    let seen: Window<u64> = t.alloc_window("seen", &ShardMap::balanced(n * k, n))?;
+    let mut tickets = Vec::with_capacity(k);
+    for _ in 0..k {
+        tickets.push(counter.fetch_add(0, 1)?);
+    }
+    ensure!(t, tickets.windows(2).all(|w| w[0] < w[1]), "tickets of one rank are not increasing");
+    ensure!(t, tickets.iter().all(|&x| x < (n * k) as u64), "a ticket is >= {}", n * k);
+    // Mark every ticket taken; a ticket handed out twice would count 2.
+    let ranges: Vec<_> = tickets.iter().map(|&x| x as usize..x as usize + 1).collect();
+    seen.accumulate_batch(&ranges, &vec![1; k])?;
+    seen.flush_all()?;
+    t.barrier()?;
+    let mut total = [0u64];
+    counter.get(0, &mut total)?;
+    ensure!(t, total[0] == (n * k) as u64, "counter is {}, expected {}", total[0], n * k);
+    // Each rank checks its own shard of `seen`.
+    let mine = seen.map().range(t.rank());
+    let mut marks = vec![0u64; mine.len()];
+    seen.get(mine.start, &mut marks)?;
+    if let Some((i, &m)) = marks.iter().enumerate().find(|(_, &m)| m != 1) {
+        return Err(Failure::Check {
+            rank: t.rank(),
+            detail: format!("ticket {} was handed out {m} times", mine.start + i),
+        });
+    }
+    t.barrier()?;
+    seen.free()?;
+    counter.free()?;
+    Ok(())
+}
+
+/// Rounds of an election: every rank tries `compare_and_swap(0 -> rank + 1)` once on a lock word;
+/// exactly one wins each round, and every rank agrees on who.
+fn cas_election(t: &Transport, p: &Params) -> Outcome {
+    let n = t.world_size();
+    let me = t.rank() as u64 + 1;
+    let lock: Window<u64> =
+        t.alloc_window("lock", &ShardMap::from_lens((0..n).map(|r| usize::from(r == 0))))?;
+    let wins: Window<u64> = t.alloc_window("wins", &ShardMap::balanced(p.election_rounds, n))?;
+    for round in 0..p.election_rounds {
+        let prev = lock.compare_and_swap(0, 0, me)?;
+        if prev == 0 {
+            wins.fetch_add(round, 1)?;
+        } else {
+            ensure!(t, (1..=n as u64).contains(&prev) && prev != me, "round {round}: lock word held {prev}");
+        }
+        t.barrier()?;
+        let mut winner = [0u64];
+        lock.get(0, &mut winner)?;
+        ensure!(
+            t,
+            (prev == 0) == (winner[0] == me),
+            "round {round}: CAS returned {prev} but the lock holds {}",
+            winner[0]
+        );
+        t.barrier()?;
+        if prev == 0 {
+            // The winner releases the lock for the next round.
+            let released = lock.compare_and_swap(0, me, 0)?;
+            ensure!(t, released == me, "round {round}: winner found {released} when releasing");
+        }
+        t.barrier()?;
+    }
+    let mut w = vec![0u64; p.election_rounds];
+    wins.get(0, &mut w)?;
+    if let Some((round, &c)) = w.iter().enumerate().find(|(_, &c)| c != 1) {
+        return Err(Failure::Check { rank: t.rank(), detail: format!("round {round} had {c} winners") });
+    }
+    t.barrier()?;
+    wins.free()?;
+    lock.free()?;
+    Ok(())
+}
+
+/// A spin lock built on `compare_and_swap` protects a non-atomic read-modify-write (`get`, then
+/// `put` + `flush`) of a counter: no update is lost. Without the flush before release, the local
+/// backend loses updates (as MPI may).
+fn cas_spin_lock(t: &Transport, p: &Params) -> Outcome {
+    let n = t.world_size();
+    let me = t.rank() as u64 + 1;
+    let map = ShardMap::from_lens((0..n).map(|r| if r == n - 1 { 2 } else { 0 }));
+    let w: Window<u64> = t.alloc_window("spin lock", &map)?;
+    let (lock_at, counter_at) = (0, 1);
+    for _ in 0..p.lock_sections {
+        while w.compare_and_swap(lock_at, 0, me)? != 0 {
+            std::hint::spin_loop();
+        }
+        let mut c = [0u64];
+        w.get(counter_at, &mut c)?;
+        w.put(counter_at, &[c[0] + 1])?;
+        w.flush(n - 1)?;
+        let held = w.compare_and_swap(lock_at, me, 0)?;
+        ensure!(t, held == me, "lock word held {held} while rank {} owned it", me - 1);
+    }
+    t.barrier()?;
+    let mut c = [0u64];
+    w.get(counter_at, &mut c)?;
+    ensure!(t, c[0] == (n * p.lock_sections) as u64, "counter is {}, expected {}", c[0], n * p.lock_sections);
+    t.barrier()?;
+    w.free()?;
+    Ok(())
+}
+
+/// Bad use is a typed error on every rank, never UB or a hang, and the world stays usable.
+fn bad_use(t: &Transport, _: &Params) -> Outcome {
+    let n = t.world_size();
+    let w: Window<f32> = t.alloc_window("small", &ShardMap::balanced(10, n))?;
+    let mut buf = [0.0f32; 4];
+    ensure!(
+        t,
+        matches!(w.get(8, &mut buf), Err(Error::OutOfRange { start: 8, end: 12, len: 10, .. })),
+        "get past the end was not OutOfRange"
+    );
+    ensure!(
+        t,
+        matches!(w.put(usize::MAX, &buf), Err(Error::OutOfRange { .. })),
+        "put at usize::MAX was not OutOfRange"
+    );
+    ensure!(
+        t,
+        matches!(w.accumulate(7, &buf), Err(Error::OutOfRange { .. })),
+        "accumulate past the end was not OutOfRange"
+    );
+    ensure!(
+        t,
+        matches!(w.fetch_add(10, 1.0), Err(Error::OutOfRange { .. })),
+        "fetch_add at len was not OutOfRange"
+    );
+    #[allow(clippy::reversed_empty_ranges)]
+    let backwards = [5..3];
+    ensure!(
+        t,
+        matches!(w.get_batch(&backwards, &mut []), Err(Error::OutOfRange { .. })),
+        "a backwards range was not OutOfRange"
+    );
+    ensure!(
+        t,
+        matches!(
+            w.get_batch(&[0..2, 3..5], &mut buf[..3]),
+            Err(Error::LengthMismatch { expected: 4, got: 3, .. })
+        ),
+        "short batch buffer was not LengthMismatch"
+    );
+    ensure!(t, matches!(w.flush(n), Err(Error::NoSuchRank { .. })), "flush of rank {n} was not NoSuchRank");
+    ensure!(
+        t,
+        matches!(t.broadcast(&mut [0u64], n), Err(Error::NoSuchRank { .. })),
+        "broadcast from rank {n} was not NoSuchRank"
+    );
+    // Ranks that disagree about a window's size: every rank gets the error, nobody hangs.
+    let total = if t.rank() == 0 { 10 } else { 11 };
+    let r = t.alloc_window::<f64>("disagreeing", &ShardMap::balanced(total, n));
+    if n > 1 {
+        ensure!(
+            t,
+            matches!(r, Err(Error::WindowMismatch { .. })),
+            "windows of different sizes across ranks were accepted"
+        );
+    }
+    // ... or about its element type.
+    let map = ShardMap::balanced(8, n);
+    if n > 1 {
+        let ok = if t.rank() == 0 {
+            matches!(t.alloc_window::<u64>("typed", &map), Err(Error::WindowMismatch { .. }))
+        } else {
+            matches!(t.alloc_window::<f64>("typed", &map), Err(Error::WindowMismatch { .. }))
+        };
+        ensure!(t, ok, "windows of different element types across ranks were accepted");
+        // ... or about the length of an allreduce.
+        let mut v = vec![1u64; 1 + usize::from(t.rank() == 0)];
+        ensure!(
+            t,
+            matches!(t.allreduce(&mut v, ReduceOp::Sum), Err(Error::CollectiveMismatch { .. })),
+            "allreduce of different lengths was accepted"
+        );
+    }
+    // A shard map for a different world size.
+    ensure!(
+        t,
+        matches!(
+            t.alloc_window::<u64>("wrong parts", &ShardMap::balanced(8, n + 1)),
+            Err(Error::ShardCount { .. })
+        ),
+        "a map with {} shards was accepted in a world of {n}",
+        n + 1
+    );
+    // The world still works.
+    w.put(0, &[1.5])?;
+    w.flush_all()?;
+    t.barrier()?;
+    let mut x = [0.0f32];
+    w.get(0, &mut x)?;
+    ensure!(t, x[0] == 1.5, "after the errors, element 0 is {}", x[0]);
+    t.barrier()?;
+    w.free()?;
+    Ok(())
+}

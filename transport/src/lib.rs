@@ -1,0 +1,381 @@
+//! Ranks and one-sided windows: the layer everything in Peregrine stands on.
+//!
+//! A [`Transport`] is one rank of a world of `world_size` ranks. Ranks allocate [`Window`]s
+//! collectively: a window's global index space is split into one contiguous shard per rank (a
+//! [`ShardMap`]; shards may differ in size) and any rank reads and updates any shard one-sidedly,
+//! with no action by the owner:
+//!
+//! | operation | completes | MPI |
+//! |---|---|---|
+//! | [`Window::get`], [`Window::get_batch`] | on return (data in the buffer) | `MPI_Get` + `MPI_Win_flush_local` |
+//! | [`Window::put`], [`Window::accumulate`] and batches | at the target after [`Window::flush`] / [`Window::flush_all`] | `MPI_Put` / `MPI_Accumulate(MPI_SUM)` |
+//! | [`Window::fetch_add`], [`Window::compare_and_swap`] | on return, atomically | `MPI_Fetch_and_op` / `MPI_Compare_and_swap` |
+//!
+//! A global range that spans shards is split into per-shard pieces. Small collectives for control
+//! data ([`Transport::barrier`], [`Transport::allreduce`], [`Transport::broadcast`]) complete the
+//! picture; a barrier does **not** complete outstanding writes (flush first).
+//!
+//! Backends:
+//! - `local` (always built): ranks are threads of one process ([`run_local`]); it enforces the same
+//!   visibility rules as MPI passive-target RMA (see [`local`]).
+//! - `mpi` (cargo feature `mpi`): MPI-3 RMA on `MPI_Win_allocate` windows in a `lock_all` epoch; see
+//!   the `mpi` module.
+//!
+//! Freeing a window is collective and consumes it, so using a freed window does not compile:
+//!
+//! ```compile_fail,E0382
+//! # use peregrine_transport::*;
+//! run_local(1, |t| {
+//!     let w = t.alloc_window::<u64>("w", &ShardMap::balanced(4, 1))?;
+//!     w.free()?;
+//!     w.fetch_add(0, 1) // error[E0382]: use of moved value: `w`
+//! });
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod conformance;
+mod elem;
+mod error;
+pub mod local;
+#[cfg(feature = "mpi")]
+pub mod mpi;
+mod shard;
+
+use std::fmt;
+use std::ops::Range;
+use std::str::FromStr;
+
+pub use elem::{Elem, ElemKind, ReduceOp};
+pub use error::{Error, Result};
+pub use shard::{Piece, Pieces, ShardMap};
+
+/// Which implementation of ranks and windows to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// Ranks as threads of one process.
+    Local,
+    /// MPI processes, MPI-3 RMA windows.
+    Mpi,
+}
+
+impl Backend {
+    /// Whether this binary was built with the backend.
+    pub fn compiled(self) -> bool {
+        match self {
+            Self::Local => true,
+            Self::Mpi => cfg!(feature = "mpi"),
+        }
+    }
+
+    /// `Mpi` when the environment shows an MPI launcher (mpirun/mpiexec of OpenMPI or MPICH, or
+    /// `srun --mpi=pmix|pmi2`), else `Local`.
+    pub fn detect() -> Self {
+        const MARKERS: [&str; 4] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK"];
+        if MARKERS.iter().any(|v| std::env::var_os(v).is_some()) {
+            Self::Mpi
+        } else {
+            Self::Local
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Local => "local",
+            Self::Mpi => "mpi",
+        })
+    }
+}
+
+/// Error of [`Backend::from_str`].
+#[derive(Debug, thiserror::Error)]
+#[error("unknown backend `{0}` (expected `local` or `mpi`)")]
+pub struct UnknownBackend(pub String);
+
+impl FromStr for Backend {
+    type Err = UnknownBackend;
+    fn from_str(s: &str) -> std::result::Result<Self, UnknownBackend> {
+        match s {
+            "local" => Ok(Self::Local),
+            "mpi" => Ok(Self::Mpi),
+            _ => Err(UnknownBackend(s.to_owned())),
+        }
+    }
+}
+
+/// One rank of a world. Methods that say "collective" must be called by every rank, in the same
+/// order.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Transport {
+    /// A thread of an in-process world.
+    Local(local::LocalRank),
+    /// An MPI process.
+    #[cfg(feature = "mpi")]
+    Mpi(mpi::MpiRank),
+}
+
+/// Delegates a call to the backend behind a [`Transport`] or a [`Window`].
+macro_rules! dispatch {
+    ($on:expr, $inner:ident => $call:expr) => {
+        match $on {
+            Inner::Local($inner) => $call,
+            #[cfg(feature = "mpi")]
+            Inner::Mpi($inner) => $call,
+        }
+    };
+}
+
+impl Transport {
+    /// Initialises MPI (`MPI_THREAD_MULTIPLE`) and returns this process's rank of
+    /// `MPI_COMM_WORLD`. Errors if MPI support was not compiled in, or MPI was initialised before.
+    pub fn mpi() -> Result<Self> {
+        #[cfg(feature = "mpi")]
+        {
+            mpi::MpiRank::init().map(Self::Mpi)
+        }
+        #[cfg(not(feature = "mpi"))]
+        {
+            Err(Error::NotCompiled { backend: "mpi", feature: "mpi" })
+        }
+    }
+
+    /// The backend of this rank.
+    pub fn backend(&self) -> Backend {
+        match self {
+            Self::Local(_) => Backend::Local,
+            #[cfg(feature = "mpi")]
+            Self::Mpi(_) => Backend::Mpi,
+        }
+    }
+
+    /// This rank's number, `0..world_size`.
+    pub fn rank(&self) -> usize {
+        use Transport as Inner;
+        dispatch!(self, t => t.rank())
+    }
+
+    /// Number of ranks in the world.
+    pub fn world_size(&self) -> usize {
+        use Transport as Inner;
+        dispatch!(self, t => t.world_size())
+    }
+
+    /// Collective: returns when every rank has entered. Does not complete RMA writes.
+    pub fn barrier(&self) -> Result<()> {
+        use Transport as Inner;
+        dispatch!(self, t => t.barrier())
+    }
+
+    /// Collective: elementwise reduction of `data` over all ranks; every rank gets the result.
+    /// All ranks must pass the same length. Meant for short control arrays.
+    pub fn allreduce<T: Elem>(&self, data: &mut [T], op: ReduceOp) -> Result<()> {
+        use Transport as Inner;
+        dispatch!(self, t => t.allreduce(data, op))
+    }
+
+    /// Collective: copies `root`'s `data` into every rank's `data` (same length everywhere).
+    pub fn broadcast<T: Elem>(&self, data: &mut [T], root: usize) -> Result<()> {
+        use Transport as Inner;
+        dispatch!(self, t => t.broadcast(data, root))
+    }
+
+    /// Collective: allocates a window laid out by `map` (one shard per rank, zero-initialised).
+    /// Every rank must pass the same map and element type; a mismatch is an error on every rank.
+    /// `name` appears in error messages.
+    pub fn alloc_window<T: Elem>(&self, name: &str, map: &ShardMap) -> Result<Window<T>> {
+        let inner = match self {
+            Self::Local(t) => WindowInner::Local(t.alloc_window(name, map)?),
+            #[cfg(feature = "mpi")]
+            Self::Mpi(t) => WindowInner::Mpi(t.alloc_window(name, map)?),
+        };
+        Ok(Window { inner })
+    }
+
+    /// Ends the whole job after a fatal error on this rank: `MPI_Abort` under MPI (so that peers
+    /// waiting for this rank do not hang), process exit for the local backend.
+    pub fn abort(&self, code: i32) -> ! {
+        match self {
+            Self::Local(_) => std::process::exit(code),
+            #[cfg(feature = "mpi")]
+            Self::Mpi(t) => t.abort(code),
+        }
+    }
+}
+
+/// Runs `f` on every rank of a fresh in-process world of `world_size` ranks, one thread per rank
+/// (named `rank-<r>`), and returns the ranks' results in rank order.
+///
+/// A rank that returns or panics leaves the world: peers then get [`Error::PeerExited`] from
+/// collectives instead of hanging. If a rank panicked, the panic is resumed here once every rank
+/// has finished.
+pub fn run_local<R, F>(world_size: usize, f: F) -> Result<Vec<R>>
+where
+    R: Send,
+    F: Fn(Transport) -> R + Sync,
+{
+    let ranks = local::world(world_size)?;
+    let f = &f;
+    let outcomes: Vec<std::thread::Result<R>> = std::thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .into_iter()
+            .map(|r| {
+                std::thread::Builder::new()
+                    .name(format!("rank-{}", r.rank()))
+                    .spawn_scoped(s, move || f(Transport::Local(r)))
+                    .expect("spawning a rank thread (out of threads?)")
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join()).collect()
+    });
+    Ok(outcomes.into_iter().map(|o| o.unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect())
+}
+
+/// A window distributed over all ranks; see the crate docs for the operations and when they
+/// complete. Shared between a rank's threads by reference (`Window: Sync`).
+#[derive(Debug)]
+pub struct Window<T: Elem> {
+    inner: WindowInner<T>,
+}
+
+#[derive(Debug)]
+enum WindowInner<T: Elem> {
+    Local(local::LocalWindow<T>),
+    #[cfg(feature = "mpi")]
+    Mpi(mpi::MpiWindow<T>),
+}
+
+impl<T: Elem> Window<T> {
+    /// The window's layout.
+    pub fn map(&self) -> &ShardMap {
+        use WindowInner as Inner;
+        dispatch!(&self.inner, w => w.map())
+    }
+
+    /// The window's name.
+    pub fn name(&self) -> &str {
+        use WindowInner as Inner;
+        dispatch!(&self.inner, w => w.name())
+    }
+
+    /// Total number of elements over all shards.
+    pub fn len(&self) -> usize {
+        self.map().total()
+    }
+
+    /// Whether the window has no elements at all.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Reads global elements `start..start + out.len()` into `out`. Complete on return.
+    pub fn get(&self, start: usize, out: &mut [T]) -> Result<()> {
+        use WindowInner as Inner;
+        dispatch!(&self.inner, w => w.get(start, out))
+    }
+
+    /// Reads several global ranges, back to back, into `out` (whose length must be the sum of the
+    /// ranges' lengths). All reads are issued before one completion: cheaper than many `get`s.
+    pub fn get_batch(&self, ranges: &[Range<usize>], out: &mut [T]) -> Result<()> {
+        self.check_batch("get_batch", ranges, out.len())?;
+        use WindowInner as Inner;
+        dispatch!(&self.inner, w => w.get_batch(ranges, out))
+    }
+
+    /// Writes `data` at global `start`. Visible at the target after [`flush`](Self::flush) of the
+    /// target (or [`flush_all`](Self::flush_all)); `data` may be reused at once.
+    pub fn put(&self, start: usize, data: &[T]) -> Result<()> {
+        use WindowInner as Inner;
+        dispatch!(&self.inner, w => w.write(start, data, false))
+    }
+
+    /// Adds `data` elementwise at global `start` (atomically per element against other
+    /// accumulates and atomics). Visible after a flush, like [`put`](Self::put).
+    pub fn accumulate(&self, start: usize, data: &[T]) -> Result<()> {
+        use WindowInner as Inner;
+        dispatch!(&self.inner, w => w.write(start, data, true))
+    }
+
+    /// [`put`](Self::put) of `data` split over several global ranges, back to back.
+    pub fn put_batch(&self, ranges: &[Range<usize>], data: &[T]) -> Result<()> {
+        self.check_batch("put_batch", ranges, data.len())?;
+        use WindowInner as Inner;
+        dispatch!(&self.inner, w => w.write_batch(ranges, data, false))
+    }
+
+    /// [`accumulate`](Self::accumulate) of `data` split over several global ranges, back to back.
+    pub fn accumulate_batch(&self, ranges: &[Range<usize>], data: &[T]) -> Result<()> {
+        self.check_batch("accumulate_batch", ranges, data.len())?;
+        use WindowInner as Inner;
+        dispatch!(&self.inner, w => w.write_batch(ranges, data, true))
+    }
+
+    /// Atomically adds `value` to global element `index` and returns its previous value.
+    pub fn fetch_add(&self, index: usize, value: T) -> Result<T> {
+        use WindowInner as Inner;
+        dispatch!(&self.inner, w => w.fetch_add(index, value))
+    }
+
+    /// Completes, at `target`, every write this rank issued to it.
+    pub fn flush(&self, target: usize) -> Result<()> {
+        use WindowInner as Inner;
+        dispatch!(&self.inner, w => w.flush(target))
+    }
+
+    /// Completes, at every target, every write this rank issued.
+    pub fn flush_all(&self) -> Result<()> {
+        use WindowInner as Inner;
+        dispatch!(&self.inner, w => w.flush_all())
+    }
+
+    /// Collective: completes this rank's writes, waits for every rank, and releases the window.
+    pub fn free(self) -> Result<()> {
+        match self.inner {
+            WindowInner::Local(w) => w.free(),
+            #[cfg(feature = "mpi")]
+            WindowInner::Mpi(w) => w.free(),
+        }
+    }
+
+    fn check_batch(&self, op: &'static str, ranges: &[Range<usize>], got: usize) -> Result<()> {
+        let mut expected = 0usize;
+        for r in ranges {
+            if r.start > r.end || r.end > self.len() {
+                return Err(Error::OutOfRange {
+                    rank: self.rank(),
+                    window: self.name().to_owned(),
+                    start: r.start,
+                    end: r.end,
+                    len: self.len(),
+                });
+            }
+            expected += r.end - r.start;
+        }
+        if expected != got {
+            return Err(Error::LengthMismatch {
+                rank: self.rank(),
+                op,
+                window: self.name().to_owned(),
+                expected,
+                got,
+            });
+        }
+        Ok(())
+    }
+
+    fn rank(&self) -> usize {
+        use WindowInner as Inner;
+        dispatch!(&self.inner, w => w.rank())
+    }
+}
+
+impl Window<u64> {
+    /// Atomically replaces global element `index` by `new` if it equals `current`; returns the
+    /// previous value (the swap happened iff it equals `current`).
+    pub fn compare_and_swap(&self, index: usize, current: u64, new: u64) -> Result<u64> {
+        use WindowInner as Inner;
+        dispatch!(&self.inner, w => w.compare_and_swap(index, current, new))
+    }
+}

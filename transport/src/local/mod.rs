@@ -1,0 +1,324 @@
+//! The `local` backend: ranks are threads of one process, shards are shared memory.
+//!
+//! It keeps the visibility rules of MPI passive-target RMA, so that a program which forgets a
+//! flush fails here, under plain `cargo test`, and not only later on a cluster:
+//! - `put` and `accumulate` are queued at the origin and reach the target's memory only at
+//!   `flush(target)`, `flush_all`, `free`, or before a later atomic operation on the same target
+//!   (MPI orders accumulate-family operations from one origin to one target);
+//! - a barrier does not complete anything;
+//! - `get`, `fetch_add` and `compare_and_swap` read the target's memory at once (they return data,
+//!   so they are complete when they return, as after `MPI_Win_flush_local`).
+//!
+//! Elements are stored in atomics of their size, so concurrent operations from many ranks are data
+//! race free; each element update is atomic, as MPI guarantees for accumulates of one basic type.
+//!
+//! Collectives go through one mutex and condition variable per world. A rank whose [`LocalRank`]
+//! is dropped (it returned, failed or panicked) has left the world: peers waiting in, or later
+//! entering, a collective get [`Error::PeerExited`] instead of hanging.
+
+use std::any::Any;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+
+use crate::{Elem, Error, ReduceOp, Result, ShardMap};
+
+mod window;
+pub use window::LocalWindow;
+
+/// State shared by all ranks of one in-process world.
+#[derive(Debug)]
+struct World {
+    size: usize,
+    sync: Mutex<SyncState>,
+    wake: Condvar,
+    /// One mailbox per rank for collectives: filled, then a barrier, then read, then a barrier.
+    slots: Mutex<Vec<Option<Box<dyn Any + Send>>>>,
+}
+
+#[derive(Debug)]
+struct SyncState {
+    arrived: usize,
+    generation: u64,
+    /// The first rank that left the world, if any.
+    exited: Option<usize>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panicking rank never leaves world state half-updated (every critical section is a few
+    // plain assignments), so a poisoned lock is still consistent.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl World {
+    fn barrier(&self, rank: usize, op: &'static str) -> Result<()> {
+        let mut s = lock(&self.sync);
+        if let Some(peer) = s.exited {
+            return Err(Error::PeerExited { rank, peer, op });
+        }
+        let generation = s.generation;
+        s.arrived += 1;
+        if s.arrived == self.size {
+            s.arrived = 0;
+            s.generation += 1;
+            self.wake.notify_all();
+            return Ok(());
+        }
+        loop {
+            s = self.wake.wait(s).unwrap_or_else(PoisonError::into_inner);
+            if s.generation != generation {
+                return Ok(());
+            }
+            if let Some(peer) = s.exited {
+                return Err(Error::PeerExited { rank, peer, op });
+            }
+        }
+    }
+
+    /// Every rank contributes `value`; every rank gets all contributions, in rank order.
+    fn allgather<V: Clone + Send + 'static>(
+        &self,
+        rank: usize,
+        op: &'static str,
+        value: V,
+    ) -> Result<Vec<V>> {
+        lock(&self.slots)[rank] = Some(Box::new(value));
+        self.barrier(rank, op)?;
+        let all: Option<Vec<V>> = lock(&self.slots)
+            .iter()
+            .map(|s| s.as_ref().and_then(|b| b.downcast_ref::<V>()).cloned())
+            .collect();
+        self.barrier(rank, op)?;
+        all.ok_or_else(|| Error::CollectiveMismatch {
+            rank,
+            op,
+            detail: "ranks called different collectives or used different element types".into(),
+        })
+    }
+}
+
+/// One rank of an in-process world. Dropping it means the rank has left the world.
+#[derive(Debug)]
+pub struct LocalRank {
+    world: Arc<World>,
+    rank: usize,
+}
+
+impl Drop for LocalRank {
+    fn drop(&mut self) {
+        let mut s = lock(&self.world.sync);
+        s.exited.get_or_insert(self.rank);
+        self.world.wake.notify_all();
+    }
+}
+
+/// Creates an in-process world of `world_size` ranks; element `r` is rank `r`.
+///
+/// Each rank is meant to run on its own thread (see [`crate::run_local`]).
+pub fn world(world_size: usize) -> Result<Vec<LocalRank>> {
+    if world_size == 0 {
+        return Err(Error::EmptyWorld(world_size));
+    }
+    let world = Arc::new(World {
+        size: world_size,
+        sync: Mutex::new(SyncState { arrived: 0, generation: 0, exited: None }),
+        wake: Condvar::new(),
+        slots: Mutex::new((0..world_size).map(|_| None).collect()),
+    });
+    Ok((0..world_size).map(|rank| LocalRank { world: world.clone(), rank }).collect())
+}
+
+impl LocalRank {
+    /// This rank's number.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.world.size
+    }
+
+    pub(crate) fn barrier(&self) -> Result<()> {
+        self.world.barrier(self.rank, "barrier")
+    }
+
+    pub(crate) fn allreduce<T: Elem>(&self, data: &mut [T], op: ReduceOp) -> Result<()> {
+        let all = self.world.allgather(self.rank, "allreduce", data.to_vec())?;
+        if let Some((r, v)) = all.iter().enumerate().find(|(_, v)| v.len() != data.len()) {
+            return Err(Error::CollectiveMismatch {
+                rank: self.rank,
+                op: "allreduce",
+                detail: format!(
+                    "rank {} passed {} elements, rank {} passed {}",
+                    self.rank,
+                    data.len(),
+                    r,
+                    v.len()
+                ),
+            });
+        }
+        // Reduce in rank order on every rank: the same result everywhere, bit for bit.
+        for (i, x) in data.iter_mut().enumerate() {
+            *x = all[1..].iter().fold(all[0][i], |acc, v| op.apply(acc, v[i]));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn broadcast<T: Elem>(&self, data: &mut [T], root: usize) -> Result<()> {
+        self.check_rank("root", root)?;
+        let mine = (self.rank == root).then(|| data.to_vec());
+        let all = self.world.allgather(self.rank, "broadcast", mine)?;
+        match &all[root] {
+            Some(v) if v.len() == data.len() => {
+                data.copy_from_slice(v);
+                Ok(())
+            }
+            Some(v) => Err(Error::CollectiveMismatch {
+                rank: self.rank,
+                op: "broadcast",
+                detail: format!(
+                    "root {root} sent {} elements, rank {} expects {}",
+                    v.len(),
+                    self.rank,
+                    data.len()
+                ),
+            }),
+            None => Err(Error::CollectiveMismatch {
+                rank: self.rank,
+                op: "broadcast",
+                detail: format!("rank {root} did not act as root"),
+            }),
+        }
+    }
+
+    pub(crate) fn alloc_window<T: Elem>(&self, name: &str, map: &ShardMap) -> Result<LocalWindow<T>> {
+        self.check_map(map)?;
+        // Each rank allocates (and so first-touches) its own shard, then all exchange them along
+        // with what they asked for, so that a mismatch is reported on every rank.
+        let shard: Arc<[T::Atomic]> =
+            (0..map.len_of(self.rank)).map(|_| T::atomic_new(T::default())).collect();
+        let all = self.world.allgather(self.rank, "window allocation", (map.clone(), T::KIND, shard))?;
+        if let Some((r, (other, kind, _))) =
+            all.iter().enumerate().find(|(_, (m, k, _))| m != map || *k != T::KIND)
+        {
+            return Err(Error::WindowMismatch {
+                rank: self.rank,
+                window: name.to_owned(),
+                detail: format!(
+                    "rank {} asked for {} x {} in shards {:?}, rank {} for {} x {:?} in shards {:?}",
+                    self.rank,
+                    map.total(),
+                    T::NAME,
+                    (0..map.parts()).map(|p| map.len_of(p)).collect::<Vec<_>>(),
+                    r,
+                    other.total(),
+                    kind,
+                    (0..other.parts()).map(|p| other.len_of(p)).collect::<Vec<_>>(),
+                ),
+            });
+        }
+        let shards = all.into_iter().map(|(_, _, s)| s).collect();
+        Ok(LocalWindow::new(self.world.clone(), self.rank, name, map.clone(), shards))
+    }
+
+    fn check_rank(&self, what: &'static str, target: usize) -> Result<()> {
+        if target >= self.world.size {
+            return Err(Error::NoSuchRank { rank: self.rank, what, target, world_size: self.world.size });
+        }
+        Ok(())
+    }
+
+    fn check_map(&self, map: &ShardMap) -> Result<()> {
+        if map.parts() != self.world.size {
+            return Err(Error::ShardCount {
+                rank: self.rank,
+                parts: map.parts(),
+                world_size: self.world.size,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{run_local, Error, ShardMap, Window};
+
+    /// The visibility rule that makes a forgotten flush fail under `cargo test`.
+    #[test]
+    fn writes_reach_the_target_only_at_flush() {
+        let seen = run_local(2, |t| -> crate::Result<Vec<f64>> {
+            let w: Window<f64> = t.alloc_window("w", &ShardMap::from_lens([1, 1]))?;
+            let mut seen = Vec::new();
+            let mut x = [0.0];
+            if t.rank() == 0 {
+                w.put(1, &[3.0])?;
+                w.accumulate(1, &[4.0])?;
+            }
+            t.barrier()?; // does not complete rank 0's writes
+            if t.rank() == 1 {
+                w.get(1, &mut x)?;
+                seen.push(x[0]);
+            }
+            t.barrier()?;
+            if t.rank() == 0 {
+                w.flush(0)?; // not the target: completes nothing for rank 1
+            }
+            t.barrier()?;
+            if t.rank() == 1 {
+                w.get(1, &mut x)?;
+                seen.push(x[0]);
+            }
+            t.barrier()?;
+            if t.rank() == 0 {
+                w.flush(1)?;
+            }
+            t.barrier()?;
+            if t.rank() == 1 {
+                w.get(1, &mut x)?;
+                seen.push(x[0]);
+            }
+            w.free()?;
+            Ok(seen)
+        })
+        .expect("world of 2");
+        assert_eq!(seen[1].as_ref().expect("rank 1 ran"), &[0.0, 0.0, 7.0]);
+    }
+
+    #[test]
+    fn atomics_see_earlier_writes_to_the_same_target() {
+        let r = run_local(1, |t| -> crate::Result<u64> {
+            let w: Window<u64> = t.alloc_window("w", &ShardMap::from_lens([1]))?;
+            w.accumulate(0, &[5])?;
+            w.fetch_add(0, 1) // ordered after the accumulate, as MPI orders them
+        })
+        .expect("world of 1");
+        assert_eq!(r[0].as_ref().expect("rank 0 ran"), &5);
+    }
+
+    #[test]
+    fn a_rank_that_leaves_does_not_hang_its_peers() {
+        let r = run_local(3, |t| if t.rank() == 1 { Ok(()) } else { t.barrier() }).expect("world of 3");
+        assert!(r[1].is_ok());
+        for rank in [0, 2] {
+            assert!(matches!(r[rank], Err(Error::PeerExited { peer: 1, .. })), "rank {rank}: {:?}", r[rank]);
+        }
+    }
+
+    #[test]
+    fn a_panicking_rank_is_reported_and_peers_return() {
+        let caught = std::panic::catch_unwind(|| {
+            run_local(2, |t| {
+                if t.rank() == 0 {
+                    panic!("rank 0 fails");
+                }
+                t.barrier()
+            })
+        });
+        assert!(caught.is_err(), "the panic of rank 0 is resumed by run_local");
+    }
+
+    #[test]
+    fn empty_world_is_an_error() {
+        assert!(matches!(run_local(0, |_| ()), Err(Error::EmptyWorld(0))));
+    }
+}

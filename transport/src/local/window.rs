@@ -1,0 +1,204 @@
+//! Windows of the local backend.
+
+use std::sync::{Arc, Mutex};
+
+use super::{lock, World};
+use crate::{Elem, Error, Result, ShardMap};
+
+/// A window of the local backend, as seen by one rank.
+#[derive(Debug)]
+pub struct LocalWindow<T: Elem> {
+    world: Arc<World>,
+    rank: usize,
+    name: String,
+    map: ShardMap,
+    /// Every rank's shard; index = rank.
+    shards: Vec<Arc<[T::Atomic]>>,
+    /// Writes issued by this rank and not yet complete at their target.
+    pending: Mutex<Pending<T>>,
+}
+
+#[derive(Debug)]
+struct Pending<T> {
+    ops: Vec<PendingOp>,
+    /// The origin data of all pending ops, back to back (copied: the caller may reuse its buffer).
+    data: Vec<T>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct PendingOp {
+    target: usize,
+    offset: usize,
+    len: usize,
+    /// Where the op's data starts in `Pending::data`.
+    at: usize,
+    accumulate: bool,
+}
+
+impl<T: Elem> LocalWindow<T> {
+    pub(super) fn new(
+        world: Arc<World>,
+        rank: usize,
+        name: &str,
+        map: ShardMap,
+        shards: Vec<Arc<[T::Atomic]>>,
+    ) -> Self {
+        Self {
+            world,
+            rank,
+            name: name.to_owned(),
+            map,
+            shards,
+            pending: Mutex::new(Pending { ops: Vec::new(), data: Vec::new() }),
+        }
+    }
+
+    /// The window's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The window's shard map.
+    pub fn map(&self) -> &ShardMap {
+        &self.map
+    }
+
+    /// The rank this view belongs to.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn out_of_range(&self, start: usize, len: usize) -> Error {
+        Error::OutOfRange {
+            rank: self.rank,
+            window: self.name.clone(),
+            start,
+            end: start.saturating_add(len),
+            len: self.map.total(),
+        }
+    }
+
+    fn check_target(&self, target: usize) -> Result<()> {
+        if target >= self.map.parts() {
+            return Err(Error::NoSuchRank {
+                rank: self.rank,
+                what: "target",
+                target,
+                world_size: self.map.parts(),
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn get(&self, start: usize, out: &mut [T]) -> Result<()> {
+        let pieces = self.map.pieces(start, out.len()).ok_or_else(|| self.out_of_range(start, out.len()))?;
+        for p in pieces {
+            let src = &self.shards[p.rank][p.offset..p.offset + p.len];
+            for (o, a) in out[p.pos..p.pos + p.len].iter_mut().zip(src) {
+                *o = T::atomic_load(a);
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn get_batch(&self, ranges: &[std::ops::Range<usize>], out: &mut [T]) -> Result<()> {
+        let mut at = 0;
+        for r in ranges {
+            let len = r.end - r.start;
+            self.get(r.start, &mut out[at..at + len])?;
+            at += len;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn write_batch(
+        &self,
+        ranges: &[std::ops::Range<usize>],
+        data: &[T],
+        accumulate: bool,
+    ) -> Result<()> {
+        let mut at = 0;
+        for r in ranges {
+            let len = r.end - r.start;
+            self.write(r.start, &data[at..at + len], accumulate)?;
+            at += len;
+        }
+        Ok(())
+    }
+
+    /// Queues a put or accumulate of `data` at global `start`.
+    pub(crate) fn write(&self, start: usize, data: &[T], accumulate: bool) -> Result<()> {
+        let pieces =
+            self.map.pieces(start, data.len()).ok_or_else(|| self.out_of_range(start, data.len()))?;
+        let mut pending = lock(&self.pending);
+        for p in pieces {
+            let at = pending.data.len();
+            pending.data.extend_from_slice(&data[p.pos..p.pos + p.len]);
+            pending.ops.push(PendingOp { target: p.rank, offset: p.offset, len: p.len, at, accumulate });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn fetch_add(&self, index: usize, value: T) -> Result<T> {
+        let (target, offset) = self.map.owner(index).ok_or_else(|| self.out_of_range(index, 1))?;
+        self.complete(Some(target));
+        Ok(T::atomic_fetch_add(&self.shards[target][offset], value))
+    }
+
+    pub(crate) fn compare_and_swap(&self, index: usize, current: T, new: T) -> Result<T> {
+        let (target, offset) = self.map.owner(index).ok_or_else(|| self.out_of_range(index, 1))?;
+        self.complete(Some(target));
+        Ok(T::atomic_compare_swap(&self.shards[target][offset], current, new))
+    }
+
+    pub(crate) fn flush(&self, target: usize) -> Result<()> {
+        self.check_target(target)?;
+        self.complete(Some(target));
+        Ok(())
+    }
+
+    pub(crate) fn flush_all(&self) -> Result<()> {
+        self.complete(None);
+        Ok(())
+    }
+
+    /// Applies the pending writes to `target` (all targets if `None`), in issue order.
+    fn complete(&self, target: Option<usize>) {
+        let mut guard = lock(&self.pending);
+        let pending = &mut *guard;
+        if pending.ops.is_empty() {
+            return;
+        }
+        pending.ops.retain(|op| {
+            if target.is_some_and(|t| t != op.target) {
+                return true;
+            }
+            let dst = &self.shards[op.target][op.offset..op.offset + op.len];
+            let src = &pending.data[op.at..op.at + op.len];
+            for (d, &s) in dst.iter().zip(src) {
+                if op.accumulate {
+                    T::atomic_fetch_add(d, s);
+                } else {
+                    T::atomic_store(d, s);
+                }
+            }
+            false
+        });
+        if pending.ops.is_empty() {
+            pending.data.clear();
+        }
+    }
+
+    pub(crate) fn free(self) -> Result<()> {
+        self.complete(None);
+        // Collective, as MPI_Win_free: nobody's memory goes away while a peer may still use it.
+        self.world.barrier(self.rank, "window free")
+    }
+}
+
+impl<T: Elem> Drop for LocalWindow<T> {
+    fn drop(&mut self) {
+        // As MPI_Win_unlock_all: whatever this rank issued completes.
+        self.complete(None);
+    }
+}

@@ -1,0 +1,573 @@
+//! The `mpi` backend: MPI processes, MPI-3 RMA windows.
+//!
+//! rsmpi initialises MPI (`MPI_THREAD_MULTIPLE`); everything else goes through its raw `mpi::ffi`,
+//! because rsmpi has no safe one-sided API:
+//! - our own duplicate of `MPI_COMM_WORLD`, with `MPI_ERRORS_RETURN`, so that a failing call comes
+//!   back as [`Error::Mpi`] naming the call instead of aborting the job;
+//! - windows from `MPI_Win_allocate` (not `MPI_Win_create`: ~35x slower for small operations on one
+//!   node, as the memory cannot be shared), also `MPI_ERRORS_RETURN`, opened once with
+//!   `MPI_Win_lock_all(MPI_MODE_NOCHECK)` for their whole life (passive target);
+//! - `get` = `MPI_Get` + `MPI_Win_flush_local`; `put`/`accumulate` = `MPI_Put`/`MPI_Accumulate`
+//!   + `MPI_Win_flush_local` (the origin buffer is free on return, the target sees the data after
+//!   `flush`); `fetch_add` = `MPI_Fetch_and_op(MPI_SUM)`; `compare_and_swap` =
+//!   `MPI_Compare_and_swap`; batches issue every operation before one completion.
+//!
+//! Constants that the bindings lack (`MPI_NO_OP`, `MPI_REPLACE`, `MPI_MODE_NOCHECK`,
+//! `MPI_IN_PLACE`) come from `shim.c`, compiled with `mpicc` (or `$MPICC`).
+//!
+//! Dropping a window without [`MpiWindow::free`] completes its operations (`MPI_Win_unlock_all`)
+//! but does not free it: `MPI_Win_free` is collective, and a rank unwinding after an error must
+//! not block in it while its peers wait elsewhere. MPI releases such windows at `MPI_Finalize`.
+//!
+//! With OpenMPI 4.1 run with `OMPI_MCA_osc=sm,pt2pt`: its default one-sided component crashes in
+//! `MPI_Compare_and_swap` on shared memory.
+
+use std::ffi::{c_int, c_void};
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::sync::Arc;
+
+use mpi::ffi;
+use mpi::Threading;
+
+use crate::{Elem, Error, ReduceOp, Result, ShardMap};
+
+#[allow(dead_code)] // MPI_NO_OP and MPI_REPLACE are exported for get_accumulate-style users.
+extern "C" {
+    fn peregrine_mpi_no_op() -> ffi::MPI_Op;
+    fn peregrine_mpi_replace() -> ffi::MPI_Op;
+    fn peregrine_mpi_mode_nocheck() -> c_int;
+    fn peregrine_mpi_in_place() -> *mut c_void;
+}
+
+/// Shards are allocated in whole multiples of this many bytes (see `alloc_window`).
+const SHARD_ALIGN: usize = 64;
+
+/// Largest element count passed to one MPI call (counts are C ints).
+const MAX_COUNT: usize = 1 << 30;
+
+/// Turns an MPI return code into a result.
+fn check(rank: usize, call: &'static str, code: c_int) -> Result<()> {
+    if code == ffi::MPI_SUCCESS as c_int {
+        return Ok(());
+    }
+    let mut buf = vec![0u8; 4096];
+    let mut len: c_int = 0;
+    // SAFETY: `buf` has room for MPI_MAX_ERROR_STRING (256 in OpenMPI, 1024 in MPICH) characters
+    // plus the terminator; `len` is a valid out-pointer.
+    let rc = unsafe { ffi::MPI_Error_string(code, buf.as_mut_ptr().cast(), &mut len) };
+    let message = if rc == ffi::MPI_SUCCESS as c_int {
+        String::from_utf8_lossy(&buf[..usize::try_from(len).unwrap_or(0).min(buf.len())]).into_owned()
+    } else {
+        "unknown error".to_owned()
+    };
+    Err(Error::Mpi { rank, call, code, message })
+}
+
+/// The process's MPI world: rsmpi's universe (MPI_Finalize on drop) and our communicator.
+struct Comm {
+    /// Our duplicate of MPI_COMM_WORLD; live until Drop, which frees it before `universe` finalises.
+    comm: ffi::MPI_Comm,
+    rank: usize,
+    size: usize,
+    _universe: mpi::environment::Universe,
+}
+
+impl std::fmt::Debug for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Comm").field("rank", &self.rank).field("size", &self.size).finish_non_exhaustive()
+    }
+}
+
+// SAFETY: MPI was initialised with MPI_THREAD_MULTIPLE (checked in `MpiRank::init`), so any thread
+// may make MPI calls on the communicator; the handle itself is never changed after creation.
+unsafe impl Send for Comm {}
+// SAFETY: as for Send: shared use only makes MPI calls, which are thread safe at THREAD_MULTIPLE.
+unsafe impl Sync for Comm {}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        // SAFETY: `comm` is live (invariant), and no window of it is left: windows hold an `Arc`
+        // of this `Comm`. The error code is ignored: nothing can be done about it in Drop.
+        unsafe { ffi::MPI_Comm_free(&mut self.comm) };
+    }
+}
+
+/// One MPI process of the world.
+#[derive(Debug)]
+pub struct MpiRank {
+    comm: Arc<Comm>,
+}
+
+impl MpiRank {
+    pub(crate) fn init() -> Result<Self> {
+        let (universe, provided) =
+            mpi::initialize_with_threading(Threading::Multiple).ok_or(Error::AlreadyInitialized)?;
+        if provided != Threading::Multiple {
+            return Err(Error::ThreadLevel { provided: format!("{provided:?}") });
+        }
+        let mut comm = std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit();
+        // SAFETY: MPI is initialised; RSMPI_COMM_WORLD is a constant handle; `comm` is an
+        // out-pointer that MPI_Comm_dup writes on success (checked before it is read).
+        let rc = unsafe { ffi::MPI_Comm_dup(ffi::RSMPI_COMM_WORLD, comm.as_mut_ptr()) };
+        check(0, "MPI_Comm_dup", rc)?;
+        // SAFETY: written by the successful MPI_Comm_dup above.
+        let comm = unsafe { comm.assume_init() };
+        // SAFETY: `comm` is a live communicator; RSMPI_ERRORS_RETURN is a constant handle.
+        let rc = unsafe { ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN) };
+        check(0, "MPI_Comm_set_errhandler", rc)?;
+        let (mut rank, mut size): (c_int, c_int) = (0, 0);
+        // SAFETY: live communicator, valid out-pointers.
+        check(0, "MPI_Comm_rank", unsafe { ffi::MPI_Comm_rank(comm, &mut rank) })?;
+        // SAFETY: as above.
+        check(0, "MPI_Comm_size", unsafe { ffi::MPI_Comm_size(comm, &mut size) })?;
+        let comm = Comm {
+            comm,
+            rank: usize::try_from(rank).expect("MPI ranks are non-negative"),
+            size: usize::try_from(size).expect("MPI sizes are positive"),
+            _universe: universe,
+        };
+        Ok(Self { comm: Arc::new(comm) })
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.comm.rank
+    }
+
+    /// Number of processes.
+    pub fn world_size(&self) -> usize {
+        self.comm.size
+    }
+
+    fn check(&self, call: &'static str, rc: c_int) -> Result<()> {
+        check(self.comm.rank, call, rc)
+    }
+
+    pub(crate) fn barrier(&self) -> Result<()> {
+        // SAFETY: live communicator.
+        self.check("MPI_Barrier", unsafe { ffi::MPI_Barrier(self.comm.comm) })
+    }
+
+    /// Checks that every rank passes the same `values`, with one MAX-allreduce of each value and its
+    /// complement (max of `!v` is `!min(v)`).
+    fn agree(&self, op: &'static str, values: &[u64]) -> Result<bool> {
+        let mut both: Vec<u64> = values.iter().flat_map(|&v| [v, !v]).collect();
+        let mut out = vec![0u64; both.len()];
+        // SAFETY: both buffers hold `both.len()` u64s; live communicator; constant handles.
+        let rc = unsafe {
+            ffi::MPI_Allreduce(
+                both.as_mut_ptr().cast(),
+                out.as_mut_ptr().cast(),
+                count(both.len()),
+                u64::mpi_datatype(),
+                ffi::RSMPI_MAX,
+                self.comm.comm,
+            )
+        };
+        check(self.comm.rank, op, rc)?;
+        Ok(both == out)
+    }
+
+    pub(crate) fn allreduce<T: Elem>(&self, data: &mut [T], op: ReduceOp) -> Result<()> {
+        if !self.agree("MPI_Allreduce", &[data.len() as u64, T::KIND as u64])? {
+            return Err(Error::CollectiveMismatch {
+                rank: self.rank(),
+                op: "allreduce",
+                detail: format!(
+                    "ranks passed different lengths or types (this rank: {} x {})",
+                    data.len(),
+                    T::NAME
+                ),
+            });
+        }
+        let mpi_op = match op {
+            // SAFETY (all three): constant handles exported by rsmpi's shim, never written.
+            ReduceOp::Sum => unsafe { ffi::RSMPI_SUM },
+            ReduceOp::Min => unsafe { ffi::RSMPI_MIN },
+            ReduceOp::Max => unsafe { ffi::RSMPI_MAX },
+        };
+        // SAFETY: in-place reduction over `data.len()` elements of `T`'s datatype; every rank passes
+        // the same count (checked above); MPI_IN_PLACE comes from our shim.
+        let rc = unsafe {
+            ffi::MPI_Allreduce(
+                peregrine_mpi_in_place(),
+                data.as_mut_ptr().cast(),
+                count(data.len()),
+                T::mpi_datatype(),
+                mpi_op,
+                self.comm.comm,
+            )
+        };
+        self.check("MPI_Allreduce", rc)
+    }
+
+    pub(crate) fn broadcast<T: Elem>(&self, data: &mut [T], root: usize) -> Result<()> {
+        if root >= self.world_size() {
+            return Err(Error::NoSuchRank {
+                rank: self.rank(),
+                what: "root",
+                target: root,
+                world_size: self.world_size(),
+            });
+        }
+        if !self.agree("MPI_Bcast", &[data.len() as u64, T::KIND as u64, root as u64])? {
+            return Err(Error::CollectiveMismatch {
+                rank: self.rank(),
+                op: "broadcast",
+                detail: format!(
+                    "ranks passed different lengths, types or roots (this rank: {} x {}, root {root})",
+                    data.len(),
+                    T::NAME
+                ),
+            });
+        }
+        // SAFETY: `data` holds `data.len()` elements of `T`'s datatype on every rank (checked).
+        let rc = unsafe {
+            ffi::MPI_Bcast(
+                data.as_mut_ptr().cast(),
+                count(data.len()),
+                T::mpi_datatype(),
+                root as c_int,
+                self.comm.comm,
+            )
+        };
+        self.check("MPI_Bcast", rc)
+    }
+
+    pub(crate) fn alloc_window<T: Elem>(&self, name: &str, map: &ShardMap) -> Result<MpiWindow<T>> {
+        let rank = self.rank();
+        if map.parts() != self.world_size() {
+            // Every rank must still take part in the collective check, or its peers would hang.
+            self.agree("MPI_Allreduce", &[u64::MAX, 0, 0])?;
+            return Err(Error::ShardCount { rank, parts: map.parts(), world_size: self.world_size() });
+        }
+        if !self.agree("MPI_Allreduce", &[map.fingerprint(), map.total() as u64, T::KIND as u64])? {
+            return Err(Error::WindowMismatch {
+                rank,
+                window: name.to_owned(),
+                detail: format!(
+                    "shard maps or element types differ (this rank: {} x {} in shards {:?})",
+                    map.total(),
+                    T::NAME,
+                    (0..map.parts()).map(|p| map.len_of(p)).collect::<Vec<_>>()
+                ),
+            });
+        }
+        let local_len = map.len_of(rank);
+        // Every shard is allocated as a whole number of 64-byte lines, at least one: MPICH 4.0's
+        // shared-memory windows misplace the shards that follow one whose size is not a multiple
+        // of 16 bytes, or is zero (a put to rank 2's first element lands on rank 0's last one;
+        // reproduced in plain C). Whole lines also keep neighbouring shards off each other's cache
+        // lines. The padding is never addressed.
+        let padded = (local_len * size_of::<T>()).div_ceil(SHARD_ALIGN).max(1) * SHARD_ALIGN;
+        let mut base: *mut T = std::ptr::null_mut();
+        let mut win = std::mem::MaybeUninit::<ffi::MPI_Win>::uninit();
+        // SAFETY: collective over our live communicator (every rank reaches this point: the checks
+        // above are collective and agree); `base` and `win` are out-pointers, written on success.
+        let rc = unsafe {
+            ffi::MPI_Win_allocate(
+                padded as ffi::MPI_Aint,
+                size_of::<T>() as c_int,
+                ffi::RSMPI_INFO_NULL,
+                self.comm.comm,
+                (&mut base as *mut *mut T).cast(),
+                win.as_mut_ptr(),
+            )
+        };
+        self.check("MPI_Win_allocate", rc)?;
+        // SAFETY: written by the successful MPI_Win_allocate.
+        let win = unsafe { win.assume_init() };
+        let window = MpiWindow {
+            comm: self.comm.clone(),
+            win,
+            name: name.to_owned(),
+            map: map.clone(),
+            live: true,
+            _elem: PhantomData,
+        };
+        // SAFETY: live window handle; constant error handler.
+        window.check("MPI_Win_set_errhandler", unsafe {
+            ffi::MPI_Win_set_errhandler(win, ffi::RSMPI_ERRORS_RETURN)
+        })?;
+        {
+            // SAFETY: `base` points to `padded` bytes (a whole number of elements) of `T` owned by this window, not yet
+            // exposed to anyone (no epoch is open and the barrier below has not been passed).
+            // Zero bytes are a valid value of every `Elem` type.
+            unsafe { std::ptr::write_bytes(base.cast::<u8>(), 0, padded) };
+        }
+        // SAFETY: live window; MPI_MODE_NOCHECK is valid as no rank takes exclusive locks.
+        window
+            .check("MPI_Win_lock_all", unsafe { ffi::MPI_Win_lock_all(peregrine_mpi_mode_nocheck(), win) })?;
+        // SAFETY: live window in a lock_all epoch: makes the zeroes above visible to RMA.
+        window.check("MPI_Win_sync", unsafe { ffi::MPI_Win_sync(win) })?;
+        self.barrier()?;
+        Ok(window)
+    }
+
+    pub(crate) fn abort(&self, code: i32) -> ! {
+        // SAFETY: live communicator; MPI_Abort does not return.
+        unsafe { ffi::MPI_Abort(self.comm.comm, code) };
+        std::process::exit(code)
+    }
+}
+
+/// Converts an element count that is known to be at most [`MAX_COUNT`] (or a short control array).
+fn count(n: usize) -> c_int {
+    c_int::try_from(n).expect("MPI counts are split at MAX_COUNT elements")
+}
+
+/// A window of the MPI backend.
+///
+/// Invariant: while `live`, `win` is a window allocated on `comm` and in a `lock_all` epoch.
+#[derive(Debug)]
+pub struct MpiWindow<T: Elem> {
+    comm: Arc<Comm>,
+    win: ffi::MPI_Win,
+    name: String,
+    map: ShardMap,
+    live: bool,
+    _elem: PhantomData<T>,
+}
+
+// SAFETY: MPI_THREAD_MULTIPLE (checked at init); the window memory is only ever touched through MPI
+// calls after allocation, and the handle does not change while the window is live.
+unsafe impl<T: Elem> Send for MpiWindow<T> {}
+// SAFETY: as for Send; concurrent RMA calls on one window are allowed at MPI_THREAD_MULTIPLE.
+unsafe impl<T: Elem> Sync for MpiWindow<T> {}
+
+/// Where completion is needed after issuing operations: no target, one, or several.
+#[derive(Clone, Copy)]
+enum Touched {
+    None,
+    One(usize),
+    Many,
+}
+
+impl Touched {
+    fn add(self, rank: usize) -> Self {
+        match self {
+            Self::None => Self::One(rank),
+            Self::One(r) if r == rank => self,
+            _ => Self::Many,
+        }
+    }
+}
+
+impl<T: Elem> MpiWindow<T> {
+    /// The window's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The window's layout.
+    pub fn map(&self) -> &ShardMap {
+        &self.map
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.comm.rank
+    }
+
+    fn check(&self, call: &'static str, rc: c_int) -> Result<()> {
+        check(self.comm.rank, call, rc)
+    }
+
+    fn out_of_range(&self, start: usize, len: usize) -> Error {
+        Error::OutOfRange {
+            rank: self.rank(),
+            window: self.name.clone(),
+            start,
+            end: start.saturating_add(len),
+            len: self.map.total(),
+        }
+    }
+
+    /// Calls `f(target, displacement, position, count)` for every piece of `start..start + len`,
+    /// pieces split at [`MAX_COUNT`].
+    fn for_pieces(
+        &self,
+        start: usize,
+        len: usize,
+        mut touched: Touched,
+        mut f: impl FnMut(c_int, ffi::MPI_Aint, usize, c_int) -> Result<()>,
+    ) -> Result<Touched> {
+        let pieces = self.map.pieces(start, len).ok_or_else(|| self.out_of_range(start, len))?;
+        for p in pieces {
+            let mut done = 0;
+            while done < p.len {
+                let n = (p.len - done).min(MAX_COUNT);
+                f(p.rank as c_int, (p.offset + done) as ffi::MPI_Aint, p.pos + done, count(n))?;
+                done += n;
+            }
+            touched = touched.add(p.rank);
+        }
+        Ok(touched)
+    }
+
+    /// Completes this rank's operations locally (origin buffers reusable, results present).
+    fn complete_local(&self, touched: Touched) -> Result<()> {
+        match touched {
+            Touched::None => Ok(()),
+            // SAFETY: live window in a lock_all epoch; `t` is a valid rank.
+            Touched::One(t) => {
+                self.check("MPI_Win_flush_local", unsafe { ffi::MPI_Win_flush_local(t as c_int, self.win) })
+            }
+            // SAFETY: live window in a lock_all epoch.
+            Touched::Many => {
+                self.check("MPI_Win_flush_local_all", unsafe { ffi::MPI_Win_flush_local_all(self.win) })
+            }
+        }
+    }
+
+    fn issue_get(&self, start: usize, out: &mut [T], touched: Touched) -> Result<Touched> {
+        let dt = T::mpi_datatype();
+        let base = out.as_mut_ptr();
+        self.for_pieces(start, out.len(), touched, |target, disp, pos, n| {
+            // SAFETY: `base + pos .. + n` lies inside `out` (pieces tile `0..out.len()`), which stays
+            // borrowed until the completion that follows in the caller; target/disp/n lie inside the
+            // target's shard (from the shard map every rank agreed on).
+            let rc = unsafe { ffi::MPI_Get(base.add(pos).cast(), n, dt, target, disp, n, dt, self.win) };
+            self.check("MPI_Get", rc)
+        })
+    }
+
+    fn issue_write(&self, start: usize, data: &[T], accumulate: bool, touched: Touched) -> Result<Touched> {
+        let dt = T::mpi_datatype();
+        let base = data.as_ptr();
+        self.for_pieces(start, data.len(), touched, |target, disp, pos, n| {
+            // SAFETY: as in `issue_get`; MPI only reads the origin buffer, which stays borrowed until
+            // the local completion in the caller.
+            let rc = unsafe {
+                if accumulate {
+                    ffi::MPI_Accumulate(
+                        base.add(pos).cast(),
+                        n,
+                        dt,
+                        target,
+                        disp,
+                        n,
+                        dt,
+                        ffi::RSMPI_SUM,
+                        self.win,
+                    )
+                } else {
+                    ffi::MPI_Put(base.add(pos).cast(), n, dt, target, disp, n, dt, self.win)
+                }
+            };
+            self.check(if accumulate { "MPI_Accumulate" } else { "MPI_Put" }, rc)
+        })
+    }
+
+    pub(crate) fn get(&self, start: usize, out: &mut [T]) -> Result<()> {
+        let touched = self.issue_get(start, out, Touched::None)?;
+        self.complete_local(touched)
+    }
+
+    pub(crate) fn get_batch(&self, ranges: &[Range<usize>], out: &mut [T]) -> Result<()> {
+        let mut touched = Touched::None;
+        let mut at = 0;
+        for r in ranges {
+            let len = r.end - r.start;
+            touched = self.issue_get(r.start, &mut out[at..at + len], touched)?;
+            at += len;
+        }
+        self.complete_local(touched)
+    }
+
+    pub(crate) fn write(&self, start: usize, data: &[T], accumulate: bool) -> Result<()> {
+        let touched = self.issue_write(start, data, accumulate, Touched::None)?;
+        self.complete_local(touched)
+    }
+
+    pub(crate) fn write_batch(&self, ranges: &[Range<usize>], data: &[T], accumulate: bool) -> Result<()> {
+        let mut touched = Touched::None;
+        let mut at = 0;
+        for r in ranges {
+            let len = r.end - r.start;
+            touched = self.issue_write(r.start, &data[at..at + len], accumulate, touched)?;
+            at += len;
+        }
+        self.complete_local(touched)
+    }
+
+    pub(crate) fn fetch_add(&self, index: usize, value: T) -> Result<T> {
+        let (target, offset) = self.map.owner(index).ok_or_else(|| self.out_of_range(index, 1))?;
+        let mut result = T::default();
+        // SAFETY: live window; one element at a valid displacement of `target`'s shard; `value` and
+        // `result` outlive the local completion below.
+        let rc = unsafe {
+            ffi::MPI_Fetch_and_op(
+                (&value as *const T).cast(),
+                (&mut result as *mut T).cast(),
+                T::mpi_datatype(),
+                target as c_int,
+                offset as ffi::MPI_Aint,
+                ffi::RSMPI_SUM,
+                self.win,
+            )
+        };
+        self.check("MPI_Fetch_and_op", rc)?;
+        self.complete_local(Touched::One(target))?;
+        Ok(result)
+    }
+
+    pub(crate) fn compare_and_swap(&self, index: usize, current: T, new: T) -> Result<T> {
+        let (target, offset) = self.map.owner(index).ok_or_else(|| self.out_of_range(index, 1))?;
+        let mut result = T::default();
+        // SAFETY: as in `fetch_add`; only called for u64 (an integer type, as MPI requires).
+        let rc = unsafe {
+            ffi::MPI_Compare_and_swap(
+                (&new as *const T).cast(),
+                (&current as *const T).cast(),
+                (&mut result as *mut T).cast(),
+                T::mpi_datatype(),
+                target as c_int,
+                offset as ffi::MPI_Aint,
+                self.win,
+            )
+        };
+        self.check("MPI_Compare_and_swap", rc)?;
+        self.complete_local(Touched::One(target))?;
+        Ok(result)
+    }
+
+    pub(crate) fn flush(&self, target: usize) -> Result<()> {
+        if target >= self.map.parts() {
+            return Err(Error::NoSuchRank {
+                rank: self.rank(),
+                what: "target",
+                target,
+                world_size: self.map.parts(),
+            });
+        }
+        // SAFETY: live window in a lock_all epoch; valid rank.
+        self.check("MPI_Win_flush", unsafe { ffi::MPI_Win_flush(target as c_int, self.win) })
+    }
+
+    pub(crate) fn flush_all(&self) -> Result<()> {
+        // SAFETY: live window in a lock_all epoch.
+        self.check("MPI_Win_flush_all", unsafe { ffi::MPI_Win_flush_all(self.win) })
+    }
+
+    pub(crate) fn free(mut self) -> Result<()> {
+        self.live = false;
+        // SAFETY: the window was live (the flag was set until now) and in its lock_all epoch.
+        self.check("MPI_Win_unlock_all", unsafe { ffi::MPI_Win_unlock_all(self.win) })?;
+        // SAFETY: live window, epoch closed; collective (the caller's contract); sets the handle to
+        // MPI_WIN_NULL, and `live == false` keeps Drop away from it.
+        let rc = unsafe { ffi::MPI_Win_free(&mut self.win) };
+        self.check("MPI_Win_free", rc)
+    }
+}
+
+impl<T: Elem> Drop for MpiWindow<T> {
+    fn drop(&mut self) {
+        if self.live {
+            // SAFETY: live window in its lock_all epoch; completes what this rank issued. Not freed:
+            // see the module docs.
+            unsafe { ffi::MPI_Win_unlock_all(self.win) };
+        }
+    }
+}

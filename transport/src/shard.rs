@@ -1,0 +1,230 @@
+//! Shard maps: how a window's global index space is split over the ranks.
+
+use std::ops::Range;
+
+/// A window's layout: rank `r` owns the contiguous global range `range(r)`.
+///
+/// Shards may differ in size, and may be empty. Every rank of a world must allocate a window with
+/// the same map (checked at allocation).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ShardMap {
+    /// `offsets[r]..offsets[r + 1]` is rank `r`'s shard; `offsets[0] == 0`.
+    offsets: Vec<usize>,
+}
+
+/// One contiguous piece of a global range that lies inside a single shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    /// The rank that owns this piece.
+    pub rank: usize,
+    /// Offset of the piece inside that rank's shard.
+    pub offset: usize,
+    /// Number of elements.
+    pub len: usize,
+    /// Offset of the piece inside the requested range (and so inside the caller's buffer).
+    pub pos: usize,
+}
+
+impl ShardMap {
+    /// `total` elements over `parts` ranks, as even as possible: the first `total % parts` ranks
+    /// hold one element more.
+    ///
+    /// # Panics
+    /// If `parts == 0` (a world has at least one rank).
+    pub fn balanced(total: usize, parts: usize) -> Self {
+        assert!(parts > 0, "a shard map needs at least one part");
+        let (q, r) = (total / parts, total % parts);
+        Self::from_lens((0..parts).map(|p| q + usize::from(p < r)))
+    }
+
+    /// A map with the given shard lengths, rank 0 first.
+    ///
+    /// # Panics
+    /// If `lens` is empty.
+    pub fn from_lens(lens: impl IntoIterator<Item = usize>) -> Self {
+        let mut offsets = vec![0];
+        let mut acc = 0usize;
+        for len in lens {
+            acc = acc.checked_add(len).expect("shard map length overflows usize");
+            offsets.push(acc);
+        }
+        assert!(offsets.len() > 1, "a shard map needs at least one part");
+        Self { offsets }
+    }
+
+    /// Number of shards (the world size the map is for).
+    pub fn parts(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    /// Total number of elements.
+    pub fn total(&self) -> usize {
+        self.offsets[self.parts()]
+    }
+
+    /// Global range owned by `rank`.
+    pub fn range(&self, rank: usize) -> Range<usize> {
+        self.offsets[rank]..self.offsets[rank + 1]
+    }
+
+    /// Length of `rank`'s shard.
+    pub fn len_of(&self, rank: usize) -> usize {
+        self.offsets[rank + 1] - self.offsets[rank]
+    }
+
+    /// The owner of global index `index` and the offset inside its shard, or `None` when `index`
+    /// is past the end.
+    pub fn owner(&self, index: usize) -> Option<(usize, usize)> {
+        if index >= self.total() {
+            return None;
+        }
+        // The last shard whose start is <= index and that is non-empty.
+        let rank = self.offsets.partition_point(|&o| o <= index) - 1;
+        Some((rank, index - self.offsets[rank]))
+    }
+
+    /// Splits the global range `start..start + len` into per-shard pieces, in order.
+    ///
+    /// Returns `None` if the range does not fit inside the map.
+    pub fn pieces(&self, start: usize, len: usize) -> Option<Pieces<'_>> {
+        let end = start.checked_add(len)?;
+        if end > self.total() {
+            return None;
+        }
+        let rank = if len == 0 { self.parts() } else { self.owner(start)?.0 };
+        Some(Pieces { map: self, rank, next: start, start, end })
+    }
+
+    /// A fingerprint that differs (with overwhelming probability) between different maps: used to
+    /// check that all ranks allocate the same window.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // the local backend compares maps directly
+    pub(crate) fn fingerprint(&self) -> u64 {
+        // FNV-1a over the offsets; stable across processes and builds (unlike `DefaultHasher`).
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for &o in &self.offsets {
+            for b in (o as u64).to_le_bytes() {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        h
+    }
+}
+
+/// Iterator over the pieces of a global range; see [`ShardMap::pieces`].
+#[derive(Debug)]
+pub struct Pieces<'a> {
+    map: &'a ShardMap,
+    rank: usize,
+    next: usize,
+    start: usize,
+    end: usize,
+}
+
+impl Iterator for Pieces<'_> {
+    type Item = Piece;
+
+    fn next(&mut self) -> Option<Piece> {
+        while self.next < self.end {
+            let shard = self.map.range(self.rank);
+            let stop = shard.end.min(self.end);
+            if stop > self.next {
+                let piece = Piece {
+                    rank: self.rank,
+                    offset: self.next - shard.start,
+                    len: stop - self.next,
+                    pos: self.next - self.start,
+                };
+                self.next = stop;
+                self.rank += 1;
+                return Some(piece);
+            }
+            self.rank += 1;
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn balanced_spreads_the_remainder_over_the_first_ranks() {
+        let m = ShardMap::balanced(10, 4);
+        assert_eq!((0..4).map(|r| m.len_of(r)).collect::<Vec<_>>(), [3, 3, 2, 2]);
+        assert_eq!(m.range(2), 6..8);
+        assert_eq!(m.total(), 10);
+    }
+
+    #[test]
+    fn owner_skips_empty_shards() {
+        let m = ShardMap::from_lens([0, 3, 0, 0, 2]);
+        assert_eq!(m.owner(0), Some((1, 0)));
+        assert_eq!(m.owner(2), Some((1, 2)));
+        assert_eq!(m.owner(3), Some((4, 0)));
+        assert_eq!(m.owner(5), None);
+    }
+
+    #[test]
+    fn ranges_crossing_shards_are_split() {
+        let m = ShardMap::from_lens([2, 0, 3, 1]);
+        let p: Vec<_> = m.pieces(1, 5).expect("fits").collect();
+        assert_eq!(
+            p,
+            [
+                Piece { rank: 0, offset: 1, len: 1, pos: 0 },
+                Piece { rank: 2, offset: 0, len: 3, pos: 1 },
+                Piece { rank: 3, offset: 0, len: 1, pos: 4 },
+            ]
+        );
+        assert!(m.pieces(5, 2).is_none());
+        assert!(m.pieces(usize::MAX, 2).is_none());
+        assert_eq!(m.pieces(6, 0).expect("empty range at the end fits").count(), 0);
+    }
+
+    #[test]
+    fn fingerprints_tell_maps_apart() {
+        assert_ne!(ShardMap::from_lens([3, 2]).fingerprint(), ShardMap::from_lens([2, 3]).fingerprint());
+        assert_eq!(ShardMap::balanced(5, 2).fingerprint(), ShardMap::from_lens([3, 2]).fingerprint());
+    }
+
+    proptest! {
+        #[test]
+        fn pieces_tile_the_range_exactly(
+            lens in proptest::collection::vec(0usize..20, 1..8),
+            a in 0usize..200,
+            b in 0usize..200,
+        ) {
+            let m = ShardMap::from_lens(lens.iter().copied());
+            let (start, len) = (a.min(b), a.max(b) - a.min(b));
+            match m.pieces(start, len) {
+                None => prop_assert!(start + len > m.total()),
+                Some(pieces) => {
+                    let mut covered = 0;
+                    for p in pieces {
+                        prop_assert!(p.len > 0);
+                        prop_assert_eq!(p.pos, covered);
+                        prop_assert!(p.offset + p.len <= m.len_of(p.rank));
+                        prop_assert_eq!(m.range(p.rank).start + p.offset, start + p.pos);
+                        covered += p.len;
+                    }
+                    prop_assert_eq!(covered, len);
+                }
+            }
+        }
+
+        #[test]
+        fn owner_agrees_with_ranges(lens in proptest::collection::vec(0usize..10, 1..8), i in 0usize..80) {
+            let m = ShardMap::from_lens(lens.iter().copied());
+            match m.owner(i) {
+                None => prop_assert!(i >= m.total()),
+                Some((r, off)) => {
+                    prop_assert!(m.range(r).contains(&i));
+                    prop_assert_eq!(m.range(r).start + off, i);
+                }
+            }
+        }
+    }
+}
