@@ -6,8 +6,9 @@
 //! `peregrine bench rma --backend local` (ranks as threads).
 //!
 //! Method, after the OSU one-sided micro-benchmarks (osu_get_latency, osu_get_bw, ...):
-//! - latency: one operation and its completion per iteration (`get`; `put`/`accumulate` then
-//!   `flush(target)`; `fetch_add`), after warm-up iterations that are not timed;
+//! - latency: one operation and its completion per iteration (`get`; `put`/`accumulate` in a
+//!   `write_scope`, i.e. issued then flushed at the target; `fetch_add`), after warm-up
+//!   iterations that are not timed;
 //! - bandwidth: a window of `W` operations of the same size (W = 64, fewer above 256 KiB so that a
 //!   window moves at most 16 MiB), issued back to back as one batch, then one completion;
 //! - each figure is the median of several trials; with the MPI backend each trial of ours is
@@ -161,8 +162,8 @@ pub fn run(t: &Transport, cfg: &Config, mut report: impl FnMut(&Row)) -> Result<
             if me {
                 ours.push(timed(cfg.latency_iters, cfg.warmup, || match op {
                     Op::Get => data.get(base, &mut buf[..1]),
-                    Op::Put => data.put(base, &buf[..1]).and_then(|()| data.flush(target)),
-                    Op::Accumulate => data.accumulate(base, &buf[..1]).and_then(|()| data.flush(target)),
+                    Op::Put => data.write_scope(|s| s.put(base, &buf[..1])),
+                    Op::Accumulate => data.write_scope(|s| s.accumulate(base, &buf[..1])),
                     Op::FetchAdd => counter.fetch_add(base, 1).map(drop),
                 })?);
                 if let Some(raw) = &mut raw {
@@ -288,7 +289,7 @@ mod raw {
     use std::ffi::c_int;
 
     use mpi::ffi;
-    use peregrine_transport::{Error, Result};
+    use peregrine_transport::{ErrorKind, Result};
 
     use super::Op;
 
@@ -305,7 +306,7 @@ mod raw {
         if rc == ffi::MPI_SUCCESS as c_int {
             Ok(())
         } else {
-            Err(Error::Mpi { rank, call, code: rc, message: "raw MPI reference".to_owned() })
+            Err(ErrorKind::Mpi { rank, call, code: rc, message: "raw MPI reference".to_owned() }.into())
         }
     }
 

@@ -2,7 +2,9 @@
 //! into one clear message and a non-zero exit instead of a hang.
 
 use clap::{Args, ValueEnum};
-use peregrine_transport::{run_local, Backend, Error as TransportError, Transport};
+use peregrine_transport::{
+    run_local, Backend, Error as TransportError, ErrorKind as TransportErrorKind, Transport,
+};
 
 /// Errors of the `peregrine` commands.
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +60,11 @@ impl WorldArgs {
             && !Backend::Mpi.compiled()
             && under_launcher()
         {
-            return Err(TransportError::NotCompiled { backend: "mpi", feature: "mpi" }.into());
+            return Err(TransportError::from(TransportErrorKind::NotCompiled {
+                backend: "mpi",
+                feature: "mpi",
+            })
+            .into());
         }
         Ok(backend)
     }
@@ -87,7 +93,7 @@ where
             let mut errors: Vec<AppError> = outcomes.into_iter().filter_map(Result::err).collect();
             let root = errors
                 .iter()
-                .position(|e| !matches!(e, AppError::Transport(TransportError::PeerExited { .. })))
+                .position(|e| !matches!(e, AppError::Transport(t) if matches!(t.kind(), TransportErrorKind::PeerExited { .. })))
                 .unwrap_or(0);
             if errors.is_empty() {
                 Ok(())

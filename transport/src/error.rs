@@ -3,12 +3,54 @@
 /// Result of a transport operation.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// A transport error: one pointer wide, so that the `Result`s of the one-sided hot paths stay in
+/// registers (a 64-byte error made every `?` on them a memory round trip). What happened is its
+/// [`ErrorKind`].
+pub struct Error(Box<ErrorKind>);
+
+impl Error {
+    /// What went wrong.
+    pub fn kind(&self) -> &ErrorKind {
+        &self.0
+    }
+
+    /// What went wrong, by value.
+    pub fn into_kind(self) -> ErrorKind {
+        *self.0
+    }
+}
+
+impl From<ErrorKind> for Error {
+    #[cold]
+    fn from(kind: ErrorKind) -> Self {
+        Self(Box::new(kind))
+    }
+}
+
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
 /// Everything that can go wrong in a world of ranks and its windows.
 ///
 /// Every variant names the rank it happened on; MPI failures also name the MPI call.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum Error {
+pub enum ErrorKind {
     /// A backend was requested that this binary was built without.
     #[error(
         "the `{backend}` backend was not compiled into this binary: rebuild with `--features {feature}`"

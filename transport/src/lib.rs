@@ -42,12 +42,14 @@ pub mod local;
 pub mod mpi;
 mod shard;
 
+use std::cell::Cell;
 use std::fmt;
+use std::marker::PhantomData;
 use std::ops::Range;
 use std::str::FromStr;
 
 pub use elem::{Elem, ElemKind, ReduceOp};
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};
 pub use shard::{Piece, Pieces, ShardMap};
 
 /// Which implementation of ranks and windows to use.
@@ -138,7 +140,7 @@ impl Transport {
         }
         #[cfg(not(feature = "mpi"))]
         {
-            Err(Error::NotCompiled { backend: "mpi", feature: "mpi" })
+            Err(ErrorKind::NotCompiled { backend: "mpi", feature: "mpi" }.into())
         }
     }
 
@@ -330,6 +332,38 @@ impl<T: Elem> Window<T> {
         dispatch!(&self.inner, w => w.flush_all())
     }
 
+    /// Runs `f` with a [`WriteScope`]: writes issued through it borrow their data until the scope
+    /// ends and are then completed at their targets (one flush per target touched). This is the
+    /// cheapest way to update remote memory, as it skips the local completion that
+    /// [`put`](Self::put) and [`accumulate`](Self::accumulate) need to hand the buffer back at once.
+    ///
+    /// The writes are completed even if `f` fails or panics.
+    ///
+    /// ```
+    /// # use peregrine_transport::*;
+    /// run_local(2, |t| -> Result<()> {
+    ///     let w = t.alloc_window::<f32>("grad", &ShardMap::balanced(8, 2))?;
+    ///     let g = vec![0.5f32; 8];
+    ///     w.write_scope(|s| s.accumulate(0, &g))?; // complete at every target on return
+    ///     t.barrier()?;
+    ///     let mut x = [0.0f32; 8];
+    ///     w.get(0, &mut x)?;
+    ///     assert_eq!(x, [1.0; 8]);
+    ///     t.barrier()?;
+    ///     w.free()
+    /// })?;
+    /// # Ok::<(), Error>(())
+    /// ```
+    #[inline]
+    pub fn write_scope<'d, R>(&self, f: impl FnOnce(&WriteScope<'_, 'd, T>) -> Result<R>) -> Result<R> {
+        let scope = WriteScope { window: self, touched: Cell::new(Touched::NONE), _data: PhantomData };
+        let r = f(&scope);
+        // By reference: moving the scope here would cost a store-forwarding stall per call.
+        let done = scope.complete();
+        let r = r?;
+        done.map(|()| r)
+    }
+
     /// Collective: completes this rank's writes, waits for every rank, and releases the window.
     pub fn free(self) -> Result<()> {
         match self.inner {
@@ -343,24 +377,26 @@ impl<T: Elem> Window<T> {
         let mut expected = 0usize;
         for r in ranges {
             if r.start > r.end || r.end > self.len() {
-                return Err(Error::OutOfRange {
+                return Err(ErrorKind::OutOfRange {
                     rank: self.rank(),
                     window: self.name().to_owned(),
                     start: r.start,
                     end: r.end,
                     len: self.len(),
-                });
+                }
+                .into());
             }
             expected += r.end - r.start;
         }
         if expected != got {
-            return Err(Error::LengthMismatch {
+            return Err(ErrorKind::LengthMismatch {
                 rank: self.rank(),
                 op,
                 window: self.name().to_owned(),
                 expected,
                 got,
-            });
+            }
+            .into());
         }
         Ok(())
     }
@@ -368,6 +404,123 @@ impl<T: Elem> Window<T> {
     fn rank(&self) -> usize {
         use WindowInner as Inner;
         dispatch!(&self.inner, w => w.rank())
+    }
+}
+
+/// Targets that operations went to since the last completion: none, one, or several. One word
+/// (`usize::MAX` = none, `usize::MAX - 1` = several, else the one rank), so that it travels in a
+/// register along the hot paths.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Touched(usize);
+
+/// [`Touched`], unpacked for matching.
+pub(crate) enum Targets {
+    None,
+    One(usize),
+    Many,
+}
+
+impl Touched {
+    pub(crate) const NONE: Self = Self(usize::MAX);
+    pub(crate) const MANY: Self = Self(usize::MAX - 1);
+
+    /// A single rank (ranks are far below `usize::MAX - 1`).
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn one(rank: usize) -> Self {
+        Self(rank)
+    }
+
+    #[inline]
+    pub(crate) fn add(self, rank: usize) -> Self {
+        if self == Self::NONE || self.0 == rank {
+            Self(rank)
+        } else {
+            Self::MANY
+        }
+    }
+
+    #[inline]
+    pub(crate) fn targets(self) -> Targets {
+        match self {
+            Self::NONE => Targets::None,
+            Self::MANY => Targets::Many,
+            Self(rank) => Targets::One(rank),
+        }
+    }
+}
+
+/// Writes to a [`Window`] whose data (lifetime `'d`) stays borrowed until the scope completes them;
+/// made by [`Window::write_scope`]. Not `Sync`: one scope per thread.
+#[derive(Debug)]
+pub struct WriteScope<'w, 'd, T: Elem> {
+    window: &'w Window<T>,
+    touched: Cell<Touched>,
+    _data: PhantomData<&'d [T]>,
+}
+
+impl<'d, T: Elem> WriteScope<'_, 'd, T> {
+    /// [`Window::put`], completed when the scope ends.
+    #[inline]
+    pub fn put(&self, start: usize, data: &'d [T]) -> Result<()> {
+        self.issue(start, data, false)
+    }
+
+    /// [`Window::accumulate`], completed when the scope ends.
+    #[inline]
+    pub fn accumulate(&self, start: usize, data: &'d [T]) -> Result<()> {
+        self.issue(start, data, true)
+    }
+
+    /// [`Window::put_batch`], completed when the scope ends.
+    pub fn put_batch(&self, ranges: &[Range<usize>], data: &'d [T]) -> Result<()> {
+        self.issue_batch("put_batch", ranges, data, false)
+    }
+
+    /// [`Window::accumulate_batch`], completed when the scope ends.
+    pub fn accumulate_batch(&self, ranges: &[Range<usize>], data: &'d [T]) -> Result<()> {
+        self.issue_batch("accumulate_batch", ranges, data, true)
+    }
+
+    fn issue_batch(&self, op: &'static str, ranges: &[Range<usize>], data: &'d [T], acc: bool) -> Result<()> {
+        self.window.check_batch(op, ranges, data.len())?;
+        let mut at = 0;
+        for r in ranges {
+            let len = r.end - r.start;
+            self.issue(r.start, &data[at..at + len], acc)?;
+            at += len;
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn issue(&self, start: usize, data: &'d [T], accumulate: bool) -> Result<()> {
+        use WindowInner as Inner;
+        let touched = self.touched.get();
+        match dispatch!(&self.window.inner, w => w.issue_write(start, data, accumulate, touched)) {
+            Ok(t) => {
+                self.touched.set(t);
+                Ok(())
+            }
+            Err(e) => {
+                // Part of the range may have been issued: complete everything.
+                self.touched.set(Touched::MANY);
+                Err(e)
+            }
+        }
+    }
+
+    fn complete(&self) -> Result<()> {
+        use WindowInner as Inner;
+        let touched = self.touched.replace(Touched::NONE);
+        dispatch!(&self.window.inner, w => w.complete_remote(touched))
+    }
+}
+
+impl<T: Elem> Drop for WriteScope<'_, '_, T> {
+    fn drop(&mut self) {
+        // Only reached with writes outstanding when `f` panicked: the data they read must not be
+        // released before they complete. The error, if any, cannot be reported from here.
+        let _ = self.complete();
     }
 }
 

@@ -58,22 +58,26 @@ impl ShardMap {
     }
 
     /// Total number of elements.
+    #[inline]
     pub fn total(&self) -> usize {
         self.offsets[self.parts()]
     }
 
     /// Global range owned by `rank`.
+    #[inline]
     pub fn range(&self, rank: usize) -> Range<usize> {
         self.offsets[rank]..self.offsets[rank + 1]
     }
 
     /// Length of `rank`'s shard.
+    #[inline]
     pub fn len_of(&self, rank: usize) -> usize {
         self.offsets[rank + 1] - self.offsets[rank]
     }
 
     /// The owner of global index `index` and the offset inside its shard, or `None` when `index`
     /// is past the end.
+    #[inline]
     pub fn owner(&self, index: usize) -> Option<(usize, usize)> {
         if index >= self.total() {
             return None;

@@ -19,7 +19,7 @@
 use std::any::Any;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
-use crate::{Elem, Error, ReduceOp, Result, ShardMap};
+use crate::{Elem, ErrorKind, ReduceOp, Result, ShardMap};
 
 mod window;
 pub use window::LocalWindow;
@@ -52,7 +52,7 @@ impl World {
     fn barrier(&self, rank: usize, op: &'static str) -> Result<()> {
         let mut s = lock(&self.sync);
         if let Some(peer) = s.exited {
-            return Err(Error::PeerExited { rank, peer, op });
+            return Err(ErrorKind::PeerExited { rank, peer, op }.into());
         }
         let generation = s.generation;
         s.arrived += 1;
@@ -68,7 +68,7 @@ impl World {
                 return Ok(());
             }
             if let Some(peer) = s.exited {
-                return Err(Error::PeerExited { rank, peer, op });
+                return Err(ErrorKind::PeerExited { rank, peer, op }.into());
             }
         }
     }
@@ -87,10 +87,13 @@ impl World {
             .map(|s| s.as_ref().and_then(|b| b.downcast_ref::<V>()).cloned())
             .collect();
         self.barrier(rank, op)?;
-        all.ok_or_else(|| Error::CollectiveMismatch {
-            rank,
-            op,
-            detail: "ranks called different collectives or used different element types".into(),
+        all.ok_or_else(|| {
+            ErrorKind::CollectiveMismatch {
+                rank,
+                op,
+                detail: "ranks called different collectives or used different element types".into(),
+            }
+            .into()
         })
     }
 }
@@ -115,7 +118,7 @@ impl Drop for LocalRank {
 /// Each rank is meant to run on its own thread (see [`crate::run_local`]).
 pub fn world(world_size: usize) -> Result<Vec<LocalRank>> {
     if world_size == 0 {
-        return Err(Error::EmptyWorld(world_size));
+        return Err(ErrorKind::EmptyWorld(world_size).into());
     }
     let world = Arc::new(World {
         size: world_size,
@@ -144,7 +147,7 @@ impl LocalRank {
     pub(crate) fn allreduce<T: Elem>(&self, data: &mut [T], op: ReduceOp) -> Result<()> {
         let all = self.world.allgather(self.rank, "allreduce", data.to_vec())?;
         if let Some((r, v)) = all.iter().enumerate().find(|(_, v)| v.len() != data.len()) {
-            return Err(Error::CollectiveMismatch {
+            return Err(ErrorKind::CollectiveMismatch {
                 rank: self.rank,
                 op: "allreduce",
                 detail: format!(
@@ -154,7 +157,8 @@ impl LocalRank {
                     r,
                     v.len()
                 ),
-            });
+            }
+            .into());
         }
         // Reduce in rank order on every rank: the same result everywhere, bit for bit.
         for (i, x) in data.iter_mut().enumerate() {
@@ -172,7 +176,7 @@ impl LocalRank {
                 data.copy_from_slice(v);
                 Ok(())
             }
-            Some(v) => Err(Error::CollectiveMismatch {
+            Some(v) => Err(ErrorKind::CollectiveMismatch {
                 rank: self.rank,
                 op: "broadcast",
                 detail: format!(
@@ -181,12 +185,14 @@ impl LocalRank {
                     self.rank,
                     data.len()
                 ),
-            }),
-            None => Err(Error::CollectiveMismatch {
+            }
+            .into()),
+            None => Err(ErrorKind::CollectiveMismatch {
                 rank: self.rank,
                 op: "broadcast",
                 detail: format!("rank {root} did not act as root"),
-            }),
+            }
+            .into()),
         }
     }
 
@@ -200,7 +206,7 @@ impl LocalRank {
         if let Some((r, (other, kind, _))) =
             all.iter().enumerate().find(|(_, (m, k, _))| m != map || *k != T::KIND)
         {
-            return Err(Error::WindowMismatch {
+            return Err(ErrorKind::WindowMismatch {
                 rank: self.rank,
                 window: name.to_owned(),
                 detail: format!(
@@ -214,7 +220,8 @@ impl LocalRank {
                     kind,
                     (0..other.parts()).map(|p| other.len_of(p)).collect::<Vec<_>>(),
                 ),
-            });
+            }
+            .into());
         }
         let shards = all.into_iter().map(|(_, _, s)| s).collect();
         Ok(LocalWindow::new(self.world.clone(), self.rank, name, map.clone(), shards))
@@ -222,18 +229,21 @@ impl LocalRank {
 
     fn check_rank(&self, what: &'static str, target: usize) -> Result<()> {
         if target >= self.world.size {
-            return Err(Error::NoSuchRank { rank: self.rank, what, target, world_size: self.world.size });
+            return Err(
+                ErrorKind::NoSuchRank { rank: self.rank, what, target, world_size: self.world.size }.into()
+            );
         }
         Ok(())
     }
 
     fn check_map(&self, map: &ShardMap) -> Result<()> {
         if map.parts() != self.world.size {
-            return Err(Error::ShardCount {
+            return Err(ErrorKind::ShardCount {
                 rank: self.rank,
                 parts: map.parts(),
                 world_size: self.world.size,
-            });
+            }
+            .into());
         }
         Ok(())
     }
@@ -241,7 +251,7 @@ impl LocalRank {
 
 #[cfg(test)]
 mod tests {
-    use crate::{run_local, Error, ShardMap, Window};
+    use crate::{run_local, Error, ErrorKind, ShardMap, Window};
 
     /// The visibility rule that makes a forgotten flush fail under `cargo test`.
     #[test]
@@ -300,7 +310,12 @@ mod tests {
         let r = run_local(3, |t| if t.rank() == 1 { Ok(()) } else { t.barrier() }).expect("world of 3");
         assert!(r[1].is_ok());
         for rank in [0, 2] {
-            assert!(matches!(r[rank], Err(Error::PeerExited { peer: 1, .. })), "rank {rank}: {:?}", r[rank]);
+            let kind = r[rank].as_ref().err().map(|e| e.kind());
+            assert!(
+                matches!(kind, Some(ErrorKind::PeerExited { peer: 1, .. })),
+                "rank {rank}: {:?}",
+                r[rank]
+            );
         }
     }
 
@@ -319,6 +334,7 @@ mod tests {
 
     #[test]
     fn empty_world_is_an_error() {
-        assert!(matches!(run_local(0, |_| ()), Err(Error::EmptyWorld(0))));
+        let r = run_local(0, |_| ());
+        assert!(matches!(r.map_err(Error::into_kind), Err(ErrorKind::EmptyWorld(0))));
     }
 }

@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex};
 
 use super::{lock, World};
-use crate::{Elem, Error, Result, ShardMap};
+use crate::{Elem, Error, ErrorKind, Result, ShardMap, Targets, Touched};
 
 /// A window of the local backend, as seen by one rank.
 #[derive(Debug)]
@@ -69,23 +69,25 @@ impl<T: Elem> LocalWindow<T> {
     }
 
     fn out_of_range(&self, start: usize, len: usize) -> Error {
-        Error::OutOfRange {
+        ErrorKind::OutOfRange {
             rank: self.rank,
             window: self.name.clone(),
             start,
             end: start.saturating_add(len),
             len: self.map.total(),
         }
+        .into()
     }
 
     fn check_target(&self, target: usize) -> Result<()> {
         if target >= self.map.parts() {
-            return Err(Error::NoSuchRank {
+            return Err(ErrorKind::NoSuchRank {
                 rank: self.rank,
                 what: "target",
                 target,
                 world_size: self.map.parts(),
-            });
+            }
+            .into());
         }
         Ok(())
     }
@@ -128,6 +130,17 @@ impl<T: Elem> LocalWindow<T> {
 
     /// Queues a put or accumulate of `data` at global `start`.
     pub(crate) fn write(&self, start: usize, data: &[T], accumulate: bool) -> Result<()> {
+        self.issue_write(start, data, accumulate, Touched::NONE).map(drop)
+    }
+
+    /// Queues a put or accumulate and adds its targets to `touched`.
+    pub(crate) fn issue_write(
+        &self,
+        start: usize,
+        data: &[T],
+        accumulate: bool,
+        mut touched: Touched,
+    ) -> Result<Touched> {
         let pieces =
             self.map.pieces(start, data.len()).ok_or_else(|| self.out_of_range(start, data.len()))?;
         let mut pending = lock(&self.pending);
@@ -135,6 +148,17 @@ impl<T: Elem> LocalWindow<T> {
             let at = pending.data.len();
             pending.data.extend_from_slice(&data[p.pos..p.pos + p.len]);
             pending.ops.push(PendingOp { target: p.rank, offset: p.offset, len: p.len, at, accumulate });
+            touched = touched.add(p.rank);
+        }
+        Ok(touched)
+    }
+
+    /// Completes at their targets the writes issued to `touched`.
+    pub(crate) fn complete_remote(&self, touched: Touched) -> Result<()> {
+        match touched.targets() {
+            Targets::None => {}
+            Targets::One(t) => self.complete(Some(t)),
+            Targets::Many => self.complete(None),
         }
         Ok(())
     }

@@ -8,9 +8,11 @@
 //!   node, as the memory cannot be shared), also `MPI_ERRORS_RETURN`, opened once with
 //!   `MPI_Win_lock_all(MPI_MODE_NOCHECK)` for their whole life (passive target);
 //! - `get` = `MPI_Get` + `MPI_Win_flush_local`; `put`/`accumulate` = `MPI_Put`/`MPI_Accumulate`
-//!   + `MPI_Win_flush_local` (the origin buffer is free on return, the target sees the data after
-//!   `flush`); `fetch_add` = `MPI_Fetch_and_op(MPI_SUM)`; `compare_and_swap` =
-//!   `MPI_Compare_and_swap`; batches issue every operation before one completion.
+//!   followed by `MPI_Win_flush_local` (the origin buffer is free on return, the target sees the
+//!   data after `flush`), or without it inside a write scope, which completes with one
+//!   `MPI_Win_flush` per target at its end; `fetch_add` = `MPI_Fetch_and_op(MPI_SUM)`;
+//!   `compare_and_swap` = `MPI_Compare_and_swap`; batches issue every operation before one
+//!   completion.
 //!
 //! Constants that the bindings lack (`MPI_NO_OP`, `MPI_REPLACE`, `MPI_MODE_NOCHECK`,
 //! `MPI_IN_PLACE`) come from `shim.c`, compiled with `mpicc` (or `$MPICC`).
@@ -25,12 +27,13 @@
 use std::ffi::{c_int, c_void};
 use std::marker::PhantomData;
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use mpi::ffi;
 use mpi::Threading;
 
-use crate::{Elem, Error, ReduceOp, Result, ShardMap};
+use crate::{Elem, Error, ErrorKind, ReduceOp, Result, ShardMap, Targets, Touched};
 
 #[allow(dead_code)] // MPI_NO_OP and MPI_REPLACE are exported for get_accumulate-style users.
 extern "C" {
@@ -47,10 +50,18 @@ const SHARD_ALIGN: usize = 64;
 const MAX_COUNT: usize = 1 << 30;
 
 /// Turns an MPI return code into a result.
+#[inline]
 fn check(rank: usize, call: &'static str, code: c_int) -> Result<()> {
     if code == ffi::MPI_SUCCESS as c_int {
-        return Ok(());
+        Ok(())
+    } else {
+        Err(mpi_error(rank, call, code))
     }
+}
+
+#[cold]
+#[inline(never)]
+fn mpi_error(rank: usize, call: &'static str, code: c_int) -> Error {
     let mut buf = vec![0u8; 4096];
     let mut len: c_int = 0;
     // SAFETY: `buf` has room for MPI_MAX_ERROR_STRING (256 in OpenMPI, 1024 in MPICH) characters
@@ -61,7 +72,7 @@ fn check(rank: usize, call: &'static str, code: c_int) -> Result<()> {
     } else {
         "unknown error".to_owned()
     };
-    Err(Error::Mpi { rank, call, code, message })
+    ErrorKind::Mpi { rank, call, code, message }.into()
 }
 
 /// The process's MPI world: rsmpi's universe (MPI_Finalize on drop) and our communicator.
@@ -101,10 +112,10 @@ pub struct MpiRank {
 
 impl MpiRank {
     pub(crate) fn init() -> Result<Self> {
-        let (universe, provided) =
-            mpi::initialize_with_threading(Threading::Multiple).ok_or(Error::AlreadyInitialized)?;
+        let (universe, provided) = mpi::initialize_with_threading(Threading::Multiple)
+            .ok_or(Error::from(ErrorKind::AlreadyInitialized))?;
         if provided != Threading::Multiple {
-            return Err(Error::ThreadLevel { provided: format!("{provided:?}") });
+            return Err(ErrorKind::ThreadLevel { provided: format!("{provided:?}") }.into());
         }
         let mut comm = std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit();
         // SAFETY: MPI is initialised; RSMPI_COMM_WORLD is a constant handle; `comm` is an
@@ -171,7 +182,7 @@ impl MpiRank {
 
     pub(crate) fn allreduce<T: Elem>(&self, data: &mut [T], op: ReduceOp) -> Result<()> {
         if !self.agree("MPI_Allreduce", &[data.len() as u64, T::KIND as u64])? {
-            return Err(Error::CollectiveMismatch {
+            return Err(ErrorKind::CollectiveMismatch {
                 rank: self.rank(),
                 op: "allreduce",
                 detail: format!(
@@ -179,13 +190,16 @@ impl MpiRank {
                     data.len(),
                     T::NAME
                 ),
-            });
+            }
+            .into());
         }
-        let mpi_op = match op {
-            // SAFETY (all three): constant handles exported by rsmpi's shim, never written.
-            ReduceOp::Sum => unsafe { ffi::RSMPI_SUM },
-            ReduceOp::Min => unsafe { ffi::RSMPI_MIN },
-            ReduceOp::Max => unsafe { ffi::RSMPI_MAX },
+        // SAFETY: constant handles exported by rsmpi's shim, never written.
+        let mpi_op = unsafe {
+            match op {
+                ReduceOp::Sum => ffi::RSMPI_SUM,
+                ReduceOp::Min => ffi::RSMPI_MIN,
+                ReduceOp::Max => ffi::RSMPI_MAX,
+            }
         };
         // SAFETY: in-place reduction over `data.len()` elements of `T`'s datatype; every rank passes
         // the same count (checked above); MPI_IN_PLACE comes from our shim.
@@ -204,15 +218,16 @@ impl MpiRank {
 
     pub(crate) fn broadcast<T: Elem>(&self, data: &mut [T], root: usize) -> Result<()> {
         if root >= self.world_size() {
-            return Err(Error::NoSuchRank {
+            return Err(ErrorKind::NoSuchRank {
                 rank: self.rank(),
                 what: "root",
                 target: root,
                 world_size: self.world_size(),
-            });
+            }
+            .into());
         }
         if !self.agree("MPI_Bcast", &[data.len() as u64, T::KIND as u64, root as u64])? {
-            return Err(Error::CollectiveMismatch {
+            return Err(ErrorKind::CollectiveMismatch {
                 rank: self.rank(),
                 op: "broadcast",
                 detail: format!(
@@ -220,7 +235,8 @@ impl MpiRank {
                     data.len(),
                     T::NAME
                 ),
-            });
+            }
+            .into());
         }
         // SAFETY: `data` holds `data.len()` elements of `T`'s datatype on every rank (checked).
         let rc = unsafe {
@@ -240,10 +256,12 @@ impl MpiRank {
         if map.parts() != self.world_size() {
             // Every rank must still take part in the collective check, or its peers would hang.
             self.agree("MPI_Allreduce", &[u64::MAX, 0, 0])?;
-            return Err(Error::ShardCount { rank, parts: map.parts(), world_size: self.world_size() });
+            return Err(
+                ErrorKind::ShardCount { rank, parts: map.parts(), world_size: self.world_size() }.into()
+            );
         }
         if !self.agree("MPI_Allreduce", &[map.fingerprint(), map.total() as u64, T::KIND as u64])? {
-            return Err(Error::WindowMismatch {
+            return Err(ErrorKind::WindowMismatch {
                 rank,
                 window: name.to_owned(),
                 detail: format!(
@@ -252,7 +270,8 @@ impl MpiRank {
                     T::NAME,
                     (0..map.parts()).map(|p| map.len_of(p)).collect::<Vec<_>>()
                 ),
-            });
+            }
+            .into());
         }
         let local_len = map.len_of(rank);
         // Every shard is allocated as a whole number of 64-byte lines, at least one: MPICH 4.0's
@@ -283,22 +302,20 @@ impl MpiRank {
             win,
             name: name.to_owned(),
             map: map.clone(),
+            last_target: AtomicUsize::new(0),
             live: true,
             _elem: PhantomData,
         };
         // SAFETY: live window handle; constant error handler.
-        window.check("MPI_Win_set_errhandler", unsafe {
-            ffi::MPI_Win_set_errhandler(win, ffi::RSMPI_ERRORS_RETURN)
-        })?;
-        {
-            // SAFETY: `base` points to `padded` bytes (a whole number of elements) of `T` owned by this window, not yet
-            // exposed to anyone (no epoch is open and the barrier below has not been passed).
-            // Zero bytes are a valid value of every `Elem` type.
-            unsafe { std::ptr::write_bytes(base.cast::<u8>(), 0, padded) };
-        }
+        let rc = unsafe { ffi::MPI_Win_set_errhandler(win, ffi::RSMPI_ERRORS_RETURN) };
+        window.check("MPI_Win_set_errhandler", rc)?;
+        // SAFETY: `base` points to `padded` bytes (a whole number of elements) owned by this
+        // window and not yet exposed to anyone (no epoch is open, the barrier below is ahead).
+        // Zero bytes are a valid value of every `Elem` type.
+        unsafe { std::ptr::write_bytes(base.cast::<u8>(), 0, padded) };
         // SAFETY: live window; MPI_MODE_NOCHECK is valid as no rank takes exclusive locks.
-        window
-            .check("MPI_Win_lock_all", unsafe { ffi::MPI_Win_lock_all(peregrine_mpi_mode_nocheck(), win) })?;
+        let rc = unsafe { ffi::MPI_Win_lock_all(peregrine_mpi_mode_nocheck(), win) };
+        window.check("MPI_Win_lock_all", rc)?;
         // SAFETY: live window in a lock_all epoch: makes the zeroes above visible to RMA.
         window.check("MPI_Win_sync", unsafe { ffi::MPI_Win_sync(win) })?;
         self.barrier()?;
@@ -326,6 +343,10 @@ pub struct MpiWindow<T: Elem> {
     win: ffi::MPI_Win,
     name: String,
     map: ShardMap,
+    /// The shard of the last single-shard operation: checked first, as consecutive operations
+    /// mostly go to the same target (a binary search over the shard offsets costs more than the
+    /// MPI call itself on shared memory).
+    last_target: AtomicUsize,
     live: bool,
     _elem: PhantomData<T>,
 }
@@ -335,24 +356,6 @@ pub struct MpiWindow<T: Elem> {
 unsafe impl<T: Elem> Send for MpiWindow<T> {}
 // SAFETY: as for Send; concurrent RMA calls on one window are allowed at MPI_THREAD_MULTIPLE.
 unsafe impl<T: Elem> Sync for MpiWindow<T> {}
-
-/// Where completion is needed after issuing operations: no target, one, or several.
-#[derive(Clone, Copy)]
-enum Touched {
-    None,
-    One(usize),
-    Many,
-}
-
-impl Touched {
-    fn add(self, rank: usize) -> Self {
-        match self {
-            Self::None => Self::One(rank),
-            Self::One(r) if r == rank => self,
-            _ => Self::Many,
-        }
-    }
-}
 
 impl<T: Elem> MpiWindow<T> {
     /// The window's name.
@@ -375,17 +378,37 @@ impl<T: Elem> MpiWindow<T> {
     }
 
     fn out_of_range(&self, start: usize, len: usize) -> Error {
-        Error::OutOfRange {
+        ErrorKind::OutOfRange {
             rank: self.rank(),
             window: self.name.clone(),
             start,
             end: start.saturating_add(len),
             len: self.map.total(),
         }
+        .into()
+    }
+
+    /// The shard and offset of `start..start + len` if it lies inside one shard (and fits one MPI
+    /// call).
+    #[inline]
+    fn locate(&self, start: usize, len: usize) -> Option<(usize, usize)> {
+        let hint = self.last_target.load(Ordering::Relaxed);
+        let shard = self.map.range(hint);
+        if shard.contains(&start) && len <= MAX_COUNT && len <= shard.end - start {
+            return Some((hint, start - shard.start));
+        }
+        let (rank, offset) = self.map.owner(start)?;
+        if len <= MAX_COUNT && len <= self.map.len_of(rank) - offset {
+            self.last_target.store(rank, Ordering::Relaxed);
+            Some((rank, offset))
+        } else {
+            None
+        }
     }
 
     /// Calls `f(target, displacement, position, count)` for every piece of `start..start + len`,
     /// pieces split at [`MAX_COUNT`].
+    #[inline]
     fn for_pieces(
         &self,
         start: usize,
@@ -393,6 +416,11 @@ impl<T: Elem> MpiWindow<T> {
         mut touched: Touched,
         mut f: impl FnMut(c_int, ffi::MPI_Aint, usize, c_int) -> Result<()>,
     ) -> Result<Touched> {
+        // Fast path: the range lies inside one shard (the common case, and every atomic).
+        if let Some((rank, offset)) = self.locate(start, len) {
+            f(rank as c_int, offset as ffi::MPI_Aint, 0, len as c_int)?;
+            return Ok(touched.add(rank));
+        }
         let pieces = self.map.pieces(start, len).ok_or_else(|| self.out_of_range(start, len))?;
         for p in pieces {
             let mut done = 0;
@@ -408,19 +436,22 @@ impl<T: Elem> MpiWindow<T> {
 
     /// Completes this rank's operations locally (origin buffers reusable, results present).
     fn complete_local(&self, touched: Touched) -> Result<()> {
-        match touched {
-            Touched::None => Ok(()),
-            // SAFETY: live window in a lock_all epoch; `t` is a valid rank.
-            Touched::One(t) => {
-                self.check("MPI_Win_flush_local", unsafe { ffi::MPI_Win_flush_local(t as c_int, self.win) })
+        match touched.targets() {
+            Targets::None => Ok(()),
+            Targets::One(t) => {
+                // SAFETY: live window in a lock_all epoch; `t` is a valid rank.
+                let rc = unsafe { ffi::MPI_Win_flush_local(t as c_int, self.win) };
+                self.check("MPI_Win_flush_local", rc)
             }
-            // SAFETY: live window in a lock_all epoch.
-            Touched::Many => {
-                self.check("MPI_Win_flush_local_all", unsafe { ffi::MPI_Win_flush_local_all(self.win) })
+            Targets::Many => {
+                // SAFETY: live window in a lock_all epoch.
+                let rc = unsafe { ffi::MPI_Win_flush_local_all(self.win) };
+                self.check("MPI_Win_flush_local_all", rc)
             }
         }
     }
 
+    #[inline]
     fn issue_get(&self, start: usize, out: &mut [T], touched: Touched) -> Result<Touched> {
         let dt = T::mpi_datatype();
         let base = out.as_mut_ptr();
@@ -433,7 +464,16 @@ impl<T: Elem> MpiWindow<T> {
         })
     }
 
-    fn issue_write(&self, start: usize, data: &[T], accumulate: bool, touched: Touched) -> Result<Touched> {
+    /// Issues a put or accumulate without completing it (the caller keeps `data` borrowed until
+    /// a completion of `touched`).
+    #[inline]
+    pub(crate) fn issue_write(
+        &self,
+        start: usize,
+        data: &[T],
+        accumulate: bool,
+        touched: Touched,
+    ) -> Result<Touched> {
         let dt = T::mpi_datatype();
         let base = data.as_ptr();
         self.for_pieces(start, data.len(), touched, |target, disp, pos, n| {
@@ -461,12 +501,12 @@ impl<T: Elem> MpiWindow<T> {
     }
 
     pub(crate) fn get(&self, start: usize, out: &mut [T]) -> Result<()> {
-        let touched = self.issue_get(start, out, Touched::None)?;
+        let touched = self.issue_get(start, out, Touched::NONE)?;
         self.complete_local(touched)
     }
 
     pub(crate) fn get_batch(&self, ranges: &[Range<usize>], out: &mut [T]) -> Result<()> {
-        let mut touched = Touched::None;
+        let mut touched = Touched::NONE;
         let mut at = 0;
         for r in ranges {
             let len = r.end - r.start;
@@ -477,12 +517,12 @@ impl<T: Elem> MpiWindow<T> {
     }
 
     pub(crate) fn write(&self, start: usize, data: &[T], accumulate: bool) -> Result<()> {
-        let touched = self.issue_write(start, data, accumulate, Touched::None)?;
+        let touched = self.issue_write(start, data, accumulate, Touched::NONE)?;
         self.complete_local(touched)
     }
 
     pub(crate) fn write_batch(&self, ranges: &[Range<usize>], data: &[T], accumulate: bool) -> Result<()> {
-        let mut touched = Touched::None;
+        let mut touched = Touched::NONE;
         let mut at = 0;
         for r in ranges {
             let len = r.end - r.start;
@@ -493,7 +533,7 @@ impl<T: Elem> MpiWindow<T> {
     }
 
     pub(crate) fn fetch_add(&self, index: usize, value: T) -> Result<T> {
-        let (target, offset) = self.map.owner(index).ok_or_else(|| self.out_of_range(index, 1))?;
+        let (target, offset) = self.locate(index, 1).ok_or_else(|| self.out_of_range(index, 1))?;
         let mut result = T::default();
         // SAFETY: live window; one element at a valid displacement of `target`'s shard; `value` and
         // `result` outlive the local completion below.
@@ -509,12 +549,12 @@ impl<T: Elem> MpiWindow<T> {
             )
         };
         self.check("MPI_Fetch_and_op", rc)?;
-        self.complete_local(Touched::One(target))?;
+        self.complete_local(Touched::one(target))?;
         Ok(result)
     }
 
     pub(crate) fn compare_and_swap(&self, index: usize, current: T, new: T) -> Result<T> {
-        let (target, offset) = self.map.owner(index).ok_or_else(|| self.out_of_range(index, 1))?;
+        let (target, offset) = self.locate(index, 1).ok_or_else(|| self.out_of_range(index, 1))?;
         let mut result = T::default();
         // SAFETY: as in `fetch_add`; only called for u64 (an integer type, as MPI requires).
         let rc = unsafe {
@@ -529,18 +569,33 @@ impl<T: Elem> MpiWindow<T> {
             )
         };
         self.check("MPI_Compare_and_swap", rc)?;
-        self.complete_local(Touched::One(target))?;
+        self.complete_local(Touched::one(target))?;
         Ok(result)
+    }
+
+    /// Completes at their targets the operations issued to `touched`.
+    #[inline]
+    pub(crate) fn complete_remote(&self, touched: Touched) -> Result<()> {
+        match touched.targets() {
+            Targets::None => Ok(()),
+            Targets::One(t) => {
+                // SAFETY: live window in a lock_all epoch; `t` is a valid rank.
+                let rc = unsafe { ffi::MPI_Win_flush(t as c_int, self.win) };
+                self.check("MPI_Win_flush", rc)
+            }
+            Targets::Many => self.flush_all(),
+        }
     }
 
     pub(crate) fn flush(&self, target: usize) -> Result<()> {
         if target >= self.map.parts() {
-            return Err(Error::NoSuchRank {
+            return Err(ErrorKind::NoSuchRank {
                 rank: self.rank(),
                 what: "target",
                 target,
                 world_size: self.map.parts(),
-            });
+            }
+            .into());
         }
         // SAFETY: live window in a lock_all epoch; valid rank.
         self.check("MPI_Win_flush", unsafe { ffi::MPI_Win_flush(target as c_int, self.win) })
