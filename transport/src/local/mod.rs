@@ -3,8 +3,10 @@
 //! It keeps the visibility rules of MPI passive-target RMA, so that a program which forgets a
 //! flush fails here, under plain `cargo test`, and not only later on a cluster:
 //! - `put` and `accumulate` are queued at the origin and reach the target's memory only at
-//!   `flush(target)`, `flush_all`, `free`, or before a later atomic operation on the same target
-//!   (MPI orders accumulate-family operations from one origin to one target);
+//!   `flush(target)`, `flush_all`, `free`, or, for accumulates only, before a later atomic
+//!   operation on the same target (MPI orders accumulate-family operations from one origin to one
+//!   target, but not puts: a `put` then a `compare_and_swap` that releases a lock, with no flush
+//!   between, loses the put here as it may under MPI);
 //! - a barrier does not complete anything;
 //! - `get`, `fetch_add` and `compare_and_swap` read the target's memory at once (they return data,
 //!   so they are complete when they return, as after `MPI_Win_flush_local`).
@@ -303,6 +305,23 @@ mod tests {
         })
         .expect("world of 1");
         assert_eq!(r[0].as_ref().expect("rank 0 ran"), &5);
+    }
+
+    #[test]
+    fn puts_are_not_completed_by_atomics() {
+        let r = run_local(1, |t| -> crate::Result<[u64; 2]> {
+            let w: Window<u64> = t.alloc_window("w", &ShardMap::from_lens([2]))?;
+            w.put(1, &[9])?;
+            w.compare_and_swap(0, 0, 1)?; // e.g. releasing a lock without flushing first
+            let mut before = [0];
+            w.get(1, &mut before)?;
+            w.flush(0)?;
+            let mut after = [0];
+            w.get(1, &mut after)?;
+            Ok([before[0], after[0]])
+        })
+        .expect("world of 1");
+        assert_eq!(r[0].as_ref().expect("rank 0 ran"), &[0, 9]);
     }
 
     #[test]

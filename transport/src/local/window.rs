@@ -165,13 +165,13 @@ impl<T: Elem> LocalWindow<T> {
 
     pub(crate) fn fetch_add(&self, index: usize, value: T) -> Result<T> {
         let (target, offset) = self.map.owner(index).ok_or_else(|| self.out_of_range(index, 1))?;
-        self.complete(Some(target));
+        self.apply(Some(target), true);
         Ok(T::atomic_fetch_add(&self.shards[target][offset], value))
     }
 
     pub(crate) fn compare_and_swap(&self, index: usize, current: T, new: T) -> Result<T> {
         let (target, offset) = self.map.owner(index).ok_or_else(|| self.out_of_range(index, 1))?;
-        self.complete(Some(target));
+        self.apply(Some(target), true);
         Ok(T::atomic_compare_swap(&self.shards[target][offset], current, new))
     }
 
@@ -188,13 +188,19 @@ impl<T: Elem> LocalWindow<T> {
 
     /// Applies the pending writes to `target` (all targets if `None`), in issue order.
     fn complete(&self, target: Option<usize>) {
+        self.apply(target, false);
+    }
+
+    /// Applies the pending writes to `target` (all if `None`; only accumulates if
+    /// `accumulates_only`), in issue order.
+    fn apply(&self, target: Option<usize>, accumulates_only: bool) {
         let mut guard = lock(&self.pending);
         let pending = &mut *guard;
         if pending.ops.is_empty() {
             return;
         }
         pending.ops.retain(|op| {
-            if target.is_some_and(|t| t != op.target) {
+            if target.is_some_and(|t| t != op.target) || (accumulates_only && !op.accumulate) {
                 return true;
             }
             let dst = &self.shards[op.target][op.offset..op.offset + op.len];
