@@ -1,1 +1,2 @@
-//! placeholder
+//! Slurm support: the job environment (ranks, nodes, hostlists, CPU binding) and sbatch script
+//! generation. Nothing here yet.

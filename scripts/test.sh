@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: installs what it needs on a fresh Debian machine, checks
+# formatting and lints, builds the default (no native libraries) and the all-features builds, runs
+# every unit and integration test (local backend), then the MPI tests under OpenMPI and, as a
+# second leg, MPICH.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/common.sh
+
+ensure_packages "${MPI_BUILD_PACKAGES[@]}" mpich libmpich-dev
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "build and test, default features (local backend only, no native libraries)"
+cargo test --locked --workspace
+
+step "clippy, all features"
+cargo clippy --locked --workspace --all-targets --all-features -- -D warnings
+
+step "build and test, all features (MPI under OpenMPI: $(mpirun --version | head -n 1))"
+cargo test --locked --workspace --all-features
+
+# MPICH beside OpenMPI: its own compiler wrapper and target directory (mpi-sys does not rebuild
+# when only MPICC changes), and its own launcher for the tests.
+step "MPI tests under MPICH ($(mpichversion | head -n 1 | tr -s ' \t' ' '))"
+MPICC=mpicc.mpich CARGO_TARGET_DIR=target/mpich PEREGRINE_MPIRUN=mpirun.mpich \
+    cargo test --locked --all-features -p peregrine-tests -p peregrine --test mpi --test cli
+
+step "all tests passed"
