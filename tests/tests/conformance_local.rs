@@ -7,7 +7,7 @@ fn run_case(name: &str, ranks: usize) {
     let case = CASES.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no case {name}"));
     let params = Params::default();
     let outcomes = run_local(ranks, |t| (case.run)(&t, &params).map_err(|e| e.to_string())).expect("world");
-    for e in outcomes.into_iter().filter_map(Result::err) {
+    if let Some(e) = outcomes.into_iter().find_map(Result::err) {
         panic!("{name} on {ranks} ranks: {e}");
     }
 }

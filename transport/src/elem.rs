@@ -54,8 +54,6 @@ pub trait Elem:
             self
         }
     }
-    /// The bits, widened to u64 (for compare-and-swap and fingerprints).
-    fn to_bits64(self) -> u64;
 
     #[doc(hidden)]
     fn atomic_new(v: Self) -> Self::Atomic;
@@ -84,21 +82,23 @@ macro_rules! float_elem {
             const NAME: &'static str = stringify!($t);
             type Atomic = $atomic;
 
+            #[inline]
             fn add(self, other: Self) -> Self {
                 self + other
             }
-            fn to_bits64(self) -> u64 {
-                u64::from(self.to_bits())
-            }
+            #[inline]
             fn atomic_new(v: Self) -> Self::Atomic {
                 <$atomic>::new(v.to_bits())
             }
+            #[inline]
             fn atomic_load(a: &Self::Atomic) -> Self {
                 <$t>::from_bits(a.load(Ordering::Relaxed))
             }
+            #[inline]
             fn atomic_store(a: &Self::Atomic, v: Self) {
                 a.store(v.to_bits(), Ordering::Relaxed)
             }
+            #[inline]
             fn atomic_fetch_add(a: &Self::Atomic, v: Self) -> Self {
                 let mut cur = a.load(Ordering::Relaxed);
                 loop {
@@ -109,6 +109,7 @@ macro_rules! float_elem {
                     }
                 }
             }
+            #[inline]
             fn atomic_compare_swap(a: &Self::Atomic, current: Self, new: Self) -> Self {
                 match a.compare_exchange(
                     current.to_bits(),
@@ -120,6 +121,7 @@ macro_rules! float_elem {
                 }
             }
             #[cfg(feature = "mpi")]
+            #[inline]
             fn mpi_datatype() -> mpi::ffi::MPI_Datatype {
                 // SAFETY: a constant datatype handle exported by rsmpi's C shim, initialised before
                 // `main` and never written.
@@ -137,30 +139,34 @@ impl Elem for u64 {
     const NAME: &'static str = "u64";
     type Atomic = AtomicU64;
 
+    #[inline]
     fn add(self, other: Self) -> Self {
         self.wrapping_add(other)
     }
-    fn to_bits64(self) -> u64 {
-        self
-    }
+    #[inline]
     fn atomic_new(v: Self) -> Self::Atomic {
         AtomicU64::new(v)
     }
+    #[inline]
     fn atomic_load(a: &Self::Atomic) -> Self {
         a.load(Ordering::Relaxed)
     }
+    #[inline]
     fn atomic_store(a: &Self::Atomic, v: Self) {
         a.store(v, Ordering::Relaxed)
     }
+    #[inline]
     fn atomic_fetch_add(a: &Self::Atomic, v: Self) -> Self {
         a.fetch_add(v, Ordering::AcqRel)
     }
+    #[inline]
     fn atomic_compare_swap(a: &Self::Atomic, current: Self, new: Self) -> Self {
         match a.compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire) {
             Ok(prev) | Err(prev) => prev,
         }
     }
     #[cfg(feature = "mpi")]
+    #[inline]
     fn mpi_datatype() -> mpi::ffi::MPI_Datatype {
         // SAFETY: a constant datatype handle exported by rsmpi's C shim, never written.
         unsafe { mpi::ffi::RSMPI_UINT64_T }
@@ -180,6 +186,7 @@ pub enum ReduceOp {
 
 impl ReduceOp {
     /// Applies the operator to two elements.
+    #[inline]
     pub fn apply<T: Elem>(self, a: T, b: T) -> T {
         match self {
             Self::Sum => a.add(b),

@@ -87,6 +87,14 @@ impl ShardMap {
         Some((rank, index - self.offsets[rank]))
     }
 
+    /// The owner of `start..start + len` and the offset inside its shard, if the (non-empty) range
+    /// lies inside a single shard.
+    #[inline]
+    pub fn locate(&self, start: usize, len: usize) -> Option<(usize, usize)> {
+        let (rank, offset) = self.owner(start)?;
+        (len > 0 && len <= self.len_of(rank) - offset).then_some((rank, offset))
+    }
+
     /// Splits the global range `start..start + len` into per-shard pieces, in order.
     ///
     /// Returns `None` if the range does not fit inside the map.
@@ -184,6 +192,10 @@ mod tests {
             ]
         );
         assert!(m.pieces(5, 2).is_none());
+        assert_eq!(m.locate(2, 3), Some((2, 0)));
+        assert_eq!(m.locate(1, 2), None, "crosses a boundary");
+        assert_eq!(m.locate(5, 1), Some((3, 0)));
+        assert_eq!(m.locate(6, 1), None, "past the end");
         assert!(m.pieces(usize::MAX, 2).is_none());
         assert_eq!(m.pieces(6, 0).expect("empty range at the end fits").count(), 0);
     }

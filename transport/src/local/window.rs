@@ -93,6 +93,13 @@ impl<T: Elem> LocalWindow<T> {
     }
 
     pub(crate) fn get(&self, start: usize, out: &mut [T]) -> Result<()> {
+        if let Some((rank, offset)) = self.map.locate(start, out.len()) {
+            let src = &self.shards[rank][offset..offset + out.len()];
+            for (o, a) in out.iter_mut().zip(src) {
+                *o = T::atomic_load(a);
+            }
+            return Ok(());
+        }
         let pieces = self.map.pieces(start, out.len()).ok_or_else(|| self.out_of_range(start, out.len()))?;
         for p in pieces {
             let src = &self.shards[p.rank][p.offset..p.offset + p.len];

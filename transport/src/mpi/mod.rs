@@ -397,13 +397,9 @@ impl<T: Elem> MpiWindow<T> {
         if shard.contains(&start) && len <= MAX_COUNT && len <= shard.end - start {
             return Some((hint, start - shard.start));
         }
-        let (rank, offset) = self.map.owner(start)?;
-        if len <= MAX_COUNT && len <= self.map.len_of(rank) - offset {
-            self.last_target.store(rank, Ordering::Relaxed);
-            Some((rank, offset))
-        } else {
-            None
-        }
+        let (rank, offset) = self.map.locate(start, len).filter(|_| len <= MAX_COUNT)?;
+        self.last_target.store(rank, Ordering::Relaxed);
+        Some((rank, offset))
     }
 
     /// Calls `f(target, displacement, position, count)` for every piece of `start..start + len`,
