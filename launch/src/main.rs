@@ -4,15 +4,20 @@
 //! backend, when built with `--features mpi`), or `peregrine ... --ranks N` with no MPI at all
 //! (ranks as threads of this process).
 
+mod meta;
+mod preempt;
+mod slurm_cmd;
 mod world;
 
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use peregrine_benches::rma;
-use peregrine_transport::conformance::{self, Params};
+use peregrine_transport::conformance::{self, Params, CASES};
+use serde::{Deserialize, Serialize};
 
-use world::{run_world, AppError, WorldArgs};
+use preempt::{Checkpoint, EXIT_REQUEUE};
+use world::{run_world, AppError, RunContext, WorldArgs};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -26,7 +31,11 @@ use world::{run_world, AppError, WorldArgs};
     after_help = "Examples:\n  \
         peregrine conformance --ranks 4          # transport conformance suite, 4 threads\n  \
         mpirun -n 4 peregrine conformance        # the same over MPI (build with --features mpi)\n  \
-        mpirun -n 2 peregrine bench rma          # OSU-style RMA latency/bandwidth vs raw MPI"
+        mpirun -n 2 peregrine bench rma          # OSU-style RMA latency/bandwidth vs raw MPI\n  \
+        peregrine slurm sbatch --nodes 2 --ntasks-per-node 4 --cpus-per-task 8 --time 1:00:00 \\\n      \
+        --dry-run -- conformance --repeat 100   # a batch script for Slurm\n\n\
+        Exit codes: 0 success, 1 failure, 2 bad command line, 75 stopped on a signal with its state saved \
+        (resume by running the same command with the same --run-dir)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -44,6 +53,9 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Slurm: batch scripts, and the job environment as Peregrine reads it.
+    #[command(subcommand)]
+    Slurm(slurm_cmd::SlurmCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -63,6 +75,9 @@ struct ConformanceArgs {
     /// Rounds of the compare-and-swap election and critical sections of the spin lock.
     #[arg(long, default_value_t = Params::default().election_rounds, value_name = "R")]
     rounds: usize,
+    /// Run the whole suite this many times (a long job, e.g. to try preemption and requeueing).
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    repeat: usize,
 }
 
 #[derive(Debug, Args)]
@@ -111,9 +126,18 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Conformance(a) => conformance_cmd(&a),
         Command::Bench(BenchCommand::Rma(a)) => rma_cmd(&a),
+        Command::Slurm(c) => slurm_cmd::run(c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e @ AppError::Preempted { .. }) => {
+            eprintln!("peregrine: {e}");
+            ExitCode::from(EXIT_REQUEUE as u8)
+        }
+        Err(e @ AppError::Usage(_)) => {
+            eprintln!("peregrine: error: {e}");
+            ExitCode::from(2)
+        }
         Err(e) => {
             eprintln!("peregrine: error: {e}");
             ExitCode::FAILURE
@@ -121,20 +145,85 @@ fn main() -> ExitCode {
     }
 }
 
+/// Where a repeated conformance run stands: the next case to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct ConformanceState {
+    repeat: usize,
+    round: usize,
+    case: usize,
+}
+
 fn conformance_cmd(a: &ConformanceArgs) -> Result<(), AppError> {
     let params = Params { tickets_per_rank: a.tickets, election_rounds: a.rounds, lock_sections: a.rounds };
-    run_world(&a.world, 4, |t| {
-        let outcome = conformance::run_all(t, &params, |r| {
-            if t.rank() == 0 || r.outcome.is_err() {
-                println!("{}", r.line(t));
+    run_world(&a.world, 4, |t, ctx| conformance_rank(t, ctx, a, &params))
+}
+
+fn conformance_rank(
+    t: &peregrine_transport::Transport,
+    ctx: &RunContext,
+    a: &ConformanceArgs,
+    params: &Params,
+) -> Result<(), AppError> {
+    let checkpoint = ctx.run_dir.as_deref().map(Checkpoint::in_dir);
+    let mut at = ConformanceState { repeat: a.repeat, round: 0, case: 0 };
+    if let Some(cp) = &checkpoint {
+        if let Some(saved) = cp.load::<ConformanceState>()? {
+            if saved.repeat != a.repeat || saved.case >= CASES.len() {
+                return Err(AppError::Data {
+                    what: cp.path().display().to_string(),
+                    detail: format!(
+                        "checkpoint of a different run ({saved:?}); remove it or use another --run-dir"
+                    ),
+                });
             }
-        });
-        outcome.map_err(|e| AppError::Conformance(e.to_string()))?;
-        if t.rank() == 0 {
-            println!("{}", conformance::summary_line(t));
+            at = saved;
+            if t.rank() == 0 {
+                println!(
+                    "resuming from {}: round {} of {}, case {}",
+                    cp.path().display(),
+                    at.round + 1,
+                    a.repeat,
+                    CASES[at.case].name
+                );
+            }
         }
-        Ok(())
-    })
+    }
+    if let Some(dir) = &ctx.run_dir {
+        meta::write(t, dir, ctx.slurm.as_ref())?;
+    }
+    while at.round < a.repeat {
+        while at.case < CASES.len() {
+            if ctx.preemption.should_stop(t)? {
+                let Some(cp) = &checkpoint else {
+                    return Err(AppError::Launch(
+                        "stopped on a signal; no --run-dir to save the state in".into(),
+                    ));
+                };
+                if t.rank() == 0 {
+                    cp.save(&at)?;
+                }
+                t.barrier()?;
+                return Err(AppError::Preempted { checkpoint: cp.path().display().to_string() });
+            }
+            let r = conformance::run_case(t, &CASES[at.case], params);
+            if t.rank() == 0 || r.outcome.is_err() {
+                let round =
+                    if a.repeat > 1 { format!("[{}/{}] ", at.round + 1, a.repeat) } else { String::new() };
+                println!("{round}{}", r.line(t));
+            }
+            r.outcome.map_err(|e| AppError::Conformance(e.to_string()))?;
+            at.case += 1;
+        }
+        at.case = 0;
+        at.round += 1;
+    }
+    if t.rank() == 0 {
+        if let Some(cp) = &checkpoint {
+            cp.remove()?;
+        }
+        println!("{}", conformance::summary_line(t));
+    }
+    Ok(())
 }
 
 fn rma_cmd(a: &RmaArgs) -> Result<(), AppError> {
@@ -152,7 +241,7 @@ fn rma_cmd(a: &RmaArgs) -> Result<(), AppError> {
         raw: !a.no_raw,
         ..rma::Config::default()
     };
-    run_world(&a.world, 2, |t| {
+    run_world(&a.world, 2, |t, _| {
         if t.rank() == 0 {
             println!(
                 "# peregrine bench rma: backend {}, {} ranks, rank 0 -> rank {}; median of {} trials",

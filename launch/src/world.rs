@@ -1,7 +1,11 @@
 //! Starting the world of ranks: local threads or MPI processes, and turning a rank's failure
 //! into one clear message and a non-zero exit instead of a hang.
 
+use std::path::PathBuf;
+
+use crate::preempt::Preemption;
 use clap::{Args, ValueEnum};
+use peregrine_slurm::SlurmEnv;
 use peregrine_transport::{
     run_local, Backend, Error as TransportError, ErrorKind as TransportErrorKind, Transport,
 };
@@ -18,6 +22,35 @@ pub enum AppError {
     /// A conformance case failed.
     #[error("conformance: {0}")]
     Conformance(String),
+    /// A file system operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done, with the path.
+        what: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A file's content is wrong.
+    #[error("{what}: {detail}")]
+    Data {
+        /// The file (with line and column where known).
+        what: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The Slurm environment is malformed or contradicts the MPI world.
+    #[error(transparent)]
+    Slurm(#[from] peregrine_slurm::Error),
+    /// The Slurm world and the MPI world disagree.
+    #[error("{0}")]
+    Launch(String),
+    /// The ranks stopped at a safe point after a signal and saved their state: not a failure, but
+    /// the run is not complete (exit code [`crate::preempt::EXIT_REQUEUE`]).
+    #[error("stopped on a signal; state saved in {checkpoint}")]
+    Preempted {
+        /// The checkpoint file.
+        checkpoint: String,
+    },
 }
 
 /// The `--backend` choice.
@@ -41,6 +74,22 @@ pub struct WorldArgs {
     /// sets the world size (`mpirun -n N`).
     #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub ranks: Option<usize>,
+    /// Run directory: meta.json (ranks, hosts, CPU binding, Slurm ids) and, after a stop on a
+    /// signal, checkpoint.json to resume from. Batch scripts from `peregrine slurm sbatch` set it to
+    /// runs/<job name>-<job id>.
+    #[arg(long, value_name = "DIR", env = "PEREGRINE_RUN_DIR")]
+    pub run_dir: Option<PathBuf>,
+}
+
+/// What a command gets besides its rank.
+#[derive(Debug)]
+pub struct RunContext {
+    /// The Slurm task, when started by Slurm.
+    pub slurm: Option<SlurmEnv>,
+    /// `--run-dir`.
+    pub run_dir: Option<PathBuf>,
+    /// Set by SIGUSR1/SIGTERM.
+    pub preemption: Preemption,
 }
 
 impl WorldArgs {
@@ -85,11 +134,26 @@ fn under_launcher() -> bool {
 /// error and calls `MPI_Abort`, so that peers blocked in a collective do not hang.
 pub fn run_world<F>(args: &WorldArgs, default_ranks: usize, body: F) -> Result<(), AppError>
 where
-    F: Fn(&Transport) -> Result<(), AppError> + Sync,
+    F: Fn(&Transport, &RunContext) -> Result<(), AppError> + Sync,
 {
-    match args.backend()? {
+    let backend = args.backend()?;
+    let slurm = SlurmEnv::from_env()?;
+    if let Some(s) =
+        slurm.as_ref().filter(|s| srun_direct() && s.procid.is_some() && s.ntasks.unwrap_or(1) > 1)
+    {
+        if backend == Backend::Local {
+            return Err(AppError::Launch(format!(
+                "srun started this process as task {} of {}, but no MPI launcher is visible: run `srun --mpi=pmix` \
+                 (OpenMPI) or `srun --mpi=pmi2` (MPICH), with a build that has `--features mpi`",
+                s.procid.unwrap_or(0),
+                s.ntasks.unwrap_or(1)
+            )));
+        }
+    }
+    let ctx = RunContext { slurm, run_dir: args.run_dir.clone(), preemption: Preemption::install()? };
+    match backend {
         Backend::Local => {
-            let outcomes = run_local(args.ranks.unwrap_or(default_ranks), |t| body(&t))?;
+            let outcomes = run_local(args.ranks.unwrap_or(default_ranks), |t| body(&t, &ctx))?;
             let mut errors: Vec<AppError> = outcomes.into_iter().filter_map(Result::err).collect();
             let root = errors
                 .iter()
@@ -104,25 +168,55 @@ where
         Backend::Mpi => {
             openmpi_defaults();
             let t = Transport::mpi()?;
-            if let Err(e) = body(&t) {
-                eprintln!("peregrine: error: {e}");
-                if t.world_size() > 1 {
-                    t.abort(1);
+            let result = check_slurm_world(&t, ctx.slurm.as_ref()).and_then(|()| body(&t, &ctx));
+            match result {
+                // Every rank agreed to stop (collectively): a normal exit on every rank.
+                Err(e @ AppError::Preempted { .. }) => Err(e),
+                Err(e) => {
+                    eprintln!("peregrine: error: {e}");
+                    if t.world_size() > 1 {
+                        t.abort(1);
+                    }
+                    Err(e)
                 }
-                return Err(e);
+                Ok(()) => Ok(()),
             }
-            Ok(())
         }
     }
 }
 
+/// Whether `srun` started this process itself (a task of a job step), rather than `mpirun` (which,
+/// inside an allocation, starts its daemons with srun: their SLURM_PROCID is not the MPI rank).
+fn srun_direct() -> bool {
+    let set = |v: &str| std::env::var_os(v).is_some();
+    set("SLURM_STEP_ID") && !set("OMPI_COMM_WORLD_SIZE") && !set("HYDI_CONTROL_FD")
+}
+
+/// Under `srun`, the MPI world must be the Slurm step: MPICH started with the wrong `--mpi` plugin
+/// silently runs N one-rank worlds.
+fn check_slurm_world(t: &Transport, slurm: Option<&SlurmEnv>) -> Result<(), AppError> {
+    let Some(s) = slurm.filter(|_| srun_direct()) else { return Ok(()) };
+    let (Some(procid), Some(ntasks)) = (s.procid, s.ntasks) else { return Ok(()) };
+    if t.world_size() != ntasks as usize || t.rank() != procid as usize {
+        return Err(AppError::Launch(format!(
+            "MPI rank {} of {} but Slurm task {procid} of {}: the MPI library did not join srun's tasks into one \
+             world; use `srun --mpi=pmix` for OpenMPI or `srun --mpi=pmi2` for MPICH",
+            t.rank(),
+            t.world_size(),
+            ntasks
+        )));
+    }
+    Ok(())
+}
+
 /// OpenMPI 4.1's default one-sided component (osc/rdma over shared memory) crashes in
 /// `MPI_Compare_and_swap`: unless the user chose components, use `sm` on a node and `pt2pt`
-/// between nodes. Read by MPI_Init, so it must be set before.
+/// between nodes. Set whatever the MPI library (under `srun` an OpenMPI process has no `OMPI_*`
+/// variable before `MPI_Init`, and MPICH ignores it); read by `MPI_Init`, so it must be set before.
 fn openmpi_defaults() {
-    if std::env::var_os("OMPI_COMM_WORLD_SIZE").is_some() && std::env::var_os("OMPI_MCA_osc").is_none() {
-        // SAFETY-free in edition 2021, but still process-global: this runs on the main thread
-        // before MPI_Init, while no other thread exists.
+    if std::env::var_os("OMPI_MCA_osc").is_none() {
+        // Edition 2021: `set_var` is safe but process-global. This runs on the main thread before
+        // MPI_Init, while no other thread exists.
         std::env::set_var("OMPI_MCA_osc", "sm,pt2pt");
     }
 }

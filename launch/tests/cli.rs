@@ -45,7 +45,7 @@ fn bad_arguments_are_usage_errors() {
         assert!(stderr.contains("error:"), "{args:?}: {stderr}");
     }
     let out = peregrine(&["bench", "rma", "--backend", "local", "--min-size", "64", "--max-size", "8"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(text(&out).1.contains("--min-size 64 is larger than --max-size 8"));
 }
 

@@ -111,13 +111,18 @@ pub fn summary_line(t: &Transport) -> String {
     format!("conformance: all cases passed on {} ranks ({})", t.world_size(), t.backend())
 }
 
+/// Runs one case on this rank (collective), then a barrier.
+pub fn run_case(t: &Transport, case: &Case, params: &Params) -> CaseReport {
+    let start = Instant::now();
+    let outcome = (case.run)(t, params).and_then(|()| Ok(t.barrier()?));
+    CaseReport { name: case.name, elapsed: start.elapsed(), outcome }
+}
+
 /// Runs every case on this rank (collective), and calls `report` after each. Stops at the first
 /// failure, since peers may then be stuck in a different collective.
 pub fn run_all(t: &Transport, params: &Params, mut report: impl FnMut(&CaseReport)) -> Outcome {
     for case in CASES {
-        let start = Instant::now();
-        let outcome = (case.run)(t, params).and_then(|()| Ok(t.barrier()?));
-        let r = CaseReport { name: case.name, elapsed: start.elapsed(), outcome };
+        let r = run_case(t, case, params);
         report(&r);
         r.outcome?;
     }

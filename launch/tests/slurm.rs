@@ -1,0 +1,217 @@
+//! Peregrine under a real Slurm: `srun -n 4` directly, an sbatch job whose `srun` runs 4 ranks,
+//! and a job that is told to stop before its time limit, saves its state, is requeued and resumes.
+//!
+//! `$PEREGRINE_SRUN_MPI` names srun's MPI plugin: `pmix` (OpenMPI, the default) or `pmi2` (MPICH).
+//!
+//! Needs a running Slurm whose `SLURM_CONF` is in the environment (`scripts/slurm-local.sh start`
+//! starts a single-node one on loopback; `scripts/test.sh` does it before running these tests).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn exe() -> &'static str {
+    env!("CARGO_BIN_EXE_peregrine")
+}
+
+/// Fails with a clear message if there is no Slurm to talk to.
+fn slurm_up() {
+    let conf = std::env::var("SLURM_CONF").unwrap_or_default();
+    assert!(
+        !conf.is_empty() && Path::new(&conf).exists(),
+        "these tests need a running Slurm: run `scripts/slurm-local.sh start` and export the SLURM_CONF it prints"
+    );
+    let out =
+        Command::new("sinfo").args(["-h", "-o", "%T"]).output().expect("sinfo (slurm-client installed?)");
+    assert!(out.status.success(), "sinfo failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A command with the environment OpenMPI needs on this small machine: more ranks than cores, so
+/// idle ranks must yield (srun, unlike mpirun, does not tell OpenMPI that it oversubscribes).
+fn cmd(program: &str) -> Command {
+    let mut c = Command::new(program);
+    c.env("OMPI_MCA_mpi_yield_when_idle", "1");
+    c
+}
+
+/// srun's `--mpi` plugin for the MPI library this binary was built against.
+fn plugin() -> String {
+    std::env::var("PEREGRINE_SRUN_MPI").unwrap_or_else(|_| "pmix".to_owned())
+}
+
+fn text(out: &Output) -> String {
+    format!("{}\n--- stderr\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// A fresh directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("peregrine-slurm-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("create scratch dir");
+    d
+}
+
+fn job_field(id: &str, field: &str) -> String {
+    let out = Command::new("scontrol").args(["show", "job", id]).output().expect("scontrol");
+    let s = String::from_utf8_lossy(&out.stdout).into_owned();
+    s.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{field}=")).map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// Waits (at most `limit`) until `done()`; on time-out cancels the job and panics with `context()`.
+fn wait_for(
+    id: &str,
+    limit: Duration,
+    what: &str,
+    mut done: impl FnMut() -> bool,
+    context: impl Fn() -> String,
+) {
+    let start = Instant::now();
+    while !done() {
+        if start.elapsed() > limit {
+            let _ = Command::new("scancel").arg(id).status();
+            panic!("job {id}: timed out after {limit:?} waiting for {what}\n{}", context());
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// Submits `peregrine slurm sbatch ... -- <command>` from `dir`; returns the job id.
+fn submit(dir: &Path, command: &[&str]) -> String {
+    let out = cmd(exe())
+        .current_dir(dir)
+        .args(["slurm", "sbatch", "--ntasks-per-node", "4", "--time", "5", "--job-name", "ptest", "--submit"])
+        .args(["--mpi", &plugin(), "--"])
+        .args(command)
+        .output()
+        .expect("run peregrine slurm sbatch");
+    assert!(out.status.success(), "peregrine slurm sbatch failed:\n{}", text(&out));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(!id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()), "not a job id: `{id}`");
+    id
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+#[test]
+fn srun_n4_runs_one_mpi_world() {
+    slurm_up();
+    let mpi = format!("--mpi={}", plugin());
+    let out = cmd("srun")
+        .args(["-n", "4", &mpi, exe(), "conformance", "--tickets", "5000", "--rounds", "20"])
+        .output()
+        .expect("srun");
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("all cases passed on 4 ranks (mpi)"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn srun_tasks_read_their_slurm_environment() {
+    slurm_up();
+    let out = cmd("srun").args(["-n", "4", exe(), "slurm", "env"]).output().expect("srun");
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut procids: Vec<&str> = stdout.lines().filter_map(|l| l.strip_prefix("slurm_procid=")).collect();
+    procids.sort_unstable();
+    assert_eq!(procids, ["0", "1", "2", "3"], "{stdout}");
+    assert_eq!(stdout.lines().filter(|l| *l == "slurm_ntasks=4").count(), 4, "{stdout}");
+}
+
+#[test]
+fn srun_without_an_mpi_plugin_is_a_clear_error() {
+    slurm_up();
+    let out = cmd("srun").args(["-n", "2", "--mpi=none", exe(), "conformance"]).output().expect("srun");
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("no MPI launcher is visible"), "{}", text(&out));
+}
+
+#[test]
+fn srun_singletons_are_detected() {
+    slurm_up();
+    // Without a PMI plugin, MPICH starts 4 one-rank worlds (OpenMPI fails in MPI_Init): either way
+    // the job must fail, not run 4 copies of the work.
+    let out = cmd("srun")
+        .args(["-n", "4", "--mpi=none", exe(), "conformance", "--backend", "mpi"])
+        .output()
+        .expect("srun");
+    assert!(!out.status.success(), "{}", text(&out));
+    if plugin() == "pmi2" {
+        assert!(text(&out).contains("did not join srun's tasks into one world"), "{}", text(&out));
+    }
+}
+
+#[test]
+fn an_sbatch_job_runs_4_ranks_and_records_them() {
+    slurm_up();
+    let dir = scratch("sbatch");
+    let id = submit(&dir, &["conformance", "--tickets", "5000", "--rounds", "20"]);
+    let output = dir.join(format!("ptest-{id}.out"));
+    wait_for(
+        &id,
+        Duration::from_secs(120),
+        "completion",
+        || job_field(&id, "JobState") == "COMPLETED",
+        || read(&output),
+    );
+    let log = read(&output);
+    assert!(log.contains("all cases passed on 4 ranks (mpi)"), "{log}");
+    let meta = read(&dir.join(format!("runs/ptest-{id}/meta.json")));
+    for rank in 0..4 {
+        assert!(
+            meta.contains(&format!("\"slurm_procid\": \"{rank}\"")),
+            "rank {rank} missing in meta.json:\n{meta}"
+        );
+    }
+    assert!(meta.contains(&format!("\"slurm_job_id\": \"{id}\"")), "{meta}");
+}
+
+#[test]
+fn a_job_warned_before_its_time_limit_saves_requeues_and_resumes() {
+    slurm_up();
+    let dir = scratch("requeue");
+    let id = submit(&dir, &["conformance", "--tickets", "2000", "--repeat", "300"]);
+    let output = dir.join(format!("ptest-{id}.out"));
+    // Once it is well under way, send what Slurm sends before the time limit.
+    wait_for(
+        &id,
+        Duration::from_secs(120),
+        "round 3",
+        || read(&output).contains("[3/300]"),
+        || read(&output),
+    );
+    let status = Command::new("scancel").args(["--signal=USR1", &id]).status().expect("scancel");
+    assert!(status.success());
+    wait_for(
+        &id,
+        Duration::from_secs(120),
+        "the requeue",
+        || job_field(&id, "Restarts") == "1",
+        || read(&output),
+    );
+    // A requeued job waits (BeginTime) before it may start again: let it start now.
+    let _ = Command::new("scontrol").args(["update", &format!("jobid={id}"), "StartTime=now"]).status();
+    wait_for(
+        &id,
+        Duration::from_secs(180),
+        "completion",
+        || job_field(&id, "JobState") == "COMPLETED",
+        || read(&output),
+    );
+    let log = read(&output);
+    assert!(log.contains("state saved in runs/ptest-"), "{log}");
+    assert!(log.contains(&format!("requeueing job {id}")), "{log}");
+    let resumed =
+        log.lines().find(|l| l.starts_with("resuming from")).unwrap_or_else(|| panic!("no resume:\n{log}"));
+    assert!(resumed.contains(&format!("runs/ptest-{id}/checkpoint.json")), "{resumed}");
+    assert!(log.contains("all cases passed on 4 ranks (mpi)"), "{log}");
+    // Every round ran: the last one's last case is there, and the checkpoint is gone.
+    assert!(log.contains("[300/300] ok   bad-use-is-an-error"), "{log}");
+    assert!(!dir.join(format!("runs/ptest-{id}/checkpoint.json")).exists());
+}
