@@ -4,6 +4,7 @@
 //! backend, when built with `--features mpi`), or `peregrine ... --ranks N` with no MPI at all
 //! (ranks as threads of this process).
 
+mod data_cmd;
 mod meta;
 mod preempt;
 mod slurm_cmd;
@@ -53,6 +54,9 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Datasets: convert LIBSVM, MNIST IDX and ratings text; describe; generate synthetic ones.
+    #[command(subcommand)]
+    Data(data_cmd::DataCommand),
     /// Slurm: batch scripts, and the job environment as Peregrine reads it.
     #[command(subcommand)]
     Slurm(slurm_cmd::SlurmCommand),
@@ -127,6 +131,7 @@ fn main() -> ExitCode {
         Command::Conformance(a) => conformance_cmd(&a),
         Command::Bench(BenchCommand::Rma(a)) => rma_cmd(&a),
         Command::Slurm(c) => slurm_cmd::run(c),
+        Command::Data(c) => data_cmd::run(c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -38,6 +38,9 @@ pub enum AppError {
         /// What is wrong.
         detail: String,
     },
+    /// A dataset could not be read, converted or generated (the message names file, line, column).
+    #[error(transparent)]
+    Dataset(#[from] peregrine_kernels::data::DataError),
     /// The Slurm environment is malformed or contradicts the MPI world.
     #[error(transparent)]
     Slurm(#[from] peregrine_slurm::Error),

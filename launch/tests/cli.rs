@@ -115,3 +115,63 @@ mod mpi {
         assert!(String::from_utf8_lossy(&out.stderr).contains("under MPI the launcher sets it"));
     }
 }
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("peregrine-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("scratch dir");
+    d
+}
+
+#[test]
+fn data_convert_info_and_gen() {
+    let d = scratch("data");
+    let input = d.join("in.svm");
+    std::fs::write(&input, "+1 1:0.5 4:1\n-1 2:2\n").expect("write");
+    let out = d.join("in.prg");
+    let s = |p: &std::path::Path| p.to_str().expect("utf8 path").to_owned();
+    let o = peregrine(&["data", "convert", "libsvm", &s(&input), &s(&out)]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert!(text(&o).0.contains("2 rows, 4 columns, 3 values"), "{:?}", text(&o));
+    let o = peregrine(&["data", "info", "--verify", &s(&out)]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert!(text(&o).0.contains("rows 2  features 4  nonzeros 3"), "{:?}", text(&o));
+
+    let gen = d.join("gen.prg");
+    let o = peregrine(&[
+        "data",
+        "gen",
+        "ratings",
+        &s(&gen),
+        "--ratings",
+        "1000",
+        "--users",
+        "20",
+        "--items",
+        "30",
+    ]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let o = peregrine(&["data", "info", "--verify", &s(&gen)]);
+    assert!(text(&o).0.contains("ratings 1000  users 20  items 30"), "{:?}", text(&o));
+}
+
+#[test]
+fn bad_data_is_a_clear_error_and_leaves_nothing_behind() {
+    let d = scratch("bad-data");
+    let input = d.join("bad.svm");
+    std::fs::write(&input, "+1 1:1\n-1 3:1 2:1\n").expect("write");
+    let out = d.join("bad.prg");
+    let s = |p: &std::path::Path| p.to_str().expect("utf8 path").to_owned();
+    let o = peregrine(&["data", "convert", "libsvm", &s(&input), &s(&out)]);
+    assert_eq!(o.status.code(), Some(1));
+    let (_, stderr) = text(&o);
+    assert!(stderr.contains(&format!("{}:2:8: expected an index above 3", input.display())), "{stderr}");
+    assert_eq!(std::fs::read_dir(&d).expect("list").count(), 1, "only the input is left");
+
+    let o = peregrine(&["data", "info", &s(&input)]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).1.contains("not a Peregrine dataset"), "{:?}", text(&o));
+    let o = peregrine(&["data", "info", &s(&d.join("missing.prg"))]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).1.contains("missing.prg: opening"), "{:?}", text(&o));
+}

@@ -1,0 +1,730 @@
+//! The dataset file: a 192-byte header, then up to six arrays, each starting on a 64-byte
+//! boundary, little-endian, read in place from a memory mapping.
+//!
+//! ```text
+//! offset  size  field
+//!      0     8  magic "PRGRNDS\0"
+//!      8     4  version (1)
+//!     12     4  kind: 1 sparse binary-labelled (CSR), 2 dense multiclass, 3 ratings
+//!     16     8  rows
+//!     24     8  cols       features (sparse, dense) or items (ratings)
+//!     32     8  nnz        stored values: nonzeros (sparse), rows*cols (dense), rows (ratings)
+//!     40     4  classes    2 (sparse), k (dense), 0 (ratings)
+//!     44     4  truth_rank rank of the generating factors (generated ratings), else 0
+//!     48     8  users      ratings: number of users (max user id + 1), else 0
+//!     56    96  sections   6 x (offset u64, bytes u64)
+//!    152     4  data_crc   CRC-32 of all section bytes, in order
+//!    156     4  header_crc CRC-32 of bytes 0..156
+//!    160    32  reserved (zero)
+//! ```
+//!
+//! | kind | section 0 | 1 | 2 | 3 | 4 (optional) |
+//! |---|---|---|---|---|---|
+//! | sparse | row_ptr u64 x (rows+1) | indices u32 x nnz (0-based, increasing per row) | values f32 x nnz | labels f32 x rows (0 or 1) | true model f32 x cols |
+//! | dense | features f32 x rows*cols (row-major) | labels u32 x rows | | | true model f32 x classes*cols |
+//! | ratings | users u32 x rows | items u32 x rows | ratings f32 x rows | | true factors f32 x (users+items)*truth_rank |
+//!
+//! Opening checks the header (magic, version, header CRC, kind, that every section lies inside
+//! the file with the size the counts imply, and the ends of `row_ptr`): O(1), whatever the size.
+//! [`Dataset::verify`] checks the data CRC and every index and label: O(size).
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use bytemuck::{Pod, Zeroable};
+use memmap2::Mmap;
+
+use super::error::{DataError, Result};
+
+#[cfg(not(target_endian = "little"))]
+compile_error!("the dataset format is little-endian and read in place: big-endian targets are not supported");
+
+/// `"PRGRNDS\0"`.
+pub const MAGIC: [u8; 8] = *b"PRGRNDS\0";
+/// The format version this code reads and writes.
+pub const VERSION: u32 = 1;
+/// Bytes before the first section.
+pub const HEADER_BYTES: usize = 192;
+/// Section alignment.
+pub const ALIGN: u64 = 64;
+/// Sections in the table.
+pub const SECTIONS: usize = 6;
+
+/// The header as stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+pub struct Header {
+    /// [`MAGIC`].
+    pub magic: [u8; 8],
+    /// [`VERSION`].
+    pub version: u32,
+    /// [`Kind`] as a number.
+    pub kind: u32,
+    /// Rows (examples, or ratings).
+    pub rows: u64,
+    /// Features, or items.
+    pub cols: u64,
+    /// Stored values.
+    pub nnz: u64,
+    /// Classes.
+    pub classes: u32,
+    /// Rank of generated ratings' true factors.
+    pub truth_rank: u32,
+    /// Users (ratings).
+    pub users: u64,
+    /// (offset, bytes) of each section.
+    pub sections: [[u64; 2]; SECTIONS],
+    /// CRC-32 of the section bytes.
+    pub data_crc: u32,
+    /// CRC-32 of the bytes before this field.
+    pub header_crc: u32,
+    /// Zero.
+    pub reserved: [u64; 4],
+}
+
+const _: () = assert!(size_of::<Header>() == HEADER_BYTES);
+
+/// What a dataset holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Sparse rows (CSR) with binary labels: logistic regression.
+    Sparse,
+    /// Dense rows with class labels: softmax regression, MLP.
+    Dense,
+    /// (user, item, rating) triples: matrix factorization.
+    Ratings,
+}
+
+impl Kind {
+    /// Name for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Sparse => "sparse binary-labelled",
+            Self::Dense => "dense multiclass",
+            Self::Ratings => "ratings",
+        }
+    }
+
+    fn code(self) -> u32 {
+        match self {
+            Self::Sparse => 1,
+            Self::Dense => 2,
+            Self::Ratings => 3,
+        }
+    }
+
+    fn from_code(c: u32) -> Option<Self> {
+        match c {
+            1 => Some(Self::Sparse),
+            2 => Some(Self::Dense),
+            3 => Some(Self::Ratings),
+            _ => None,
+        }
+    }
+}
+
+/// The counts that fix a dataset's layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// What it holds.
+    pub kind: Kind,
+    /// Rows (examples, or ratings).
+    pub rows: u64,
+    /// Features, or items.
+    pub cols: u64,
+    /// Nonzeros (sparse); ignored (derived) for the other kinds.
+    pub nnz: u64,
+    /// Classes (dense); 2 for sparse; 0 for ratings.
+    pub classes: u32,
+    /// Users (ratings).
+    pub users: u64,
+    /// Whether the optional true-model section is present, and for ratings its rank.
+    pub truth: Truth,
+}
+
+/// The optional section of generated data: the model that generated it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Truth {
+    /// Not present (converted data).
+    None,
+    /// Present: for ratings, the factors' rank; ignored otherwise.
+    Present {
+        /// Rank of the true factors (ratings only).
+        rank: u32,
+    },
+}
+
+impl Shape {
+    /// Stored values (`nnz` for sparse; derived for the others).
+    fn values(&self) -> Option<u64> {
+        match self.kind {
+            Kind::Sparse => Some(self.nnz),
+            Kind::Dense => self.rows.checked_mul(self.cols),
+            Kind::Ratings => Some(self.rows),
+        }
+    }
+
+    /// Bytes of each section.
+    fn section_bytes(&self) -> Option<[u64; SECTIONS]> {
+        let (r, c, v) = (self.rows, self.cols, self.values()?);
+        let truth = match self.truth {
+            Truth::None => 0,
+            Truth::Present { rank } => match self.kind {
+                Kind::Sparse => c.checked_mul(4)?,
+                Kind::Dense => c.checked_mul(u64::from(self.classes))?.checked_mul(4)?,
+                Kind::Ratings => self.users.checked_add(c)?.checked_mul(u64::from(rank))?.checked_mul(4)?,
+            },
+        };
+        Some(match self.kind {
+            Kind::Sparse => [
+                r.checked_add(1)?.checked_mul(8)?,
+                v.checked_mul(4)?,
+                v.checked_mul(4)?,
+                r.checked_mul(4)?,
+                truth,
+                0,
+            ],
+            Kind::Dense => [v.checked_mul(4)?, r.checked_mul(4)?, 0, 0, truth, 0],
+            Kind::Ratings => [r.checked_mul(4)?, r.checked_mul(4)?, r.checked_mul(4)?, 0, truth, 0],
+        })
+    }
+
+    /// The header (without CRCs) and the total file size.
+    fn layout(&self) -> Option<(Header, u64)> {
+        let bytes = self.section_bytes()?;
+        let mut sections = [[0u64; 2]; SECTIONS];
+        let mut at = HEADER_BYTES as u64;
+        for (s, &b) in sections.iter_mut().zip(&bytes) {
+            *s = [at, b];
+            at = at.checked_add(b)?.checked_next_multiple_of(ALIGN)?;
+        }
+        let header = Header {
+            magic: MAGIC,
+            version: VERSION,
+            kind: self.kind.code(),
+            rows: self.rows,
+            cols: self.cols,
+            nnz: self.values()?,
+            classes: self.classes,
+            truth_rank: match self.truth {
+                Truth::Present { rank } if self.kind == Kind::Ratings => rank,
+                _ => 0,
+            },
+            users: self.users,
+            sections,
+            data_crc: 0,
+            header_crc: 0,
+            reserved: [0; 4],
+        };
+        Some((header, at))
+    }
+}
+
+fn header_crc(h: &Header) -> u32 {
+    let bytes = bytemuck::bytes_of(h);
+    crc32fast::hash(&bytes[..152 + 4])
+}
+
+/// Writes a dataset section by section, into a temporary file renamed into place by
+/// [`finish`](Self::finish): an interrupted or failed write never leaves a half-written dataset
+/// (the temporary file is removed on drop).
+#[derive(Debug)]
+pub struct Writer {
+    out: Option<BufWriter<File>>,
+    tmp: PathBuf,
+    dest: PathBuf,
+    header: Header,
+    /// Section being written and bytes written into it.
+    section: usize,
+    filled: u64,
+    /// Bytes written to the file so far.
+    pos: u64,
+    crc: crc32fast::Hasher,
+}
+
+impl Writer {
+    /// Starts writing a dataset of `shape` to `dest`.
+    pub fn create(dest: &Path, shape: Shape) -> Result<Self> {
+        let (header, _) =
+            shape.layout().ok_or_else(|| DataError::Invalid(format!("dataset too large: {shape:?}")))?;
+        let mut name = dest.file_name().unwrap_or_default().to_owned();
+        name.push(format!(".tmp.{}", std::process::id()));
+        let tmp = dest.with_file_name(name);
+        let file = File::create(&tmp).map_err(DataError::io(&tmp, "creating"))?;
+        let mut out = BufWriter::with_capacity(1 << 20, file);
+        out.write_all(&[0u8; HEADER_BYTES]).map_err(DataError::io(&tmp, "writing"))?;
+        Ok(Self {
+            out: Some(out),
+            tmp,
+            dest: dest.to_owned(),
+            header,
+            section: 0,
+            filled: 0,
+            pos: HEADER_BYTES as u64,
+            crc: crc32fast::Hasher::new(),
+        })
+    }
+
+    fn out(&mut self) -> &mut BufWriter<File> {
+        self.out.as_mut().expect("the output is present until finish or drop")
+    }
+
+    /// Appends `data` to section `section` (sections are written in order; a section may be
+    /// written in several calls).
+    pub fn write<T: Pod>(&mut self, section: usize, data: &[T]) -> Result<()> {
+        while self.section < section {
+            self.end_section()?;
+        }
+        if section != self.section {
+            return Err(DataError::Invalid(format!(
+                "section {section} written after section {}",
+                self.section
+            )));
+        }
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let [_, len] = self.header.sections[section];
+        if self.filled + bytes.len() as u64 > len {
+            return Err(DataError::Invalid(format!(
+                "section {section} holds {len} bytes; {} more would overflow it",
+                bytes.len()
+            )));
+        }
+        self.crc.update(bytes);
+        let tmp = self.tmp.clone();
+        self.out().write_all(bytes).map_err(DataError::io(&tmp, "writing"))?;
+        self.filled += bytes.len() as u64;
+        self.pos += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Checks the current section is complete and pads to the next one.
+    fn end_section(&mut self) -> Result<()> {
+        let [start, len] = self.header.sections[self.section];
+        if self.filled != len {
+            return Err(DataError::Invalid(format!(
+                "section {} got {} bytes, the shape needs {len}",
+                self.section, self.filled
+            )));
+        }
+        let next = (start + len).next_multiple_of(ALIGN);
+        let pad = (next - self.pos) as usize;
+        let tmp = self.tmp.clone();
+        self.out().write_all(&[0u8; ALIGN as usize][..pad]).map_err(DataError::io(&tmp, "writing"))?;
+        self.pos = next;
+        self.section += 1;
+        self.filled = 0;
+        Ok(())
+    }
+
+    /// Completes every section, writes the header, and renames the file into place.
+    pub fn finish(mut self) -> Result<()> {
+        while self.section < SECTIONS {
+            self.end_section()?;
+        }
+        self.header.data_crc = std::mem::replace(&mut self.crc, crc32fast::Hasher::new()).finalize();
+        self.header.header_crc = header_crc(&self.header);
+        let tmp = self.tmp.clone();
+        let mut out = self.out.take().expect("the output is present until finish");
+        out.flush().map_err(DataError::io(&tmp, "writing"))?;
+        let mut file = out.into_inner().map_err(|e| DataError::io(&tmp, "writing")(e.into_error()))?;
+        use std::io::Seek;
+        file.seek(std::io::SeekFrom::Start(0)).map_err(DataError::io(&tmp, "writing"))?;
+        file.write_all(bytemuck::bytes_of(&self.header)).map_err(DataError::io(&tmp, "writing"))?;
+        file.sync_all().map_err(DataError::io(&tmp, "syncing"))?;
+        drop(file);
+        std::fs::rename(&tmp, &self.dest)
+            .map_err(DataError::io(&self.dest, "renaming the finished file to"))?;
+        Ok(())
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        if self.out.take().is_some() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// A dataset file mapped into memory.
+#[derive(Debug)]
+pub struct Dataset {
+    map: Mmap,
+    header: Header,
+    kind: Kind,
+    path: PathBuf,
+}
+
+impl Dataset {
+    /// Maps `path` and checks its header: O(1) in the dataset's size.
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = File::open(path).map_err(DataError::io(path, "opening"))?;
+        // SAFETY: the file is mapped read-only. Another process truncating or rewriting it while
+        // mapped would be undefined behaviour; datasets are written once, into a temporary file
+        // renamed into place, and never modified after (a rewrite replaces the directory entry,
+        // not the mapped inode).
+        let map = unsafe { Mmap::map(&file) }.map_err(DataError::io(path, "mapping"))?;
+        let bad = |d: String| DataError::format(path, d);
+        if map.len() < MAGIC.len() || map[..MAGIC.len()] != MAGIC {
+            let found = &map[..map.len().min(MAGIC.len())];
+            return Err(bad(format!("not a Peregrine dataset (starts with {found:?}, expected {MAGIC:?})")));
+        }
+        if map.len() < HEADER_BYTES {
+            return Err(bad(format!(
+                "truncated: {} bytes, a dataset header alone is {HEADER_BYTES}",
+                map.len()
+            )));
+        }
+        let header: Header = bytemuck::pod_read_unaligned(&map[..HEADER_BYTES]);
+        if header.version != VERSION {
+            return Err(bad(format!(
+                "format version {}, this build reads version {VERSION}",
+                header.version
+            )));
+        }
+        if header_crc(&header) != header.header_crc {
+            return Err(bad("header checksum mismatch: the header is corrupt".into()));
+        }
+        let kind =
+            Kind::from_code(header.kind).ok_or_else(|| bad(format!("unknown kind {}", header.kind)))?;
+        let truth =
+            if header.sections[4][1] > 0 { Truth::Present { rank: header.truth_rank } } else { Truth::None };
+        let shape = Shape {
+            kind,
+            rows: header.rows,
+            cols: header.cols,
+            nnz: header.nnz,
+            classes: header.classes,
+            users: header.users,
+            truth,
+        };
+        let (expected, size) = shape.layout().ok_or_else(|| bad("counts overflow".into()))?;
+        if expected.sections != header.sections || expected.nnz != header.nnz {
+            return Err(bad(format!(
+                "section table {:?} does not match the counts {shape:?}",
+                header.sections
+            )));
+        }
+        let last_end = header.sections.iter().map(|[o, l]| o + l).max().unwrap_or(0);
+        if (map.len() as u64) < last_end {
+            return Err(bad(format!(
+                "truncated: the header describes {size} bytes, the file has {}",
+                map.len()
+            )));
+        }
+        let d = Self { map, header, kind, path: path.to_owned() };
+        if kind == Kind::Sparse {
+            let rp: &[u64] = d.section(0);
+            if rp.first() != Some(&0) || rp.last() != Some(&header.nnz) {
+                return Err(bad(format!(
+                    "row_ptr runs from {:?} to {:?}, expected 0 to {}",
+                    rp.first(),
+                    rp.last(),
+                    header.nnz
+                )));
+            }
+        }
+        Ok(d)
+    }
+
+    fn section<T: Pod>(&self, i: usize) -> &[T] {
+        let [off, len] = self.header.sections[i];
+        // Offsets are multiples of 64 from a page-aligned mapping, lengths multiples of the
+        // element size (checked against the shape at open): the cast cannot fail.
+        bytemuck::cast_slice(&self.map[off as usize..(off + len) as usize])
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// What it holds.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.header.rows as usize
+    }
+
+    fn expect(&self, kind: Kind) -> Result<()> {
+        if self.kind != kind {
+            return Err(DataError::WrongKind {
+                path: self.path.clone(),
+                expected: kind.name(),
+                found: self.kind.name(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The rows of a sparse dataset.
+    pub fn sparse(&self) -> Result<SparseRows<'_>> {
+        self.expect(Kind::Sparse)?;
+        Ok(SparseRows {
+            row_ptr: self.section(0),
+            indices: self.section(1),
+            values: self.section(2),
+            labels: self.section(3),
+            cols: self.header.cols as usize,
+        })
+    }
+
+    /// The rows of a dense dataset.
+    pub fn dense(&self) -> Result<DenseRows<'_>> {
+        self.expect(Kind::Dense)?;
+        Ok(DenseRows {
+            features: self.section(0),
+            labels: self.section(1),
+            cols: self.header.cols as usize,
+            classes: self.header.classes as usize,
+        })
+    }
+
+    /// The triples of a ratings dataset.
+    pub fn ratings(&self) -> Result<Ratings<'_>> {
+        self.expect(Kind::Ratings)?;
+        Ok(Ratings {
+            users: self.section(0),
+            items: self.section(1),
+            ratings: self.section(2),
+            n_users: self.header.users as usize,
+            n_items: self.header.cols as usize,
+        })
+    }
+
+    /// The model that generated the data, if it was generated (see the format table).
+    pub fn truth(&self) -> Option<&[f32]> {
+        let t: &[f32] = self.section(4);
+        (!t.is_empty()).then_some(t)
+    }
+
+    /// Checks the data checksum and every structural invariant: O(size).
+    pub fn verify(&self) -> Result<()> {
+        let bad = |d: String| DataError::format(&self.path, d);
+        let mut crc = crc32fast::Hasher::new();
+        for [off, len] in self.header.sections {
+            crc.update(&self.map[off as usize..(off + len) as usize]);
+        }
+        let crc = crc.finalize();
+        if crc != self.header.data_crc {
+            return Err(bad(format!(
+                "data checksum mismatch: {crc:#010x}, header says {:#010x}",
+                self.header.data_crc
+            )));
+        }
+        match self.kind {
+            Kind::Sparse => {
+                let s = self.sparse()?;
+                for r in 0..s.len() {
+                    let (lo, hi) = (s.row_ptr[r], s.row_ptr[r + 1]);
+                    if hi < lo {
+                        return Err(bad(format!("row_ptr decreases at row {r}")));
+                    }
+                    let idx = &s.indices[lo as usize..hi as usize];
+                    if let Some(w) = idx.windows(2).find(|w| w[0] >= w[1]) {
+                        return Err(bad(format!("row {r}: indices not increasing ({} then {})", w[0], w[1])));
+                    }
+                    if idx.last().is_some_and(|&i| i as usize >= s.cols) {
+                        return Err(bad(format!("row {r}: index beyond {} features", s.cols)));
+                    }
+                }
+                if let Some(r) = s.labels.iter().position(|&y| y != 0.0 && y != 1.0) {
+                    return Err(bad(format!("row {r}: label {} is not 0 or 1", s.labels[r])));
+                }
+                if let Some(i) = s.values.iter().position(|v| !v.is_finite()) {
+                    return Err(bad(format!("value {i} is not finite")));
+                }
+            }
+            Kind::Dense => {
+                let d = self.dense()?;
+                if let Some(r) = d.labels.iter().position(|&y| y as usize >= d.classes) {
+                    return Err(bad(format!("row {r}: label {} >= {} classes", d.labels[r], d.classes)));
+                }
+                if let Some(i) = d.features.iter().position(|v| !v.is_finite()) {
+                    return Err(bad(format!("feature value {i} is not finite")));
+                }
+            }
+            Kind::Ratings => {
+                let t = self.ratings()?;
+                if let Some(i) = t.users.iter().position(|&u| u as usize >= t.n_users) {
+                    return Err(bad(format!("rating {i}: user {} >= {} users", t.users[i], t.n_users)));
+                }
+                if let Some(i) = t.items.iter().position(|&u| u as usize >= t.n_items) {
+                    return Err(bad(format!("rating {i}: item {} >= {} items", t.items[i], t.n_items)));
+                }
+                if let Some(i) = t.ratings.iter().position(|v| !v.is_finite()) {
+                    return Err(bad(format!("rating {i} is not finite")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A few lines describing the dataset.
+    pub fn summary(&self) -> String {
+        let h = &self.header;
+        let mib = self.map.len() as f64 / (1 << 20) as f64;
+        let mut s = format!("{}: {} dataset, {:.1} MiB\n", self.path.display(), self.kind.name(), mib);
+        match self.kind {
+            Kind::Sparse => {
+                let pos = self.sparse().map(|d| d.labels.iter().filter(|&&y| y > 0.5).count()).unwrap_or(0);
+                s += &format!(
+                    "  rows {}  features {}  nonzeros {} ({:.1} per row)  positive {:.1}%\n",
+                    h.rows,
+                    h.cols,
+                    h.nnz,
+                    h.nnz as f64 / h.rows.max(1) as f64,
+                    100.0 * pos as f64 / h.rows.max(1) as f64
+                );
+            }
+            Kind::Dense => s += &format!("  rows {}  features {}  classes {}\n", h.rows, h.cols, h.classes),
+            Kind::Ratings => s += &format!("  ratings {}  users {}  items {}\n", h.rows, h.users, h.cols),
+        }
+        if self.truth().is_some() {
+            s += "  generated: holds its true model\n";
+        }
+        s += &format!("  data checksum {:#010x} (verify with --verify)", h.data_crc);
+        s
+    }
+}
+
+/// Sparse rows in CSR form: row `r` spans `row_ptr[r] - row_ptr[0] .. row_ptr[r + 1] - row_ptr[0]`
+/// of `indices` and `values` (a sub-range keeps the absolute `row_ptr` of the whole file).
+#[derive(Clone, Copy, Debug)]
+pub struct SparseRows<'a> {
+    /// Row offsets (rows + 1).
+    pub row_ptr: &'a [u64],
+    /// 0-based feature indices, increasing within a row.
+    pub indices: &'a [u32],
+    /// Values.
+    pub values: &'a [f32],
+    /// Labels, 0 or 1.
+    pub labels: &'a [f32],
+    /// Features.
+    pub cols: usize,
+}
+
+impl<'a> SparseRows<'a> {
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// Whether there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// Rows `range`, zero-copy.
+    pub fn rows(&self, range: Range<usize>) -> SparseRows<'a> {
+        let base = self.row_ptr[0];
+        let (lo, hi) =
+            ((self.row_ptr[range.start] - base) as usize, (self.row_ptr[range.end] - base) as usize);
+        SparseRows {
+            row_ptr: &self.row_ptr[range.start..=range.end],
+            indices: &self.indices[lo..hi],
+            values: &self.values[lo..hi],
+            labels: &self.labels[range],
+            cols: self.cols,
+        }
+    }
+}
+
+/// Dense rows, row-major.
+#[derive(Clone, Copy, Debug)]
+pub struct DenseRows<'a> {
+    /// rows x cols values.
+    pub features: &'a [f32],
+    /// Class of each row.
+    pub labels: &'a [u32],
+    /// Features per row.
+    pub cols: usize,
+    /// Classes.
+    pub classes: usize,
+}
+
+impl<'a> DenseRows<'a> {
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// Whether there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// Rows `range`, zero-copy.
+    pub fn rows(&self, range: Range<usize>) -> DenseRows<'a> {
+        DenseRows {
+            features: &self.features[range.start * self.cols..range.end * self.cols],
+            labels: &self.labels[range],
+            cols: self.cols,
+            classes: self.classes,
+        }
+    }
+}
+
+/// (user, item, rating) triples.
+#[derive(Clone, Copy, Debug)]
+pub struct Ratings<'a> {
+    /// User of each rating.
+    pub users: &'a [u32],
+    /// Item of each rating.
+    pub items: &'a [u32],
+    /// The ratings.
+    pub ratings: &'a [f32],
+    /// Users (max id + 1).
+    pub n_users: usize,
+    /// Items (max id + 1).
+    pub n_items: usize,
+}
+
+impl<'a> Ratings<'a> {
+    /// Number of ratings.
+    pub fn len(&self) -> usize {
+        self.ratings.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.ratings.is_empty()
+    }
+
+    /// Ratings `range`, zero-copy.
+    pub fn rows(&self, range: Range<usize>) -> Ratings<'a> {
+        Ratings {
+            users: &self.users[range.clone()],
+            items: &self.items[range.clone()],
+            ratings: &self.ratings[range],
+            n_users: self.n_users,
+            n_items: self.n_items,
+        }
+    }
+}
+
+/// Rank `rank`'s rows of `rows` split over `world` ranks, as even as possible (the first
+/// `rows % world` ranks get one more).
+pub fn shard(rows: usize, rank: usize, world: usize) -> Range<usize> {
+    assert!(world > 0 && rank < world, "rank {rank} of a world of {world}");
+    let (q, r) = (rows / world, rows % world);
+    let start = rank * q + rank.min(r);
+    start..start + q + usize::from(rank < r)
+}
+
+/// `range` cut into consecutive chunks of `chunk` rows (the last may be shorter).
+pub fn chunks(range: Range<usize>, chunk: usize) -> impl Iterator<Item = Range<usize>> {
+    assert!(chunk > 0, "chunks of at least one row");
+    let end = range.end;
+    range.step_by(chunk).map(move |s| s..(s + chunk).min(end))
+}

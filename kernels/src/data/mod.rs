@@ -1,0 +1,24 @@
+//! Datasets: a binary format read zero-copy from a memory mapping ([`format`](self::format)), converters from
+//! LIBSVM ([`libsvm`]), MNIST IDX ([`idx`]) and ratings text ([`ratings`]), and seeded
+//! generators ([`gen`]).
+//!
+//! Any rank can map any row range of a dataset (on a cluster the file sits on a shared file
+//! system): [`shard`] gives a rank its rows and [`chunks`] cuts them into mini-batch chunks, all
+//! as zero-copy views. Bad input is a [`DataError`] naming the file, and for text the line and
+//! column; converters write into a temporary file renamed into place, so a failed conversion
+//! leaves nothing behind.
+
+pub mod error;
+pub mod format;
+pub mod gen;
+pub mod idx;
+pub mod libsvm;
+pub mod ratings;
+pub mod text;
+
+pub use error::{DataError, Result};
+pub use format::{chunks, shard, Dataset, DenseRows, Kind, Ratings, Shape, SparseRows, Truth, Writer};
+pub use libsvm::Converted;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,252 @@
+use std::path::{Path, PathBuf};
+
+use super::*;
+
+/// A scratch directory for one test.
+fn dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("peregrine-data-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("scratch dir");
+    d
+}
+
+fn write(d: &Path, name: &str, text: &str) -> PathBuf {
+    let p = d.join(name);
+    std::fs::write(&p, text).expect("write input");
+    p
+}
+
+fn no_leftovers(d: &Path, keep: &[&str]) {
+    for e in std::fs::read_dir(d).expect("list") {
+        let n = e.expect("entry").file_name().into_string().expect("utf8");
+        assert!(keep.contains(&n.as_str()), "left behind: {n}");
+    }
+}
+
+#[test]
+fn libsvm_round_trip() {
+    let d = dir("libsvm");
+    let input = write(&d, "in.txt", "+1 1:0.5 3:2\n-1 2:1 # comment\n\n0 4:-1.5e2\n1\n");
+    let out = d.join("out.prg");
+    let c = libsvm::convert(&input, &out, None).expect("convert");
+    assert_eq!(c, Converted { rows: 4, cols: 4, nnz: 4, input_bytes: 44 });
+    let ds = Dataset::open(&out).expect("open");
+    ds.verify().expect("verify");
+    let s = ds.sparse().expect("sparse");
+    assert_eq!(s.row_ptr, [0, 2, 3, 4, 4]);
+    assert_eq!(s.indices, [0, 2, 1, 3]);
+    assert_eq!(s.values, [0.5, 2.0, 1.0, -150.0]);
+    assert_eq!(s.labels, [1.0, 0.0, 0.0, 1.0]);
+    let tail = s.rows(1..3);
+    assert_eq!(
+        (tail.row_ptr, tail.indices, tail.labels),
+        (&[2u64, 3, 4][..], &[1u32, 3][..], &[0.0f32, 0.0][..])
+    );
+    assert!(ds.sparse().is_ok() && ds.dense().is_err());
+    no_leftovers(&d, &["in.txt", "out.prg"]);
+}
+
+#[test]
+fn libsvm_errors_name_line_and_column() {
+    let d = dir("libsvm-bad");
+    let cases: &[(&str, u64, u64, &str)] = &[
+        ("+1 1:1\nx 1:1\n", 2, 1, "a label"),
+        ("+1 0:1\n", 1, 4, "1-based"),
+        ("+1 3:1 2:1\n", 1, 8, "indices must increase"),
+        ("+1 3:1 3:1\n", 1, 8, "duplicate index 3"),
+        ("+1 1:nan\n", 1, 6, "a finite value"),
+        ("+1 1:inf\n", 1, 6, "a finite value"),
+        ("+1 1:1 2\n", 1, 8, "index:value"),
+        ("2 1:1\n", 1, 1, "a binary label"),
+        ("+1 a:1\n", 1, 4, "a feature index"),
+    ];
+    for (i, (text, line, column, expected)) in cases.iter().enumerate() {
+        let input = write(&d, &format!("bad{i}.txt"), text);
+        let out = d.join(format!("bad{i}.prg"));
+        match libsvm::convert(&input, &out, None) {
+            Err(DataError::Parse { line: l, column: c, expected: e, .. }) => {
+                assert_eq!((l, c), (*line, *column), "{text:?}: {e}");
+                assert!(e.contains(expected), "{text:?}: `{e}` lacks `{expected}`");
+            }
+            other => panic!("{text:?}: {other:?}"),
+        }
+        assert!(!out.exists(), "a failed conversion left {}", out.display());
+    }
+    let err = libsvm::convert(&write(&d, "x.txt", "+1 9:1\n"), &d.join("x.prg"), Some(4))
+        .expect_err("beyond --features");
+    assert!(err.to_string().contains("beyond --features 4"), "{err}");
+}
+
+#[test]
+fn ratings_with_header_and_separators() {
+    let d = dir("ratings");
+    let input = write(
+        &d,
+        "r.txt",
+        "user_id:token\titem_id:token\trating:float\n1\t2\t3.5\t881250949\n3::1::5\n2,2,1\n0 0 4\n",
+    );
+    let out = d.join("r.prg");
+    ratings::convert(&input, &out).expect("convert");
+    let ds = Dataset::open(&out).expect("open");
+    ds.verify().expect("verify");
+    let r = ds.ratings().expect("ratings");
+    assert_eq!(
+        (r.users, r.items, r.ratings),
+        (&[1u32, 3, 2, 0][..], &[2u32, 1, 2, 0][..], &[3.5f32, 5.0, 1.0, 4.0][..])
+    );
+    assert_eq!((r.n_users, r.n_items), (4, 3));
+    let bad = write(&d, "bad.txt", "1 2 3\n1 x 3\n");
+    match ratings::convert(&bad, &d.join("bad.prg")) {
+        Err(DataError::Parse { line: 2, column: 3, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    let short = write(&d, "short.txt", "1 2\n");
+    assert!(matches!(ratings::convert(&short, &d.join("s.prg")), Err(DataError::Parse { line: 1, .. })));
+}
+
+fn idx_files(d: &Path, n: u32, magic: u32, labels: &[u8]) -> (PathBuf, PathBuf) {
+    let mut img = Vec::new();
+    img.extend_from_slice(&magic.to_be_bytes());
+    img.extend_from_slice(&n.to_be_bytes());
+    img.extend_from_slice(&2u32.to_be_bytes());
+    img.extend_from_slice(&2u32.to_be_bytes());
+    for i in 0..n * 4 {
+        img.push((i * 17 % 256) as u8);
+    }
+    let mut lab = Vec::new();
+    lab.extend_from_slice(&0x801u32.to_be_bytes());
+    lab.extend_from_slice(&(labels.len() as u32).to_be_bytes());
+    lab.extend_from_slice(labels);
+    let (pi, pl) = (d.join("img.idx"), d.join("lab.idx"));
+    std::fs::write(&pi, img).expect("write");
+    std::fs::write(&pl, lab).expect("write");
+    (pi, pl)
+}
+
+#[test]
+fn idx_plain_and_gzipped() {
+    use std::io::Write;
+    let d = dir("idx");
+    let (pi, pl) = idx_files(&d, 3, 0x803, &[0, 2, 1]);
+    // Gzip the labels: detected by content.
+    let raw = std::fs::read(&pl).expect("read");
+    let gz = d.join("lab.idx.gz");
+    let mut enc = flate2::write::GzEncoder::new(
+        std::fs::File::create(&gz).expect("create"),
+        flate2::Compression::fast(),
+    );
+    enc.write_all(&raw).expect("gzip");
+    enc.finish().expect("gzip");
+    let out = d.join("m.prg");
+    idx::convert(&pi, &gz, &out).expect("convert");
+    let ds = Dataset::open(&out).expect("open");
+    ds.verify().expect("verify");
+    let m = ds.dense().expect("dense");
+    assert_eq!((m.cols, m.classes, m.labels), (4, 3, &[0u32, 2, 1][..]));
+    assert_eq!(m.features[1], 17.0 / 255.0);
+    assert_eq!(m.rows(2..3).features, &m.features[8..12]);
+
+    let (pi, pl) = idx_files(&d, 3, 0x801, &[0, 2, 1]);
+    let e = idx::convert(&pi, &pl, &d.join("x.prg")).expect_err("wrong magic");
+    assert!(e.to_string().contains("wrong IDX magic"), "{e}");
+    let (pi, pl) = idx_files(&d, 3, 0x803, &[0, 2]);
+    assert!(idx::convert(&pi, &pl, &d.join("x.prg"))
+        .expect_err("count")
+        .to_string()
+        .contains("3 images but"));
+    let (pi, pl) = idx_files(&d, 3, 0x803, &[0, 2, 1]);
+    let mut img = std::fs::read(&pi).expect("read");
+    img.truncate(img.len() - 1);
+    std::fs::write(&pi, img).expect("write");
+    assert!(idx::convert(&pi, &pl, &d.join("x.prg")).expect_err("truncated").to_string().contains("needs"));
+    assert!(!d.join("x.prg").exists());
+}
+
+#[test]
+fn corrupt_files_are_refused() {
+    let d = dir("corrupt");
+    let input = write(&d, "in.txt", "+1 1:1 2:1\n-1 2:3\n");
+    let out = d.join("ok.prg");
+    libsvm::convert(&input, &out, None).expect("convert");
+    let good = std::fs::read(&out).expect("read");
+    let case = |name: &str, bytes: Vec<u8>, expect: &str| {
+        let p = d.join(name);
+        std::fs::write(&p, bytes).expect("write");
+        let e = Dataset::open(&p).and_then(|ds| ds.verify()).expect_err(name);
+        assert!(e.to_string().contains(expect), "{name}: {e}");
+    };
+    case("short.prg", good[..100].to_vec(), "truncated");
+    case("cut.prg", good[..good.len() - 8].to_vec(), "truncated");
+    let mut m = good.clone();
+    m[0] = b'X';
+    case("magic.prg", m, "not a Peregrine dataset");
+    let mut m = good.clone();
+    m[16] ^= 1;
+    case("header.prg", m, "header checksum");
+    let mut m = good.clone();
+    let last = m.len() - 60;
+    m[last] ^= 0x40;
+    case("data.prg", m, "data checksum");
+    case("empty.prg", Vec::new(), "not a Peregrine dataset");
+}
+
+#[test]
+fn generators_are_seeded_and_hold_their_truth() {
+    let d = dir("gen");
+    let s = gen::SparseSpec { rows: 500, cols: 1000, nnz_per_row: 10, zipf: 1.1, seed: 7 };
+    gen::sparse(&s, &d.join("a.prg")).expect("gen");
+    gen::sparse(&s, &d.join("b.prg")).expect("gen");
+    assert_eq!(std::fs::read(d.join("a.prg")).expect("a"), std::fs::read(d.join("b.prg")).expect("b"));
+    let ds = Dataset::open(&d.join("a.prg")).expect("open");
+    ds.verify().expect("verify");
+    let rows = ds.sparse().expect("sparse");
+    // Power law: feature 0 is far more frequent than feature 500.
+    let count = |j: u32| rows.indices.iter().filter(|&&i| i == j).count();
+    assert!(count(0) > 10 * count(500).max(1), "{} vs {}", count(0), count(500));
+    // Labels follow the true model: the margin of positives is higher on average.
+    let w = ds.truth().expect("truth");
+    let margin = |r: usize| -> f32 { rows.rows(r..r + 1).indices.iter().map(|&j| w[j as usize]).sum() };
+    let (mut pos, mut neg) = ((0.0, 0), (0.0, 0));
+    for r in 0..rows.len() {
+        if rows.labels[r] > 0.5 {
+            pos = (pos.0 + margin(r), pos.1 + 1);
+        } else {
+            neg = (neg.0 + margin(r), neg.1 + 1);
+        }
+    }
+    assert!(pos.0 / pos.1 as f32 > neg.0 / neg.1 as f32 + 0.5);
+
+    gen::dense(&gen::DenseSpec { rows: 200, cols: 16, classes: 4, noise: 0.1, seed: 1 }, &d.join("d.prg"))
+        .expect("gen");
+    let ds = Dataset::open(&d.join("d.prg")).expect("open");
+    ds.verify().expect("verify");
+    assert_eq!(ds.truth().expect("truth").len(), 64);
+    let dr = ds.dense().expect("dense");
+    assert!((0..4).all(|c| dr.labels.contains(&c)), "every class appears");
+
+    let rs = gen::RatingsSpec { rows: 1000, users: 50, items: 40, rank: 3, noise: 0.1, seed: 2 };
+    gen::ratings(&rs, &d.join("r.prg")).expect("gen");
+    let ds = Dataset::open(&d.join("r.prg")).expect("open");
+    ds.verify().expect("verify");
+    let r = ds.ratings().expect("ratings");
+    assert_eq!((r.n_users, r.n_items, r.len()), (50, 40, 1000));
+    assert!(r.ratings.iter().all(|&x| (1.0..=5.0).contains(&x)));
+    assert_eq!(ds.truth().expect("truth").len(), 90 * 3);
+}
+
+#[test]
+fn shards_and_chunks_tile_the_rows() {
+    for world in 1..6 {
+        let mut next = 0;
+        for rank in 0..world {
+            let s = shard(23, rank, world);
+            assert_eq!(s.start, next);
+            next = s.end;
+            let c: Vec<_> = chunks(s.clone(), 4).collect();
+            assert_eq!(c.first().map_or(s.start, |r| r.start), s.start);
+            assert!(c.windows(2).all(|w| w[0].end == w[1].start));
+            assert_eq!(c.last().map_or(s.end, |r| r.end), s.end);
+        }
+        assert_eq!(next, 23);
+    }
+}

@@ -1,0 +1,195 @@
+//! `peregrine data ...`: convert text datasets to Peregrine's format, describe one, generate one.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::{Args, Subcommand};
+use peregrine_kernels::data::{gen, idx, libsvm, ratings, Converted, Dataset};
+
+use crate::world::AppError;
+
+#[derive(Debug, Subcommand)]
+pub enum DataCommand {
+    /// Convert LIBSVM/SVMlight, MNIST IDX or ratings text (gzipped or not) to a dataset file.
+    #[command(subcommand)]
+    Convert(ConvertCommand),
+    /// Describe a dataset file (O(1)); --verify also checks its checksum and every index (O(size)).
+    Info {
+        /// The dataset file.
+        file: PathBuf,
+        /// Check the data checksum and every index, label and value.
+        #[arg(long)]
+        verify: bool,
+    },
+    /// Generate a seeded synthetic dataset holding the model that generated it.
+    #[command(subcommand)]
+    Gen(GenCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConvertCommand {
+    /// LIBSVM/SVMlight text (`label index:value ...`, 1-based increasing indices, labels -1/+1 or
+    /// 0/1) to a sparse binary-labelled dataset.
+    Libsvm {
+        /// Input text (gzip detected from the content).
+        input: PathBuf,
+        /// Output dataset.
+        output: PathBuf,
+        /// Feature count (default: the largest index); an index beyond it is an error.
+        #[arg(long, value_name = "N")]
+        features: Option<u64>,
+    },
+    /// MNIST-style IDX (images idx3-ubyte + labels idx1-ubyte, gzipped or not) to a dense
+    /// multiclass dataset, pixels scaled to [0, 1].
+    Idx {
+        /// Images file.
+        #[arg(long)]
+        images: PathBuf,
+        /// Labels file.
+        #[arg(long)]
+        labels: PathBuf,
+        /// Output dataset.
+        output: PathBuf,
+    },
+    /// Ratings text (`user item rating [timestamp]`; tab, space, comma or `::` separated; an
+    /// optional header line; e.g. MovieLens) to a ratings dataset.
+    Ratings {
+        /// Input text.
+        input: PathBuf,
+        /// Output dataset.
+        output: PathBuf,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct Common {
+    /// Seed: the same seed gives the same file.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum GenCommand {
+    /// Sparse binary-labelled rows with power-law feature frequencies (logistic regression).
+    Sparse {
+        /// Output dataset.
+        output: PathBuf,
+        /// Rows.
+        #[arg(long, default_value_t = 100_000)]
+        rows: u64,
+        /// Features.
+        #[arg(long, default_value_t = 100_000)]
+        features: u64,
+        /// Mean nonzeros per row.
+        #[arg(long, default_value_t = 20)]
+        nnz_per_row: u32,
+        /// Zipf exponent of feature frequencies (0: uniform).
+        #[arg(long, default_value_t = 1.1)]
+        zipf: f64,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Dense multiclass rows from a known linear model (softmax regression, MLP).
+    Dense {
+        /// Output dataset.
+        output: PathBuf,
+        /// Rows.
+        #[arg(long, default_value_t = 60_000)]
+        rows: u64,
+        /// Features.
+        #[arg(long, default_value_t = 784)]
+        features: u64,
+        /// Classes.
+        #[arg(long, default_value_t = 10)]
+        classes: u32,
+        /// Standard deviation of the label noise.
+        #[arg(long, default_value_t = 0.1)]
+        noise: f64,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Ratings from a known low-rank matrix (matrix factorization).
+    Ratings {
+        /// Output dataset.
+        output: PathBuf,
+        /// Ratings.
+        #[arg(long, default_value_t = 1_000_000)]
+        ratings: u64,
+        /// Users.
+        #[arg(long, default_value_t = 10_000)]
+        users: u64,
+        /// Items.
+        #[arg(long, default_value_t = 5_000)]
+        items: u64,
+        /// Rank of the true factors.
+        #[arg(long, default_value_t = 10)]
+        rank: u32,
+        /// Standard deviation of the rating noise.
+        #[arg(long, default_value_t = 0.1)]
+        noise: f64,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+fn done(what: &str, out: &std::path::Path, c: Converted, start: Instant) {
+    let secs = start.elapsed().as_secs_f64();
+    let rate = if c.input_bytes > 0 {
+        format!(", {:.0} MB/s of text", c.input_bytes as f64 / secs / 1e6)
+    } else {
+        String::new()
+    };
+    println!(
+        "{what} {}: {} rows, {} columns, {} values in {secs:.2} s{rate}",
+        out.display(),
+        c.rows,
+        c.cols,
+        c.nnz
+    );
+}
+
+pub fn run(cmd: DataCommand) -> Result<(), AppError> {
+    let start = Instant::now();
+    match cmd {
+        DataCommand::Convert(c) => match c {
+            ConvertCommand::Libsvm { input, output, features } => {
+                let c = libsvm::convert(&input, &output, features)?;
+                done("wrote", &output, c, start);
+            }
+            ConvertCommand::Idx { images, labels, output } => {
+                let c = idx::convert(&images, &labels, &output)?;
+                done("wrote", &output, c, start);
+            }
+            ConvertCommand::Ratings { input, output } => {
+                let c = ratings::convert(&input, &output)?;
+                done("wrote", &output, c, start);
+            }
+        },
+        DataCommand::Info { file, verify } => {
+            let ds = Dataset::open(&file)?;
+            println!("{}", ds.summary());
+            if verify {
+                ds.verify()?;
+                println!("  verified: checksum and every index, label and value are valid");
+            }
+        }
+        DataCommand::Gen(g) => match g {
+            GenCommand::Sparse { output, rows, features, nnz_per_row, zipf, common } => {
+                let spec = gen::SparseSpec { rows, cols: features, nnz_per_row, zipf, seed: common.seed };
+                let c = gen::sparse(&spec, &output)?;
+                done("generated", &output, c, start);
+            }
+            GenCommand::Dense { output, rows, features, classes, noise, common } => {
+                let spec = gen::DenseSpec { rows, cols: features, classes, noise, seed: common.seed };
+                let c = gen::dense(&spec, &output)?;
+                done("generated", &output, c, start);
+            }
+            GenCommand::Ratings { output, ratings, users, items, rank, noise, common } => {
+                let spec = gen::RatingsSpec { rows: ratings, users, items, rank, noise, seed: common.seed };
+                let c = gen::ratings(&spec, &output)?;
+                done("generated", &output, c, start);
+            }
+        },
+    }
+    Ok(())
+}
