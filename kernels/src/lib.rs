@@ -1,2 +1,14 @@
-//! Peregrine's compute and data layer: scalar reference and `wide` SIMD gradient kernels, and the
-//! memory-mapped dataset format with its converters and generators. Nothing here yet.
+//! Peregrine's compute and data layer.
+//!
+//! - Gradient kernels, each a plain scalar reference (always compiled, the definition of correct)
+//!   and a `wide` SIMD version checked against it: [`dense`], [`lr`], [`softmax`], [`mf`], [`mlp`].
+//! - [`data`]: the binary dataset format, read zero-copy from a memory mapping, its converters
+//!   (LIBSVM, MNIST IDX, ratings text) and seeded generators.
+#![warn(missing_docs)]
+
+pub mod data;
+pub mod dense;
+pub mod lr;
+pub mod mf;
+pub mod mlp;
+pub mod softmax;

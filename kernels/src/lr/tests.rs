@@ -1,0 +1,203 @@
+//! SIMD versus scalar on awkward row counts, row lengths and offsets; gradient versus a finite
+//! difference of the loss; known values.
+//!
+//! Tolerances: the loss sums agree to `1e-5` relative (the SIMD version computes each row's loss
+//! in `f32`, the reference in `f64`); each gradient entry to `1e-5 * sum |v|` over its nonzeros
+//! (`|sigmoid - y| <= 1`, so that sum bounds the entry and its rounding error).
+
+use super::{scalar, simd, Csr, SparseGrad};
+use crate::dense::testing::{assert_close, Rng};
+
+/// A random CSR dataset: row lengths `0..=max_nnz` (so empty and odd-length rows occur).
+struct Data {
+    row_ptr: Vec<u64>,
+    indices: Vec<u32>,
+    values: Vec<f32>,
+    y: Vec<f32>,
+}
+
+impl Data {
+    fn new(rng: &mut Rng, n_rows: usize, dim: usize, max_nnz: usize) -> Data {
+        let mut d = Data { row_ptr: vec![0], indices: Vec::new(), values: Vec::new(), y: Vec::new() };
+        for _ in 0..n_rows {
+            for _ in 0..rng.below(max_nnz + 1) {
+                d.indices.push(rng.below(dim) as u32);
+                d.values.push(rng.uniform(-1.0, 1.0));
+            }
+            d.row_ptr.push(d.indices.len() as u64);
+            d.y.push(rng.below(2) as f32);
+        }
+        d
+    }
+
+    /// Rows `r0..r1`, as a dataset shard sees them (absolute row pointers).
+    fn view(&self, r0: usize, r1: usize) -> (Csr<'_>, &[f32]) {
+        let (s, e) = (self.row_ptr[r0] as usize, self.row_ptr[r1] as usize);
+        let x =
+            Csr { row_ptr: &self.row_ptr[r0..=r1], indices: &self.indices[s..e], values: &self.values[s..e] };
+        (x, &self.y[r0..r1])
+    }
+}
+
+#[test]
+fn csr_view_of_a_shard() {
+    let d = Data::new(&mut Rng::new(3), 20, 50, 9);
+    let (x, _) = d.view(5, 12);
+    assert_eq!(x.n_rows(), 7);
+    assert_eq!(x.nnz(), (d.row_ptr[12] - d.row_ptr[5]) as usize);
+    let (idx, val) = x.row(2);
+    let s = d.row_ptr[7] as usize;
+    assert_eq!(idx, &d.indices[s..d.row_ptr[8] as usize]);
+    assert_eq!(val, &d.values[s..d.row_ptr[8] as usize]);
+    let empty = Csr { row_ptr: &[], indices: &[], values: &[] };
+    assert_eq!((empty.n_rows(), empty.nnz()), (0, 0));
+}
+
+#[test]
+fn simd_matches_scalar() {
+    let mut rng = Rng::new(4);
+    let dim = 300;
+    let d = Data::new(&mut rng, 2100, dim, 40);
+    let w = rng.vec(dim, -0.5, 0.5);
+    for n in [0, 1, 7, 8, 9, 15, 16, 17, 2000] {
+        for r0 in [0, 1, 5, 100] {
+            let (x, y) = d.view(r0, r0 + n);
+            let what = format!("n={n} r0={r0}");
+            let mut g1 = vec![0.25; dim];
+            let mut g2 = g1.clone();
+            let l1 = simd::loss_grad_dense(x, y, &w, &mut g1);
+            let l2 = scalar::loss_grad_dense(x, y, &w, &mut g2);
+            assert_close(l1, l2, l2.abs(), 1e-5, 1e-6, &format!("loss {what}"));
+            let mut scale = vec![0.0f64; dim];
+            for (&j, &v) in x.indices.iter().zip(x.values) {
+                scale[j as usize] += f64::from(v.abs());
+            }
+            for j in 0..dim {
+                let what = format!("grad {what} j={j}");
+                assert_close(f64::from(g1[j]), f64::from(g2[j]), scale[j], 1e-5, 1e-7, &what);
+            }
+
+            let mut sg = SparseGrad::new(dim);
+            let l3 = simd::loss_grad_sparse(x, y, &w, &mut sg);
+            assert_eq!(l1, l3, "sparse loss {what}");
+            let mut g0 = vec![0.0; dim];
+            simd::loss_grad_dense(x, y, &w, &mut g0);
+            for (j, v) in sg.iter() {
+                assert_eq!(v, g0[j as usize], "sparse grad {what} j={j}");
+            }
+            let mut touched: Vec<u32> = x.indices.to_vec();
+            touched.sort_unstable();
+            touched.dedup();
+            let mut got: Vec<u32> = sg.indices().to_vec();
+            got.sort_unstable();
+            assert_eq!(got, touched, "touched set {what}");
+            assert_eq!(sg.len(), touched.len(), "len {what}");
+            for &j in &touched {
+                assert_eq!(sg.get(j), g0[j as usize], "get {what} j={j}");
+            }
+
+            let mut p1 = vec![0.0; n];
+            let mut p2 = vec![0.0; n];
+            simd::predict(x, &w, &mut p1);
+            scalar::predict(x, &w, &mut p2);
+            for (a, b) in p1.iter().zip(&p2) {
+                assert_close(f64::from(*a), f64::from(*b), 1.0, 1e-6, 0.0, &format!("predict {what}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn margin_matches_scalar() {
+    let mut rng = Rng::new(5);
+    let w = rng.vec(1000, -1.0, 1.0);
+    for n in [0, 1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 33] {
+        let idx: Vec<u32> = (0..n).map(|_| rng.below(1000) as u32).collect();
+        let val = rng.vec(n, -1.0, 1.0);
+        let want = f64::from(scalar::margin(&idx, &val, &w));
+        let scale: f64 = idx.iter().zip(&val).map(|(&j, v)| f64::from((v * w[j as usize]).abs())).sum();
+        assert_close(f64::from(simd::margin(&idx, &val, &w)), want, scale, 1e-5, 0.0, "margin");
+    }
+}
+
+/// Central differences of the summed loss, `h = 1e-2`; the tolerance (`2e-3` absolute + relative)
+/// covers the `O(h^2)` truncation and the `f32` rounding of the margins divided by `2h`.
+#[test]
+fn gradient_matches_finite_difference() {
+    let mut rng = Rng::new(6);
+    let dim = 12;
+    let d = Data::new(&mut rng, 25, dim, 6);
+    let (x, y) = d.view(0, 25);
+    let w = rng.vec(dim, -1.0, 1.0);
+    type LossGrad = fn(Csr<'_>, &[f32], &[f32], &mut [f32]) -> f64;
+    for (name, f) in [("simd", simd::loss_grad_dense as LossGrad), ("scalar", scalar::loss_grad_dense)] {
+        let mut g = vec![0.0; dim];
+        f(x, y, &w, &mut g);
+        let mut scratch = vec![0.0; dim];
+        let h = 1e-2;
+        for j in 0..dim {
+            let mut wp = w.clone();
+            wp[j] += h;
+            let lp = f(x, y, &wp, &mut scratch);
+            wp[j] -= 2.0 * h;
+            let lm = f(x, y, &wp, &mut scratch);
+            let fd = (lp - lm) / (2.0 * f64::from(h));
+            assert_close(f64::from(g[j]), fd, fd.abs(), 2e-3, 2e-3, &format!("{name} j={j}"));
+        }
+    }
+}
+
+#[test]
+fn known_values_and_extreme_margins() {
+    // One row x = [1] at feature 0: z = w[0].
+    let (row_ptr, idx, val) = ([7u64, 8], [0u32], [1.0f32]);
+    let x = Csr { row_ptr: &row_ptr, indices: &idx, values: &val };
+    type LossGrad = fn(Csr<'_>, &[f32], &[f32], &mut [f32]) -> f64;
+    for f in [simd::loss_grad_dense as LossGrad, scalar::loss_grad_dense] {
+        let mut g = [0.0];
+        let l = f(x, &[1.0], &[0.0], &mut g);
+        assert_close(l, std::f64::consts::LN_2, 1.0, 1e-6, 0.0, "z=0 loss");
+        assert_close(f64::from(g[0]), -0.5, 1.0, 1e-6, 0.0, "z=0 grad");
+        for (z, y, loss, grad) in
+            [(100.0, 0.0, 100.0, 1.0), (-100.0, 1.0, 100.0, -1.0), (100.0, 1.0, 0.0, 0.0)]
+        {
+            let mut g = [0.0];
+            let l = f(x, &[y], &[z], &mut g);
+            assert_close(l, loss, 100.0, 1e-6, 0.0, &format!("z={z} y={y} loss"));
+            assert_close(f64::from(g[0]), grad, 1.0, 1e-6, 0.0, &format!("z={z} y={y} grad"));
+        }
+    }
+}
+
+#[test]
+fn sparse_grad_reuse_and_l2() {
+    let dim = 300_000;
+    let mut g = SparseGrad::new(dim);
+    g.add(70_000, 2.0);
+    g.add(3, 1.0);
+    g.add(299_999, -1.0);
+    g.add(3, 0.5);
+    g.add(64, 0.25);
+    assert_eq!(g.len(), 4);
+    assert_eq!(g.iter().collect::<Vec<_>>(), vec![(70_000, 2.0), (3, 1.5), (299_999, -1.0), (64, 0.25)]);
+    let w: Vec<f32> = (0..dim).map(|j| (j % 10) as f32).collect();
+    g.add_l2_touched(&w, 0.1);
+    assert_close(f64::from(g.get(3)), 1.8, 1.0, 1e-6, 0.0, "l2 touched");
+    assert_eq!(g.get(5), 0.0, "l2 leaves untouched features alone");
+    g.clear();
+    assert!(g.is_empty());
+    assert_eq!((g.get(3), g.get(70_000), g.iter().count()), (0.0, 0.0, 0));
+    g.add(9, -1.0);
+    g.add(9, -1.0);
+    assert_eq!(g.iter().collect::<Vec<_>>(), vec![(9, -2.0)]);
+    // Two features in one bitmap word: clearing one word clears both marks.
+    g.add(10, 1.0);
+    g.clear();
+    g.add(10, 3.0);
+    assert_eq!(g.iter().collect::<Vec<_>>(), vec![(10, 3.0)]);
+    assert_eq!(g.get(9), 0.0);
+
+    let mut dense = vec![1.0; 10];
+    super::add_l2(&w[..10], &mut dense, 0.5);
+    assert_eq!(dense[4], 3.0);
+}

@@ -1,0 +1,31 @@
+//! Matrix factorization: `r_ui ~ u_u . v_i`, factors `U` (`n_users x k`) and `V` (`n_items x k`),
+//! row-major.
+//!
+//! Per rating, `e = r - u . v` and the objective `f = 0.5 e^2 + 0.5 l2 (|u|^2 + |v|^2)` has
+//! `df/du = -e v + l2 u`, `df/dv = -e u + l2 v`. [`sgd_chunk`] takes one SGD step per rating, in
+//! order: `u <- u + lr (e v - l2 u)`, `v <- v + lr (e u_old - l2 v)`; [`loss_grad_row`] returns
+//! the gradients for the parameter-server path instead.
+//!
+//! - [`scalar`]: the reference, sequential dot, the update written exactly as above.
+//! - [`simd`]: the public functions: `f32x8` dot and update (`u <- (1 - lr l2) u + (lr e) v`,
+//!   the same update with the constants factored out).
+//!
+//! Ids must be in range (`uid < u.len() / k`, `iid < v.len() / k`); out-of-range ids and length
+//! mismatches are programming errors and panic.
+
+pub mod scalar;
+pub mod simd;
+
+pub use simd::{loss_grad_row, rmse, sgd_chunk, sse};
+
+/// Checks the shapes shared by both versions.
+fn check(users: &[u32], items: &[u32], ratings: &[f32], u: &[f32], v: &[f32], k: usize) {
+    assert_eq!(users.len(), ratings.len(), "mf: users and ratings differ in length");
+    assert_eq!(items.len(), ratings.len(), "mf: items and ratings differ in length");
+    assert!(k > 0, "mf: k must be positive");
+    assert_eq!(u.len() % k, 0, "mf: u.len() is not a multiple of k");
+    assert_eq!(v.len() % k, 0, "mf: v.len() is not a multiple of k");
+}
+
+#[cfg(test)]
+mod tests;

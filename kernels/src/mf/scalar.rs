@@ -1,0 +1,80 @@
+//! Scalar reference: sequential dot, the update exactly as in the module doc.
+
+use super::check;
+use crate::dense::scalar::dot;
+
+/// One SGD step per rating, in order; returns `sum e^2` with each `e = r - u . v` taken before
+/// its own update: `u <- u + lr (e v - l2 u)`, `v <- v + lr (e u_old - l2 v)`.
+///
+/// # Panics
+/// On inconsistent lengths or an out-of-range id.
+#[allow(clippy::too_many_arguments)]
+pub fn sgd_chunk(
+    users: &[u32],
+    items: &[u32],
+    ratings: &[f32],
+    u: &mut [f32],
+    v: &mut [f32],
+    k: usize,
+    lr: f32,
+    l2: f32,
+) -> f64 {
+    check(users, items, ratings, u, v, k);
+    let mut sse = 0.0f64;
+    for ((&uid, &iid), &r) in users.iter().zip(items).zip(ratings) {
+        let (uid, iid) = (uid as usize, iid as usize);
+        let ur = &mut u[uid * k..(uid + 1) * k];
+        let vr = &mut v[iid * k..(iid + 1) * k];
+        let e = r - dot(ur, vr);
+        sse += f64::from(e * e);
+        for (a, b) in ur.iter_mut().zip(vr.iter_mut()) {
+            let u_old = *a;
+            *a += lr * (e * *b - l2 * u_old);
+            *b += lr * (e * u_old - l2 * *b);
+        }
+    }
+    sse
+}
+
+/// Squared error `e^2`, `e = r - u . v`, and `gu <- gu + (-e v + l2 u)`,
+/// `gv <- gv + (-e u + l2 v)`: the gradients of `0.5 e^2 + 0.5 l2 (|u|^2 + |v|^2)`, accumulated.
+///
+/// # Panics
+/// If the four slices differ in length.
+pub fn loss_grad_row(r: f32, u_row: &[f32], v_row: &[f32], l2: f32, gu: &mut [f32], gv: &mut [f32]) -> f32 {
+    assert_eq!(gu.len(), u_row.len(), "loss_grad_row: gu and u_row differ in length");
+    assert_eq!(gv.len(), v_row.len(), "loss_grad_row: gv and v_row differ in length");
+    let e = r - dot(u_row, v_row);
+    for (((gu, gv), &a), &b) in gu.iter_mut().zip(gv.iter_mut()).zip(u_row).zip(v_row) {
+        *gu += -e * b + l2 * a;
+        *gv += -e * a + l2 * b;
+    }
+    e * e
+}
+
+/// `sum (r - u . v)^2` over the ratings (no update). Across ranks, reduce the sums and the
+/// counts, then take `sqrt(total_sse / total_n)`.
+///
+/// # Panics
+/// On inconsistent lengths or an out-of-range id.
+pub fn sse(users: &[u32], items: &[u32], ratings: &[f32], u: &[f32], v: &[f32], k: usize) -> f64 {
+    check(users, items, ratings, u, v, k);
+    let mut s = 0.0f64;
+    for ((&uid, &iid), &r) in users.iter().zip(items).zip(ratings) {
+        let (uid, iid) = (uid as usize, iid as usize);
+        let e = r - dot(&u[uid * k..(uid + 1) * k], &v[iid * k..(iid + 1) * k]);
+        s += f64::from(e * e);
+    }
+    s
+}
+
+/// `sqrt(sse / n)`, 0 for no ratings.
+///
+/// # Panics
+/// On inconsistent lengths or an out-of-range id.
+pub fn rmse(users: &[u32], items: &[u32], ratings: &[f32], u: &[f32], v: &[f32], k: usize) -> f64 {
+    if ratings.is_empty() {
+        return 0.0;
+    }
+    (sse(users, items, ratings, u, v, k) / ratings.len() as f64).sqrt()
+}

@@ -1,0 +1,106 @@
+//! SIMD kernels: `f32x8` dot and update over the `k` factors.
+
+use wide::f32x8;
+
+use super::check;
+use crate::dense::simd::{dot, load, store, LANES};
+
+/// One SGD step per rating, in order; returns `sum e^2` with each `e = r - u . v` taken before
+/// its own update: `u <- u + lr (e v - l2 u)`, `v <- v + lr (e u_old - l2 v)`, computed as
+/// `u <- (1 - lr l2) u + (lr e) v_old`, `v <- (1 - lr l2) v + (lr e) u_old`.
+///
+/// # Panics
+/// On inconsistent lengths or an out-of-range id.
+#[allow(clippy::too_many_arguments)]
+pub fn sgd_chunk(
+    users: &[u32],
+    items: &[u32],
+    ratings: &[f32],
+    u: &mut [f32],
+    v: &mut [f32],
+    k: usize,
+    lr: f32,
+    l2: f32,
+) -> f64 {
+    check(users, items, ratings, u, v, k);
+    let decay = 1.0 - lr * l2;
+    let vdecay = f32x8::splat(decay);
+    let mut sse = 0.0f64;
+    for ((&uid, &iid), &r) in users.iter().zip(items).zip(ratings) {
+        let (uid, iid) = (uid as usize, iid as usize);
+        let ur = &mut u[uid * k..(uid + 1) * k];
+        let vr = &mut v[iid * k..(iid + 1) * k];
+        let e = r - dot(ur, vr);
+        sse += f64::from(e * e);
+        let step = lr * e;
+        let vstep = f32x8::splat(step);
+        let mut u8 = ur.chunks_exact_mut(LANES);
+        let mut v8 = vr.chunks_exact_mut(LANES);
+        for (cu, cv) in (&mut u8).zip(&mut v8) {
+            let (a, b) = (load(cu), load(cv));
+            store(cu, vstep.mul_add(b, vdecay * a));
+            store(cv, vstep.mul_add(a, vdecay * b));
+        }
+        for (a, b) in u8.into_remainder().iter_mut().zip(v8.into_remainder()) {
+            let (ua, vb) = (*a, *b);
+            *a = step.mul_add(vb, decay * ua);
+            *b = step.mul_add(ua, decay * vb);
+        }
+    }
+    sse
+}
+
+/// Squared error `e^2`, `e = r - u . v`, and `gu <- gu + (-e v + l2 u)`,
+/// `gv <- gv + (-e u + l2 v)`: the gradients of `0.5 e^2 + 0.5 l2 (|u|^2 + |v|^2)`, accumulated.
+///
+/// # Panics
+/// If the four slices differ in length.
+pub fn loss_grad_row(r: f32, u_row: &[f32], v_row: &[f32], l2: f32, gu: &mut [f32], gv: &mut [f32]) -> f32 {
+    assert_eq!(gu.len(), u_row.len(), "loss_grad_row: gu and u_row differ in length");
+    assert_eq!(gv.len(), v_row.len(), "loss_grad_row: gv and v_row differ in length");
+    let e = r - dot(u_row, v_row);
+    let (ve, vl2) = (f32x8::splat(-e), f32x8::splat(l2));
+    let mut gu8 = gu.chunks_exact_mut(LANES);
+    let mut gv8 = gv.chunks_exact_mut(LANES);
+    let (u8, v8) = (u_row.chunks_exact(LANES), v_row.chunks_exact(LANES));
+    let (u_tail, v_tail) = (u8.remainder(), v8.remainder());
+    for (((cgu, cgv), cu), cv) in (&mut gu8).zip(&mut gv8).zip(u8).zip(v8) {
+        let (a, b) = (load(cu), load(cv));
+        store(cgu, ve.mul_add(b, vl2.mul_add(a, load(cgu))));
+        store(cgv, ve.mul_add(a, vl2.mul_add(b, load(cgv))));
+    }
+    for (((gu, gv), &a), &b) in
+        gu8.into_remainder().iter_mut().zip(gv8.into_remainder()).zip(u_tail).zip(v_tail)
+    {
+        *gu += -e * b + l2 * a;
+        *gv += -e * a + l2 * b;
+    }
+    e * e
+}
+
+/// `sum (r - u . v)^2` over the ratings (no update). Across ranks, reduce the sums and the
+/// counts, then take `sqrt(total_sse / total_n)`.
+///
+/// # Panics
+/// On inconsistent lengths or an out-of-range id.
+pub fn sse(users: &[u32], items: &[u32], ratings: &[f32], u: &[f32], v: &[f32], k: usize) -> f64 {
+    check(users, items, ratings, u, v, k);
+    let mut s = 0.0f64;
+    for ((&uid, &iid), &r) in users.iter().zip(items).zip(ratings) {
+        let (uid, iid) = (uid as usize, iid as usize);
+        let e = r - dot(&u[uid * k..(uid + 1) * k], &v[iid * k..(iid + 1) * k]);
+        s += f64::from(e * e);
+    }
+    s
+}
+
+/// `sqrt(sse / n)`, 0 for no ratings.
+///
+/// # Panics
+/// On inconsistent lengths or an out-of-range id.
+pub fn rmse(users: &[u32], items: &[u32], ratings: &[f32], u: &[f32], v: &[f32], k: usize) -> f64 {
+    if ratings.is_empty() {
+        return 0.0;
+    }
+    (sse(users, items, ratings, u, v, k) / ratings.len() as f64).sqrt()
+}

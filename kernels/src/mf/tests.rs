@@ -1,0 +1,115 @@
+//! SIMD versus scalar on awkward `k` and unaligned factor matrices; the gradient versus a finite
+//! difference; the SGD step versus the gradient; known values.
+//!
+//! Tolerance: factors and sums agree to `1e-5` relative (scale `1 + |value|`): the SIMD update
+//! `(1 - lr l2) u + (lr e) v` is the reference's `u + lr (e v - l2 u)` rearranged, so they differ
+//! by a few roundings per step, over 300 steps that revisit the same rows.
+
+use super::{scalar, simd};
+use crate::dense::testing::{assert_close, Rng};
+
+#[test]
+fn simd_matches_scalar() {
+    let mut rng = Rng::new(9);
+    let (n_users, n_items, n) = (13, 7, 300);
+    for k in [1, 7, 8, 9, 15, 16, 17, 40] {
+        for off in [0, 1, 5] {
+            let what = format!("k={k} off={off}");
+            let users: Vec<u32> = (0..n).map(|_| rng.below(n_users) as u32).collect();
+            let items: Vec<u32> = (0..n).map(|_| rng.below(n_items) as u32).collect();
+            let ratings = rng.vec(n, 1.0, 5.0);
+            let u0 = rng.vec(n_users * k + off, 0.0, 0.5);
+            let v0 = rng.vec(n_items * k + off, 0.0, 0.5);
+            let (mut u1, mut v1, mut u2, mut v2) = (u0.clone(), v0.clone(), u0.clone(), v0.clone());
+            let (lr, l2) = (0.02, 0.05);
+            let s1 = simd::sgd_chunk(&users, &items, &ratings, &mut u1[off..], &mut v1[off..], k, lr, l2);
+            let s2 = scalar::sgd_chunk(&users, &items, &ratings, &mut u2[off..], &mut v2[off..], k, lr, l2);
+            assert_close(s1, s2, s2, 1e-5, 0.0, &format!("sse {what}"));
+            for (a, b) in u1.iter().zip(&u2).chain(v1.iter().zip(&v2)) {
+                let scale = 1.0 + f64::from(b.abs());
+                assert_close(f64::from(*a), f64::from(*b), scale, 1e-5, 0.0, &format!("factor {what}"));
+            }
+            let r1 = simd::rmse(&users, &items, &ratings, &u1[off..], &v1[off..], k);
+            let r2 = scalar::rmse(&users, &items, &ratings, &u1[off..], &v1[off..], k);
+            assert_close(r1, r2, r2, 1e-5, 0.0, &format!("rmse {what}"));
+
+            let (ur, vr) = (&u0[off..off + k], &v0[off + k..off + 2 * k]);
+            let (mut gu1, mut gv1) = (vec![0.5; k], vec![-0.5; k]);
+            let (mut gu2, mut gv2) = (gu1.clone(), gv1.clone());
+            let e1 = simd::loss_grad_row(3.0, ur, vr, l2, &mut gu1, &mut gv1);
+            let e2 = scalar::loss_grad_row(3.0, ur, vr, l2, &mut gu2, &mut gv2);
+            assert_close(f64::from(e1), f64::from(e2), f64::from(e2), 1e-5, 0.0, &format!("e^2 {what}"));
+            for (a, b) in gu1.iter().zip(&gu2).chain(gv1.iter().zip(&gv2)) {
+                let scale = 1.0 + f64::from(b.abs());
+                assert_close(f64::from(*a), f64::from(*b), scale, 1e-5, 0.0, &format!("grad {what}"));
+            }
+        }
+    }
+}
+
+/// Central differences of `0.5 e^2 + 0.5 l2 (|u|^2 + |v|^2)`, `h = 1e-2`, tolerance `1e-3`.
+#[test]
+fn gradient_matches_finite_difference() {
+    let mut rng = Rng::new(10);
+    let k = 11;
+    let (u, v) = (rng.vec(k, -1.0, 1.0), rng.vec(k, -1.0, 1.0));
+    let (r, l2) = (2.5, 0.1);
+    type Lgr = fn(f32, &[f32], &[f32], f32, &mut [f32], &mut [f32]) -> f32;
+    for (name, f) in [("simd", simd::loss_grad_row as Lgr), ("scalar", scalar::loss_grad_row)] {
+        let objective = |u: &[f32], v: &[f32]| {
+            let e2 = f(r, u, v, l2, &mut vec![0.0; k], &mut vec![0.0; k]);
+            0.5 * f64::from(e2) + 0.5 * f64::from(l2) * f64::from(scalar_sq(u) + scalar_sq(v))
+        };
+        let (mut gu, mut gv) = (vec![0.0; k], vec![0.0; k]);
+        f(r, &u, &v, l2, &mut gu, &mut gv);
+        let h = 1e-2;
+        for j in 0..2 * k {
+            let (mut up, mut vp) = (u.clone(), v.clone());
+            let x = if j < k { &mut up[j] } else { &mut vp[j - k] };
+            *x += h;
+            let lp = objective(&up, &vp);
+            let x = if j < k { &mut up[j] } else { &mut vp[j - k] };
+            *x -= 2.0 * h;
+            let fd = (lp - objective(&up, &vp)) / f64::from(2.0 * h);
+            let g = if j < k { gu[j] } else { gv[j - k] };
+            assert_close(f64::from(g), fd, fd.abs(), 1e-3, 1e-3, &format!("{name} j={j}"));
+        }
+    }
+}
+
+fn scalar_sq(x: &[f32]) -> f32 {
+    crate::dense::scalar::sq_norm(x)
+}
+
+#[test]
+fn sgd_step_is_minus_lr_times_gradient() {
+    let mut rng = Rng::new(11);
+    let k = 9;
+    let (u, v) = (rng.vec(k, -1.0, 1.0), rng.vec(k, -1.0, 1.0));
+    let (lr, l2, r) = (0.1, 0.2, 4.0);
+    let (mut gu, mut gv) = (vec![0.0; k], vec![0.0; k]);
+    let e2 = simd::loss_grad_row(r, &u, &v, l2, &mut gu, &mut gv);
+    let (mut u1, mut v1) = (u.clone(), v.clone());
+    let sse = simd::sgd_chunk(&[0], &[0], &[r], &mut u1, &mut v1, k, lr, l2);
+    assert_close(sse, f64::from(e2), f64::from(e2), 1e-6, 0.0, "sse");
+    for j in 0..k {
+        assert_close(f64::from(u1[j]), f64::from(u[j] - lr * gu[j]), 1.0, 1e-6, 0.0, "u");
+        assert_close(f64::from(v1[j]), f64::from(v[j] - lr * gv[j]), 1.0, 1e-6, 0.0, "v");
+    }
+}
+
+#[test]
+fn known_values() {
+    type Sgd = fn(&[u32], &[u32], &[f32], &mut [f32], &mut [f32], usize, f32, f32) -> f64;
+    for f in [simd::sgd_chunk as Sgd, scalar::sgd_chunk] {
+        // k = 1: e = 5 - 1 * 2 = 3; u = 1 + 0.1 * 3 * 2 = 1.6; v = 2 + 0.1 * 3 * 1 = 2.3.
+        let (mut u, mut v) = ([0.0, 1.0], [2.0]);
+        let sse = f(&[1], &[0], &[5.0], &mut u, &mut v, 1, 0.1, 0.0);
+        assert_eq!(sse, 9.0);
+        assert_close(f64::from(u[1]), 1.6, 1.0, 1e-6, 0.0, "u");
+        assert_close(f64::from(v[0]), 2.3, 1.0, 1e-6, 0.0, "v");
+        assert_eq!(u[0], 0.0, "other users untouched");
+    }
+    assert_eq!(simd::rmse(&[], &[], &[], &[0.0], &[0.0], 1), 0.0);
+    assert_eq!(simd::rmse(&[0, 0], &[0, 0], &[3.0, 5.0], &[1.0], &[1.0], 1), 10f64.sqrt());
+}

@@ -1,0 +1,211 @@
+//! Small dense MLP layers (MNIST-sized, 784-128-10): matrix products, dense layers, ReLU and
+//! softmax cross-entropy.
+//!
+//! Matrices are row-major. A dense layer with `n_in` inputs and `n_out` outputs stores
+//! `W` as `n_out x n_in` (one row per output, as PyTorch does) and `b` as `n_out`; a batch `X` is
+//! `n x n_in`:
+//! - forward ([`dense_forward`]): `Y = X W^T + b`, a product `A B^T`;
+//! - backward ([`dense_backward`]): `grad_W += dY^T X` (`A^T B`), `grad_b += 1^T dY`,
+//!   `grad_X = dY W` (`A B`).
+//!
+//! [`Matmul`] runs `C <- alpha op(A) op(B) + beta C` with one of three [`Backend`]s:
+//! [`scalar::gemm`] (the reference), [`simd::gemm`] (our own `wide` kernel: packing + 6x16
+//! micro-kernel) and [`mmul::gemm`] (`matrixmultiply::sgemm`). It owns the packing buffers of
+//! the `wide` kernel, so the layers allocate nothing once warm.
+//!
+//! Which backend the layers use by default ([`Backend::default`]) was decided by
+//! `benches/benches/kernels.rs` (`mlp_step/*`: forward + backward of 784-128-10, one core), in
+//! microseconds per batch, the range over three native runs and two "Zen 3" runs (the 2-core
+//! machine is shared, so expect +-10%). The development machine turned out to be a Zen 4
+//! (AVX-512): in the native build `matrixmultiply` picks its AVX-512 kernel at run time. The
+//! "Zen 3" columns emulate the AVX2+FMA cluster nodes:
+//! `RUSTFLAGS="-C target-cpu=znver3"` and `MMTEST_FEATURE=avx,avx2,fma` (a build-time switch of
+//! `matrixmultiply` that limits it to its AVX2+FMA kernel).
+//!
+//! | batch | wide, native | matrixmultiply, native | wide, Zen 3 | matrixmultiply, Zen 3 |
+//! |------:|-------------:|-----------------------:|------------:|----------------------:|
+//! |    32 |    181 - 210 |              191 - 214 |   218 - 234 |             233 - 242 |
+//! |    64 |    290 - 385 |              321 - 404 |   348 - 365 |             392 - 407 |
+//! |   128 |    552 - 708 |              579 - 746 |   657 - 688 |             757 - 762 |
+//! |   256 |  1134 - 1468 |            1141 - 1350 | 1544 - 1548 |           1494 - 1507 |
+//!
+//! (The scalar reference takes 44,000 - 54,000 us at batch 256.) Our kernel is ahead at 32 to
+//! 128 and within noise or a few percent behind at 256 (where `matrixmultiply` is faster on the
+//! `A^T B` weight gradient), and it allocates nothing per call while `matrixmultiply::sgemm`
+//! allocates its packing buffer on every call: the default is [`Backend::Wide`].
+
+pub mod mmul;
+pub mod scalar;
+pub mod simd;
+
+pub use simd::{relu, relu_backward, softmax_cross_entropy};
+
+/// How a row-major operand enters a product: as stored (`N`) or transposed (`T`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// `op(X) = X`.
+    N,
+    /// `op(X) = X^T`.
+    T,
+}
+
+impl Op {
+    /// `(row stride, column stride)` of `op(X)` when `op(X)` is `rows x cols` and `X` is stored
+    /// row-major: `(cols, 1)` for `N`, `(1, rows)` for `T` (`X` itself is `cols x rows`).
+    pub fn strides(self, rows: usize, cols: usize) -> (usize, usize) {
+        match self {
+            Op::N => (cols, 1),
+            Op::T => (1, rows),
+        }
+    }
+}
+
+/// A matrix product implementation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// [`scalar::gemm`]: the reference triple loop.
+    Scalar,
+    /// [`simd::gemm`]: our `wide` packed 6x16 kernel.
+    Wide,
+    /// [`mmul::gemm`]: `matrixmultiply::sgemm`.
+    MatrixMultiply,
+}
+
+impl Default for Backend {
+    /// [`Backend::Wide`], the fastest at the 784-128-10 shapes for batches of 32 to 128 and
+    /// level at 256 (see the module doc).
+    fn default() -> Self {
+        Backend::Wide
+    }
+}
+
+/// Matrix products `C <- alpha op(A) op(B) + beta C` with a chosen [`Backend`], plus the packing
+/// buffers it needs (reuse one `Matmul` across calls).
+#[derive(Debug, Clone, Default)]
+pub struct Matmul {
+    backend: Backend,
+    pack: simd::Pack,
+}
+
+impl Matmul {
+    /// A product runner for `backend`.
+    pub fn new(backend: Backend) -> Self {
+        Matmul { backend, pack: simd::Pack::default() }
+    }
+
+    /// The backend this runner uses.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// `C <- alpha op(A) op(B) + beta C`, row-major, `op(A)` `m x k`, `op(B)` `k x n`, `C`
+    /// `m x n`: `(N, N)` is `A B`, `(N, T)` is `A B^T`, `(T, N)` is `A^T B`. With `beta == 0`,
+    /// `C` is only written.
+    ///
+    /// # Panics
+    /// If `a.len() != m k`, `b.len() != k n` or `c.len() != m n`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul(
+        &mut self,
+        op_a: Op,
+        op_b: Op,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f32,
+        a: &[f32],
+        b: &[f32],
+        beta: f32,
+        c: &mut [f32],
+    ) {
+        match self.backend {
+            Backend::Scalar => scalar::gemm(op_a, op_b, m, n, k, alpha, a, b, beta, c),
+            Backend::Wide => simd::gemm(op_a, op_b, m, n, k, alpha, a, b, beta, c, &mut self.pack),
+            Backend::MatrixMultiply => mmul::gemm(op_a, op_b, m, n, k, alpha, a, b, beta, c),
+        }
+    }
+}
+
+/// Layer shapes `(n, n_in, n_out)` from `x` (`n x n_in`), `w` (`n_out x n_in`), `b` (`n_out`).
+fn layer_shapes(x: &[f32], w: &[f32], b: &[f32]) -> (usize, usize, usize) {
+    let n_out = b.len();
+    assert!(n_out > 0, "dense layer: no outputs (b is empty)");
+    assert_eq!(w.len() % n_out, 0, "dense layer: w.len() is not a multiple of n_out = b.len()");
+    let n_in = w.len() / n_out;
+    assert!(n_in > 0, "dense layer: no inputs (w is empty)");
+    assert_eq!(x.len() % n_in, 0, "dense layer: x.len() is not a multiple of n_in");
+    (x.len() / n_in, n_in, n_out)
+}
+
+/// Forward pass of a dense layer: `Y <- X W^T + b` (`X` `n x n_in`, `W` `n_out x n_in`, `b`
+/// `n_out`, `Y` `n x n_out`; `Y` is overwritten).
+///
+/// # Panics
+/// On inconsistent shapes.
+pub fn dense_forward(mm: &mut Matmul, x: &[f32], w: &[f32], b: &[f32], y: &mut [f32]) {
+    let (n, n_in, n_out) = layer_shapes(x, w, b);
+    assert_eq!(y.len(), n * n_out, "dense_forward: y is not n x n_out");
+    for row in y.chunks_exact_mut(n_out) {
+        row.copy_from_slice(b);
+    }
+    mm.matmul(Op::N, Op::T, n, n_out, n_in, 1.0, x, w, 1.0, y);
+}
+
+/// Backward pass of a dense layer, given `dY = dL/dY` (`n x n_out`):
+/// `grad_W <- grad_W + dY^T X`, `grad_b <- grad_b + sum_rows dY` (both accumulated, not zeroed),
+/// and, if given, `grad_X <- dY W` (overwritten; pass `None` for the first layer).
+///
+/// # Panics
+/// On inconsistent shapes.
+pub fn dense_backward(
+    mm: &mut Matmul,
+    x: &[f32],
+    w: &[f32],
+    dy: &[f32],
+    grad_w: &mut [f32],
+    grad_b: &mut [f32],
+    grad_x: Option<&mut [f32]>,
+) {
+    let (n, n_in, n_out) = layer_shapes(x, w, grad_b);
+    assert_eq!(dy.len(), n * n_out, "dense_backward: dy is not n x n_out");
+    assert_eq!(grad_w.len(), w.len(), "dense_backward: grad_w and w differ in length");
+    mm.matmul(Op::T, Op::N, n_out, n_in, n, 1.0, dy, x, 1.0, grad_w);
+    for row in dy.chunks_exact(n_out) {
+        crate::dense::axpy(1.0, row, grad_b);
+    }
+    if let Some(gx) = grad_x {
+        assert_eq!(gx.len(), x.len(), "dense_backward: grad_x and x differ in length");
+        mm.matmul(Op::N, Op::N, n, n_in, n_out, 1.0, dy, w, 0.0, gx);
+    }
+}
+
+/// Shared shape checks of the GEMMs.
+fn check_gemm(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &[f32]) {
+    assert_eq!(a.len(), m * k, "gemm: a is not m x k (m = {m}, k = {k})");
+    assert_eq!(b.len(), k * n, "gemm: b is not k x n (k = {k}, n = {n})");
+    assert_eq!(c.len(), m * n, "gemm: c is not m x n (m = {m}, n = {n})");
+}
+
+/// `C <- beta C` (`C <- 0` for `beta == 0`, without reading `C`): the product of an empty inner
+/// dimension.
+fn scale_c(beta: f32, c: &mut [f32]) {
+    if beta == 0.0 {
+        c.fill(0.0);
+    } else {
+        crate::dense::scale(beta, c);
+    }
+}
+
+/// Classes `k` of `softmax_cross_entropy`'s inputs, checking their lengths.
+fn xent_classes(logits: &[f32], labels: &[u32], grad_logits: &[f32]) -> usize {
+    assert_eq!(grad_logits.len(), logits.len(), "softmax_cross_entropy: grad_logits and logits differ");
+    if labels.is_empty() {
+        assert!(logits.is_empty(), "softmax_cross_entropy: logits without labels");
+        return 0;
+    }
+    assert_eq!(logits.len() % labels.len(), 0, "softmax_cross_entropy: logits is not n x k");
+    logits.len() / labels.len()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,293 @@
+//! Our own `wide` GEMM: BLIS-style packing and a 6x16 register-tiled micro-kernel; `f32x8`
+//! ReLU and softmax cross-entropy.
+//!
+//! Loops, outermost first (BLIS): `jc` over `NC` columns of `C`; `pc` over `KC` of the inner
+//! dimension, packing that `KC x NC` block of `op(B)` into column panels of 16; `ic` over `MC`
+//! rows, packing that `MC x KC` block of `op(A)` into row panels of 6; then every (6-row panel,
+//! 16-column panel) pair runs the micro-kernel, which keeps its 6x16 tile of `C` in 12 `f32x8`
+//! registers for the whole `KC` loop: per step, two loads of `B`, six broadcasts of `A` and 12
+//! FMAs. Packing reads `op(A)`/`op(B)` through strides, so transposes cost nothing extra, and
+//! zero-pads the ragged edges so the micro-kernel never branches.
+
+use std::array;
+
+use wide::f32x8;
+
+use super::{check_gemm, Op};
+use crate::dense::simd::{load, store, LANES};
+
+/// Rows of the micro-tile.
+const MR: usize = 6;
+/// Columns of the micro-tile (two `f32x8`).
+const NR: usize = 16;
+/// Inner-dimension block: a `KC x NR` panel of `B` (16 KiB) stays in L1.
+const KC: usize = 256;
+/// Row block: the packed `MC x KC` block of `A` (144 KiB) stays in L2.
+const MC: usize = 144;
+/// Column block: the packed `KC x NC` block of `B` (up to 4 MiB) lives in L3.
+const NC: usize = 4080;
+
+/// Packing buffers for [`gemm`], grown on first use and then reused (no allocation in steady
+/// state).
+#[derive(Debug, Clone, Default)]
+pub struct Pack {
+    a: Vec<f32>,
+    b: Vec<f32>,
+}
+
+fn grow(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+    &mut v[..len]
+}
+
+/// Packs rows `i0..i0 + mc`, columns `p0..p0 + kc` of `op(A)` (strides `rs`, `cs`, one of them
+/// 1) into panels of `MR` rows: `out[panel][kk * MR + i]`, zero rows past `mc`.
+///
+/// `op(A) = A` (`cs == 1`, rows contiguous): 8x8 `f32x8` transposes of `MR` rows (plus zero
+/// rows) by 8 columns, then the first `MR` lanes of each column; `op(A) = A^T` (`rs == 1`): each
+/// column of the panel is `MR` contiguous floats, a copy.
+#[allow(clippy::too_many_arguments)]
+fn pack_a(a: &[f32], rs: usize, cs: usize, i0: usize, mc: usize, p0: usize, kc: usize, out: &mut [f32]) {
+    for (p, panel) in out.chunks_exact_mut(kc * MR).enumerate() {
+        let rows = (mc - p * MR).min(MR);
+        let r0 = i0 + p * MR;
+        if rows < MR {
+            panel.fill(0.0);
+        }
+        if cs == 1 {
+            let kc8 = kc - kc % LANES;
+            for kk in (0..kc8).step_by(LANES) {
+                let t = f32x8::transpose(array::from_fn(|i| {
+                    if i < rows {
+                        let s = (r0 + i) * rs + p0 + kk;
+                        load(&a[s..s + LANES])
+                    } else {
+                        f32x8::ZERO
+                    }
+                }));
+                for (q, col) in panel[kk * MR..(kk + LANES) * MR].chunks_exact_mut(MR).enumerate() {
+                    col.copy_from_slice(&t[q].as_array()[..MR]);
+                }
+            }
+            for i in 0..rows {
+                let s = (r0 + i) * rs + p0;
+                for kk in kc8..kc {
+                    panel[kk * MR + i] = a[s + kk];
+                }
+            }
+        } else {
+            for (kk, col) in panel.chunks_exact_mut(MR).enumerate() {
+                let s = (p0 + kk) * cs + r0;
+                if rows == MR {
+                    // Fixed length: an inline copy, not a `memcpy` call per column.
+                    col.copy_from_slice(&a[s..s + MR]);
+                } else {
+                    col[..rows].copy_from_slice(&a[s..s + rows]);
+                }
+            }
+        }
+    }
+}
+
+/// Packs rows `p0..p0 + kc`, columns `j0..j0 + nc` of `op(B)` (strides `rs`, `cs`, one of them
+/// 1) into panels of `NR` columns: `out[panel][kk * NR + j]`, zero columns past `nc`.
+///
+/// `op(B) = B` (`cs == 1`): each row of the panel is a contiguous copy; `op(B) = B^T`
+/// (`rs == 1`, columns contiguous): 8x8 `f32x8` transposes, two per 8 rows of the panel.
+#[allow(clippy::too_many_arguments)]
+fn pack_b(b: &[f32], rs: usize, cs: usize, p0: usize, kc: usize, j0: usize, nc: usize, out: &mut [f32]) {
+    for (q, panel) in out.chunks_exact_mut(kc * NR).enumerate() {
+        let cols = (nc - q * NR).min(NR);
+        let jq = j0 + q * NR;
+        if cols < NR {
+            panel.fill(0.0);
+        }
+        if cs == 1 {
+            for (kk, dst) in panel.chunks_exact_mut(NR).enumerate() {
+                let s = (p0 + kk) * rs + jq;
+                if cols == NR {
+                    // Fixed length: two `f32x8` moves, not a `memcpy` call per row.
+                    store(&mut dst[..LANES], load(&b[s..s + LANES]));
+                    store(&mut dst[LANES..], load(&b[s + LANES..s + NR]));
+                } else {
+                    dst[..cols].copy_from_slice(&b[s..s + cols]);
+                }
+            }
+        } else {
+            let kc8 = kc - kc % LANES;
+            for h in 0..NR / LANES {
+                let hcols = cols.saturating_sub(h * LANES).min(LANES);
+                if hcols == 0 {
+                    break;
+                }
+                for kk in (0..kc8).step_by(LANES) {
+                    let t = f32x8::transpose(array::from_fn(|j| {
+                        if j < hcols {
+                            let s = (jq + h * LANES + j) * cs + p0 + kk;
+                            load(&b[s..s + LANES])
+                        } else {
+                            f32x8::ZERO
+                        }
+                    }));
+                    for (r, t) in t.iter().enumerate() {
+                        let d = (kk + r) * NR + h * LANES;
+                        store(&mut panel[d..d + LANES], *t);
+                    }
+                }
+                for j in 0..hcols {
+                    let s = (jq + h * LANES + j) * cs + p0;
+                    for kk in kc8..kc {
+                        panel[kk * NR + h * LANES + j] = b[s + kk];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The 6x16 micro-kernel: `sum_kk ap[kk] (6) x bp[kk] (16)` over the packed panels.
+#[inline(always)]
+fn kernel(ap: &[f32], bp: &[f32]) -> [[f32x8; 2]; MR] {
+    let mut acc = [[f32x8::ZERO; 2]; MR];
+    for (ak, bk) in ap.chunks_exact(MR).zip(bp.chunks_exact(NR)) {
+        let (b0, b1) = (load(&bk[..LANES]), load(&bk[LANES..]));
+        for i in 0..MR {
+            let ai = f32x8::splat(ak[i]);
+            acc[i][0] = ai.mul_add(b0, acc[i][0]);
+            acc[i][1] = ai.mul_add(b1, acc[i][1]);
+        }
+    }
+    acc
+}
+
+/// `C[tile] <- alpha acc + beta C[tile]` for the valid `mr x nr` corner (`C` not read if
+/// `beta == 0`).
+fn write_tile(
+    acc: &[[f32x8; 2]; MR],
+    c: &mut [f32],
+    ldc: usize,
+    mr: usize,
+    nr: usize,
+    alpha: f32,
+    beta: f32,
+) {
+    let (va, vb) = (f32x8::splat(alpha), f32x8::splat(beta));
+    for (i, acc) in acc.iter().enumerate().take(mr) {
+        let row = &mut c[i * ldc..i * ldc + nr];
+        if nr == NR {
+            for (h, cs) in row.chunks_exact_mut(LANES).enumerate() {
+                let v = acc[h] * va;
+                store(cs, if beta == 0.0 { v } else { vb.mul_add(load(cs), v) });
+            }
+        } else {
+            let mut t = [0.0f32; NR];
+            t[..LANES].copy_from_slice(acc[0].as_array());
+            t[LANES..].copy_from_slice(acc[1].as_array());
+            for (cij, &tj) in row.iter_mut().zip(&t) {
+                *cij = if beta == 0.0 { alpha * tj } else { alpha * tj + beta * *cij };
+            }
+        }
+    }
+}
+
+/// `C <- alpha op(A) op(B) + beta C` (row-major; `op(A)` is `m x k`, `op(B)` is `k x n`). With
+/// `beta == 0`, `C` is only written.
+///
+/// # Panics
+/// If `a.len() != m k`, `b.len() != k n` or `c.len() != m n`.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(
+    op_a: Op,
+    op_b: Op,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: &[f32],
+    b: &[f32],
+    beta: f32,
+    c: &mut [f32],
+    pack: &mut Pack,
+) {
+    check_gemm(m, n, k, a, b, c);
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 || alpha == 0.0 {
+        super::scale_c(beta, c);
+        return;
+    }
+    let (ars, acs) = op_a.strides(m, k);
+    let (brs, bcs) = op_b.strides(k, n);
+    for jc in (0..n).step_by(NC) {
+        let nc = NC.min(n - jc);
+        for pc in (0..k).step_by(KC) {
+            let kc = KC.min(k - pc);
+            let pb = grow(&mut pack.b, nc.div_ceil(NR) * NR * kc);
+            pack_b(b, brs, bcs, pc, kc, jc, nc, pb);
+            let beta = if pc == 0 { beta } else { 1.0 };
+            for ic in (0..m).step_by(MC) {
+                let mc = MC.min(m - ic);
+                let pa = grow(&mut pack.a, mc.div_ceil(MR) * MR * kc);
+                pack_a(a, ars, acs, ic, mc, pc, kc, pa);
+                for (q, bp) in pack.b[..nc.div_ceil(NR) * NR * kc].chunks_exact(kc * NR).enumerate() {
+                    let (j, nr) = (jc + q * NR, (nc - q * NR).min(NR));
+                    for (p, ap) in pack.a[..mc.div_ceil(MR) * MR * kc].chunks_exact(kc * MR).enumerate() {
+                        let (i, mr) = (ic + p * MR, (mc - p * MR).min(MR));
+                        let acc = kernel(ap, bp);
+                        write_tile(&acc, &mut c[i * n + j..], n, mr, nr, alpha, beta);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `x <- max(x, 0)`.
+pub fn relu(x: &mut [f32]) {
+    let mut x8 = x.chunks_exact_mut(LANES);
+    for c in &mut x8 {
+        store(c, load(c).max(f32x8::ZERO));
+    }
+    for v in x8.into_remainder() {
+        *v = v.max(0.0);
+    }
+}
+
+/// `dy <- dy * [y > 0]`, with `y` the ReLU's output (positive exactly where its input was).
+///
+/// # Panics
+/// If `y.len() != dy.len()`.
+pub fn relu_backward(y: &[f32], dy: &mut [f32]) {
+    assert_eq!(y.len(), dy.len(), "relu_backward: length mismatch");
+    let mut g8 = dy.chunks_exact_mut(LANES);
+    let y8 = y.chunks_exact(LANES);
+    let y_tail = y8.remainder();
+    for (g, yc) in (&mut g8).zip(y8) {
+        let keep = load(yc).simd_gt(f32x8::ZERO);
+        store(g, keep.select(load(g), f32x8::ZERO));
+    }
+    for (g, &v) in g8.into_remainder().iter_mut().zip(y_tail) {
+        if v <= 0.0 {
+            *g = 0.0;
+        }
+    }
+}
+
+/// Summed cross-entropy of the rows of `logits` (`n x k`, `n = labels.len()`) against `labels`;
+/// writes `grad_logits <- softmax(logits) - onehot(labels)`, the gradient of the *sum* (divide by
+/// `n` for the mean).
+///
+/// # Panics
+/// On inconsistent lengths or a label `>= k`.
+pub fn softmax_cross_entropy(logits: &[f32], labels: &[u32], grad_logits: &mut [f32]) -> f64 {
+    let k = super::xent_classes(logits, labels, grad_logits);
+    grad_logits.copy_from_slice(logits);
+    let mut loss = 0.0;
+    for (row, &y) in grad_logits.chunks_exact_mut(k.max(1)).zip(labels) {
+        loss += crate::softmax::simd::xent_row(row, y as usize);
+    }
+    loss
+}

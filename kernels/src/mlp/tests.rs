@@ -1,0 +1,204 @@
+//! Both fast GEMMs versus the scalar one over awkward shapes, all transpose combinations and
+//! block-boundary sizes; the layers' gradients versus finite differences of a tiny MLP's loss;
+//! ReLU and softmax cross-entropy SIMD versus scalar.
+//!
+//! GEMM tolerance: `|c - c_ref| <= 1e-5 (|alpha| sum_p |a_ip b_pj| + |beta c_ij|) + 1e-6`, the
+//! usual bound of a dot product's rounding error whatever the summation order.
+
+use super::{dense_backward, dense_forward, scalar, simd, Backend, Matmul, Op};
+use crate::dense::testing::{assert_close, Rng, SIZES};
+
+#[allow(clippy::too_many_arguments)]
+fn check_gemm(
+    mm: &mut Matmul,
+    rng: &mut Rng,
+    op_a: Op,
+    op_b: Op,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    beta: f32,
+) {
+    let a = rng.vec(m * k, -1.0, 1.0);
+    let b = rng.vec(k * n, -1.0, 1.0);
+    let c0 = if beta == 0.0 { vec![f32::NAN; m * n] } else { rng.vec(m * n, -1.0, 1.0) };
+    let mut want = c0.clone();
+    scalar::gemm(op_a, op_b, m, n, k, alpha, &a, &b, beta, &mut want);
+    let abs = |v: &[f32]| v.iter().map(|x| x.abs()).collect::<Vec<_>>();
+    let mut bound = vec![0.0; m * n];
+    scalar::gemm(op_a, op_b, m, n, k, alpha.abs(), &abs(&a), &abs(&b), 0.0, &mut bound);
+    let mut got = c0.clone();
+    mm.matmul(op_a, op_b, m, n, k, alpha, &a, &b, beta, &mut got);
+    for i in 0..m * n {
+        let scale = f64::from(bound[i]) + if beta == 0.0 { 0.0 } else { f64::from((beta * c0[i]).abs()) };
+        let what =
+            format!("{:?} {op_a:?}{op_b:?} m={m} n={n} k={k} alpha={alpha} beta={beta} at {i}", mm.backend());
+        assert_close(f64::from(got[i]), f64::from(want[i]), scale, 1e-5, 1e-6, &what);
+    }
+}
+
+#[test]
+fn fast_gemms_match_scalar() {
+    let mut rng = Rng::new(12);
+    for backend in [Backend::Wide, Backend::MatrixMultiply] {
+        let mut mm = Matmul::new(backend);
+        for op_a in [Op::N, Op::T] {
+            for op_b in [Op::N, Op::T] {
+                for m in [0, 1, 5, 6, 7, 13, 150] {
+                    for n in [0, 1, 15, 16, 17, 33] {
+                        for k in [0, 1, 7, 8, 9, 300] {
+                            let (alpha, beta) = [(1.0, 0.0), (0.7, 1.0), (-1.0, -0.5)][(m + n + k) % 3];
+                            check_gemm(&mut mm, &mut rng, op_a, op_b, m, n, k, alpha, beta);
+                        }
+                    }
+                }
+                // More columns than one NC block, and the MLP's own shapes.
+                check_gemm(&mut mm, &mut rng, op_a, op_b, 7, 4100, 5, 1.0, 1.0);
+                check_gemm(&mut mm, &mut rng, op_a, op_b, 32, 128, 784, 1.0, 0.0);
+                check_gemm(&mut mm, &mut rng, op_a, op_b, 10, 128, 32, 1.0, 1.0);
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_known_values() {
+    // [1 2; 3 4] [5 6; 7 8] = [19 22; 43 50]; A^T B = [26 30; 38 44]; A B^T = [17 23; 39 53].
+    let (a, b) = ([1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]);
+    for backend in [Backend::Scalar, Backend::Wide, Backend::MatrixMultiply] {
+        let mut mm = Matmul::new(backend);
+        for (op_a, op_b, want) in [
+            (Op::N, Op::N, [19.0, 22.0, 43.0, 50.0]),
+            (Op::T, Op::N, [26.0, 30.0, 38.0, 44.0]),
+            (Op::N, Op::T, [17.0, 23.0, 39.0, 53.0]),
+        ] {
+            let mut c = [f32::NAN; 4];
+            mm.matmul(op_a, op_b, 2, 2, 2, 1.0, &a, &b, 0.0, &mut c);
+            assert_eq!(c, want, "{backend:?} {op_a:?}{op_b:?}");
+        }
+    }
+}
+
+/// The tiny MLP of the gradient check: `in -> hidden (ReLU) -> out`, softmax cross-entropy.
+#[derive(Clone)]
+struct Net {
+    w1: Vec<f32>,
+    b1: Vec<f32>,
+    w2: Vec<f32>,
+    b2: Vec<f32>,
+}
+
+const N: usize = 3;
+const IN: usize = 5;
+const HID: usize = 9;
+const OUT: usize = 4;
+
+fn loss(mm: &mut Matmul, net: &Net, x: &[f32], labels: &[u32]) -> f64 {
+    let mut h = vec![0.0; N * HID];
+    dense_forward(mm, x, &net.w1, &net.b1, &mut h);
+    simd::relu(&mut h);
+    let mut z = vec![0.0; N * OUT];
+    dense_forward(mm, &h, &net.w2, &net.b2, &mut z);
+    let mut g = vec![0.0; N * OUT];
+    simd::softmax_cross_entropy(&z, labels, &mut g)
+}
+
+/// Central differences over every parameter and input of the tiny MLP, `h = 1e-3`, tolerance
+/// `5e-3` absolute + relative (the loss is `f32` inside, so its rounding divided by `2h` is
+/// about `1e-4`). The pre-activations are kept at least `0.1` away from the ReLU's kink, so no
+/// perturbation crosses it.
+#[test]
+fn layer_gradients_match_finite_difference() {
+    let mut rng = Rng::new(13);
+    let x = rng.vec(N * IN, -1.0, 1.0);
+    let labels = [1, 3, 0];
+    let net = Net {
+        w1: rng.vec(HID * IN, -0.3, 0.3),
+        b1: (0..HID).map(|j| if j % 3 == 0 { -1.0 } else { 0.8 }).collect(),
+        w2: rng.vec(OUT * HID, -1.0, 1.0),
+        b2: rng.vec(OUT, -0.5, 0.5),
+    };
+    for backend in [Backend::Scalar, Backend::Wide, Backend::MatrixMultiply] {
+        let mm = &mut Matmul::new(backend);
+        let mut h = vec![0.0; N * HID];
+        dense_forward(mm, &x, &net.w1, &net.b1, &mut h);
+        assert!(h.iter().all(|v| v.abs() > 0.1), "test setup: a pre-activation is near the kink");
+        simd::relu(&mut h);
+        let mut z = vec![0.0; N * OUT];
+        dense_forward(mm, &h, &net.w2, &net.b2, &mut z);
+        let mut dz = vec![0.0; N * OUT];
+        simd::softmax_cross_entropy(&z, &labels, &mut dz);
+        let (mut gw2, mut gb2, mut dh) = (vec![0.0; OUT * HID], vec![0.0; OUT], vec![f32::NAN; N * HID]);
+        dense_backward(mm, &h, &net.w2, &dz, &mut gw2, &mut gb2, Some(&mut dh));
+        simd::relu_backward(&h, &mut dh);
+        let (mut gw1, mut gb1, mut dx) = (vec![0.0; HID * IN], vec![0.0; HID], vec![0.0; N * IN]);
+        dense_backward(mm, &x, &net.w1, &dh, &mut gw1, &mut gb1, Some(&mut dx));
+
+        let eps = 1e-3f32;
+        let checks: [(&str, &[f32], usize); 5] =
+            [("w1", &gw1, 0), ("b1", &gb1, 1), ("w2", &gw2, 2), ("b2", &gb2, 3), ("x", &dx, 4)];
+        for (name, grad, which) in checks {
+            for (j, &g) in grad.iter().enumerate() {
+                let mut at = |delta: f32| {
+                    let mut np = net.clone();
+                    let mut xp = x.clone();
+                    let v = match which {
+                        0 => &mut np.w1[j],
+                        1 => &mut np.b1[j],
+                        2 => &mut np.w2[j],
+                        3 => &mut np.b2[j],
+                        _ => &mut xp[j],
+                    };
+                    *v += delta;
+                    loss(mm, &np, &xp, &labels)
+                };
+                let d = (at(eps) - at(-eps)) / f64::from(2.0 * eps);
+                assert_close(f64::from(g), d, d.abs(), 5e-3, 5e-3, &format!("{backend:?} {name}[{j}]"));
+            }
+        }
+    }
+}
+
+#[test]
+fn dense_backward_accumulates_parameters_and_overwrites_grad_x() {
+    let mut mm = Matmul::default();
+    let (x, w, dy) = ([1.0, 2.0], [3.0, 4.0], [0.5]);
+    let (mut gw, mut gb, mut gx) = ([1.0, 1.0], [1.0], [f32::NAN, f32::NAN]);
+    dense_backward(&mut mm, &x, &w, &dy, &mut gw, &mut gb, Some(&mut gx));
+    assert_eq!((gw, gb, gx), ([1.5, 2.0], [1.5], [1.5, 2.0]));
+    let mut y = [f32::NAN];
+    dense_forward(&mut mm, &x, &w, &[0.25], &mut y);
+    assert_eq!(y, [11.25]);
+}
+
+#[test]
+fn relu_and_xent_simd_match_scalar() {
+    let mut rng = Rng::new(14);
+    for n in SIZES {
+        for off in 0..8 {
+            let v = rng.vec(n + off, -1.0, 1.0);
+            let (mut a, mut b) = (v[off..].to_vec(), v[off..].to_vec());
+            simd::relu(&mut a);
+            scalar::relu(&mut b);
+            assert_eq!(a, b, "relu n={n} off={off}");
+            let g = rng.vec(n + off, -1.0, 1.0);
+            let (mut g1, mut g2) = (g[off..].to_vec(), g[off..].to_vec());
+            simd::relu_backward(&a, &mut g1);
+            scalar::relu_backward(&b, &mut g2);
+            assert_eq!(g1, g2, "relu_backward n={n} off={off}");
+        }
+    }
+    for k in [1, 2, 7, 8, 9, 10, 17] {
+        let n = 5;
+        let logits = rng.vec(n * k, -5.0, 5.0);
+        let labels: Vec<u32> = (0..n).map(|_| rng.below(k) as u32).collect();
+        let (mut g1, mut g2) = (vec![0.0; n * k], vec![0.0; n * k]);
+        let l1 = simd::softmax_cross_entropy(&logits, &labels, &mut g1);
+        let l2 = scalar::softmax_cross_entropy(&logits, &labels, &mut g2);
+        assert_close(l1, l2, l2, 1e-5, 1e-6, &format!("xent k={k}"));
+        for (a, b) in g1.iter().zip(&g2) {
+            assert_close(f64::from(*a), f64::from(*b), 1.0, 1e-6, 0.0, &format!("xent grad k={k}"));
+        }
+    }
+}
