@@ -1,4 +1,4 @@
-//! Datasets: a binary format read zero-copy from a memory mapping ([`format`](self::format)), converters from
+//! Datasets: a binary format read zero-copy from a memory mapping ([`format`](mod@format)), converters from
 //! LIBSVM ([`libsvm`]), MNIST IDX ([`idx`]) and ratings text ([`ratings`]), and seeded
 //! generators ([`gen`]).
 //!
