@@ -19,6 +19,42 @@ pub mod simd;
 pub use simd::{loss_grad_row, rmse, sgd_chunk, sse};
 
 /// Checks the shapes shared by both versions.
+/// `sum (r - u . v)^2` with the given dot product (scalar or SIMD).
+fn sse_with(
+    dot: fn(&[f32], &[f32]) -> f32,
+    users: &[u32],
+    items: &[u32],
+    ratings: &[f32],
+    u: &[f32],
+    v: &[f32],
+    k: usize,
+) -> f64 {
+    check(users, items, ratings, u, v, k);
+    let mut s = 0.0f64;
+    for ((&uid, &iid), &r) in users.iter().zip(items).zip(ratings) {
+        let (uid, iid) = (uid as usize, iid as usize);
+        let e = r - dot(&u[uid * k..(uid + 1) * k], &v[iid * k..(iid + 1) * k]);
+        s += f64::from(e * e);
+    }
+    s
+}
+
+/// `sqrt(sse / n)` with the given dot product, 0 for no ratings.
+fn rmse_with(
+    dot: fn(&[f32], &[f32]) -> f32,
+    users: &[u32],
+    items: &[u32],
+    ratings: &[f32],
+    u: &[f32],
+    v: &[f32],
+    k: usize,
+) -> f64 {
+    if ratings.is_empty() {
+        return 0.0;
+    }
+    (sse_with(dot, users, items, ratings, u, v, k) / ratings.len() as f64).sqrt()
+}
+
 fn check(users: &[u32], items: &[u32], ratings: &[f32], u: &[f32], v: &[f32], k: usize) {
     assert_eq!(users.len(), ratings.len(), "mf: users and ratings differ in length");
     assert_eq!(items.len(), ratings.len(), "mf: items and ratings differ in length");

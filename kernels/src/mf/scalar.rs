@@ -58,14 +58,7 @@ pub fn loss_grad_row(r: f32, u_row: &[f32], v_row: &[f32], l2: f32, gu: &mut [f3
 /// # Panics
 /// On inconsistent lengths or an out-of-range id.
 pub fn sse(users: &[u32], items: &[u32], ratings: &[f32], u: &[f32], v: &[f32], k: usize) -> f64 {
-    check(users, items, ratings, u, v, k);
-    let mut s = 0.0f64;
-    for ((&uid, &iid), &r) in users.iter().zip(items).zip(ratings) {
-        let (uid, iid) = (uid as usize, iid as usize);
-        let e = r - dot(&u[uid * k..(uid + 1) * k], &v[iid * k..(iid + 1) * k]);
-        s += f64::from(e * e);
-    }
-    s
+    super::sse_with(dot, users, items, ratings, u, v, k)
 }
 
 /// `sqrt(sse / n)`, 0 for no ratings.
@@ -73,8 +66,5 @@ pub fn sse(users: &[u32], items: &[u32], ratings: &[f32], u: &[f32], v: &[f32], 
 /// # Panics
 /// On inconsistent lengths or an out-of-range id.
 pub fn rmse(users: &[u32], items: &[u32], ratings: &[f32], u: &[f32], v: &[f32], k: usize) -> f64 {
-    if ratings.is_empty() {
-        return 0.0;
-    }
-    (sse(users, items, ratings, u, v, k) / ratings.len() as f64).sqrt()
+    super::rmse_with(dot, users, items, ratings, u, v, k)
 }
