@@ -38,3 +38,124 @@ pub fn assert_success(what: &str, out: &Output) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+pub mod stealing {
+    //! Chunk queues under concurrency: each chunk of every iteration is handed out exactly once.
+    //!
+    //! Every rank fills its queue with a different number of chunks; `threads` threads per rank
+    //! take chunks from their own queue and, once it is empty, take over half of what is left in
+    //! another rank's queue, until every queue is empty. Rank 0 is slow (it spins on each of its
+    //! chunks), so others take over from it. Each taken chunk adds 1 to its slot of a counting
+    //! window; at the end every slot must equal the number of iterations.
+
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use peregrine_core::queue::ChunkQueues;
+    use peregrine_transport::{ReduceOp, ShardMap, Transport, Window};
+
+    /// Chunks of rank `r` in each iteration.
+    fn chunks_of(r: usize) -> u32 {
+        40 + 23 * r as u32
+    }
+
+    /// What one rank saw.
+    #[derive(Debug, Default)]
+    pub struct Report {
+        /// Chunks this rank's threads took from other ranks, all iterations.
+        pub stolen: u64,
+        /// Chunks this rank's threads took from its own queue.
+        pub own: u64,
+    }
+
+    /// Runs the check on this rank (collective). `Err` says what went wrong.
+    pub fn exactly_once(t: &Transport, iterations: u64, threads: usize) -> Result<Report, String> {
+        let e = |e: peregrine_transport::Error| e.to_string();
+        let n = t.world_size();
+        let q = ChunkQueues::new(t).map_err(e)?;
+        let lens: Vec<usize> = (0..n).map(|r| chunks_of(r) as usize).collect();
+        let offsets: Vec<usize> = lens.iter().scan(0, |a, &l| Some(std::mem::replace(a, *a + l))).collect();
+        let seen: Window<u64> = t.alloc_window("seen", &ShardMap::from_lens(lens.clone())).map_err(e)?;
+        let (stolen, own) = (AtomicU64::new(0), AtomicU64::new(0));
+        for it in 0..iterations {
+            q.fill(chunks_of(t.rank())).map_err(e)?;
+            t.barrier().map_err(e)?;
+            let work = |thread: usize| -> Result<(), String> {
+                let mut victim = (t.rank() + 1 + thread) % n;
+                loop {
+                    let (from, got) = match q.take_own(1 + (thread as u32 % 3)).map_err(e)? {
+                        Some(r) => (t.rank(), r),
+                        None => {
+                            let mut found = None;
+                            for _ in 0..n {
+                                victim = (victim + 1) % n;
+                                if victim != t.rank() {
+                                    if let Some(r) = q.steal(victim, 0.5, 8).map_err(e)? {
+                                        found = Some((victim, r));
+                                        break;
+                                    }
+                                }
+                            }
+                            match found {
+                                Some(f) => f,
+                                None if (0..n)
+                                    .map(|r| q.remaining(r))
+                                    .sum::<Result<u32, _>>()
+                                    .map_err(e)?
+                                    == 0 =>
+                                {
+                                    return Ok(())
+                                }
+                                None => continue,
+                            }
+                        }
+                    };
+                    if from == t.rank() { &own } else { &stolen }
+                        .fetch_add(u64::from(got.len() as u32), Ordering::Relaxed);
+                    if t.rank() == 0 {
+                        // The straggler.
+                        let until = std::time::Instant::now()
+                            + std::time::Duration::from_micros(200 * got.len() as u64);
+                        while std::time::Instant::now() < until {
+                            std::hint::spin_loop();
+                        }
+                    }
+                    let ones = vec![1u64; got.len()];
+                    let start = offsets[from] + got.start as usize;
+                    seen.write_scope(|s| s.accumulate(start, &ones)).map_err(e)?;
+                }
+            };
+            let results: Vec<Result<(), String>> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..threads).map(|th| s.spawn(move || work(th))).collect();
+                hs.into_iter()
+                    .map(|h| h.join().unwrap_or_else(|_| Err("a worker thread panicked".into())))
+                    .collect()
+            });
+            results
+                .into_iter()
+                .collect::<Result<Vec<()>, String>>()
+                .map_err(|m| format!("iteration {it}: {m}"))?;
+            t.barrier().map_err(e)?;
+        }
+        let mine = seen.map().range(t.rank());
+        let mut counts = vec![0u64; mine.len()];
+        seen.get(mine.start, &mut counts).map_err(e)?;
+        let mut bad = [counts.iter().filter(|&&c| c != iterations).count() as u64];
+        t.allreduce(&mut bad, ReduceOp::Sum).map_err(e)?;
+        t.barrier().map_err(e)?;
+        seen.free().map_err(e)?;
+        q.free().map_err(e)?;
+        if let Some((i, c)) = counts.iter().enumerate().find(|(_, &c)| c != iterations) {
+            return Err(format!(
+                "rank {}: chunk {i} was handed out {c} times in {iterations} iterations",
+                t.rank()
+            ));
+        }
+        if bad[0] > 0 {
+            return Err(format!(
+                "{} chunks elsewhere were not handed out exactly once per iteration",
+                bad[0]
+            ));
+        }
+        Ok(Report { stolen: stolen.into_inner(), own: own.into_inner() })
+    }
+}

@@ -40,3 +40,23 @@ fn conformance_on_2_ranks() {
 fn conformance_on_4_ranks() {
     conformance(4);
 }
+
+/// Chunk queues under mpirun: threads of every rank take their own chunks and take over other
+/// ranks' chunks; each is handed out exactly once.
+fn stealing(ranks: usize) {
+    let exe = Path::new(env!("CARGO_BIN_EXE_stealing"));
+    let out = mpirun_n(ranks, exe, &["--backend", "mpi", "--iterations", "10", "--threads", "2"]);
+    assert_success(&format!("mpirun -n {ranks} stealing"), &out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains(&format!("exactly once: {ranks} ranks")), "{stdout}");
+}
+
+#[test]
+fn stealing_on_2_ranks() {
+    stealing(2);
+}
+
+#[test]
+fn stealing_on_4_ranks() {
+    stealing(4);
+}

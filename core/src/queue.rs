@@ -1,0 +1,156 @@
+//! Chunk queues in a window: every rank's mini-batch chunks of an iteration, taken by its own
+//! threads from the head and taken over by other ranks ("pioneers" stealing from stragglers) from
+//! the tail, each chunk handed out exactly once.
+//!
+//! Each rank owns one `u64` word in a window: `head << 32 | tail` over its chunk ids `head..tail`.
+//! Every change is a `compare_and_swap` of the whole word against the value last read, so each
+//! hand-out is one atomic step on the word and no chunk can be handed out twice (or lost): the
+//! owner advances `head`, a thief lowers `tail`, and whoever loses a race rereads and retries.
+//! Reads are `fetch_add(0)`: atomic with respect to the swaps, as MPI requires of accesses that
+//! race with atomics (a plain `get` would not be).
+
+use std::ops::Range;
+
+use peregrine_transport::{Result, ShardMap, Transport, Window};
+
+fn pack(head: u32, tail: u32) -> u64 {
+    (u64::from(head) << 32) | u64::from(tail)
+}
+
+fn unpack(word: u64) -> (u32, u32) {
+    ((word >> 32) as u32, word as u32)
+}
+
+/// The chunk queues of all ranks. Shared by reference between a rank's threads.
+#[derive(Debug)]
+pub struct ChunkQueues {
+    window: Window<u64>,
+    rank: usize,
+    world: usize,
+}
+
+impl ChunkQueues {
+    /// Collective: one (empty) queue per rank.
+    pub fn new(t: &Transport) -> Result<Self> {
+        let window = t.alloc_window("chunk queues", &ShardMap::from_lens(vec![1; t.world_size()]))?;
+        Ok(Self { window, rank: t.rank(), world: t.world_size() })
+    }
+
+    /// Number of queues (ranks).
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// The current `(head, tail)` of `rank`'s queue.
+    pub fn peek(&self, rank: usize) -> Result<(u32, u32)> {
+        Ok(unpack(self.window.fetch_add(rank, 0)?))
+    }
+
+    /// Chunks left in `rank`'s queue.
+    pub fn remaining(&self, rank: usize) -> Result<u32> {
+        let (h, t) = self.peek(rank)?;
+        Ok(t.saturating_sub(h))
+    }
+
+    /// Fills this rank's queue with chunks `0..chunks` for a new iteration. Other ranks must not
+    /// take from it until they know it is filled (e.g. after a barrier).
+    pub fn fill(&self, chunks: u32) -> Result<()> {
+        let mut cur = self.window.fetch_add(self.rank, 0)?;
+        loop {
+            let prev = self.window.compare_and_swap(self.rank, cur, pack(0, chunks))?;
+            if prev == cur {
+                return Ok(());
+            }
+            cur = prev;
+        }
+    }
+
+    /// Atomically updates `rank`'s word with `f(head, tail)` (`None`: nothing to take) and
+    /// returns what `f` decided.
+    fn update(
+        &self,
+        rank: usize,
+        f: impl Fn(u32, u32) -> Option<(u32, u32, Range<u32>)>,
+    ) -> Result<Option<Range<u32>>> {
+        let mut cur = self.window.fetch_add(rank, 0)?;
+        loop {
+            let (head, tail) = unpack(cur);
+            let Some((h, t, taken)) = f(head, tail) else { return Ok(None) };
+            let prev = self.window.compare_and_swap(rank, cur, pack(h, t))?;
+            if prev == cur {
+                return Ok(Some(taken));
+            }
+            cur = prev;
+        }
+    }
+
+    /// Takes up to `max` chunks from the head of this rank's own queue.
+    pub fn take_own(&self, max: u32) -> Result<Option<Range<u32>>> {
+        self.update(self.rank, |head, tail| {
+            let n = tail.saturating_sub(head).min(max);
+            (n > 0).then(|| (head + n, tail, head..head + n))
+        })
+    }
+
+    /// Takes over, from the tail of `victim`'s queue, `fraction` of its remaining chunks (at least
+    /// one, at most `max`): FlexRR takes half, Falcon enough to equalise projected finish times.
+    pub fn steal(&self, victim: usize, fraction: f64, max: u32) -> Result<Option<Range<u32>>> {
+        self.update(victim, |head, tail| {
+            let left = tail.saturating_sub(head);
+            let n = ((f64::from(left) * fraction).ceil() as u32).clamp(1, max.max(1)).min(left);
+            (n > 0).then(|| (head, tail - n, tail - n..tail))
+        })
+    }
+
+    /// Collective: frees the window.
+    pub fn free(self) -> Result<()> {
+        self.window.free()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn packing_round_trips(h: u32, t: u32) {
+            prop_assert_eq!(unpack(pack(h, t)), (h, t));
+        }
+    }
+
+    #[test]
+    fn owner_and_thief_split_a_queue() {
+        let r = peregrine_transport::run_local(2, |t| -> Result<Vec<Range<u32>>> {
+            let q = ChunkQueues::new(&t)?;
+            q.fill(if t.rank() == 0 { 10 } else { 0 })?;
+            t.barrier()?;
+            let mut got = Vec::new();
+            if t.rank() == 0 {
+                got.extend(q.take_own(3)?);
+            }
+            t.barrier()?;
+            if t.rank() == 1 {
+                got.extend(q.steal(0, 0.5, 100)?); // half of the 7 left, rounded up
+                got.extend(q.steal(0, 0.5, 1)?); // capped at 1
+            }
+            t.barrier()?;
+            if t.rank() == 0 {
+                while let Some(r) = q.take_own(2)? {
+                    got.push(r);
+                }
+                assert_eq!(q.remaining(0)?, 0);
+                assert_eq!(q.steal(0, 1.0, 5)?, None);
+            }
+            t.barrier()?;
+            q.free()?;
+            Ok(got)
+        })
+        .expect("world");
+        let r0 = r[0].as_ref().expect("rank 0");
+        let r1 = r[1].as_ref().expect("rank 1");
+        assert_eq!(r0, &[0..3, 3..5]);
+        assert_eq!(r1, &[6..10, 5..6]);
+    }
+}
