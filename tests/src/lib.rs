@@ -28,6 +28,29 @@ pub fn mpirun_n(ranks: usize, program: &Path, args: &[&str]) -> Output {
     cmd.output().unwrap_or_else(|e| panic!("cannot start `{launcher}`: {e} (is MPI installed?)"))
 }
 
+/// Runs an SPMD test program's `body` on every rank of `backend` (`ranks` threads for the local
+/// backend, this process's MPI rank otherwise): exit 0 iff every rank returned `true`.
+pub fn run_spmd(
+    backend: peregrine_transport::Backend,
+    ranks: usize,
+    body: impl Fn(peregrine_transport::Transport) -> bool + Sync,
+) -> std::process::ExitCode {
+    use peregrine_transport::{run_local, Backend, Transport};
+    let ok = match backend {
+        Backend::Local => run_local(ranks, body).map(|oks| oks.into_iter().all(|ok| ok)),
+        Backend::Mpi => Transport::mpi().map(body),
+    }
+    .unwrap_or_else(|e| {
+        eprintln!("error: {e}");
+        false
+    });
+    if ok {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    }
+}
+
 /// Panics with the child's output unless it exited with status 0.
 pub fn assert_success(what: &str, out: &Output) {
     assert!(

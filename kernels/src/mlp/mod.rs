@@ -197,6 +197,23 @@ fn scale_c(beta: f32, c: &mut [f32]) {
 }
 
 /// Classes `k` of `softmax_cross_entropy`'s inputs, checking their lengths.
+/// Summed cross-entropy of the rows of `logits` with the given per-row `xent_row` (scalar or
+/// SIMD), which turns a row of logits into its gradient and returns its loss.
+fn softmax_cross_entropy_with(
+    xent_row: fn(&mut [f32], usize) -> f64,
+    logits: &[f32],
+    labels: &[u32],
+    grad_logits: &mut [f32],
+) -> f64 {
+    let k = xent_classes(logits, labels, grad_logits);
+    grad_logits.copy_from_slice(logits);
+    let mut loss = 0.0;
+    for (row, &y) in grad_logits.chunks_exact_mut(k.max(1)).zip(labels) {
+        loss += xent_row(row, y as usize);
+    }
+    loss
+}
+
 fn xent_classes(logits: &[f32], labels: &[u32], grad_logits: &[f32]) -> usize {
     assert_eq!(grad_logits.len(), logits.len(), "softmax_cross_entropy: grad_logits and logits differ");
     if labels.is_empty() {

@@ -63,11 +63,5 @@ pub fn relu_backward(y: &[f32], dy: &mut [f32]) {
 /// # Panics
 /// On inconsistent lengths or a label `>= k`.
 pub fn softmax_cross_entropy(logits: &[f32], labels: &[u32], grad_logits: &mut [f32]) -> f64 {
-    let k = super::xent_classes(logits, labels, grad_logits);
-    grad_logits.copy_from_slice(logits);
-    let mut loss = 0.0;
-    for (row, &y) in grad_logits.chunks_exact_mut(k.max(1)).zip(labels) {
-        loss += crate::softmax::scalar::xent_row(row, y as usize);
-    }
-    loss
+    super::softmax_cross_entropy_with(crate::softmax::scalar::xent_row, logits, labels, grad_logits)
 }

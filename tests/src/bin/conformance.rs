@@ -7,7 +7,7 @@
 use std::process::ExitCode;
 
 use peregrine_transport::conformance::{run_all, summary_line, Params};
-use peregrine_transport::{run_local, Backend, Transport};
+use peregrine_transport::{Backend, Transport};
 
 const USAGE: &str = "conformance [--backend local|mpi] [--ranks N] [--tickets K] [--rounds R]";
 
@@ -50,25 +50,5 @@ fn main() -> ExitCode {
         }
         ok
     };
-    let ok = match backend {
-        Backend::Local => match run_local(ranks, body) {
-            Ok(oks) => oks.into_iter().all(|ok| ok),
-            Err(e) => {
-                eprintln!("error: {e}");
-                false
-            }
-        },
-        Backend::Mpi => match Transport::mpi() {
-            Ok(t) => body(t),
-            Err(e) => {
-                eprintln!("error: {e}");
-                false
-            }
-        },
-    };
-    if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    peregrine_tests::run_spmd(backend, ranks, body)
 }

@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use peregrine_tests::stealing::exactly_once;
-use peregrine_transport::{run_local, Backend, ReduceOp, Transport};
+use peregrine_transport::{Backend, ReduceOp, Transport};
 
 fn main() -> ExitCode {
     let (mut backend, mut ranks, mut iterations, mut threads) = (Backend::detect(), 4usize, 20u64, 3usize);
@@ -49,16 +49,5 @@ fn main() -> ExitCode {
             }
         }
     };
-    let ok = match backend {
-        Backend::Local => run_local(ranks, body).map(|v| v.into_iter().all(|x| x)).unwrap_or(false),
-        Backend::Mpi => Transport::mpi().map(body).unwrap_or_else(|e| {
-            eprintln!("error: {e}");
-            false
-        }),
-    };
-    if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    peregrine_tests::run_spmd(backend, ranks, body)
 }
