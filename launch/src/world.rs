@@ -97,6 +97,8 @@ pub struct RunContext {
 
 impl WorldArgs {
     fn backend(&self) -> Result<Backend, AppError> {
+        // Under a launcher `detect` says Mpi whether or not it was compiled in: a build without
+        // the feature then fails in `Transport::mpi` with the feature's name.
         let backend = match self.backend {
             BackendChoice::Auto => Backend::detect(),
             BackendChoice::Local => Backend::Local,
@@ -107,26 +109,8 @@ impl WorldArgs {
                 "--ranks sets the number of local (thread) ranks; under MPI the launcher sets it (mpirun -n N)".into(),
             ));
         }
-        if backend == Backend::Local
-            && self.backend == BackendChoice::Auto
-            && !Backend::Mpi.compiled()
-            && under_launcher()
-        {
-            return Err(TransportError::from(TransportErrorKind::NotCompiled {
-                backend: "mpi",
-                feature: "mpi",
-            })
-            .into());
-        }
         Ok(backend)
     }
-}
-
-/// Whether an MPI launcher started us, whichever backend was compiled in.
-fn under_launcher() -> bool {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some())
 }
 
 /// Runs `body` on every rank of the world `args` describes (`default_ranks` threads for the local

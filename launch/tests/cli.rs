@@ -56,6 +56,14 @@ fn asking_for_mpi_without_the_feature_names_the_feature() {
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr.contains("rebuild with `--features mpi`"), "{stderr}");
+    // Started by an MPI launcher, `--backend auto` asks for MPI too.
+    let out = Command::new(env!("CARGO_BIN_EXE_peregrine"))
+        .args(["conformance"])
+        .env("PMIX_RANK", "0")
+        .output()
+        .expect("run peregrine");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).1.contains("rebuild with `--features mpi`"), "{:?}", text(&out));
 }
 
 #[test]
