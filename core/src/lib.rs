@@ -1,9 +1,22 @@
 //! Peregrine's training runtime: models over sharded parameters, the iteration loop,
-//! synchronization schemes, chunk queues and stealing, straggler control and injection, metrics.
-//! Built on `peregrine-kernels` and `peregrine-transport`.
+//! synchronization schemes, chunk queues and stealing, metrics. Built on `peregrine-kernels` and
+//! `peregrine-transport`.
 //!
-//! What exists so far: [`queue`], the per-rank chunk queues in a window through which a rank's
-//! threads take its own mini-batch chunks and other ranks take chunks over.
+//! - [`engine`]: the training loop ([`engine::train`]), its configuration, metrics and report;
+//! - [`model`]: logistic regression, softmax regression, matrix factorization, MLP;
+//! - [`plan`]: which rows each rank computes in each iteration;
+//! - [`queue`]: the per-rank chunk queues in a window, from which a rank's threads take its own
+//!   chunks and other ranks take chunks over;
+//! - [`sync`]: BSP, SSP and ASP over one-sided clocks;
+//! - [`pool`]: a rank's pinned compute threads with an adjustable active count.
 #![warn(missing_docs)]
 
+pub mod engine;
+pub mod model;
+pub mod plan;
+pub mod pool;
 pub mod queue;
+pub mod sync;
+
+pub use engine::{train, Config, Report, TrainError};
+pub use sync::Scheme;

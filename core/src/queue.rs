@@ -2,8 +2,10 @@
 //! threads from the head and taken over by other ranks ("pioneers" stealing from stragglers) from
 //! the tail, each chunk handed out exactly once.
 //!
-//! Each rank owns one `u64` word in a window: `head << 32 | tail` over its chunk ids `head..tail`.
-//! Every change is a `compare_and_swap` of the whole word against the value last read, so each
+//! Each rank owns one `u64` word in a window: `tag << 48 | head << 24 | tail` over its chunk ids
+//! `head..tail` of the iteration tagged `tag` (the iteration number modulo 2^16: a thief learns
+//! which iteration the chunks it took belong to in the same atomic step, so it cannot mistake a
+//! refilled queue for the one it looked at). Every change is a `compare_and_swap` of the whole word against the value last read, so each
 //! hand-out is one atomic step on the word and no chunk can be handed out twice (or lost): the
 //! owner advances `head`, a thief lowers `tail`, and whoever loses a race rereads and retries.
 //! Reads are `fetch_add(0)`: atomic with respect to the swaps, as MPI requires of accesses that
@@ -13,12 +15,22 @@ use std::ops::Range;
 
 use peregrine_transport::{Result, ShardMap, Transport, Window};
 
-fn pack(head: u32, tail: u32) -> u64 {
-    (u64::from(head) << 32) | u64::from(tail)
+/// Most chunks one queue can hold (24 bits).
+pub const MAX_CHUNKS: u32 = (1 << 24) - 1;
+const MASK: u64 = MAX_CHUNKS as u64;
+
+fn pack(tag: u16, head: u32, tail: u32) -> u64 {
+    debug_assert!(head <= MAX_CHUNKS && tail <= MAX_CHUNKS);
+    (u64::from(tag) << 48) | (u64::from(head) << 24) | u64::from(tail)
 }
 
-fn unpack(word: u64) -> (u32, u32) {
-    ((word >> 32) as u32, word as u32)
+fn unpack(word: u64) -> (u16, u32, u32) {
+    ((word >> 48) as u16, ((word >> 24) & MASK) as u32, (word & MASK) as u32)
+}
+
+/// The tag of iteration `iteration`.
+pub fn tag(iteration: u64) -> u16 {
+    iteration as u16
 }
 
 /// The chunk queues of all ranks. Shared by reference between a rank's threads.
@@ -41,23 +53,27 @@ impl ChunkQueues {
         self.world
     }
 
-    /// The current `(head, tail)` of `rank`'s queue.
-    pub fn peek(&self, rank: usize) -> Result<(u32, u32)> {
+    /// The current `(tag, head, tail)` of `rank`'s queue.
+    pub fn peek(&self, rank: usize) -> Result<(u16, u32, u32)> {
         Ok(unpack(self.window.fetch_add(rank, 0)?))
     }
 
     /// Chunks left in `rank`'s queue.
     pub fn remaining(&self, rank: usize) -> Result<u32> {
-        let (h, t) = self.peek(rank)?;
+        let (_, h, t) = self.peek(rank)?;
         Ok(t.saturating_sub(h))
     }
 
     /// Fills this rank's queue with chunks `0..chunks` for a new iteration. Other ranks must not
     /// take from it until they know it is filled (e.g. after a barrier).
-    pub fn fill(&self, chunks: u32) -> Result<()> {
+    ///
+    /// # Panics
+    /// If `chunks > MAX_CHUNKS`.
+    pub fn fill(&self, tag: u16, chunks: u32) -> Result<()> {
+        assert!(chunks <= MAX_CHUNKS, "chunk queue: {chunks} chunks, at most {MAX_CHUNKS}");
         let mut cur = self.window.fetch_add(self.rank, 0)?;
         loop {
-            let prev = self.window.compare_and_swap(self.rank, cur, pack(0, chunks))?;
+            let prev = self.window.compare_and_swap(self.rank, cur, pack(tag, 0, chunks))?;
             if prev == cur {
                 return Ok(());
             }
@@ -66,19 +82,19 @@ impl ChunkQueues {
     }
 
     /// Atomically updates `rank`'s word with `f(head, tail)` (`None`: nothing to take) and
-    /// returns what `f` decided.
+    /// returns the queue's tag and what `f` decided.
     fn update(
         &self,
         rank: usize,
         f: impl Fn(u32, u32) -> Option<(u32, u32, Range<u32>)>,
-    ) -> Result<Option<Range<u32>>> {
+    ) -> Result<Option<(u16, Range<u32>)>> {
         let mut cur = self.window.fetch_add(rank, 0)?;
         loop {
-            let (head, tail) = unpack(cur);
+            let (tag, head, tail) = unpack(cur);
             let Some((h, t, taken)) = f(head, tail) else { return Ok(None) };
-            let prev = self.window.compare_and_swap(rank, cur, pack(h, t))?;
+            let prev = self.window.compare_and_swap(rank, cur, pack(tag, h, t))?;
             if prev == cur {
-                return Ok(Some(taken));
+                return Ok(Some((tag, taken)));
             }
             cur = prev;
         }
@@ -86,15 +102,17 @@ impl ChunkQueues {
 
     /// Takes up to `max` chunks from the head of this rank's own queue.
     pub fn take_own(&self, max: u32) -> Result<Option<Range<u32>>> {
-        self.update(self.rank, |head, tail| {
+        let taken = self.update(self.rank, |head, tail| {
             let n = tail.saturating_sub(head).min(max);
             (n > 0).then(|| (head + n, tail, head..head + n))
-        })
+        })?;
+        Ok(taken.map(|(_, r)| r))
     }
 
     /// Takes over, from the tail of `victim`'s queue, `fraction` of its remaining chunks (at least
     /// one, at most `max`): FlexRR takes half, Falcon enough to equalise projected finish times.
-    pub fn steal(&self, victim: usize, fraction: f64, max: u32) -> Result<Option<Range<u32>>> {
+    /// Returns the tag of the iteration the chunks belong to with them.
+    pub fn steal(&self, victim: usize, fraction: f64, max: u32) -> Result<Option<(u16, Range<u32>)>> {
         self.update(victim, |head, tail| {
             let left = tail.saturating_sub(head);
             let n = ((f64::from(left) * fraction).ceil() as u32).clamp(1, max.max(1)).min(left);
@@ -115,8 +133,8 @@ mod tests {
 
     proptest! {
         #[test]
-        fn packing_round_trips(h: u32, t: u32) {
-            prop_assert_eq!(unpack(pack(h, t)), (h, t));
+        fn packing_round_trips(tag: u16, h in 0..=MAX_CHUNKS, t in 0..=MAX_CHUNKS) {
+            prop_assert_eq!(unpack(pack(tag, h, t)), (tag, h, t));
         }
     }
 
@@ -124,7 +142,7 @@ mod tests {
     fn owner_and_thief_split_a_queue() {
         let r = peregrine_transport::run_local(2, |t| -> Result<Vec<Range<u32>>> {
             let q = ChunkQueues::new(&t)?;
-            q.fill(if t.rank() == 0 { 10 } else { 0 })?;
+            q.fill(7, if t.rank() == 0 { 10 } else { 0 })?;
             t.barrier()?;
             let mut got = Vec::new();
             if t.rank() == 0 {
@@ -132,8 +150,11 @@ mod tests {
             }
             t.barrier()?;
             if t.rank() == 1 {
-                got.extend(q.steal(0, 0.5, 100)?); // half of the 7 left, rounded up
-                got.extend(q.steal(0, 0.5, 1)?); // capped at 1
+                // Half of the 7 left, rounded up; then capped at 1.
+                for (tag, r) in [q.steal(0, 0.5, 100)?, q.steal(0, 0.5, 1)?].into_iter().flatten() {
+                    assert_eq!(tag, 7);
+                    got.push(r);
+                }
             }
             t.barrier()?;
             if t.rank() == 0 {

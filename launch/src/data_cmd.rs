@@ -24,6 +24,24 @@ pub enum DataCommand {
     /// Generate a seeded synthetic dataset holding the model that generated it.
     #[command(subcommand)]
     Gen(GenCommand),
+    /// Split a dataset at random into a training and a test file (both shuffled), e.g. the
+    /// 90/10 split of MovieLens used for matrix factorization.
+    Split {
+        /// The dataset file.
+        input: PathBuf,
+        /// Training output.
+        #[arg(long, value_name = "FILE")]
+        train: PathBuf,
+        /// Test output.
+        #[arg(long, value_name = "FILE")]
+        test: PathBuf,
+        /// Fraction of the rows in the test set.
+        #[arg(long, default_value_t = 0.1, value_name = "F")]
+        test_fraction: f64,
+        /// Seed of the shuffle.
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        seed: u64,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -165,6 +183,17 @@ pub fn run(cmd: DataCommand) -> Result<(), AppError> {
                 done("wrote", &output, c, start);
             }
         },
+        DataCommand::Split { input, train, test, test_fraction, seed } => {
+            let s = peregrine_kernels::data::split::split(&input, &train, &test, test_fraction, seed)?;
+            println!(
+                "wrote {} ({} rows) and {} ({} rows) in {:.2} s",
+                train.display(),
+                s.train,
+                test.display(),
+                s.test,
+                start.elapsed().as_secs_f64()
+            );
+        }
         DataCommand::Info { file, verify } => {
             let ds = Dataset::open(&file)?;
             println!("{}", ds.summary());

@@ -8,6 +8,7 @@ mod data_cmd;
 mod meta;
 mod preempt;
 mod slurm_cmd;
+mod train_cmd;
 mod world;
 
 use std::process::ExitCode;
@@ -45,6 +46,11 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Train a model data-parallel over the ranks (see `peregrine train --help`).
+    ///
+    /// Parameters are sharded over all ranks in one-sided windows; each rank computes its part of
+    /// every mini-batch on its own pinned threads and takes over chunks from slower ranks.
+    Train(Box<train_cmd::TrainArgs>),
     /// Run the transport conformance suite on every rank; exit 0 iff every case passes everywhere.
     ///
     /// Cases: collectives; uneven shards and ranges that cross them; every rank accumulating into
@@ -128,6 +134,7 @@ fn size_parser(s: &str) -> Result<usize, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Train(a) => train_cmd::run(*a),
         Command::Conformance(a) => conformance_cmd(&a),
         Command::Bench(BenchCommand::Rma(a)) => rma_cmd(&a),
         Command::Slurm(c) => slurm_cmd::run(c),

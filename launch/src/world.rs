@@ -47,6 +47,9 @@ pub enum AppError {
     /// The Slurm world and the MPI world disagree.
     #[error("{0}")]
     Launch(String),
+    /// Training could not start or go on (thread pool, divergence, reports).
+    #[error("{0}")]
+    Train(String),
     /// The ranks stopped at a safe point after a signal and saved their state: not a failure, but
     /// the run is not complete (exit code [`crate::preempt::EXIT_REQUEUE`]).
     #[error("stopped on a signal; state saved in {checkpoint}")]

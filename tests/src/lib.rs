@@ -1,5 +1,6 @@
 //! Multi-rank integration tests of Peregrine. The tests live in `tests/`; this library holds what
-//! they share: how to launch an SPMD program under `mpirun`.
+//! they share: how to launch an SPMD program under `mpirun`, and the checks the SPMD programs and
+//! the local tests both run.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -62,6 +63,8 @@ pub fn assert_success(what: &str, out: &Output) {
     );
 }
 
+pub mod training;
+
 pub mod stealing {
     //! Chunk queues under concurrency: each chunk of every iteration is handed out exactly once.
     //!
@@ -100,7 +103,7 @@ pub mod stealing {
         let seen: Window<u64> = t.alloc_window("seen", &ShardMap::from_lens(lens.clone())).map_err(e)?;
         let (stolen, own) = (AtomicU64::new(0), AtomicU64::new(0));
         for it in 0..iterations {
-            q.fill(chunks_of(t.rank())).map_err(e)?;
+            q.fill(peregrine_core::queue::tag(it), chunks_of(t.rank())).map_err(e)?;
             t.barrier().map_err(e)?;
             let work = |thread: usize| -> Result<(), String> {
                 let mut victim = (t.rank() + 1 + thread) % n;
@@ -112,7 +115,12 @@ pub mod stealing {
                             for _ in 0..n {
                                 victim = (victim + 1) % n;
                                 if victim != t.rank() {
-                                    if let Some(r) = q.steal(victim, 0.5, 8).map_err(e)? {
+                                    if let Some((tag, r)) = q.steal(victim, 0.5, 8).map_err(e)? {
+                                        if tag != peregrine_core::queue::tag(it) {
+                                            return Err(format!(
+                                                "took chunks tagged {tag} in iteration {it}"
+                                            ));
+                                        }
                                         found = Some((victim, r));
                                         break;
                                     }

@@ -1,4 +1,4 @@
-//! The conformance suite over the `mpi` backend: the `conformance` SPMD program under
+//! Multi-rank checks over the `mpi` backend: the SPMD programs (conformance, stealing, training) under
 //! `mpirun -n 2` and `-n 4` (`$PEREGRINE_MPIRUN` picks the launcher: OpenMPI's `mpirun` by default,
 //! `mpirun.mpich` for the MPICH leg, built with `MPICC=mpicc.mpich`).
 
@@ -59,4 +59,71 @@ fn stealing_on_2_ranks() {
 #[test]
 fn stealing_on_4_ranks() {
     stealing(4);
+}
+
+/// The training engine under mpirun: every chunk computed exactly once under BSP, SSP and ASP
+/// with rank 0 slowed down (others take its chunks over).
+fn training_exactly_once(ranks: usize) {
+    let exe = Path::new(env!("CARGO_BIN_EXE_training"));
+    let out = mpirun_n(ranks, exe, &["exactly-once", "--backend", "mpi", "--threads", "2"]);
+    assert_success(&format!("mpirun -n {ranks} training exactly-once"), &out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for s in ["bsp", "ssp:2", "asp"] {
+        assert!(
+            stdout.contains(&format!("training {s}: every chunk computed exactly once, {ranks} ranks")),
+            "{stdout}"
+        );
+    }
+}
+
+#[test]
+fn training_exactly_once_on_2_ranks() {
+    training_exactly_once(2);
+}
+
+#[test]
+fn training_exactly_once_on_4_ranks() {
+    training_exactly_once(4);
+}
+
+/// BSP logistic regression under mpirun -n 2 and -n 4 gives the model one local rank gives.
+#[test]
+fn bsp_model_is_the_same_over_mpi_and_local() {
+    use peregrine_kernels::data::gen::{self, SparseSpec};
+    use peregrine_tests::training::{distance, final_params, BSP_TOLERANCE};
+    let dir = std::env::temp_dir().join(format!("peregrine-mpi-params-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch");
+    let data = dir.join("sparse.pgd");
+    gen::sparse(&SparseSpec { rows: 3000, cols: 400, nnz_per_row: 12, zipf: 1.1, seed: 2 }, &data)
+        .expect("gen");
+    let model = peregrine_core::model::lr::LogReg::new(&data, None, 0.5).expect("model");
+    let local = peregrine_transport::run_local(1, |t| final_params(&t, &model, 30))
+        .expect("world")
+        .remove(0)
+        .expect("local");
+    let exe = Path::new(env!("CARGO_BIN_EXE_training"));
+    for ranks in [2, 4] {
+        let out_file = dir.join(format!("params-{ranks}.txt"));
+        let out = mpirun_n(
+            ranks,
+            exe,
+            &[
+                "params",
+                "--backend",
+                "mpi",
+                "--data",
+                &data.to_string_lossy(),
+                "--out",
+                &out_file.to_string_lossy(),
+            ],
+        );
+        assert_success(&format!("mpirun -n {ranks} training params"), &out);
+        let text = std::fs::read_to_string(&out_file).expect("params file");
+        let p: Vec<f32> = text.lines().map(|l| l.parse().expect("a number")).collect();
+        let d = distance(&p, &local);
+        assert!(
+            d <= BSP_TOLERANCE,
+            "mpirun -n {ranks} vs 1 local rank: parameters differ by {d:e} (relative)"
+        );
+    }
 }

@@ -35,6 +35,10 @@ pub trait Elem:
     /// Same-size atomic cell the local backend stores elements in.
     #[doc(hidden)]
     type Atomic: Send + Sync + Debug;
+    /// Whether the local backend serializes accumulates to a shard with a lock (its atomic add
+    /// is a compare-and-swap loop) rather than adding element by element atomically.
+    #[doc(hidden)]
+    const LOCKED_ADD: bool;
 
     /// `self + other` (wrapping for integers).
     fn add(self, other: Self) -> Self;
@@ -81,6 +85,7 @@ macro_rules! float_elem {
             const KIND: ElemKind = ElemKind::$kind;
             const NAME: &'static str = stringify!($t);
             type Atomic = $atomic;
+            const LOCKED_ADD: bool = true;
 
             #[inline]
             fn add(self, other: Self) -> Self {
@@ -138,6 +143,7 @@ impl Elem for u64 {
     const KIND: ElemKind = ElemKind::U64;
     const NAME: &'static str = "u64";
     type Atomic = AtomicU64;
+    const LOCKED_ADD: bool = false;
 
     #[inline]
     fn add(self, other: Self) -> Self {

@@ -14,6 +14,7 @@ pub mod gen;
 pub mod idx;
 pub mod libsvm;
 pub mod ratings;
+pub mod split;
 pub mod text;
 
 pub use error::{DataError, Result};

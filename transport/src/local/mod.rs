@@ -204,9 +204,11 @@ impl LocalRank {
         // with what they asked for, so that a mismatch is reported on every rank.
         let shard: Arc<[T::Atomic]> =
             (0..map.len_of(self.rank)).map(|_| T::atomic_new(T::default())).collect();
-        let all = self.world.allgather(self.rank, "window allocation", (map.clone(), T::KIND, shard))?;
-        if let Some((r, (other, kind, _))) =
-            all.iter().enumerate().find(|(_, (m, k, _))| m != map || *k != T::KIND)
+        let lock = Arc::new(std::sync::Mutex::new(()));
+        let all =
+            self.world.allgather(self.rank, "window allocation", (map.clone(), T::KIND, shard, lock))?;
+        if let Some((r, (other, kind, _, _))) =
+            all.iter().enumerate().find(|(_, (m, k, _, _))| m != map || *k != T::KIND)
         {
             return Err(ErrorKind::WindowMismatch {
                 rank: self.rank,
@@ -225,8 +227,8 @@ impl LocalRank {
             }
             .into());
         }
-        let shards = all.into_iter().map(|(_, _, s)| s).collect();
-        Ok(LocalWindow::new(self.world.clone(), self.rank, name, map.clone(), shards))
+        let (shards, locks) = all.into_iter().map(|(_, _, s, l)| (s, l)).unzip();
+        Ok(LocalWindow::new(self.world.clone(), self.rank, name, map.clone(), shards, locks))
     }
 
     fn check_rank(&self, what: &'static str, target: usize) -> Result<()> {

@@ -14,6 +14,11 @@ pub struct LocalWindow<T: Elem> {
     map: ShardMap,
     /// Every rank's shard; index = rank.
     shards: Vec<Arc<[T::Atomic]>>,
+    /// Per shard, the accumulate lock of element types whose atomic add is a compare-and-swap
+    /// loop (floats): accumulates and atomics on the shard hold it and add with a plain load and
+    /// store, as MPI's shared-memory one-sided component does. Under contention, a CAS per
+    /// element made a 100k-element accumulate from two ranks about 10x slower.
+    locks: Vec<Arc<Mutex<()>>>,
     /// Writes issued by this rank and not yet complete at their target.
     pending: Mutex<Pending<T>>,
 }
@@ -42,6 +47,7 @@ impl<T: Elem> LocalWindow<T> {
         name: &str,
         map: ShardMap,
         shards: Vec<Arc<[T::Atomic]>>,
+        locks: Vec<Arc<Mutex<()>>>,
     ) -> Self {
         Self {
             world,
@@ -49,6 +55,7 @@ impl<T: Elem> LocalWindow<T> {
             name: name.to_owned(),
             map,
             shards,
+            locks,
             pending: Mutex::new(Pending { ops: Vec::new(), data: Vec::new() }),
         }
     }
@@ -173,12 +180,14 @@ impl<T: Elem> LocalWindow<T> {
     pub(crate) fn fetch_add(&self, index: usize, value: T) -> Result<T> {
         let (target, offset) = self.map.owner(index).ok_or_else(|| self.out_of_range(index, 1))?;
         self.apply(Some(target), true);
+        let _held = T::LOCKED_ADD.then(|| lock(&self.locks[target]));
         Ok(T::atomic_fetch_add(&self.shards[target][offset], value))
     }
 
     pub(crate) fn compare_and_swap(&self, index: usize, current: T, new: T) -> Result<T> {
         let (target, offset) = self.map.owner(index).ok_or_else(|| self.out_of_range(index, 1))?;
         self.apply(Some(target), true);
+        let _held = T::LOCKED_ADD.then(|| lock(&self.locks[target]));
         Ok(T::atomic_compare_swap(&self.shards[target][offset], current, new))
     }
 
@@ -212,11 +221,18 @@ impl<T: Elem> LocalWindow<T> {
             }
             let dst = &self.shards[op.target][op.offset..op.offset + op.len];
             let src = &pending.data[op.at..op.at + op.len];
-            for (d, &s) in dst.iter().zip(src) {
-                if op.accumulate {
-                    T::atomic_fetch_add(d, s);
-                } else {
-                    T::atomic_store(d, s);
+            if op.accumulate && T::LOCKED_ADD {
+                let _held = lock(&self.locks[op.target]);
+                for (d, &s) in dst.iter().zip(src) {
+                    T::atomic_store(d, T::atomic_load(d).add(s));
+                }
+            } else {
+                for (d, &s) in dst.iter().zip(src) {
+                    if op.accumulate {
+                        T::atomic_fetch_add(d, s);
+                    } else {
+                        T::atomic_store(d, s);
+                    }
                 }
             }
             false

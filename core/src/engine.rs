@@ -1,0 +1,717 @@
+//! The training loop: every rank a worker, the parameters sharded over all ranks in one window, no
+//! server code anywhere.
+//!
+//! One iteration `t` of rank `r`:
+//! 1. announce its chunks of `t` ([`Clocks::start`]) and fill its chunk queue;
+//! 2. pull: `get` the whole model (dense) or only the keys its chunks read (sparse) into the
+//!    rank's replica;
+//! 3. compute: the pool's active threads take chunks from the rank's queue (the same window word
+//!    thieves use) and, when it is empty, take over chunks from the rank with the most left
+//!    (reading their parameters themselves: dense models use the replica, sparse ones pull the
+//!    chunk's keys into a per-thread buffer);
+//! 4. BSP only: wait until every rank's chunks of `t` are done (helping with any that are still
+//!    queued), so that nobody reads `t`'s parameters after someone changed them;
+//! 5. push: the threads' updates are summed and `accumulate`d into the owning shards, then
+//!    flushed; the rank's clock ticks;
+//! 6. wait as the scheme says (BSP: all clocks `>= t + 1`; SSP(s): the slowest `>= t + 1 - s`).
+//!
+//! Every `eval_every` iterations all ranks evaluate the full model on their share of the
+//! evaluation rows (a collective: it also lines the ranks up); the time it takes is excluded from
+//! the training time the report gives.
+
+use std::io::Write;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use peregrine_transport::{ReduceOp, ShardMap, Transport, Window};
+use serde::Serialize;
+
+use crate::model::{metric_value, Delta, KeySet, Model};
+use crate::plan::{split, Plan};
+use crate::pool::RankPool;
+use crate::queue::{self, ChunkQueues};
+use crate::sync::{wait_until, Clocks, Scheme};
+
+/// Errors of a training run.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// A window operation or collective failed.
+    #[error(transparent)]
+    Transport(#[from] peregrine_transport::Error),
+    /// The configuration cannot run.
+    #[error("{0}")]
+    Config(String),
+    /// The loss stopped being a number.
+    #[error(
+        "training diverged: the evaluation loss is {loss} after {iter} iterations; lower the learning rate"
+    )]
+    Diverged {
+        /// Iterations done.
+        iter: u64,
+        /// The loss.
+        loss: f64,
+    },
+    /// Writing metrics failed.
+    #[error("writing metrics to {path}: {source}")]
+    Metrics {
+        /// The file.
+        path: String,
+        /// What failed.
+        source: std::io::Error,
+    },
+}
+
+/// What a run does.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Synchronization scheme.
+    pub scheme: Scheme,
+    /// Global mini-batch rows per iteration.
+    pub batch: usize,
+    /// Rows per chunk.
+    pub chunk: usize,
+    /// Chunks a thread takes from its own queue at a time.
+    pub grain: u32,
+    /// Iterations to run (at most).
+    pub iterations: u64,
+    /// Stop once the evaluation loss is at or below this.
+    pub target_loss: Option<f64>,
+    /// Evaluate every this many iterations (0: only at the end).
+    pub eval_every: u64,
+    /// Take over chunks from other ranks.
+    pub steal: bool,
+    /// Fraction of a victim's remaining chunks a thief takes at once.
+    pub steal_fraction: f64,
+    /// Seed of the initial model and the batch order.
+    pub seed: u64,
+    /// Active compute threads per rank (at most the pool's size).
+    pub threads: usize,
+    /// Ranks slowed down on purpose, with their speed (0 < speed <= 1): after each chunk such a
+    /// rank sleeps `(1 / speed - 1)` times the chunk's compute time.
+    pub slow: Vec<(usize, f64)>,
+    /// Return the final parameters in the report.
+    pub keep_params: bool,
+    /// Learning-rate decay: updates of epoch `e` (fractional) are scaled by `1 / (1 + decay e)`.
+    pub lr_decay: f64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            scheme: Scheme::Bsp,
+            batch: 1024,
+            chunk: 64,
+            grain: 1,
+            iterations: 100,
+            target_loss: None,
+            eval_every: 0,
+            steal: true,
+            steal_fraction: 0.5,
+            seed: 1,
+            threads: 1,
+            slow: Vec::new(),
+            keep_params: false,
+            lr_decay: 0.0,
+        }
+    }
+}
+
+/// One iteration of one rank, as written to its metrics file.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct IterRecord {
+    /// The rank.
+    pub rank: usize,
+    /// The iteration.
+    pub iter: u64,
+    /// Training seconds (evaluations excluded) at the iteration's start.
+    pub start: f64,
+    /// Seconds computing (own chunks and chunks taken over).
+    pub compute: f64,
+    /// Seconds pulling and pushing parameters.
+    pub comm: f64,
+    /// Seconds waiting for other ranks.
+    pub wait: f64,
+    /// Own chunks computed.
+    pub own: u64,
+    /// Chunks taken over from other ranks and computed.
+    pub taken: u64,
+    /// Active compute threads.
+    pub threads: usize,
+    /// Rows computed.
+    pub rows: u64,
+    /// Mean loss of the rows computed (before their update).
+    pub loss: f64,
+}
+
+/// One evaluation.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct EvalPoint {
+    /// Iterations done.
+    pub iter: u64,
+    /// Training seconds (evaluations excluded).
+    pub time: f64,
+    /// Mean evaluation loss.
+    pub loss: f64,
+    /// Accuracy or RMSE.
+    pub metric: f64,
+}
+
+/// Totals of one rank.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct RankTotals {
+    /// Seconds computing.
+    pub compute: f64,
+    /// Seconds pulling and pushing.
+    pub comm: f64,
+    /// Seconds waiting.
+    pub wait: f64,
+    /// Own chunks computed.
+    pub own: u64,
+    /// Chunks taken over and computed.
+    pub taken: u64,
+    /// Rows computed.
+    pub rows: u64,
+}
+
+const TOTALS: usize = 6;
+
+impl RankTotals {
+    fn to_array(self) -> [f64; TOTALS] {
+        [self.compute, self.comm, self.wait, self.own as f64, self.taken as f64, self.rows as f64]
+    }
+
+    fn from_array(a: &[f64]) -> Self {
+        Self {
+            compute: a[0],
+            comm: a[1],
+            wait: a[2],
+            own: a[3] as u64,
+            taken: a[4] as u64,
+            rows: a[5] as u64,
+        }
+    }
+}
+
+/// What a run reports (the same on every rank).
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// Model name.
+    pub model: String,
+    /// Scheme.
+    pub scheme: String,
+    /// Ranks.
+    pub ranks: usize,
+    /// Iterations run.
+    pub iterations: u64,
+    /// Training rows processed (global batches).
+    pub samples: u64,
+    /// Training seconds, evaluations excluded (the slowest rank's).
+    pub train_seconds: f64,
+    /// Seconds spent evaluating.
+    pub eval_seconds: f64,
+    /// The evaluations, in order.
+    pub evals: Vec<EvalPoint>,
+    /// Name of the evaluation metric.
+    pub metric: String,
+    /// The target loss, if any.
+    pub target_loss: Option<f64>,
+    /// Training seconds until the evaluation loss first reached the target.
+    pub time_to_target: Option<f64>,
+    /// Per-rank totals.
+    pub per_rank: Vec<RankTotals>,
+    /// The final parameters, if asked for ([`Config::keep_params`]).
+    #[serde(skip)]
+    pub params: Option<Vec<f32>>,
+}
+
+impl Report {
+    /// The last evaluation.
+    pub fn last_eval(&self) -> Option<EvalPoint> {
+        self.evals.last().copied()
+    }
+
+    /// Training rows per second.
+    pub fn samples_per_second(&self) -> f64 {
+        self.samples as f64 / self.train_seconds.max(1e-12)
+    }
+}
+
+/// What rank 0 is told after each iteration (for a progress display).
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    /// Iterations done.
+    pub iter: u64,
+    /// Iterations planned.
+    pub iterations: u64,
+    /// Training rows processed.
+    pub samples: u64,
+    /// Training seconds.
+    pub seconds: f64,
+    /// Mean loss of this rank's last batch.
+    pub batch_loss: f64,
+    /// The last evaluation.
+    pub eval: Option<EvalPoint>,
+}
+
+/// Per-thread state.
+struct Slot<W> {
+    work: W,
+    loss: f64,
+    rows: u64,
+    own: u64,
+    taken: u64,
+    /// Sparse models: the parameters of chunks taken over, pulled by this thread.
+    steal: Option<StealBuf>,
+}
+
+struct StealBuf {
+    params: Vec<f32>,
+    keys: KeySet,
+    ranges: Vec<Range<usize>>,
+    buf: Vec<f32>,
+}
+
+/// A training run on this rank: the windows, buffers and counters.
+struct Run<'a, M: Model> {
+    t: &'a Transport,
+    model: &'a M,
+    cfg: &'a Config,
+    plan: Plan,
+    pool: &'a RankPool,
+    params: Window<f32>,
+    queues: ChunkQueues,
+    clocks: Clocks,
+    slots: Vec<Mutex<Slot<M::Work>>>,
+    rank: usize,
+    world: usize,
+    slow: Option<f64>,
+}
+
+/// Trains `model` on this rank (collective: every rank calls it with the same model and
+/// configuration). `metrics`, if given, receives one JSON line per iteration; `progress` is called
+/// on rank 0 after every iteration.
+pub fn train<M: Model>(
+    t: &Transport,
+    model: &M,
+    cfg: &Config,
+    pool: &RankPool,
+    metrics: Option<(&mut dyn Write, &str)>,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<Report, TrainError> {
+    let plan = Plan::new(model.rows(), cfg.batch, t.world_size(), cfg.chunk, cfg.seed)
+        .map_err(TrainError::Config)?;
+    if cfg.threads == 0 || cfg.grain == 0 || !(cfg.steal_fraction > 0.0 && cfg.steal_fraction <= 1.0) {
+        return Err(TrainError::Config(format!(
+            "threads ({}) and grain ({}) must be at least 1 and the steal fraction ({}) in (0, 1]",
+            cfg.threads, cfg.grain, cfg.steal_fraction
+        )));
+    }
+    if let Some(&(r, s)) = cfg.slow.iter().find(|&&(r, s)| r >= t.world_size() || !(s > 0.0 && s <= 1.0)) {
+        return Err(TrainError::Config(format!(
+            "slow rank {r} at speed {s}: need a rank below {} and 0 < speed <= 1",
+            t.world_size()
+        )));
+    }
+    pool.set_active(cfg.threads);
+    let layout = model.layout();
+    let map = ShardMap::balanced(layout.params, t.world_size());
+    let params: Window<f32> = t.alloc_window("parameters", &map)?;
+    // Each rank writes the initial values of its own shard.
+    let mine = map.range(t.rank());
+    let mut init = vec![0.0f32; mine.len()];
+    model.init(cfg.seed, mine.clone(), &mut init);
+    params.put(mine.start, &init)?;
+    params.flush_all()?;
+    drop(init);
+    let slots = (0..pool.max_threads())
+        .map(|_| {
+            Mutex::new(Slot {
+                work: model.work(cfg.chunk),
+                loss: 0.0,
+                rows: 0,
+                own: 0,
+                taken: 0,
+                steal: None,
+            })
+        })
+        .collect();
+    let run = Run {
+        t,
+        model,
+        cfg,
+        plan,
+        pool,
+        params,
+        queues: ChunkQueues::new(t)?,
+        clocks: Clocks::new(t)?,
+        slots,
+        rank: t.rank(),
+        world: t.world_size(),
+        slow: cfg.slow.iter().find(|&&(r, _)| r == t.rank()).map(|&(_, s)| s),
+    };
+    t.barrier()?;
+    let result = run.train(metrics, progress);
+    run.free()?;
+    result
+}
+
+impl<M: Model> Run<'_, M> {
+    fn train(
+        &self,
+        mut metrics: Option<(&mut dyn Write, &str)>,
+        progress: &mut dyn FnMut(&Progress),
+    ) -> Result<Report, TrainError> {
+        let cfg = self.cfg;
+        let mut delta = Delta::new(self.model.layout());
+        let (mut ranges, mut data) = (Vec::new(), Vec::new());
+        let mut keys = KeySet::new(self.model.layout().keys());
+        let mut totals = RankTotals::default();
+        let mut evals = Vec::new();
+        let mut eval_time = Duration::ZERO;
+        let mut time_to_target = None;
+        let mut samples = 0u64;
+        let start = Instant::now();
+        // The rank's copy of the parameters it reads (all of them for dense models).
+        let mut replica = vec![0.0f32; self.model.layout().params];
+        self.pool.bind_memory(&mut replica);
+        let mut done_iters = 0;
+        for it in 0..cfg.iterations {
+            let t0 = Instant::now();
+            let mut rec = IterRecord {
+                rank: self.rank,
+                iter: it,
+                start: (t0 - start - eval_time).as_secs_f64(),
+                threads: self.pool.active(),
+                ..Default::default()
+            };
+            let tag = queue::tag(it);
+            let n_chunks = self.plan.chunks(it, self.rank);
+            self.clocks.start(tag, n_chunks)?;
+            self.queues.fill(tag, n_chunks)?;
+
+            // Pull.
+            let c0 = Instant::now();
+            if self.model.sparse() {
+                keys.clear();
+                for c in 0..n_chunks {
+                    self.model.keys(self.plan.chunk_rows(it, self.rank, c), &mut keys);
+                }
+                pull_keys(
+                    &self.params,
+                    self.model.layout(),
+                    &mut keys,
+                    &mut ranges,
+                    &mut data,
+                    &mut replica,
+                )?;
+            } else {
+                self.params.get(0, &mut replica)?;
+            }
+            rec.comm += c0.elapsed().as_secs_f64();
+
+            // Compute, own chunks first, then others'.
+            let c1 = Instant::now();
+            self.compute(it, &replica, true)?;
+            let mut helped = Duration::ZERO;
+            // Without taking over, nobody reads parameters after its pull: no need to line up.
+            if cfg.scheme == Scheme::Bsp && cfg.steal {
+                let w = wait_until(|| -> Result<bool, TrainError> {
+                    if self.clocks.all_done(tag)? {
+                        return Ok(true);
+                    }
+                    if cfg.steal && self.stealable(tag)? {
+                        let h = Instant::now();
+                        self.compute(it, &replica, false)?;
+                        helped += h.elapsed();
+                    }
+                    Ok(false)
+                })?;
+                rec.wait += (w - helped).as_secs_f64();
+            }
+            rec.compute += (c1.elapsed().as_secs_f64() - rec.wait).max(0.0);
+
+            // Push.
+            let c2 = Instant::now();
+            let batch_rows = self.plan.batch_rows(it).len();
+            let epoch = it as f64 / self.plan.iters_per_epoch() as f64;
+            let scale = self.model.scale(batch_rows) / (1.0 + cfg.lr_decay * epoch) as f32;
+            delta.clear();
+            for s in &self.slots {
+                let mut s = s.lock().expect("a compute thread panicked");
+                let s = &mut *s;
+                self.model.drain(&mut s.work, scale, &mut delta);
+                rec.own += std::mem::take(&mut s.own);
+                rec.taken += std::mem::take(&mut s.taken);
+                rec.rows += std::mem::take(&mut s.rows);
+                rec.loss += std::mem::take(&mut s.loss);
+            }
+            if !delta.is_empty() {
+                if self.model.sparse() {
+                    delta.ranges(&mut ranges, &mut data);
+                    self.params.accumulate_batch(&ranges, &data)?;
+                } else {
+                    delta.ranges(&mut ranges, &mut data);
+                    self.params.accumulate(0, &data)?;
+                }
+            }
+            self.params.flush_all()?;
+            self.clocks.tick()?;
+            rec.comm += c2.elapsed().as_secs_f64();
+
+            // Wait as the scheme says.
+            let need = match cfg.scheme {
+                Scheme::Bsp => Some(it + 1),
+                Scheme::Ssp(s) => (it + 1).checked_sub(s),
+                Scheme::Asp => None,
+            };
+            if let Some(need) = need {
+                rec.wait +=
+                    wait_until(|| Ok::<_, TrainError>(self.clocks.min_clock()? >= need))?.as_secs_f64();
+            }
+            samples += batch_rows as u64;
+            rec.loss /= rec.rows.max(1) as f64;
+            totals.compute += rec.compute;
+            totals.comm += rec.comm;
+            totals.wait += rec.wait;
+            totals.own += rec.own;
+            totals.taken += rec.taken;
+            totals.rows += rec.rows;
+            if let Some((w, path)) = metrics.as_mut() {
+                serde_json::to_writer(&mut *w, &rec)
+                    .map_err(std::io::Error::from)
+                    .and_then(|()| w.write_all(b"\n"))
+                    .map_err(|source| TrainError::Metrics { path: path.to_string(), source })?;
+            }
+            done_iters = it + 1;
+
+            // Evaluate (the last evaluation comes after the loop, once every push has landed).
+            let last = it + 1 == cfg.iterations;
+            if !last && cfg.eval_every > 0 && (it + 1) % cfg.eval_every == 0 {
+                let train_time = (start.elapsed() - eval_time).as_secs_f64();
+                let e0 = Instant::now();
+                let (loss, metric) = self.evaluate(&mut replica)?;
+                eval_time += e0.elapsed();
+                if !loss.is_finite() {
+                    return Err(TrainError::Diverged { iter: it + 1, loss });
+                }
+                evals.push(EvalPoint { iter: it + 1, time: train_time, loss, metric });
+                if time_to_target.is_none() && cfg.target_loss.is_some_and(|g| loss <= g) {
+                    time_to_target = Some(train_time);
+                }
+            }
+            if self.rank == 0 {
+                progress(&Progress {
+                    iter: it + 1,
+                    iterations: cfg.iterations,
+                    samples,
+                    seconds: (start.elapsed() - eval_time).as_secs_f64(),
+                    batch_loss: rec.loss,
+                    eval: evals.last().copied(),
+                });
+            }
+            if time_to_target.is_some() {
+                break;
+            }
+        }
+        // Every push has landed (each rank flushed before the barrier) before anyone reads the
+        // final model.
+        self.t.barrier()?;
+        if evals.last().is_none_or(|e| e.iter != done_iters) {
+            let train_time = (start.elapsed() - eval_time).as_secs_f64();
+            let e0 = Instant::now();
+            let (loss, metric) = self.evaluate(&mut replica)?;
+            eval_time += e0.elapsed();
+            if !loss.is_finite() {
+                return Err(TrainError::Diverged { iter: done_iters, loss });
+            }
+            evals.push(EvalPoint { iter: done_iters, time: train_time, loss, metric });
+            if time_to_target.is_none() && cfg.target_loss.is_some_and(|g| loss <= g) {
+                time_to_target = Some(train_time);
+            }
+        }
+        let mut train_seconds = [(start.elapsed() - eval_time).as_secs_f64(), eval_time.as_secs_f64()];
+        self.t.allreduce(&mut train_seconds, ReduceOp::Max)?;
+        let mut all = vec![0.0f64; self.world * TOTALS];
+        all[self.rank * TOTALS..(self.rank + 1) * TOTALS].copy_from_slice(&totals.to_array());
+        self.t.allreduce(&mut all, ReduceOp::Sum)?;
+        Ok(Report {
+            model: self.model.name().into(),
+            scheme: cfg.scheme.to_string(),
+            ranks: self.world,
+            iterations: done_iters,
+            samples,
+            train_seconds: train_seconds[0],
+            eval_seconds: train_seconds[1],
+            evals,
+            metric: self.model.metric().name().into(),
+            target_loss: cfg.target_loss,
+            time_to_target,
+            per_rank: all.chunks(TOTALS).map(RankTotals::from_array).collect(),
+            params: cfg.keep_params.then_some(replica),
+        })
+    }
+
+    /// Whether some rank still has queued chunks of the iteration tagged `tag`.
+    fn stealable(&self, tag: u16) -> Result<bool, TrainError> {
+        for r in (0..self.world).filter(|&r| r != self.rank) {
+            let (g, h, tl) = self.queues.peek(r)?;
+            if g == tag && tl > h {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Runs the active threads over this rank's queue (if `own`) and then over chunks taken from
+    /// others (if stealing is on), until nothing is left to take.
+    fn compute(&self, it: u64, replica: &[f32], own: bool) -> Result<(), TrainError> {
+        let failed = AtomicBool::new(false);
+        let error = Mutex::new(None);
+        self.pool.run(|w| {
+            let mut slot = self.slots[w].lock().expect("a compute thread panicked");
+            if let Err(e) = self.worker(it, replica, own, &mut slot, &failed) {
+                failed.store(true, Ordering::Relaxed);
+                error.lock().expect("error slot").get_or_insert(e);
+            }
+        });
+        match error.into_inner().expect("error slot") {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn worker(
+        &self,
+        it: u64,
+        replica: &[f32],
+        own: bool,
+        slot: &mut Slot<M::Work>,
+        failed: &AtomicBool,
+    ) -> Result<(), TrainError> {
+        while own && !failed.load(Ordering::Relaxed) {
+            let Some(r) = self.queues.take_own(self.cfg.grain)? else { break };
+            for c in r.clone() {
+                self.run_chunk(self.plan.chunk_rows(it, self.rank, c), replica, slot);
+            }
+            slot.own += u64::from(r.end - r.start);
+            self.clocks.done(self.rank, r.end - r.start)?;
+        }
+        while self.cfg.steal && !failed.load(Ordering::Relaxed) {
+            let Some((victim, vit, r)) = self.take_over(it)? else { break };
+            if self.model.sparse() {
+                let layout = self.model.layout();
+                let sb = slot.steal.get_or_insert_with(|| StealBuf {
+                    params: vec![0.0; layout.params],
+                    keys: KeySet::new(layout.keys()),
+                    ranges: Vec::new(),
+                    buf: Vec::new(),
+                });
+                sb.keys.clear();
+                for c in r.clone() {
+                    self.model.keys(self.plan.chunk_rows(vit, victim, c), &mut sb.keys);
+                }
+                pull_keys(&self.params, layout, &mut sb.keys, &mut sb.ranges, &mut sb.buf, &mut sb.params)?;
+                let p = std::mem::take(&mut sb.params);
+                for c in r.clone() {
+                    self.run_chunk(self.plan.chunk_rows(vit, victim, c), &p, slot);
+                }
+                if let Some(sb) = slot.steal.as_mut() {
+                    sb.params = p;
+                }
+            } else {
+                for c in r.clone() {
+                    self.run_chunk(self.plan.chunk_rows(vit, victim, c), replica, slot);
+                }
+            }
+            slot.taken += u64::from(r.end - r.start);
+            self.clocks.done(victim, r.end - r.start)?;
+        }
+        Ok(())
+    }
+
+    fn run_chunk(&self, rows: Range<usize>, params: &[f32], slot: &mut Slot<M::Work>) {
+        let c0 = Instant::now();
+        slot.rows += rows.len() as u64;
+        slot.loss += self.model.compute(rows, params, &mut slot.work);
+        if let Some(speed) = self.slow {
+            std::thread::sleep(c0.elapsed().mul_f64(1.0 / speed - 1.0));
+        }
+    }
+
+    /// Takes over chunks from the rank with the most left in an iteration not ahead of `it`:
+    /// `(victim, victim's iteration, chunks)`.
+    fn take_over(&self, it: u64) -> Result<Option<(usize, u64, Range<u32>)>, TrainError> {
+        loop {
+            let mut best: Option<(usize, u32)> = None;
+            for r in (0..self.world).filter(|&r| r != self.rank) {
+                let (g, h, tl) = self.queues.peek(r)?;
+                let ahead = (g.wrapping_sub(queue::tag(it)) as i16) > 0;
+                if tl > h && !ahead && best.is_none_or(|(_, n)| tl - h > n) {
+                    best = Some((r, tl - h));
+                }
+            }
+            let Some((victim, _)) = best else { return Ok(None) };
+            if let Some((g, r)) = self.queues.steal(victim, self.cfg.steal_fraction, u32::MAX)? {
+                // The victim's iteration from its tag: within 2^15 of ours. If it refilled its
+                // queue between the look and the take (SSP only), the chunks are of a newer
+                // iteration, computed against our older parameters like any stale worker's.
+                let d = i64::from(g.wrapping_sub(queue::tag(it)) as i16);
+                return Ok(Some((victim, (it as i64 + d).max(0) as u64, r)));
+            }
+        }
+    }
+
+    /// Evaluates the current global model: every rank pulls all of it and evaluates its share of
+    /// the evaluation rows with its threads; the sums are added up over ranks.
+    fn evaluate(&self, replica: &mut [f32]) -> Result<(f64, f64), TrainError> {
+        self.params.get(0, replica)?;
+        let mine = split(self.model.eval_rows(), self.rank, self.world);
+        let threads = self.pool.active();
+        let sums = Mutex::new([0.0f64; 3]);
+        let replica = &*replica;
+        self.pool.run(|w| {
+            let part = split(mine.len(), w, threads);
+            let s = self.model.evaluate(replica, mine.start + part.start..mine.start + part.end);
+            let mut all = sums.lock().expect("eval sums");
+            for (a, b) in all.iter_mut().zip(s) {
+                *a += b;
+            }
+        });
+        let mut s = sums.into_inner().expect("eval sums");
+        self.t.allreduce(&mut s, ReduceOp::Sum)?;
+        let loss = s[0] / s[2].max(1.0);
+        let metric = metric_value(self.model.metric(), s);
+        Ok((loss, metric))
+    }
+
+    fn free(self) -> Result<(), TrainError> {
+        self.t.barrier()?;
+        self.params.free()?;
+        self.queues.free()?;
+        self.clocks.free()?;
+        Ok(())
+    }
+}
+
+/// Reads the parameters of `keys` from `params` into the same positions of `into`.
+fn pull_keys(
+    params: &Window<f32>,
+    layout: crate::model::Layout,
+    keys: &mut KeySet,
+    ranges: &mut Vec<Range<usize>>,
+    buf: &mut Vec<f32>,
+    into: &mut [f32],
+) -> Result<(), TrainError> {
+    keys.ranges(layout, ranges);
+    let n = ranges.iter().map(|r| r.len()).sum();
+    buf.resize(n, 0.0);
+    params.get_batch(ranges, buf)?;
+    let mut off = 0;
+    for r in ranges.iter() {
+        into[r.clone()].copy_from_slice(&buf[off..off + r.len()]);
+        off += r.len();
+    }
+    Ok(())
+}

@@ -1,0 +1,113 @@
+//! Binary logistic regression over sparse rows: a worker reads and updates only the weights of
+//! the features its rows touch.
+
+use std::ops::Range;
+use std::path::Path;
+
+use peregrine_kernels::data::{Dataset, Kind, SparseRows};
+use peregrine_kernels::lr::{self, Csr, SparseGrad};
+
+use super::{Built, Delta, EvalSums, KeySet, Layout, Metric, Model};
+
+/// Logistic regression: `p(y = 1 | x) = sigmoid(w . x)`, log-loss.
+#[derive(Debug)]
+pub struct LogReg {
+    train: Dataset,
+    eval: Option<Dataset>,
+    lr: f32,
+    dim: usize,
+}
+
+impl LogReg {
+    /// Trains on the sparse dataset `train` with learning rate `lr`; evaluates on `eval` (the
+    /// training set if `None`).
+    pub fn new(train: &Path, eval: Option<&Path>, lr: f32) -> Built<Self> {
+        let train = super::open(train, Kind::Sparse, "training set")?;
+        let eval = eval.map(|p| super::open(p, Kind::Sparse, "evaluation set")).transpose()?;
+        if let Some(e) = &eval {
+            super::same_cols(&train, e)?;
+        }
+        let dim = train.header().cols as usize;
+        Ok(Self { train, eval, lr, dim })
+    }
+
+    fn rows_of(d: &Dataset) -> SparseRows<'_> {
+        d.sparse().expect("the kind is checked when the model is built")
+    }
+}
+
+fn csr<'a>(x: &SparseRows<'a>) -> Csr<'a> {
+    Csr { row_ptr: x.row_ptr, indices: x.indices, values: x.values }
+}
+
+impl Model for LogReg {
+    type Work = SparseGrad;
+
+    fn name(&self) -> &'static str {
+        "lr"
+    }
+
+    fn layout(&self) -> Layout {
+        Layout { params: self.dim, width: 1 }
+    }
+
+    fn rows(&self) -> usize {
+        self.train.rows()
+    }
+
+    fn eval_rows(&self) -> usize {
+        self.eval.as_ref().unwrap_or(&self.train).rows()
+    }
+
+    fn metric(&self) -> Metric {
+        Metric::Accuracy
+    }
+
+    fn init(&self, _seed: u64, _range: Range<usize>, out: &mut [f32]) {
+        out.fill(0.0);
+    }
+
+    fn sparse(&self) -> bool {
+        true
+    }
+
+    fn keys(&self, rows: Range<usize>, set: &mut KeySet) {
+        for &j in Self::rows_of(&self.train).rows(rows).indices {
+            set.insert(j);
+        }
+    }
+
+    fn work(&self, _chunk: usize) -> SparseGrad {
+        SparseGrad::new(self.dim)
+    }
+
+    fn compute(&self, rows: Range<usize>, params: &[f32], work: &mut SparseGrad) -> f64 {
+        let x = Self::rows_of(&self.train).rows(rows);
+        lr::loss_grad_sparse(csr(&x), x.labels, params, work)
+    }
+
+    fn drain(&self, work: &mut SparseGrad, scale: f32, delta: &mut Delta) {
+        for (j, g) in work.iter() {
+            delta.add(j, scale, &[g]);
+        }
+        work.clear();
+    }
+
+    fn scale(&self, rows: usize) -> f32 {
+        -self.lr / rows.max(1) as f32
+    }
+
+    fn evaluate(&self, params: &[f32], rows: Range<usize>) -> EvalSums {
+        let x = Self::rows_of(self.eval.as_ref().unwrap_or(&self.train)).rows(rows);
+        let mut p = vec![0.0f32; x.len()];
+        // The evaluation set may have fewer columns; it never has more (checked).
+        lr::predict(csr(&x), params, &mut p);
+        let (mut loss, mut right) = (0.0f64, 0.0f64);
+        for (&p, &y) in p.iter().zip(x.labels) {
+            let p = f64::from(p).clamp(1e-12, 1.0 - 1e-12);
+            loss -= if y > 0.5 { p.ln() } else { (1.0 - p).ln() };
+            right += f64::from(u8::from((p > 0.5) == (y > 0.5)));
+        }
+        [loss, right, x.len() as f64]
+    }
+}

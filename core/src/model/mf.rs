@@ -1,0 +1,162 @@
+//! Matrix factorization: `r_ui ~ u_u . v_i`, user factors `U` (`users x k`) then item factors `V`
+//! (`items x k`); one key per factor row.
+//!
+//! A chunk runs plain SGD, one step per rating in order (the kernel of libmf and of every
+//! Hogwild-style MF), on a private copy of the factor rows its ratings touch, taken from the
+//! iteration's snapshot; what the chunk changed is its update. Chunks of one iteration thus start
+//! from the same parameters whichever rank or thread computes them, and their updates add up.
+
+use std::ops::Range;
+use std::path::Path;
+
+use peregrine_kernels::data::{Dataset, Kind, Ratings};
+use peregrine_kernels::mf;
+
+use super::{Built, Delta, EvalSums, KeySet, Layout, Metric, Model};
+
+/// Matrix factorization with L2-regularised squared error.
+#[derive(Debug)]
+pub struct Mf {
+    train: Dataset,
+    eval: Option<Dataset>,
+    lr: f32,
+    l2: f32,
+    k: usize,
+    users: usize,
+    items: usize,
+}
+
+/// Per-thread factor copies and accumulated change.
+#[derive(Debug)]
+pub struct Work {
+    local: Vec<f32>,
+    acc: Vec<f32>,
+    chunk_keys: KeySet,
+    keys: KeySet,
+}
+
+impl Mf {
+    /// Rank `k` factorization of the ratings in `train` (SGD step `lr`, L2 weight `l2`),
+    /// evaluated on `eval` (the training set if `None`).
+    pub fn new(train: &Path, eval: Option<&Path>, k: usize, lr: f32, l2: f32) -> Built<Self> {
+        let train = super::open(train, Kind::Ratings, "training set")?;
+        let eval = eval.map(|p| super::open(p, Kind::Ratings, "evaluation set")).transpose()?;
+        if k == 0 {
+            return Err("matrix factorization needs rank k >= 1".into());
+        }
+        let t = train.ratings().expect("kind checked");
+        let (mut users, mut items) = (t.n_users, t.n_items);
+        if let Some(e) = &eval {
+            let e = e.ratings().expect("kind checked");
+            (users, items) = (users.max(e.n_users), items.max(e.n_items));
+        }
+        Ok(Self { train, eval, lr, l2, k, users, items })
+    }
+
+    fn rows_of(d: &Dataset) -> Ratings<'_> {
+        d.ratings().expect("the kind is checked when the model is built")
+    }
+
+    fn split<'a>(&self, params: &'a [f32]) -> (&'a [f32], &'a [f32]) {
+        params.split_at(self.users * self.k)
+    }
+}
+
+impl Model for Mf {
+    type Work = Work;
+
+    fn name(&self) -> &'static str {
+        "mf"
+    }
+
+    fn layout(&self) -> Layout {
+        Layout { params: (self.users + self.items) * self.k, width: self.k }
+    }
+
+    fn rows(&self) -> usize {
+        self.train.rows()
+    }
+
+    fn eval_rows(&self) -> usize {
+        self.eval.as_ref().unwrap_or(&self.train).rows()
+    }
+
+    fn metric(&self) -> Metric {
+        Metric::Rmse
+    }
+
+    /// Uniform in `[-a, a)`, `a = 1 / sqrt(k)`: initial predictions are small but not zero (zero
+    /// factors would never move).
+    fn init(&self, seed: u64, range: Range<usize>, out: &mut [f32]) {
+        let a = (1.0 / self.k as f32).sqrt();
+        for (i, o) in range.zip(out) {
+            *o = super::uniform(seed, i, a);
+        }
+    }
+
+    fn sparse(&self) -> bool {
+        true
+    }
+
+    fn keys(&self, rows: Range<usize>, set: &mut KeySet) {
+        let r = Self::rows_of(&self.train).rows(rows);
+        for (&u, &i) in r.users.iter().zip(r.items) {
+            set.insert(u);
+            set.insert((self.users as u32) + i);
+        }
+    }
+
+    fn work(&self, _chunk: usize) -> Work {
+        let l = self.layout();
+        Work {
+            local: vec![0.0; l.params],
+            acc: vec![0.0; l.params],
+            chunk_keys: KeySet::new(l.keys()),
+            keys: KeySet::new(l.keys()),
+        }
+    }
+
+    fn compute(&self, rows: Range<usize>, params: &[f32], work: &mut Work) -> f64 {
+        let l = self.layout();
+        self.keys(rows.clone(), &mut work.chunk_keys);
+        for &key in work.chunk_keys.keys() {
+            let r = l.range(key);
+            work.local[r.clone()].copy_from_slice(&params[r]);
+        }
+        let x = Self::rows_of(&self.train).rows(rows);
+        let (u, v) = work.local.split_at_mut(self.users * self.k);
+        let sse = mf::sgd_chunk(x.users, x.items, x.ratings, u, v, self.k, self.lr, self.l2);
+        for &key in work.chunk_keys.keys() {
+            let r = l.range(key);
+            for ((a, &new), &old) in
+                work.acc[r.clone()].iter_mut().zip(&work.local[r.clone()]).zip(&params[r])
+            {
+                *a += new - old;
+            }
+            work.keys.insert(key);
+        }
+        work.chunk_keys.clear();
+        sse
+    }
+
+    fn drain(&self, work: &mut Work, scale: f32, delta: &mut Delta) {
+        let l = self.layout();
+        for &key in work.keys.keys() {
+            let r = l.range(key);
+            delta.add(key, scale, &work.acc[r.clone()]);
+            work.acc[r].fill(0.0);
+        }
+        work.keys.clear();
+    }
+
+    fn scale(&self, _rows: usize) -> f32 {
+        1.0
+    }
+
+    fn evaluate(&self, params: &[f32], rows: Range<usize>) -> EvalSums {
+        let x = Self::rows_of(self.eval.as_ref().unwrap_or(&self.train)).rows(rows);
+        let (u, v) = self.split(params);
+        let sse = mf::sse(x.users, x.items, x.ratings, u, v, self.k);
+        [sse, sse, x.len() as f64]
+    }
+}

@@ -1,0 +1,219 @@
+//! A multilayer perceptron over dense rows: `cols -> hidden... -> classes`, ReLU between layers,
+//! softmax cross-entropy on top. Parameters: per layer `W` (`out x in`) then `b` (`out`).
+
+use std::ops::Range;
+use std::path::Path;
+
+use peregrine_kernels::data::{Dataset, DenseRows, Kind};
+use peregrine_kernels::mlp::{self, Matmul};
+
+use super::{Built, Delta, EvalSums, KeySet, Layout, Metric, Model};
+
+/// The MLP.
+#[derive(Debug)]
+pub struct Mlp {
+    train: Dataset,
+    eval: Option<Dataset>,
+    lr: f32,
+    /// Layer widths, input first, classes last.
+    dims: Vec<usize>,
+    /// Offset of each layer's `W` in the parameter vector (`b` follows it).
+    offsets: Vec<usize>,
+    params: usize,
+}
+
+/// Per-thread activations, their gradients, the parameter gradient and the product runner.
+#[derive(Debug)]
+pub struct Work {
+    acts: Vec<Vec<f32>>,
+    grads: Vec<Vec<f32>>,
+    grad: Vec<f32>,
+    mm: Matmul,
+}
+
+impl Mlp {
+    /// An MLP with hidden layers `hidden` on the dense dataset `train` (learning rate `lr`),
+    /// evaluated on `eval` (the training set if `None`).
+    pub fn new(train: &Path, eval: Option<&Path>, hidden: &[usize], lr: f32) -> Built<Self> {
+        let train = super::open(train, Kind::Dense, "training set")?;
+        let eval = eval.map(|p| super::open(p, Kind::Dense, "evaluation set")).transpose()?;
+        let (cols, classes) = (train.header().cols as usize, train.header().classes as usize);
+        if let Some(e) = &eval {
+            if (e.header().cols as usize, e.header().classes as usize) != (cols, classes) {
+                return Err(format!(
+                    "evaluation set {} is {} columns x {} classes, the training set {cols} x {classes}",
+                    e.path().display(),
+                    e.header().cols,
+                    e.header().classes
+                ));
+            }
+        }
+        if classes < 2 || hidden.contains(&0) {
+            return Err(format!(
+                "an MLP needs 2 or more classes ({classes}) and no empty hidden layer ({hidden:?})"
+            ));
+        }
+        let dims: Vec<usize> = std::iter::once(cols).chain(hidden.iter().copied()).chain([classes]).collect();
+        let mut offsets = Vec::new();
+        let mut params = 0;
+        for l in dims.windows(2) {
+            offsets.push(params);
+            params += l[1] * (l[0] + 1);
+        }
+        Ok(Self { train, eval, lr, dims, offsets, params })
+    }
+
+    fn rows_of(d: &Dataset) -> DenseRows<'_> {
+        d.dense().expect("the kind is checked when the model is built")
+    }
+
+    fn layers(&self) -> usize {
+        self.dims.len() - 1
+    }
+
+    /// `W` and `b` of layer `l` within `params` (or a gradient of the same layout).
+    fn wb(&self, l: usize) -> (Range<usize>, Range<usize>) {
+        let (i, o, s) = (self.dims[l], self.dims[l + 1], self.offsets[l]);
+        (s..s + o * i, s + o * i..s + o * (i + 1))
+    }
+
+    fn buffers(&self, n: usize) -> Vec<Vec<f32>> {
+        self.dims[1..].iter().map(|&d| vec![0.0; n * d]).collect()
+    }
+
+    /// Forward pass of `x` (`n` rows) into `acts`; returns the logits' layer index.
+    fn forward(&self, mm: &mut Matmul, x: &[f32], params: &[f32], acts: &mut [Vec<f32>], n: usize) {
+        for l in 0..self.layers() {
+            let (w, b) = self.wb(l);
+            let (before, rest) = acts.split_at_mut(l);
+            let input = if l == 0 { x } else { &before[l - 1][..n * self.dims[l]] };
+            let out = &mut rest[0][..n * self.dims[l + 1]];
+            mlp::dense_forward(mm, input, &params[w], &params[b], out);
+            if l + 1 < self.layers() {
+                mlp::relu(out);
+            }
+        }
+    }
+}
+
+impl Model for Mlp {
+    type Work = Work;
+
+    fn name(&self) -> &'static str {
+        "mlp"
+    }
+
+    fn layout(&self) -> Layout {
+        Layout::dense(self.params)
+    }
+
+    fn rows(&self) -> usize {
+        self.train.rows()
+    }
+
+    fn eval_rows(&self) -> usize {
+        self.eval.as_ref().unwrap_or(&self.train).rows()
+    }
+
+    fn metric(&self) -> Metric {
+        Metric::Accuracy
+    }
+
+    /// Weights uniform in `[-a, a)`, `a = sqrt(6 / fan_in)` (He), biases zero.
+    fn init(&self, seed: u64, range: Range<usize>, out: &mut [f32]) {
+        for (i, o) in range.zip(out) {
+            let l = self.offsets.partition_point(|&s| s <= i) - 1;
+            let (w, _) = self.wb(l);
+            *o = if w.contains(&i) {
+                super::uniform(seed, i, (6.0 / self.dims[l] as f32).sqrt())
+            } else {
+                0.0
+            };
+        }
+    }
+
+    fn sparse(&self) -> bool {
+        false
+    }
+
+    fn keys(&self, _rows: Range<usize>, _set: &mut KeySet) {}
+
+    fn work(&self, chunk: usize) -> Work {
+        Work {
+            acts: self.buffers(chunk),
+            grads: self.buffers(chunk),
+            grad: vec![0.0; self.params],
+            mm: Matmul::default(),
+        }
+    }
+
+    fn compute(&self, rows: Range<usize>, params: &[f32], work: &mut Work) -> f64 {
+        let x = Self::rows_of(&self.train).rows(rows);
+        let n = x.len();
+        let top = self.layers() - 1;
+        self.forward(&mut work.mm, x.features, params, &mut work.acts, n);
+        let c = self.dims[top + 1];
+        let loss =
+            mlp::softmax_cross_entropy(&work.acts[top][..n * c], x.labels, &mut work.grads[top][..n * c]);
+        for l in (0..=top).rev() {
+            let (w, b) = self.wb(l);
+            let (gw, gb) = {
+                let (lo, hi) = work.grad.split_at_mut(b.start);
+                (&mut lo[w.start..], &mut hi[..b.len()])
+            };
+            let (gbelow, gabove) = work.grads.split_at_mut(l);
+            let dy = &gabove[0][..n * self.dims[l + 1]];
+            let input = if l == 0 { x.features } else { &work.acts[l - 1][..n * self.dims[l]] };
+            let gx = if l == 0 { None } else { Some(&mut gbelow[l - 1][..n * self.dims[l]]) };
+            mlp::dense_backward(&mut work.mm, input, &params[w], dy, gw, gb, gx);
+            if l > 0 {
+                mlp::relu_backward(
+                    &work.acts[l - 1][..n * self.dims[l]],
+                    &mut gbelow[l - 1][..n * self.dims[l]],
+                );
+            }
+        }
+        loss
+    }
+
+    fn drain(&self, work: &mut Work, scale: f32, delta: &mut Delta) {
+        delta.add_all(scale, &work.grad);
+        work.grad.fill(0.0);
+    }
+
+    fn scale(&self, rows: usize) -> f32 {
+        -self.lr / rows.max(1) as f32
+    }
+
+    fn evaluate(&self, params: &[f32], rows: Range<usize>) -> EvalSums {
+        let x = Self::rows_of(self.eval.as_ref().unwrap_or(&self.train)).rows(rows);
+        let mut mm = Matmul::default();
+        let block = 256;
+        let mut acts = self.buffers(block);
+        let c = *self.dims.last().expect("at least two layers");
+        let mut g = vec![0.0f32; block * c];
+        let (mut loss, mut right) = (0.0, 0.0);
+        for s in (0..x.len()).step_by(block) {
+            let e = (s + block).min(x.len());
+            let n = e - s;
+            let xb = x.rows(s..e);
+            self.forward(&mut mm, xb.features, params, &mut acts, n);
+            let z = &acts[self.layers() - 1][..n * c];
+            for (i, &y) in xb.labels.iter().enumerate() {
+                right += f64::from(u8::from(mlp_argmax(&z[i * c..(i + 1) * c]) == y as usize));
+            }
+            loss += mlp::softmax_cross_entropy(z, xb.labels, &mut g[..n * c]);
+        }
+        [loss, right, x.len() as f64]
+    }
+}
+
+fn mlp_argmax(z: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in z.iter().enumerate() {
+        if v > z[best] {
+            best = i;
+        }
+    }
+    best
+}

@@ -1,0 +1,342 @@
+//! Models over a flat parameter vector that lives, sharded, in one window.
+//!
+//! A model says how its parameters are laid out ([`Layout`]: keys of `width` parameters, the unit
+//! in which sparse models read and write), which keys a set of rows reads ([`Model::keys`]), and
+//! how to compute a set of rows against a parameter snapshot into a per-thread [`Model::Work`],
+//! which it then drains as an update `delta` (`w <- w + delta`) for the engine to `accumulate`
+//! into the owning shards. Gradient models drain `-lr / batch * gradient`; matrix factorization
+//! runs SGD over its rows on a private copy of their factors and drains the difference.
+//!
+//! One window for all of a model's blocks (rather than one per block): a block boundary is just
+//! an offset, a dense pull or push is one call, and sparse pulls coalesce neighbouring keys across
+//! blocks the same way.
+
+use std::ops::Range;
+
+use peregrine_kernels::data::{Dataset, Kind};
+
+pub mod lr;
+pub mod mf;
+pub mod mlp;
+pub mod softmax;
+
+/// A flat parameter vector cut into keys of `width` parameters (the last may be shorter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Parameters.
+    pub params: usize,
+    /// Parameters per key.
+    pub width: usize,
+}
+
+impl Layout {
+    /// One key holding everything: a dense model.
+    pub fn dense(params: usize) -> Self {
+        Self { params, width: params.max(1) }
+    }
+
+    /// Keys.
+    pub fn keys(&self) -> usize {
+        self.params.div_ceil(self.width)
+    }
+
+    /// The parameters of key `key`.
+    #[inline]
+    pub fn range(&self, key: u32) -> Range<usize> {
+        let s = key as usize * self.width;
+        s..(s + self.width).min(self.params)
+    }
+}
+
+/// A set of keys: a bitmap for membership and the members in insertion order.
+#[derive(Clone, Debug)]
+pub struct KeySet {
+    bits: Vec<u64>,
+    list: Vec<u32>,
+}
+
+impl KeySet {
+    /// An empty set over keys `0..keys`.
+    pub fn new(keys: usize) -> Self {
+        Self { bits: vec![0; keys.div_ceil(64)], list: Vec::new() }
+    }
+
+    /// Adds `key`.
+    #[inline]
+    pub fn insert(&mut self, key: u32) {
+        let (w, b) = ((key / 64) as usize, key % 64);
+        if self.bits[w] & (1 << b) == 0 {
+            self.bits[w] |= 1 << b;
+            self.list.push(key);
+        }
+    }
+
+    /// The members, in insertion order (sorted after [`ranges`](Self::ranges)).
+    pub fn keys(&self) -> &[u32] {
+        &self.list
+    }
+
+    /// Members.
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// Empties the set in time proportional to its size.
+    pub fn clear(&mut self) {
+        for &k in &self.list {
+            self.bits[(k / 64) as usize] = 0;
+        }
+        self.list.clear();
+    }
+
+    /// Sorts the members and writes the parameter ranges they cover into `out`, neighbouring keys
+    /// coalesced.
+    pub fn ranges(&mut self, layout: Layout, out: &mut Vec<Range<usize>>) {
+        out.clear();
+        self.list.sort_unstable();
+        for &k in &self.list {
+            let r = layout.range(k);
+            match out.last_mut() {
+                Some(last) if last.end == r.start => last.end = r.end,
+                _ => out.push(r),
+            }
+        }
+    }
+}
+
+/// An update to push: values over the whole vector and the keys they touch.
+#[derive(Clone, Debug)]
+pub struct Delta {
+    layout: Layout,
+    values: Vec<f32>,
+    keys: KeySet,
+}
+
+impl Delta {
+    /// A zero update.
+    pub fn new(layout: Layout) -> Self {
+        Self { layout, values: vec![0.0; layout.params], keys: KeySet::new(layout.keys()) }
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// Adds `scale * src` to key `key` (`src` spans the key).
+    #[inline]
+    pub fn add(&mut self, key: u32, scale: f32, src: &[f32]) {
+        let r = self.layout.range(key);
+        self.keys.insert(key);
+        peregrine_kernels::dense::axpy(scale, src, &mut self.values[r]);
+    }
+
+    /// Adds `scale * src` to every parameter.
+    pub fn add_all(&mut self, scale: f32, src: &[f32]) {
+        for k in 0..self.layout.keys() as u32 {
+            self.keys.insert(k);
+        }
+        peregrine_kernels::dense::axpy(scale, src, &mut self.values);
+    }
+
+    /// Adds another update.
+    pub fn merge(&mut self, other: &Delta) {
+        for &k in other.keys.keys() {
+            let r = self.layout.range(k);
+            self.add(k, 1.0, &other.values[r]);
+        }
+    }
+
+    /// Multiplies the update by `s`.
+    pub fn scale(&mut self, s: f32) {
+        for &k in self.keys.keys() {
+            let r = self.layout.range(k);
+            peregrine_kernels::dense::scale(s, &mut self.values[r]);
+        }
+    }
+
+    /// Whether nothing is touched.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The touched ranges (coalesced) and their values back to back, for `accumulate_batch`.
+    pub fn ranges(&mut self, ranges: &mut Vec<Range<usize>>, data: &mut Vec<f32>) {
+        self.keys.ranges(self.layout, ranges);
+        data.clear();
+        for r in ranges.iter() {
+            data.extend_from_slice(&self.values[r.clone()]);
+        }
+    }
+
+    /// Resets to zero, in time proportional to what was touched.
+    pub fn clear(&mut self) {
+        for &k in self.keys.keys() {
+            let r = self.layout.range(k);
+            self.values[r].fill(0.0);
+        }
+        self.keys.clear();
+    }
+}
+
+/// What an evaluation reports besides the loss.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Metric {
+    /// Fraction of rows classified right.
+    Accuracy,
+    /// Root mean squared error of predicted ratings.
+    Rmse,
+}
+
+impl Metric {
+    /// Name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Accuracy => "accuracy",
+            Self::Rmse => "rmse",
+        }
+    }
+}
+
+/// Sums over evaluated rows, to be added up over ranks: `[loss, metric sum, rows]` (the metric sum
+/// is the count of right answers for accuracy, the squared error for RMSE).
+pub type EvalSums = [f64; 3];
+
+/// The value of `metric` for sums `s`.
+pub fn metric_value(metric: Metric, s: EvalSums) -> f64 {
+    match metric {
+        Metric::Accuracy => s[1] / s[2].max(1.0),
+        Metric::Rmse => (s[1] / s[2].max(1.0)).sqrt(),
+    }
+}
+
+/// A model: parameters, data, and how rows turn into updates.
+pub trait Model: Send + Sync {
+    /// Per-thread buffers: what a chunk's computation accumulates into.
+    type Work: Send;
+
+    /// Name in reports.
+    fn name(&self) -> &'static str;
+
+    /// The parameter layout.
+    fn layout(&self) -> Layout;
+
+    /// Training rows.
+    fn rows(&self) -> usize;
+
+    /// Evaluation rows.
+    fn eval_rows(&self) -> usize;
+
+    /// What [`evaluate`](Self::evaluate) reports besides the loss.
+    fn metric(&self) -> Metric;
+
+    /// Initial values of parameters `range` (a function of the seed and the index only, so every
+    /// world size starts from the same model).
+    fn init(&self, seed: u64, range: Range<usize>, out: &mut [f32]);
+
+    /// Whether the model reads only the keys its rows touch ([`keys`](Self::keys)); dense models
+    /// read every parameter.
+    fn sparse(&self) -> bool;
+
+    /// Adds the keys training rows `rows` read to `set` (sparse models).
+    fn keys(&self, rows: Range<usize>, set: &mut KeySet);
+
+    /// Buffers for one thread computing chunks of at most `chunk` rows.
+    fn work(&self, chunk: usize) -> Self::Work;
+
+    /// Computes training rows `rows` against `params` (valid at least at the rows' keys), adding
+    /// into `work`; returns the rows' summed loss before the update.
+    fn compute(&self, rows: Range<usize>, params: &[f32], work: &mut Self::Work) -> f64;
+
+    /// Adds `scale` times what `work` accumulated to `delta`, and clears `work`.
+    fn drain(&self, work: &mut Self::Work, scale: f32, delta: &mut Delta);
+
+    /// The scale [`drain`](Self::drain) applies to an iteration of `rows` rows.
+    fn scale(&self, rows: usize) -> f32;
+
+    /// Evaluates full parameters `params` on evaluation rows `rows`.
+    fn evaluate(&self, params: &[f32], rows: Range<usize>) -> EvalSums;
+}
+
+/// A uniform value in `[-a, a)` for parameter `index` under `seed`.
+pub fn uniform(seed: u64, index: usize, a: f32) -> f32 {
+    let u = (crate::plan::mix(seed ^ crate::plan::mix(index as u64)) >> 40) as f32 / (1u64 << 24) as f32;
+    (2.0 * u - 1.0) * a
+}
+
+/// A dataset opened for training, checked to be of `kind`.
+pub(crate) fn open(path: &std::path::Path, kind: Kind, what: &str) -> Result<Dataset, String> {
+    let d = Dataset::open(path).map_err(|e| format!("{what}: {e}"))?;
+    if d.kind() != kind {
+        return Err(format!(
+            "{what} {}: holds {} data, this model needs {} data",
+            path.display(),
+            d.kind().name(),
+            kind.name()
+        ));
+    }
+    Ok(d)
+}
+
+/// Checks that an evaluation set matches the training set's columns.
+pub(crate) fn same_cols(train: &Dataset, eval: &Dataset) -> Result<(), String> {
+    let (a, b) = (train.header().cols, eval.header().cols);
+    if b > a {
+        return Err(format!(
+            "evaluation set {} has {b} columns, the training set {} has {a}",
+            eval.path().display(),
+            train.path().display()
+        ));
+    }
+    Ok(())
+}
+
+/// Errors a model constructor reports.
+pub(crate) type Built<T> = Result<T, String>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_coalesce_into_ranges() {
+        let l = Layout { params: 10, width: 3 };
+        let mut s = KeySet::new(l.keys());
+        for k in [3, 0, 1, 3] {
+            s.insert(k);
+        }
+        let mut r = Vec::new();
+        s.ranges(l, &mut r);
+        assert_eq!(r, vec![0..6, 9..10]);
+        s.clear();
+        assert!(s.is_empty());
+        s.insert(2);
+        s.ranges(l, &mut r);
+        assert_eq!(r, vec![6..9]);
+    }
+
+    #[test]
+    fn delta_adds_merges_and_clears() {
+        let l = Layout { params: 4, width: 2 };
+        let mut a = Delta::new(l);
+        a.add(1, 2.0, &[1.0, 1.0]);
+        let mut b = Delta::new(l);
+        b.add(0, 1.0, &[5.0, 6.0]);
+        b.add(1, 1.0, &[1.0, 0.0]);
+        a.merge(&b);
+        a.scale(0.5);
+        let (mut r, mut d) = (Vec::new(), Vec::new());
+        a.ranges(&mut r, &mut d);
+        assert_eq!(r, vec![0..4]);
+        assert_eq!(d, vec![2.5, 3.0, 1.5, 1.0]);
+        a.clear();
+        assert!(a.is_empty());
+        a.ranges(&mut r, &mut d);
+        assert!(r.is_empty() && d.is_empty());
+    }
+}

@@ -1,0 +1,129 @@
+//! Softmax (multinomial logistic) regression over dense rows: `W` (`classes x cols`) then `b`.
+
+use std::ops::Range;
+use std::path::Path;
+
+use peregrine_kernels::data::{Dataset, DenseRows, Kind};
+use peregrine_kernels::softmax;
+
+use super::{Built, Delta, EvalSums, KeySet, Layout, Metric, Model};
+
+/// Softmax regression, cross-entropy loss.
+#[derive(Debug)]
+pub struct Softmax {
+    train: Dataset,
+    eval: Option<Dataset>,
+    lr: f32,
+    cols: usize,
+    classes: usize,
+}
+
+/// Per-thread gradient and logits.
+#[derive(Debug)]
+pub struct Work {
+    grad: Vec<f32>,
+    scratch: Vec<f32>,
+}
+
+impl Softmax {
+    /// Trains on the dense dataset `train` with learning rate `lr`; evaluates on `eval` (the
+    /// training set if `None`).
+    pub fn new(train: &Path, eval: Option<&Path>, lr: f32) -> Built<Self> {
+        let train = super::open(train, Kind::Dense, "training set")?;
+        let eval = eval.map(|p| super::open(p, Kind::Dense, "evaluation set")).transpose()?;
+        let (cols, classes) = (train.header().cols as usize, train.header().classes as usize);
+        if let Some(e) = &eval {
+            if (e.header().cols as usize, e.header().classes as usize) != (cols, classes) {
+                return Err(format!(
+                    "evaluation set {} is {} columns x {} classes, the training set {cols} x {classes}",
+                    e.path().display(),
+                    e.header().cols,
+                    e.header().classes
+                ));
+            }
+        }
+        if classes < 2 {
+            return Err(format!(
+                "training set {}: {classes} class(es), softmax needs 2 or more",
+                train.path().display()
+            ));
+        }
+        Ok(Self { train, eval, lr, cols, classes })
+    }
+
+    fn rows_of(d: &Dataset) -> DenseRows<'_> {
+        d.dense().expect("the kind is checked when the model is built")
+    }
+
+    fn split<'a>(&self, params: &'a [f32]) -> (&'a [f32], &'a [f32]) {
+        params.split_at(self.classes * self.cols)
+    }
+}
+
+impl Model for Softmax {
+    type Work = Work;
+
+    fn name(&self) -> &'static str {
+        "softmax"
+    }
+
+    fn layout(&self) -> Layout {
+        Layout::dense(self.classes * (self.cols + 1))
+    }
+
+    fn rows(&self) -> usize {
+        self.train.rows()
+    }
+
+    fn eval_rows(&self) -> usize {
+        self.eval.as_ref().unwrap_or(&self.train).rows()
+    }
+
+    fn metric(&self) -> Metric {
+        Metric::Accuracy
+    }
+
+    fn init(&self, _seed: u64, _range: Range<usize>, out: &mut [f32]) {
+        out.fill(0.0);
+    }
+
+    fn sparse(&self) -> bool {
+        false
+    }
+
+    fn keys(&self, _rows: Range<usize>, _set: &mut KeySet) {}
+
+    fn work(&self, _chunk: usize) -> Work {
+        Work { grad: vec![0.0; self.layout().params], scratch: vec![0.0; self.classes] }
+    }
+
+    fn compute(&self, rows: Range<usize>, params: &[f32], work: &mut Work) -> f64 {
+        let x = Self::rows_of(&self.train).rows(rows);
+        let (w, b) = self.split(params);
+        let (gw, gb) = work.grad.split_at_mut(self.classes * self.cols);
+        softmax::loss_grad(x.features, x.labels, w, b, gw, gb, &mut work.scratch)
+    }
+
+    fn drain(&self, work: &mut Work, scale: f32, delta: &mut Delta) {
+        delta.add_all(scale, &work.grad);
+        work.grad.fill(0.0);
+    }
+
+    fn scale(&self, rows: usize) -> f32 {
+        -self.lr / rows.max(1) as f32
+    }
+
+    fn evaluate(&self, params: &[f32], rows: Range<usize>) -> EvalSums {
+        let x = Self::rows_of(self.eval.as_ref().unwrap_or(&self.train)).rows(rows);
+        let (w, b) = self.split(params);
+        let mut z = vec![0.0f32; self.classes];
+        let (mut loss, mut right) = (0.0, 0.0);
+        for (i, &y) in x.labels.iter().enumerate() {
+            let row = &x.features[i * self.cols..(i + 1) * self.cols];
+            let guess = softmax::predict(row, w, b, &mut z);
+            right += f64::from(u8::from(guess == y));
+            loss += softmax::xent_row(&mut z, y as usize);
+        }
+        [loss, right, x.len() as f64]
+    }
+}

@@ -1,0 +1,217 @@
+//! Synchronization schemes over one-sided clocks: no coordinator, every rank reads the others'
+//! words itself.
+//!
+//! - `clocks`: one `u64` per rank, the number of iterations whose update the rank has pushed and
+//!   flushed. BSP waits for every clock to reach `t + 1` before reading for `t + 1`; SSP(s) waits
+//!   until the slowest is at least `t + 1 - s`; ASP never waits.
+//! - `progress`: one `u64` per rank, `tag << 48 | total << 24 | done` for the rank's current
+//!   iteration (tag = iteration mod 2^16): how many of its chunks exist and how many are computed,
+//!   by it or by whoever took them over. BSP pushes only once every rank's chunks of `t` are done:
+//!   a rank taking over chunks reads the parameters of `t` after others finished computing, and
+//!   nobody may have changed them yet.
+//!
+//! All reads of these words race with atomic updates, so they are atomics too (`fetch_add(0)`).
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use peregrine_transport::{Result, ShardMap, Transport, Window};
+
+/// How ranks wait for each other between iterations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scheme {
+    /// Bulk synchronous: every update of iteration `t` is applied before anyone reads for `t + 1`.
+    Bsp,
+    /// Stale synchronous with staleness bound `s`: a rank at clock `c` waits until every clock is
+    /// at least `c - s`.
+    Ssp(u64),
+    /// Asynchronous: never wait.
+    Asp,
+}
+
+impl fmt::Display for Scheme {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Bsp => f.write_str("bsp"),
+            Self::Ssp(s) => write!(f, "ssp:{s}"),
+            Self::Asp => f.write_str("asp"),
+        }
+    }
+}
+
+impl FromStr for Scheme {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let lower = s.to_ascii_lowercase();
+        match lower.as_str() {
+            "bsp" => Ok(Self::Bsp),
+            "asp" => Ok(Self::Asp),
+            "ssp" => Ok(Self::Ssp(3)),
+            _ => match lower.strip_prefix("ssp:").or_else(|| lower.strip_prefix("ssp=")) {
+                Some(n) => n.parse().map(Self::Ssp).map_err(|_| {
+                    format!("scheme `{s}`: the staleness bound must be a whole number, as in ssp:3")
+                }),
+                None => Err(format!("unknown scheme `{s}`: expected bsp, asp, ssp or ssp:<staleness>")),
+            },
+        }
+    }
+}
+
+const MASK: u64 = (1 << 24) - 1;
+
+/// The clock and progress words of every rank.
+#[derive(Debug)]
+pub struct Clocks {
+    clocks: Window<u64>,
+    progress: Window<u64>,
+    rank: usize,
+    world: usize,
+}
+
+impl Clocks {
+    /// Collective: all clocks at 0, every progress word tagged as no iteration that is about to
+    /// start (a zero word would read as "iteration 0: all of its 0 chunks done" on a rank that
+    /// has not announced iteration 0 yet, letting others push before it pulled).
+    pub fn new(t: &Transport) -> Result<Self> {
+        let map = ShardMap::from_lens(vec![1; t.world_size()]);
+        let c = Self {
+            clocks: t.alloc_window("clocks", &map)?,
+            progress: t.alloc_window("progress", &map)?,
+            rank: t.rank(),
+            world: t.world_size(),
+        };
+        c.progress.compare_and_swap(c.rank, 0, u64::from(u16::MAX) << 48)?;
+        t.barrier()?;
+        Ok(c)
+    }
+
+    /// Records that this rank's update of its current iteration is pushed; returns the new clock.
+    pub fn tick(&self) -> Result<u64> {
+        Ok(self.clocks.fetch_add(self.rank, 1)? + 1)
+    }
+
+    /// The clock of `rank`.
+    pub fn clock(&self, rank: usize) -> Result<u64> {
+        self.clocks.fetch_add(rank, 0)
+    }
+
+    /// The slowest clock.
+    pub fn min_clock(&self) -> Result<u64> {
+        let mut m = u64::MAX;
+        for r in 0..self.world {
+            m = m.min(self.clock(r)?);
+        }
+        Ok(m)
+    }
+
+    /// Announces this rank's iteration tagged `tag` with `chunks` chunks, none done.
+    pub fn start(&self, tag: u16, chunks: u32) -> Result<()> {
+        let word = (u64::from(tag) << 48) | (u64::from(chunks) << 24);
+        let mut cur = self.progress.fetch_add(self.rank, 0)?;
+        loop {
+            let prev = self.progress.compare_and_swap(self.rank, cur, word)?;
+            if prev == cur {
+                return Ok(());
+            }
+            cur = prev;
+        }
+    }
+
+    /// Records `n` more of `rank`'s chunks done.
+    pub fn done(&self, rank: usize, n: u32) -> Result<()> {
+        self.progress.fetch_add(rank, u64::from(n)).map(drop)
+    }
+
+    /// `(tag, total, done)` of `rank`'s current iteration.
+    pub fn progress(&self, rank: usize) -> Result<(u16, u32, u32)> {
+        let w = self.progress.fetch_add(rank, 0)?;
+        Ok(((w >> 48) as u16, ((w >> 24) & MASK) as u32, (w & MASK) as u32))
+    }
+
+    /// Whether every rank has started the iteration tagged `tag` and all its chunks are done.
+    pub fn all_done(&self, tag: u16) -> Result<bool> {
+        for r in 0..self.world {
+            let (g, total, done) = self.progress(r)?;
+            if g != tag || done < total {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Collective: frees the windows.
+    pub fn free(self) -> Result<()> {
+        self.clocks.free()?;
+        self.progress.free()
+    }
+}
+
+/// Polls `ready` until it says yes: a short spin, then yielding the core (ranks may share cores),
+/// then short sleeps. Returns the time spent.
+pub fn wait_until<E>(
+    mut ready: impl FnMut() -> std::result::Result<bool, E>,
+) -> std::result::Result<Duration, E> {
+    let t0 = Instant::now();
+    let mut polls = 0u32;
+    while !ready()? {
+        polls += 1;
+        if polls < 64 {
+            std::hint::spin_loop();
+        } else if polls < 4096 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+    Ok(t0.elapsed())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemes_parse_and_print() {
+        for (s, want) in
+            [("bsp", Scheme::Bsp), ("ASP", Scheme::Asp), ("ssp:5", Scheme::Ssp(5)), ("ssp", Scheme::Ssp(3))]
+        {
+            let got: Scheme = s.parse().expect("scheme");
+            assert_eq!(got, want);
+            assert_eq!(got.to_string().parse::<Scheme>().expect("round trip"), want);
+        }
+        assert!("ssp:x".parse::<Scheme>().expect_err("bad bound").contains("whole number"));
+        assert!("bulk".parse::<Scheme>().expect_err("unknown").contains("unknown scheme"));
+    }
+
+    #[test]
+    fn progress_counts_chunks_done_by_anyone() {
+        peregrine_transport::run_local(3, |t| -> Result<()> {
+            let c = Clocks::new(&t)?;
+            let mine = 3 + t.rank() as u32;
+            c.start(9, mine)?;
+            t.barrier()?;
+            assert!(!c.all_done(9)?);
+            // Every rank marks one chunk of every rank done, then each its own remaining ones.
+            for r in 0..3 {
+                c.done(r, 1)?;
+            }
+            t.barrier()?;
+            c.done(t.rank(), mine - 3)?;
+            t.barrier()?;
+            let (tag, total, done) = c.progress(t.rank())?;
+            assert_eq!((tag, total, done), (9, mine, mine));
+            assert!(c.all_done(9)?);
+            assert!(!c.all_done(10)?);
+            assert_eq!(c.tick()?, 1);
+            t.barrier()?;
+            assert_eq!(c.min_clock()?, 1);
+            t.barrier()?;
+            c.free()
+        })
+        .expect("world")
+        .into_iter()
+        .for_each(|r| r.expect("rank"));
+    }
+}

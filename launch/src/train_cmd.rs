@@ -1,0 +1,522 @@
+//! `peregrine train`: one training run from a TOML file and flags (flags win).
+
+use std::io::{BufWriter, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use clap::{Args, ValueEnum};
+use peregrine_core::engine::{self, Config, Progress, Report};
+use peregrine_core::model::{lr::LogReg, mf::Mf, mlp::Mlp, softmax::Softmax, Model};
+use peregrine_core::plan::Plan;
+use peregrine_core::pool::{Pinning, RankPool, Slot};
+use peregrine_core::{Scheme, TrainError};
+use peregrine_transport::{Backend, Transport};
+use serde::{Deserialize, Serialize};
+
+use crate::meta;
+use crate::preempt::write_atomically;
+use crate::world::{run_world, AppError, RunContext, WorldArgs};
+
+/// Which model to train.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    /// Binary logistic regression on a sparse dataset (converted LIBSVM).
+    Lr,
+    /// Softmax regression on a dense multiclass dataset (converted MNIST IDX).
+    Softmax,
+    /// Matrix factorization on a ratings dataset.
+    Mf,
+    /// Multilayer perceptron on a dense multiclass dataset.
+    Mlp,
+}
+
+impl ModelKind {
+    /// (learning rate, learning-rate decay, batch, chunk) that train this model well on its
+    /// usual data (Adult, Fashion-MNIST, MovieLens; see the README).
+    fn defaults(self) -> (f32, f64, usize, usize) {
+        match self {
+            Self::Lr => (2.0, 0.0, 4096, 512),
+            Self::Softmax => (0.5, 1.0, 256, 64),
+            Self::Mf => (0.01, 0.0, 8192, 1024),
+            Self::Mlp => (0.2, 1.0, 128, 64),
+        }
+    }
+}
+
+/// `peregrine train` flags.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "A TOML file may hold any of the flags below (kebab-case keys, e.g. `target-loss = 0.35`, \
+    `hidden = [128]`, `slow = [\"0:0.5\"]`; paths relative to the file); flags override it.\n\n\
+    Examples:\n  \
+    peregrine data convert libsvm tests/data/adult.libsvm.gz adult.pgd\n  \
+    peregrine train --model lr --data adult.pgd --epochs 20 --ranks 2\n  \
+    mpirun -n 4 peregrine train --config configs/adult-lr.toml --scheme ssp:2 --slow 0:0.5\n\n\
+    The run directory (--run-dir, default runs/<model>-<scheme>-<time>) receives config.toml (the resolved \
+    configuration), meta.json (ranks, hosts, CPU binding), metrics/rank-<r>.jsonl (one line per iteration: \
+    compute, comm and wait seconds, chunks own/taken, active threads, loss) and summary.json."
+)]
+pub struct TrainArgs {
+    #[command(flatten)]
+    world: WorldArgs,
+    /// TOML configuration file.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Model.
+    #[arg(long, value_enum)]
+    model: Option<ModelKind>,
+    /// Training set (a dataset file from `peregrine data convert` or `data gen`).
+    #[arg(long, value_name = "FILE")]
+    data: Option<PathBuf>,
+    /// Evaluation set (default: the training set).
+    #[arg(long, value_name = "FILE")]
+    eval: Option<PathBuf>,
+    /// Synchronization: bsp, asp, ssp:<staleness> [default: bsp].
+    #[arg(long, value_name = "SCHEME")]
+    scheme: Option<String>,
+    /// Learning rate [default: lr 2.0, softmax 0.5, mf 0.01, mlp 0.2].
+    #[arg(long, value_name = "F")]
+    lr: Option<f32>,
+    /// Global mini-batch rows per iteration, split over the ranks [default: lr 4096, softmax 256,
+    /// mf 8192, mlp 128].
+    #[arg(long, value_name = "N")]
+    batch: Option<usize>,
+    /// Rows per chunk, the unit threads and ranks take work in [default: lr 512, softmax 64, mf 1024,
+    /// mlp 64].
+    #[arg(long, value_name = "N")]
+    chunk: Option<usize>,
+    /// Chunks a thread takes from its own queue at once [default: 1].
+    #[arg(long, value_name = "N")]
+    grain: Option<u32>,
+    /// Passes over the training set [default: 5 unless --iterations is given].
+    #[arg(long, value_name = "F", conflicts_with = "iterations")]
+    epochs: Option<f64>,
+    /// Iterations (global mini-batches).
+    #[arg(long, value_name = "N")]
+    iterations: Option<u64>,
+    /// Stop as soon as the evaluation loss is at or below this (needs --eval-every to be checked
+    /// before the end).
+    #[arg(long, value_name = "F")]
+    target_loss: Option<f64>,
+    /// Evaluate every N iterations [default: once per epoch].
+    #[arg(long, value_name = "N")]
+    eval_every: Option<u64>,
+    /// Learning-rate decay: epoch e (fractional) updates with lr / (1 + F e) [default: softmax and
+    /// mlp 1, lr and mf 0].
+    #[arg(long, value_name = "F")]
+    lr_decay: Option<f64>,
+    /// Compute threads per rank [default: this rank's CPUs].
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+    /// Do not let ranks take over each other's chunks.
+    #[arg(long)]
+    no_steal: bool,
+    /// Fraction of a slower rank's remaining chunks a rank takes over at once [default: 0.5].
+    #[arg(long, value_name = "F")]
+    steal_fraction: Option<f64>,
+    /// Seed of the initial model and of the batch order [default: 1].
+    #[arg(long, value_name = "N")]
+    seed: Option<u64>,
+    /// MF: factor rank [default: 40].
+    #[arg(long, value_name = "K")]
+    k: Option<usize>,
+    /// MF: L2 regularization [default: 0.05].
+    #[arg(long, value_name = "F")]
+    l2: Option<f32>,
+    /// MLP: hidden layer widths, comma-separated [default: 128].
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',')]
+    hidden: Option<Vec<usize>>,
+    /// Slow rank RANK down to SPEED (0 < SPEED <= 1) of its speed, e.g. 0:0.5 (repeatable): an
+    /// injected persistent straggler.
+    #[arg(long, value_name = "RANK:SPEED")]
+    slow: Vec<String>,
+    /// Leave compute threads unpinned.
+    #[arg(long)]
+    no_pin: bool,
+    /// No progress bar and no summary table.
+    #[arg(long, short = 'q')]
+    quiet: bool,
+}
+
+/// The configuration file: every key optional, unknown keys are errors.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct TrainFile {
+    model: Option<ModelKind>,
+    data: Option<PathBuf>,
+    eval: Option<PathBuf>,
+    scheme: Option<String>,
+    lr: Option<f32>,
+    lr_decay: Option<f64>,
+    batch: Option<usize>,
+    chunk: Option<usize>,
+    grain: Option<u32>,
+    epochs: Option<f64>,
+    iterations: Option<u64>,
+    target_loss: Option<f64>,
+    eval_every: Option<u64>,
+    threads: Option<usize>,
+    steal: Option<bool>,
+    steal_fraction: Option<f64>,
+    seed: Option<u64>,
+    k: Option<usize>,
+    l2: Option<f32>,
+    hidden: Option<Vec<usize>>,
+    slow: Option<Vec<String>>,
+}
+
+/// The resolved configuration, as written to `config.toml`.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "kebab-case")]
+struct Resolved {
+    model: ModelKind,
+    data: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    eval: Option<PathBuf>,
+    scheme: String,
+    lr: f32,
+    lr_decay: f64,
+    batch: usize,
+    chunk: usize,
+    grain: u32,
+    iterations: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    target_loss: Option<f64>,
+    eval_every: u64,
+    threads: usize,
+    steal: bool,
+    steal_fraction: f64,
+    seed: u64,
+    k: usize,
+    l2: f32,
+    hidden: Vec<usize>,
+    slow: Vec<String>,
+}
+
+fn usage(s: impl Into<String>) -> AppError {
+    AppError::Usage(s.into())
+}
+
+fn read_file(path: &Path) -> Result<TrainFile, AppError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| AppError::Io { what: format!("reading {}", path.display()), source })?;
+    let mut f: TrainFile = toml::from_str(&text).map_err(|e| {
+        let at = e
+            .span()
+            .map(|s| {
+                let line = text[..s.start].matches('\n').count() + 1;
+                let col = s.start - text[..s.start].rfind('\n').map_or(0, |i| i + 1) + 1;
+                format!(":{line}:{col}")
+            })
+            .unwrap_or_default();
+        AppError::Data { what: format!("{}{at}", path.display()), detail: e.message().to_string() }
+    })?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    for p in [&mut f.data, &mut f.eval].into_iter().flatten() {
+        if p.is_relative() {
+            *p = base.join(&*p);
+        }
+    }
+    Ok(f)
+}
+
+/// Parses `RANK:SPEED`.
+fn parse_slow(s: &str) -> Result<(usize, f64), AppError> {
+    let bad = || usage(format!("--slow `{s}`: expected RANK:SPEED with 0 < SPEED <= 1, e.g. 0:0.5"));
+    let (r, v) = s.split_once(':').ok_or_else(bad)?;
+    let (r, v): (usize, f64) = (r.trim().parse().map_err(|_| bad())?, v.trim().parse().map_err(|_| bad())?);
+    if !(v > 0.0 && v <= 1.0) {
+        return Err(bad());
+    }
+    Ok((r, v))
+}
+
+fn resolve(a: &TrainArgs) -> Result<(Resolved, Option<f64>), AppError> {
+    let f = match &a.config {
+        Some(p) => read_file(p)?,
+        None => TrainFile::default(),
+    };
+    let model = a
+        .model
+        .or(f.model)
+        .ok_or_else(|| usage("no model: give --model lr|softmax|mf|mlp (or `model` in --config)"))?;
+    let data = a
+        .data
+        .clone()
+        .or(f.data)
+        .ok_or_else(|| usage("no training data: give --data FILE (or `data` in --config)"))?;
+    let (lr, lr_decay, batch, chunk) = model.defaults();
+    let epochs = a.epochs.or(if a.iterations.is_some() { None } else { f.epochs });
+    let iterations = a.iterations.or(if a.epochs.is_some() { None } else { f.iterations });
+    if epochs.is_some() && iterations.is_some() {
+        return Err(usage("give epochs or iterations, not both"));
+    }
+    if let Some(e) = epochs.filter(|e| !(e.is_finite() && *e > 0.0)) {
+        return Err(usage(format!("epochs must be positive, got {e}")));
+    }
+    let scheme = a.scheme.clone().or(f.scheme).unwrap_or_else(|| "bsp".into());
+    scheme.parse::<Scheme>().map_err(usage)?;
+    let r = Resolved {
+        model,
+        data,
+        eval: a.eval.clone().or(f.eval),
+        scheme,
+        lr: a.lr.or(f.lr).unwrap_or(lr),
+        lr_decay: a.lr_decay.or(f.lr_decay).unwrap_or(lr_decay),
+        batch: a.batch.or(f.batch).unwrap_or(batch),
+        chunk: a.chunk.or(f.chunk).unwrap_or(chunk),
+        grain: a.grain.or(f.grain).unwrap_or(1),
+        iterations: iterations.unwrap_or(0),
+        target_loss: a.target_loss.or(f.target_loss),
+        eval_every: a.eval_every.or(f.eval_every).unwrap_or(0),
+        threads: a.threads.or(f.threads).unwrap_or(0),
+        steal: !a.no_steal && f.steal.unwrap_or(true),
+        steal_fraction: a.steal_fraction.or(f.steal_fraction).unwrap_or(0.5),
+        seed: a.seed.or(f.seed).unwrap_or(1),
+        k: a.k.or(f.k).unwrap_or(40),
+        l2: a.l2.or(f.l2).unwrap_or(0.05),
+        hidden: a.hidden.clone().or(f.hidden).unwrap_or_else(|| vec![128]),
+        slow: if a.slow.is_empty() { f.slow.unwrap_or_default() } else { a.slow.clone() },
+    };
+    if !(r.lr.is_finite() && r.lr > 0.0) {
+        return Err(usage(format!("the learning rate must be positive, got {}", r.lr)));
+    }
+    if !(r.lr_decay.is_finite() && r.lr_decay >= 0.0) {
+        return Err(usage(format!("the learning-rate decay must be 0 or more, got {}", r.lr_decay)));
+    }
+    for s in &r.slow {
+        parse_slow(s)?;
+    }
+    Ok((r, epochs.or(if iterations.is_none() { Some(5.0) } else { None })))
+}
+
+/// `peregrine train`.
+pub fn run(a: TrainArgs) -> Result<(), AppError> {
+    let (resolved, epochs) = resolve(&a)?;
+    let default_ranks = 2;
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    run_world(&a.world, default_ranks, |t, ctx| rank(t, ctx, &a, resolved.clone(), epochs, stamp))
+}
+
+fn rank(
+    t: &Transport,
+    ctx: &RunContext,
+    a: &TrainArgs,
+    mut r: Resolved,
+    epochs: Option<f64>,
+    stamp: u64,
+) -> Result<(), AppError> {
+    let scheme: Scheme = r.scheme.parse().map_err(usage)?;
+    // Every rank must agree on the run directory's name: rank 0's clock decides.
+    let mut when = [stamp];
+    t.broadcast(&mut when, 0)?;
+    let dir = ctx.run_dir.clone().unwrap_or_else(|| {
+        PathBuf::from("runs").join(format!("{}-{}-{}", r.model_name(), r.scheme.replace(':', ""), when[0]))
+    });
+    let local = t.backend() == Backend::Local;
+    let slot = if local { Slot { index: t.rank(), of: t.world_size() } } else { Slot::WHOLE };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per_rank = if local { (cpus / t.world_size()).max(1) } else { cpus };
+    if r.threads == 0 {
+        r.threads = per_rank;
+    }
+    let pinning = if a.no_pin { Pinning::Off } else { Pinning::Auto };
+    let pool = RankPool::new(r.threads, slot, pinning).map_err(|e| AppError::Train(e.to_string()))?;
+    let slow = r.slow.iter().map(|s| parse_slow(s)).collect::<Result<Vec<_>, _>>()?;
+    match r.model {
+        ModelKind::Lr => {
+            let m = LogReg::new(&r.data, r.eval.as_deref(), r.lr).map_err(data_err)?;
+            go(t, ctx, a, &mut r, epochs, scheme, slow, &pool, &dir, &m)
+        }
+        ModelKind::Softmax => {
+            let m = Softmax::new(&r.data, r.eval.as_deref(), r.lr).map_err(data_err)?;
+            go(t, ctx, a, &mut r, epochs, scheme, slow, &pool, &dir, &m)
+        }
+        ModelKind::Mf => {
+            let m = Mf::new(&r.data, r.eval.as_deref(), r.k, r.lr, r.l2).map_err(data_err)?;
+            go(t, ctx, a, &mut r, epochs, scheme, slow, &pool, &dir, &m)
+        }
+        ModelKind::Mlp => {
+            let m = Mlp::new(&r.data, r.eval.as_deref(), &r.hidden, r.lr).map_err(data_err)?;
+            go(t, ctx, a, &mut r, epochs, scheme, slow, &pool, &dir, &m)
+        }
+    }
+}
+
+impl Resolved {
+    fn model_name(&self) -> &'static str {
+        match self.model {
+            ModelKind::Lr => "lr",
+            ModelKind::Softmax => "softmax",
+            ModelKind::Mf => "mf",
+            ModelKind::Mlp => "mlp",
+        }
+    }
+}
+
+fn data_err(detail: String) -> AppError {
+    AppError::Data { what: "train".into(), detail }
+}
+
+fn train_err(e: TrainError) -> AppError {
+    match e {
+        TrainError::Transport(t) => AppError::Transport(t),
+        TrainError::Config(s) => AppError::Usage(s),
+        TrainError::Metrics { path, source } => AppError::Io { what: format!("writing {path}"), source },
+        e @ TrainError::Diverged { .. } => AppError::Train(e.to_string()),
+    }
+}
+
+fn io(what: String) -> impl FnOnce(std::io::Error) -> AppError {
+    move |source| AppError::Io { what, source }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn go<M: Model>(
+    t: &Transport,
+    ctx: &RunContext,
+    a: &TrainArgs,
+    r: &mut Resolved,
+    epochs: Option<f64>,
+    scheme: Scheme,
+    slow: Vec<(usize, f64)>,
+    pool: &RankPool,
+    dir: &Path,
+    model: &M,
+) -> Result<(), AppError> {
+    let plan = Plan::new(model.rows(), r.batch, t.world_size(), r.chunk, r.seed).map_err(usage)?;
+    if let Some(e) = epochs {
+        r.iterations = ((e * plan.iters_per_epoch() as f64).ceil() as u64).max(1);
+    }
+    if r.eval_every == 0 {
+        r.eval_every = plan.iters_per_epoch();
+    }
+    let cfg = Config {
+        scheme,
+        batch: r.batch,
+        chunk: r.chunk,
+        grain: r.grain,
+        iterations: r.iterations,
+        target_loss: r.target_loss,
+        eval_every: r.eval_every,
+        steal: r.steal,
+        steal_fraction: r.steal_fraction,
+        seed: r.seed,
+        threads: r.threads,
+        slow,
+        keep_params: false,
+        lr_decay: r.lr_decay,
+    };
+    let metrics_dir = dir.join("metrics");
+    std::fs::create_dir_all(&metrics_dir).map_err(io(format!("creating {}", metrics_dir.display())))?;
+    if t.rank() == 0 {
+        let text = toml::to_string(r).map_err(|e| AppError::Train(format!("config.toml: {e}")))?;
+        write_atomically(&dir.join("config.toml"), text.as_bytes())?;
+    }
+    meta::write(t, dir, ctx.slurm.as_ref())?;
+    let path = metrics_dir.join(format!("rank-{}.jsonl", t.rank()));
+    let file = std::fs::File::create(&path).map_err(io(format!("creating {}", path.display())))?;
+    let mut out = BufWriter::new(file);
+    let show = t.rank() == 0 && !a.quiet && std::io::stderr().is_terminal();
+    let mut bar = Bar { last: None, shown: false };
+    let name = path.display().to_string();
+    let report = engine::train(t, model, &cfg, pool, Some((&mut out, &name)), &mut |p| {
+        if show {
+            bar.draw(p, cfg.target_loss);
+        }
+    })
+    .map_err(train_err)?;
+    out.flush().map_err(io(format!("writing {name}")))?;
+    if bar.shown {
+        eprintln!();
+    }
+    if t.rank() == 0 {
+        let mut summary = serde_json::to_value(&report).map_err(|e| AppError::Train(e.to_string()))?;
+        summary["samples_per_second"] = report.samples_per_second().into();
+        summary["placement"] = serde_json::to_value(pool.placement()).unwrap_or_default();
+        let text = serde_json::to_string_pretty(&summary).map_err(|e| AppError::Train(e.to_string()))?;
+        write_atomically(&dir.join("summary.json"), text.as_bytes())?;
+        if !a.quiet {
+            print_summary(&report, dir);
+        }
+    }
+    Ok(())
+}
+
+/// A one-line progress display on standard error.
+struct Bar {
+    last: Option<Instant>,
+    shown: bool,
+}
+
+impl Bar {
+    fn draw(&mut self, p: &Progress, target: Option<f64>) {
+        let now = Instant::now();
+        if p.iter != p.iterations
+            && self.last.is_some_and(|l| now - l < std::time::Duration::from_millis(100))
+        {
+            return;
+        }
+        self.last = Some(now);
+        self.shown = true;
+        let frac = p.iter as f64 / p.iterations.max(1) as f64;
+        let filled = (frac * 20.0).round() as usize;
+        let rate = p.samples as f64 / p.seconds.max(1e-9);
+        let eta = p.seconds / frac.max(1e-9) - p.seconds;
+        let eval = p.eval.map(|e| format!("  eval {:.4}", e.loss)).unwrap_or_default();
+        let goal = target.map(|g| format!(" (target {g})")).unwrap_or_default();
+        eprint!(
+            "\r[{}{}] {}/{}  loss {:.4}{eval}{goal}  {}  ETA {:.0}s   ",
+            "#".repeat(filled),
+            ".".repeat(20 - filled),
+            p.iter,
+            p.iterations,
+            p.batch_loss,
+            rate_text(rate),
+            eta.max(0.0)
+        );
+        let _ = std::io::stderr().flush();
+    }
+}
+
+fn rate_text(r: f64) -> String {
+    if r >= 1e6 {
+        format!("{:.2}M samples/s", r / 1e6)
+    } else {
+        format!("{:.0}k samples/s", r / 1e3)
+    }
+}
+
+fn print_summary(r: &Report, dir: &Path) {
+    println!(
+        "{} | {} | {} ranks | {} iterations | {} samples in {:.3} s ({}; evaluation {:.3} s, not counted)",
+        r.model,
+        r.scheme,
+        r.ranks,
+        r.iterations,
+        r.samples,
+        r.train_seconds,
+        rate_text(r.samples_per_second()),
+        r.eval_seconds
+    );
+    if let Some(e) = r.last_eval() {
+        println!("final evaluation: loss {:.4}, {} {:.4}", e.loss, r.metric, e.metric);
+    }
+    match (r.target_loss, r.time_to_target) {
+        (Some(g), Some(s)) => println!("reached loss <= {g} after {s:.3} s"),
+        (Some(g), None) => println!("did not reach loss <= {g}"),
+        _ => {}
+    }
+    println!(
+        "{:>5} {:>10} {:>10} {:>10} {:>8} {:>8} {:>12}",
+        "rank", "compute s", "comm s", "wait s", "own", "taken", "rows"
+    );
+    for (i, t) in r.per_rank.iter().enumerate() {
+        println!(
+            "{i:>5} {:>10.3} {:>10.3} {:>10.3} {:>8} {:>8} {:>12}",
+            t.compute, t.comm, t.wait, t.own, t.taken, t.rows
+        );
+    }
+    println!("run directory: {}", dir.display());
+}

@@ -1,0 +1,81 @@
+//! SPMD program: the training engine's checks (`peregrine_tests::training`) on every rank.
+//!
+//! `training exactly-once [--backend local|mpi] [--ranks N] [--threads T]`: every chunk computed
+//! exactly once under BSP, SSP(2) and ASP, with rank 0 slowed down.
+//! `training params --data FILE --out FILE [--backend ...] [--ranks N]`: BSP logistic regression
+//! on FILE; rank 0 writes the final parameters, one per line, to `--out`.
+
+use std::process::ExitCode;
+
+use peregrine_core::model::lr::LogReg;
+use peregrine_core::Scheme;
+use peregrine_tests::training::{exactly_once, final_params};
+use peregrine_transport::{Backend, Transport};
+
+fn main() -> ExitCode {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let mode = if args.is_empty() { String::new() } else { args.remove(0) };
+    let (mut backend, mut ranks, mut threads) = (Backend::detect(), 2usize, 2usize);
+    let (mut data, mut out) = (None, None);
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        let v = it.next().unwrap_or_default();
+        let ok = match a.as_str() {
+            "--backend" => v.parse().map(|b| backend = b).is_ok(),
+            "--ranks" => v.parse().map(|n| ranks = n).is_ok(),
+            "--threads" => v.parse().map(|n| threads = n).is_ok(),
+            "--data" => {
+                data = Some(v.clone());
+                true
+            }
+            "--out" => {
+                out = Some(v.clone());
+                true
+            }
+            _ => false,
+        };
+        if !ok {
+            eprintln!("error: bad argument `{a} {v}`");
+            return ExitCode::from(2);
+        }
+    }
+    let body = |t: Transport| -> bool {
+        let result = match mode.as_str() {
+            "exactly-once" => [Scheme::Bsp, Scheme::Ssp(2), Scheme::Asp].into_iter().try_for_each(|s| {
+                let r = exactly_once(&t, s, threads, 3)?;
+                let taken: u64 = r.per_rank.iter().map(|p| p.taken).sum();
+                if t.world_size() > 1 && taken == 0 {
+                    return Err(format!("{s}: no chunk was taken over from the slow rank"));
+                }
+                if t.rank() == 0 {
+                    println!(
+                        "training {s}: every chunk computed exactly once, {} ranks x {threads} threads, {taken} taken over ({})",
+                        t.world_size(),
+                        t.backend()
+                    );
+                }
+                Ok(())
+            }),
+            "params" => (|| {
+                let data = data.as_deref().ok_or("--data is required")?;
+                let model = LogReg::new(std::path::Path::new(data), None, 0.5)?;
+                let p = final_params(&t, &model, 30)?;
+                if t.rank() == 0 {
+                    let out = out.as_deref().ok_or("--out is required")?;
+                    let text: String = p.iter().map(|w| format!("{w:e}\n")).collect();
+                    std::fs::write(out, text).map_err(|e| format!("{out}: {e}"))?;
+                }
+                Ok(())
+            })(),
+            _ => Err(format!("unknown mode `{mode}`: expected exactly-once or params")),
+        };
+        match result {
+            Ok(()) => true,
+            Err(m) => {
+                eprintln!("FAIL rank {}: {m}", t.rank());
+                false
+            }
+        }
+    };
+    peregrine_tests::run_spmd(backend, ranks, body)
+}

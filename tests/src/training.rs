@@ -1,0 +1,171 @@
+//! The training engine under concurrency, on real ranks of either backend.
+//!
+//! - [`exactly_once`]: a model whose parameters are one counter per training row and whose
+//!   "update" adds 1 to the counter of every row it computed. After `E` epochs through the real
+//!   engine (queues, taking over, pushes by accumulate), every counter must be exactly `E`: each
+//!   chunk of each iteration computed once, by its owner or by one rank that took it over, and its
+//!   update applied once. Rank 0 is slowed down (speed 0.2) so that others take over its chunks.
+//! - [`final_params`]: BSP training of a real model, returning the final parameters, to compare
+//!   across world sizes and backends.
+
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use peregrine_core::engine::{self, Config, Report};
+use peregrine_core::model::{Delta, EvalSums, KeySet, Layout, Metric, Model};
+use peregrine_core::pool::{Pinning, RankPool, Slot};
+use peregrine_core::Scheme;
+use peregrine_transport::{Backend, Transport};
+
+/// One counter per row.
+#[derive(Debug)]
+pub struct Counting {
+    rows: usize,
+    /// Busy time per row computed.
+    per_row: Duration,
+}
+
+/// Per-thread counts.
+#[derive(Debug)]
+pub struct Counts {
+    counts: Vec<f32>,
+    keys: KeySet,
+}
+
+impl Model for Counting {
+    type Work = Counts;
+
+    fn name(&self) -> &'static str {
+        "counting"
+    }
+
+    fn layout(&self) -> Layout {
+        Layout { params: self.rows, width: 1 }
+    }
+
+    fn rows(&self) -> usize {
+        self.rows
+    }
+
+    fn eval_rows(&self) -> usize {
+        0
+    }
+
+    fn metric(&self) -> Metric {
+        Metric::Accuracy
+    }
+
+    fn init(&self, _seed: u64, _range: Range<usize>, out: &mut [f32]) {
+        out.fill(0.0);
+    }
+
+    fn sparse(&self) -> bool {
+        true
+    }
+
+    fn keys(&self, rows: Range<usize>, set: &mut KeySet) {
+        for r in rows {
+            set.insert(r as u32);
+        }
+    }
+
+    fn work(&self, _chunk: usize) -> Counts {
+        Counts { counts: vec![0.0; self.rows], keys: KeySet::new(self.rows) }
+    }
+
+    fn compute(&self, rows: Range<usize>, _params: &[f32], work: &mut Counts) -> f64 {
+        let until = Instant::now() + self.per_row * rows.len() as u32;
+        for r in rows {
+            work.counts[r] += 1.0;
+            work.keys.insert(r as u32);
+        }
+        while Instant::now() < until {
+            std::hint::spin_loop();
+        }
+        0.0
+    }
+
+    fn drain(&self, work: &mut Counts, scale: f32, delta: &mut Delta) {
+        for &k in work.keys.keys() {
+            delta.add(k, scale, &[work.counts[k as usize]]);
+            work.counts[k as usize] = 0.0;
+        }
+        work.keys.clear();
+    }
+
+    fn scale(&self, _rows: usize) -> f32 {
+        1.0
+    }
+
+    fn evaluate(&self, _params: &[f32], rows: Range<usize>) -> EvalSums {
+        [0.0, 0.0, rows.len() as f64]
+    }
+}
+
+/// The CPU slot of this rank: its share of the process (local backend) or all of it (MPI).
+pub fn slot(t: &Transport) -> Slot {
+    match t.backend() {
+        Backend::Local => Slot { index: t.rank(), of: t.world_size() },
+        Backend::Mpi => Slot::WHOLE,
+    }
+}
+
+/// Trains [`Counting`] for `epochs` epochs under `scheme` with `threads` threads per rank and
+/// checks every counter. Returns the report (chunks taken over are in `per_rank`).
+pub fn exactly_once(t: &Transport, scheme: Scheme, threads: usize, epochs: u64) -> Result<Report, String> {
+    let rows = 997;
+    let model = Counting { rows, per_row: Duration::from_micros(5) };
+    let (batch, chunk) = (200, 7);
+    let cfg = Config {
+        scheme,
+        batch,
+        chunk,
+        iterations: epochs * rows.div_ceil(batch) as u64,
+        threads,
+        slow: vec![(0, 0.2)],
+        keep_params: true,
+        seed: 11,
+        ..Config::default()
+    };
+    let pool = RankPool::new(threads, slot(t), Pinning::Off).map_err(|e| e.to_string())?;
+    let report = engine::train(t, &model, &cfg, &pool, None, &mut |_| {}).map_err(|e| e.to_string())?;
+    let params = report.params.as_ref().ok_or("no parameters in the report")?;
+    if let Some((row, &c)) = params.iter().enumerate().find(|&(_, &c)| c != epochs as f32) {
+        return Err(format!(
+            "rank {}: {scheme}, {} ranks x {threads} threads: row {row} computed {c} times in {epochs} epochs",
+            t.rank(),
+            t.world_size()
+        ));
+    }
+    Ok(report)
+}
+
+/// BSP training of `model` for `iterations` iterations (batch 256, chunks of 16, 2 threads per
+/// rank, taking over on, rank 0 slowed to half speed so that chunks do move): the final
+/// parameters.
+pub fn final_params<M: Model>(t: &Transport, model: &M, iterations: u64) -> Result<Vec<f32>, String> {
+    let cfg = Config {
+        scheme: Scheme::Bsp,
+        batch: 256,
+        chunk: 16,
+        iterations,
+        threads: 2,
+        slow: if t.world_size() > 1 { vec![(0, 0.5)] } else { Vec::new() },
+        keep_params: true,
+        seed: 5,
+        ..Config::default()
+    };
+    let pool = RankPool::new(cfg.threads, slot(t), Pinning::Off).map_err(|e| e.to_string())?;
+    let report = engine::train(t, model, &cfg, &pool, None, &mut |_| {}).map_err(|e| e.to_string())?;
+    report.params.ok_or_else(|| "no parameters in the report".into())
+}
+
+/// Largest `|a - b| / (1 + |b|)` over the parameters: how far two runs' models are apart.
+pub fn distance(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "models of different sizes");
+    a.iter().zip(b).map(|(&x, &y)| f64::from((x - y).abs()) / (1.0 + f64::from(y.abs()))).fold(0.0, f64::max)
+}
+
+/// The tolerance BSP runs of the same seed must agree within, on every parameter: they differ
+/// only in the order floating-point sums are taken (threads, ranks, accumulates).
+pub const BSP_TOLERANCE: f64 = 1e-4;

@@ -1,0 +1,98 @@
+//! The training engine on local ranks (threads): every chunk computed exactly once under every
+//! scheme, and BSP giving the same model for 1, 2 and 4 ranks.
+
+use std::path::{Path, PathBuf};
+
+use peregrine_core::model::{lr::LogReg, mf::Mf, mlp::Mlp, Model};
+use peregrine_core::plan::Plan;
+use peregrine_core::Scheme;
+use peregrine_kernels::data::gen::{self, DenseSpec, RatingsSpec, SparseSpec};
+use peregrine_tests::training::{distance, exactly_once, final_params, BSP_TOLERANCE};
+use peregrine_transport::run_local;
+
+fn check_exactly_once(scheme: Scheme) {
+    for world in 1..=4 {
+        for threads in [1, 2] {
+            let reports = run_local(world, |t| exactly_once(&t, scheme, threads, 3)).expect("world");
+            let reports: Vec<_> = reports.into_iter().map(|r| r.unwrap_or_else(|e| panic!("{e}"))).collect();
+            let taken: u64 = reports[0].per_rank.iter().map(|r| r.taken).sum();
+            let own: u64 = reports[0].per_rank.iter().map(|r| r.own).sum();
+            let plan = Plan::new(997, 200, world, 7, 11).expect("plan");
+            let chunks: u64 = (0..3 * plan.iters_per_epoch())
+                .flat_map(|t| (0..world).map(move |r| (t, r)))
+                .map(|(t, r)| u64::from(plan.chunks(t, r)))
+                .sum();
+            assert_eq!(own + taken, chunks, "{scheme}, {world} ranks x {threads}: chunks counted");
+            if world > 1 {
+                // Rank 0 runs at a fifth of its speed: the others must have taken chunks over.
+                assert!(taken > 0, "{scheme}, {world} ranks x {threads}: nothing taken over");
+            }
+        }
+    }
+}
+
+#[test]
+fn every_chunk_once_under_bsp() {
+    check_exactly_once(Scheme::Bsp);
+}
+
+#[test]
+fn every_chunk_once_under_ssp() {
+    check_exactly_once(Scheme::Ssp(2));
+}
+
+#[test]
+fn every_chunk_once_under_asp() {
+    check_exactly_once(Scheme::Asp);
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("peregrine-training-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("scratch dir");
+    d
+}
+
+/// Trains the model `make` builds with 1, 2 and 4 ranks; the models must agree.
+fn same_model_for_every_world<M: Model>(make: impl Fn() -> M + Sync, iterations: u64) {
+    let one =
+        run_local(1, |t| final_params(&t, &make(), iterations)).expect("world").remove(0).expect("1 rank");
+    for world in [2, 4] {
+        for (r, p) in run_local(world, |t| final_params(&t, &make(), iterations))
+            .expect("world")
+            .into_iter()
+            .enumerate()
+        {
+            let p = p.unwrap_or_else(|e| panic!("{world} ranks, rank {r}: {e}"));
+            let d = distance(&p, &one);
+            assert!(d <= BSP_TOLERANCE, "{world} ranks vs 1: parameters differ by {d:e} (relative)");
+            assert!(p.iter().any(|&w| w != 0.0), "the model did not move");
+        }
+    }
+}
+
+fn sparse_data(dir: &Path) -> PathBuf {
+    let p = dir.join("sparse.pgd");
+    gen::sparse(&SparseSpec { rows: 3000, cols: 400, nnz_per_row: 12, zipf: 1.1, seed: 2 }, &p).expect("gen");
+    p
+}
+
+#[test]
+fn bsp_lr_is_the_same_for_1_2_4_ranks() {
+    let data = sparse_data(&scratch("lr"));
+    same_model_for_every_world(|| LogReg::new(&data, None, 0.5).expect("model"), 30);
+}
+
+#[test]
+fn bsp_mf_is_the_same_for_1_2_4_ranks() {
+    let p = scratch("mf").join("ratings.pgd");
+    gen::ratings(&RatingsSpec { rows: 6000, users: 200, items: 150, rank: 4, noise: 0.1, seed: 3 }, &p)
+        .expect("gen");
+    same_model_for_every_world(|| Mf::new(&p, None, 8, 0.01, 0.05).expect("model"), 20);
+}
+
+#[test]
+fn bsp_mlp_is_the_same_for_1_2_4_ranks() {
+    let p = scratch("mlp").join("dense.pgd");
+    gen::dense(&DenseSpec { rows: 3000, cols: 20, classes: 4, noise: 0.3, seed: 4 }, &p).expect("gen");
+    same_model_for_every_world(|| Mlp::new(&p, None, &[16], 0.1).expect("model"), 20);
+}
