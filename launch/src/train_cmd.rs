@@ -407,6 +407,7 @@ fn go<M: Model>(
         slow,
         keep_params: false,
         lr_decay: r.lr_decay,
+        ..Config::default()
     };
     let metrics_dir = dir.join("metrics");
     std::fs::create_dir_all(&metrics_dir).map_err(io(format!("creating {}", metrics_dir.display())))?;
@@ -435,6 +436,7 @@ fn go<M: Model>(
         let mut summary = serde_json::to_value(&report).map_err(|e| AppError::Train(e.to_string()))?;
         summary["samples_per_second"] = report.samples_per_second().into();
         summary["placement"] = serde_json::to_value(pool.placement()).unwrap_or_default();
+        summary["memory"] = memory();
         let text = serde_json::to_string_pretty(&summary).map_err(|e| AppError::Train(e.to_string()))?;
         write_atomically(&dir.join("summary.json"), text.as_bytes())?;
         if !a.quiet {
@@ -442,6 +444,24 @@ fn go<M: Model>(
         }
     }
     Ok(())
+}
+
+/// Rank 0's process memory (Linux): resident anonymous memory (heap: model, buffers), resident
+/// file-backed memory (mapped dataset pages touched), and the peak resident size, in KiB. Under
+/// the local backend the process holds every rank.
+fn memory() -> serde_json::Value {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    };
+    serde_json::json!({
+        "rss_anon_kib": field("RssAnon:"),
+        "rss_file_kib": field("RssFile:"),
+        "peak_rss_kib": field("VmHWM:"),
+    })
 }
 
 /// A one-line progress display on standard error.

@@ -40,8 +40,21 @@ fn csr<'a>(x: &SparseRows<'a>) -> Csr<'a> {
     Csr { row_ptr: x.row_ptr, indices: x.indices, values: x.values }
 }
 
+/// A thread's gradient: dense for models up to [`DENSE_GRAD_MAX`] weights (no bookkeeping of
+/// touched features; Adult's 122 weights), sparse above.
+#[derive(Debug)]
+pub enum Grad {
+    /// Every weight.
+    Dense(Vec<f32>),
+    /// Touched weights only.
+    Sparse(SparseGrad),
+}
+
+/// Largest model whose per-thread gradient is dense.
+pub const DENSE_GRAD_MAX: usize = 1 << 16;
+
 impl Model for LogReg {
-    type Work = SparseGrad;
+    type Work = Grad;
 
     fn name(&self) -> &'static str {
         "lr"
@@ -77,20 +90,39 @@ impl Model for LogReg {
         }
     }
 
-    fn work(&self, _chunk: usize) -> SparseGrad {
-        SparseGrad::new(self.dim)
-    }
-
-    fn compute(&self, rows: Range<usize>, params: &[f32], work: &mut SparseGrad) -> f64 {
-        let x = Self::rows_of(&self.train).rows(rows);
-        lr::loss_grad_sparse(csr(&x), x.labels, params, work)
-    }
-
-    fn drain(&self, work: &mut SparseGrad, scale: f32, delta: &mut Delta) {
-        for (j, g) in work.iter() {
-            delta.add(j, scale, &[g]);
+    fn work(&self, _chunk: usize) -> Grad {
+        if self.dim <= DENSE_GRAD_MAX {
+            Grad::Dense(vec![0.0; self.dim])
+        } else {
+            Grad::Sparse(SparseGrad::new(self.dim))
         }
-        work.clear();
+    }
+
+    fn compute(&self, rows: Range<usize>, params: &[f32], work: &mut Grad) -> f64 {
+        let x = Self::rows_of(&self.train).rows(rows);
+        match work {
+            Grad::Dense(g) => lr::loss_grad_dense(csr(&x), x.labels, params, g),
+            Grad::Sparse(g) => lr::loss_grad_sparse(csr(&x), x.labels, params, g),
+        }
+    }
+
+    fn drain(&self, work: &mut Grad, scale: f32, delta: &mut Delta) {
+        match work {
+            Grad::Dense(g) => {
+                for (j, v) in g.iter_mut().enumerate() {
+                    if *v != 0.0 {
+                        delta.add(j as u32, scale, &[*v]);
+                        *v = 0.0;
+                    }
+                }
+            }
+            Grad::Sparse(g) => {
+                for (j, v) in g.iter() {
+                    delta.add(j, scale, &[v]);
+                }
+                g.clear();
+            }
+        }
     }
 
     fn scale(&self, rows: usize) -> f32 {
