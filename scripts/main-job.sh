@@ -1,12 +1,57 @@
 #!/usr/bin/env bash
-# The main job: builds Peregrine with MPI and runs the transport conformance demo on 4 MPI ranks
-# (`mpirun -n 4 peregrine conformance`). Installs what it needs on a fresh Debian machine.
+# The main job: trains a 784-128-10 MLP on Fashion-MNIST with 2 MPI ranks to training loss 0.40,
+# once without a straggler (Ideal) and then with rank 0 slowed to half its speed (an injected
+# persistent straggler) under each scheme, and prints the time each took next to Ideal.
+# Installs what it needs on a fresh Debian machine (MPI, Fashion-MNIST from Debian).
+#
+#   scripts/main-job.sh [extra `peregrine train` flags, e.g. --target-loss 0.45]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/common.sh
 
-ensure_packages "${MPI_BUILD_PACKAGES[@]}"
+ensure_packages "${MPI_BUILD_PACKAGES[@]}" dataset-fashion-mnist
 step "cargo build --release --features mpi"
 cargo build --release --locked -p peregrine --features mpi
-step "mpirun -n 4 peregrine conformance"
-mpirun -n 4 target/release/peregrine conformance "$@"
+P=target/release/peregrine
+out=target/main-job
+mkdir -p "$out"
+fm=${PEREGRINE_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
+if [ ! -f "$out/fmnist-train.pgd" ]; then
+    step "peregrine data convert idx (Fashion-MNIST, 60,000 training images)"
+    "$P" data convert idx --images "$fm/train-images-idx3-ubyte.gz" --labels "$fm/train-labels-idx1-ubyte.gz" \
+        "$out/fmnist-train.pgd"
+fi
+
+# name | scheme flags | straggler flags
+runs=(
+    "ideal (bsp, no straggler)|--scheme bsp|"
+    "bsp, no taking over|--scheme bsp --no-steal|--slow 0:0.5"
+    "bsp + taking over|--scheme bsp|--slow 0:0.5"
+    "ssp:2 + taking over|--scheme ssp:2|--slow 0:0.5"
+    "asp + taking over|--scheme asp|--slow 0:0.5"
+)
+# Reads a number field of a summary.json.
+field() { sed -n "s/^  \"$2\": \([0-9.e+-]*\),\{0,1\}$/\1/p" "$1/summary.json"; }
+# Sums a per-rank field of a summary.json.
+per_rank_sum() { sed -n "s/^ *\"$2\": \([0-9.e+-]*\),\{0,1\}$/\1/p" "$1/summary.json" | awk '{s += $1} END {printf "%.3f", s}'; }
+
+table=()
+ideal=""
+for r in "${runs[@]}"; do
+    IFS='|' read -r name scheme slow <<<"$r"
+    dir="$out/runs/$(echo "$name" | tr -c 'a-z0-9:\n' '-' | tr -s '-')"
+    step "mpirun -n 2 peregrine train --model mlp $scheme $slow"
+    # shellcheck disable=SC2086
+    mpirun -n 2 "$P" train --model mlp --data "$out/fmnist-train.pgd" --chunk 16 --epochs 8 \
+        --target-loss 0.40 --eval-every 235 $scheme $slow --run-dir "$dir" "$@"
+    t=$(field "$dir" time_to_target | awk '{printf "%.3f", $1}')
+    t=${t:-none}
+    [ -z "$ideal" ] && ideal=$t
+    ratio=$(awk -v t="$t" -v i="$ideal" 'BEGIN { if (t == "none" || i == "none") print "-"; else printf "%.2fx", t / i }')
+    table+=("$(printf '%-28s %12s %9s %10s %8s' "$name" "$t" "$ratio" "$(per_rank_sum "$dir" wait)" \
+        "$(per_rank_sum "$dir" taken | cut -d. -f1)")")
+done
+
+step "time to training loss 0.40, 2 ranks, rank 0 at half speed (runs in $out/runs)"
+printf '%-28s %12s %9s %10s %8s\n' "run" "seconds" "vs ideal" "wait s" "taken"
+printf '%s\n' "${table[@]}"

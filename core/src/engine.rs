@@ -15,9 +15,12 @@
 //!    flushed; the rank's clock ticks;
 //! 6. wait as the scheme says (BSP: all clocks `>= t + 1`; SSP(s): the slowest `>= t + 1 - s`).
 //!
-//! Every `eval_every` iterations all ranks evaluate the full model on their share of the
-//! evaluation rows (a collective: it also lines the ranks up); the time it takes is excluded from
-//! the training time the report gives.
+//! Evaluation pauses the world without lining the ranks up by iteration: every `eval_every` of
+//! its iterations rank 0 raises a request counter (a word in a window); every rank checks it at
+//! the end of each iteration and in every wait, and then all ranks evaluate the model as it is
+//! (each on its share of the evaluation rows) and go on. Under ASP a fast rank is thus not held
+//! back to the slow rank's iteration count by evaluations (a collective at fixed iterations would
+//! make every evaluation a barrier). Evaluation time is excluded from the training time reported.
 
 use std::io::Write;
 use std::ops::Range;
@@ -210,7 +213,7 @@ pub struct Report {
     pub ranks: usize,
     /// Iterations run.
     pub iterations: u64,
-    /// Training rows processed (global batches).
+    /// Training rows computed, by all ranks.
     pub samples: u64,
     /// Training seconds, evaluations excluded (the slowest rank's).
     pub train_seconds: f64,
@@ -278,6 +281,27 @@ struct StealBuf {
     buf: Vec<f32>,
 }
 
+/// Where this rank's evaluations stand.
+struct Evals {
+    points: Vec<EvalPoint>,
+    /// Time spent evaluating (and waiting for others to join an evaluation).
+    time: Duration,
+    to_target: Option<f64>,
+    /// Evaluations this rank has joined.
+    joined: u64,
+    /// The full model, pulled for each evaluation.
+    params: Vec<f32>,
+    /// This rank's iterations done.
+    iters: u64,
+    start: Instant,
+}
+
+impl Evals {
+    fn train_time(&self) -> f64 {
+        (self.start.elapsed() - self.time).as_secs_f64()
+    }
+}
+
 /// A training run on this rank: the windows, buffers and counters.
 struct Run<'a, M: Model> {
     t: &'a Transport,
@@ -288,6 +312,8 @@ struct Run<'a, M: Model> {
     params: Window<f32>,
     queues: ChunkQueues,
     clocks: Clocks,
+    /// On rank 0: `[evaluations requested, ranks finished]`.
+    control: Window<u64>,
     slots: Vec<Mutex<Slot<M::Work>>>,
     rank: usize,
     world: usize,
@@ -351,6 +377,7 @@ pub fn train<M: Model>(
         params,
         queues: ChunkQueues::new(t)?,
         clocks: Clocks::new(t)?,
+        control: t.alloc_window("control", &ShardMap::from_lens((0..t.world_size()).map(|r| if r == 0 { 2 } else { 0 })))?,
         slots,
         rank: t.rank(),
         world: t.world_size(),
@@ -373,21 +400,26 @@ impl<M: Model> Run<'_, M> {
         let (mut ranges, mut data) = (Vec::new(), Vec::new());
         let mut keys = KeySet::new(self.model.layout().keys());
         let mut totals = RankTotals::default();
-        let mut evals = Vec::new();
-        let mut eval_time = Duration::ZERO;
-        let mut time_to_target = None;
         let mut samples = 0u64;
         let start = Instant::now();
+        let mut ev = Evals {
+            points: Vec::new(),
+            time: Duration::ZERO,
+            to_target: None,
+            joined: 0,
+            params: vec![0.0; self.model.layout().params],
+            iters: 0,
+            start,
+        };
         // The rank's copy of the parameters it reads (all of them for dense models).
         let mut replica = vec![0.0f32; self.model.layout().params];
         self.pool.bind_memory(&mut replica);
-        let mut done_iters = 0;
         for it in 0..cfg.iterations {
             let t0 = Instant::now();
             let mut rec = IterRecord {
                 rank: self.rank,
                 iter: it,
-                start: (t0 - start - eval_time).as_secs_f64(),
+                start: (t0 - start - ev.time).as_secs_f64(),
                 threads: self.pool.active(),
                 ..Default::default()
             };
@@ -419,11 +451,13 @@ impl<M: Model> Run<'_, M> {
             // Compute, own chunks first, then others'.
             let c1 = Instant::now();
             self.compute(it, &replica, true)?;
-            let mut helped = Duration::ZERO;
+            let (mut helped, mut paused) = (Duration::ZERO, Duration::ZERO);
             // Without taking over, nobody reads parameters after its pull: no need to line up.
             if cfg.scheme == Scheme::Bsp && cfg.steal {
                 let w = wait_until(|| -> Result<bool, TrainError> {
-                    if self.clocks.all_done(tag)? {
+                    paused += self.serve_evals(&mut ev)?;
+                    // Once an evaluation says stop, nobody waits for anyone any more.
+                    if ev.to_target.is_some() || self.clocks.all_done(tag)? {
                         return Ok(true);
                     }
                     if cfg.steal && self.stealable(tag)? {
@@ -433,9 +467,9 @@ impl<M: Model> Run<'_, M> {
                     }
                     Ok(false)
                 })?;
-                rec.wait += (w - helped).as_secs_f64();
+                rec.wait += w.saturating_sub(helped + paused).as_secs_f64();
             }
-            rec.compute += (c1.elapsed().as_secs_f64() - rec.wait).max(0.0);
+            rec.compute += (c1.elapsed().saturating_sub(paused).as_secs_f64() - rec.wait).max(0.0);
 
             // Push.
             let c2 = Instant::now();
@@ -473,8 +507,12 @@ impl<M: Model> Run<'_, M> {
                 Scheme::Asp => None,
             };
             if let Some(need) = need {
-                rec.wait +=
-                    wait_until(|| Ok::<_, TrainError>(self.clocks.min_clock()? >= need))?.as_secs_f64();
+                let mut paused = Duration::ZERO;
+                let w = wait_until(|| -> Result<bool, TrainError> {
+                    paused += self.serve_evals(&mut ev)?;
+                    Ok(ev.to_target.is_some() || self.clocks.min_clock()? >= need)
+                })?;
+                rec.wait += w.saturating_sub(paused).as_secs_f64();
             }
             samples += batch_rows as u64;
             rec.loss /= rec.rows.max(1) as f64;
@@ -490,72 +528,61 @@ impl<M: Model> Run<'_, M> {
                     .and_then(|()| w.write_all(b"\n"))
                     .map_err(|source| TrainError::Metrics { path: path.to_string(), source })?;
             }
-            done_iters = it + 1;
+            ev.iters = it + 1;
 
-            // Evaluate (the last evaluation comes after the loop, once every push has landed).
-            let last = it + 1 == cfg.iterations;
-            if !last && cfg.eval_every > 0 && (it + 1) % cfg.eval_every == 0 {
-                let train_time = (start.elapsed() - eval_time).as_secs_f64();
-                let e0 = Instant::now();
-                let (loss, metric) = self.evaluate(&mut replica)?;
-                eval_time += e0.elapsed();
-                if !loss.is_finite() {
-                    return Err(TrainError::Diverged { iter: it + 1, loss });
-                }
-                evals.push(EvalPoint { iter: it + 1, time: train_time, loss, metric });
-                if time_to_target.is_none() && cfg.target_loss.is_some_and(|g| loss <= g) {
-                    time_to_target = Some(train_time);
-                }
+            // Evaluate when rank 0 asks (the last evaluation comes after the loop, once every
+            // push has landed).
+            if self.rank == 0 && cfg.eval_every > 0 && (it + 1) % cfg.eval_every == 0 && it + 1 < cfg.iterations {
+                self.control.fetch_add(0, 1)?;
             }
+            self.serve_evals(&mut ev)?;
             if self.rank == 0 {
                 progress(&Progress {
                     iter: it + 1,
                     iterations: cfg.iterations,
                     samples,
-                    seconds: (start.elapsed() - eval_time).as_secs_f64(),
+                    seconds: ev.train_time(),
                     batch_loss: rec.loss,
-                    eval: evals.last().copied(),
+                    eval: ev.points.last().copied(),
                 });
             }
-            if time_to_target.is_some() {
+            if ev.to_target.is_some() {
                 break;
             }
         }
-        // Every push has landed (each rank flushed before the barrier) before anyone reads the
-        // final model.
+        // Done: keep joining the evaluations rank 0 asks for until every rank is done (rank 0
+        // asks for none after it is), then evaluate the final model once every push has landed
+        // (each rank flushed before the barrier).
+        self.control.fetch_add(1, 1)?;
+        wait_until(|| -> Result<bool, TrainError> {
+            self.serve_evals(&mut ev)?;
+            Ok(self.control.fetch_add(1, 0)? == self.world as u64)
+        })?;
+        self.serve_evals(&mut ev)?;
         self.t.barrier()?;
-        if evals.last().is_none_or(|e| e.iter != done_iters) {
-            let train_time = (start.elapsed() - eval_time).as_secs_f64();
-            let e0 = Instant::now();
-            let (loss, metric) = self.evaluate(&mut replica)?;
-            eval_time += e0.elapsed();
-            if !loss.is_finite() {
-                return Err(TrainError::Diverged { iter: done_iters, loss });
-            }
-            evals.push(EvalPoint { iter: done_iters, time: train_time, loss, metric });
-            if time_to_target.is_none() && cfg.target_loss.is_some_and(|g| loss <= g) {
-                time_to_target = Some(train_time);
-            }
-        }
-        let mut train_seconds = [(start.elapsed() - eval_time).as_secs_f64(), eval_time.as_secs_f64()];
-        self.t.allreduce(&mut train_seconds, ReduceOp::Max)?;
+        self.evaluate(&mut ev)?;
+        // The slowest rank's times; the most iterations any rank ran (ranks differ under SSP/ASP
+        // and when a target stops them).
+        let mut most = [ev.train_time(), ev.time.as_secs_f64(), ev.iters as f64];
+        self.t.allreduce(&mut most, ReduceOp::Max)?;
         let mut all = vec![0.0f64; self.world * TOTALS];
         all[self.rank * TOTALS..(self.rank + 1) * TOTALS].copy_from_slice(&totals.to_array());
         self.t.allreduce(&mut all, ReduceOp::Sum)?;
+        let per_rank: Vec<RankTotals> = all.chunks(TOTALS).map(RankTotals::from_array).collect();
         Ok(Report {
             model: self.model.name().into(),
             scheme: cfg.scheme.to_string(),
             ranks: self.world,
-            iterations: done_iters,
-            samples,
-            train_seconds: train_seconds[0],
-            eval_seconds: train_seconds[1],
-            evals,
+            iterations: most[2] as u64,
+            samples: per_rank.iter().map(|r| r.rows).sum(),
+            train_seconds: most[0],
+            eval_seconds: most[1],
+            evals: ev.points,
             metric: self.model.metric().name().into(),
             target_loss: cfg.target_loss,
-            time_to_target,
-            per_rank: all.chunks(TOTALS).map(RankTotals::from_array).collect(),
-            params: cfg.keep_params.then_some(replica),
+            time_to_target: ev.to_target,
+            per_rank,
+            params: cfg.keep_params.then_some(ev.params),
         })
     }
 
@@ -674,14 +701,31 @@ impl<M: Model> Run<'_, M> {
         }
     }
 
-    /// Evaluates the current global model: every rank pulls all of it and evaluates its share of
-    /// the evaluation rows with its threads; the sums are added up over ranks.
-    fn evaluate(&self, replica: &mut [f32]) -> Result<(f64, f64), TrainError> {
-        self.params.get(0, replica)?;
+    /// Joins every evaluation rank 0 has asked for and this rank has not joined yet; returns the
+    /// time it took.
+    fn serve_evals(&self, ev: &mut Evals) -> Result<Duration, TrainError> {
+        let t0 = Instant::now();
+        let asked = self.control.fetch_add(0, 0)?;
+        while ev.joined < asked {
+            ev.joined += 1;
+            // Everyone's pushes so far have landed (flushed before the barrier).
+            self.t.barrier()?;
+            self.evaluate(ev)?;
+        }
+        Ok(if asked > 0 { t0.elapsed() } else { Duration::ZERO })
+    }
+
+    /// Evaluates the current global model (collective): every rank pulls all of it and evaluates
+    /// its share of the evaluation rows with its threads; the sums are added up over ranks, and
+    /// the point is labelled with rank 0's iteration count and training time.
+    fn evaluate(&self, ev: &mut Evals) -> Result<(), TrainError> {
+        let e0 = Instant::now();
+        let train_time = ev.train_time();
+        self.params.get(0, &mut ev.params)?;
         let mine = split(self.model.eval_rows(), self.rank, self.world);
         let threads = self.pool.active();
         let sums = Mutex::new([0.0f64; 3]);
-        let replica = &*replica;
+        let replica = &ev.params[..];
         self.pool.run(|w| {
             let part = split(mine.len(), w, threads);
             let s = self.model.evaluate(replica, mine.start + part.start..mine.start + part.end);
@@ -690,11 +734,22 @@ impl<M: Model> Run<'_, M> {
                 *a += b;
             }
         });
-        let mut s = sums.into_inner().expect("eval sums");
-        self.t.allreduce(&mut s, ReduceOp::Sum)?;
-        let loss = s[0] / s[2].max(1.0);
-        let metric = metric_value(self.model.metric(), s);
-        Ok((loss, metric))
+        let s = sums.into_inner().expect("eval sums");
+        let (iter, time) = if self.rank == 0 { (ev.iters as f64, train_time) } else { (0.0, 0.0) };
+        let mut all = [s[0], s[1], s[2], iter, time];
+        self.t.allreduce(&mut all, ReduceOp::Sum)?;
+        let loss = all[0] / all[2].max(1.0);
+        let metric = metric_value(self.model.metric(), [all[0], all[1], all[2]]);
+        let (iter, time) = (all[3] as u64, all[4]);
+        ev.time += e0.elapsed();
+        if !loss.is_finite() {
+            return Err(TrainError::Diverged { iter, loss });
+        }
+        ev.points.push(EvalPoint { iter, time, loss, metric });
+        if ev.to_target.is_none() && self.cfg.target_loss.is_some_and(|g| loss <= g) {
+            ev.to_target = Some(time);
+        }
+        Ok(())
     }
 
     fn free(self) -> Result<(), TrainError> {
@@ -702,6 +757,7 @@ impl<M: Model> Run<'_, M> {
         self.params.free()?;
         self.queues.free()?;
         self.clocks.free()?;
+        self.control.free()?;
         Ok(())
     }
 }
