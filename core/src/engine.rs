@@ -377,7 +377,10 @@ pub fn train<M: Model>(
         params,
         queues: ChunkQueues::new(t)?,
         clocks: Clocks::new(t)?,
-        control: t.alloc_window("control", &ShardMap::from_lens((0..t.world_size()).map(|r| if r == 0 { 2 } else { 0 })))?,
+        control: t.alloc_window(
+            "control",
+            &ShardMap::from_lens((0..t.world_size()).map(|r| if r == 0 { 2 } else { 0 })),
+        )?,
         slots,
         rank: t.rank(),
         world: t.world_size(),
@@ -532,7 +535,11 @@ impl<M: Model> Run<'_, M> {
 
             // Evaluate when rank 0 asks (the last evaluation comes after the loop, once every
             // push has landed).
-            if self.rank == 0 && cfg.eval_every > 0 && (it + 1) % cfg.eval_every == 0 && it + 1 < cfg.iterations {
+            if self.rank == 0
+                && cfg.eval_every > 0
+                && (it + 1) % cfg.eval_every == 0
+                && it + 1 < cfg.iterations
+            {
                 self.control.fetch_add(0, 1)?;
             }
             self.serve_evals(&mut ev)?;

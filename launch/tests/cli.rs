@@ -117,6 +117,42 @@ mod mpi {
     }
 
     #[test]
+    fn train_under_mpirun() {
+        let d = super::scratch("train-mpi");
+        let data = super::train_data(&d);
+        let run = d.join("run");
+        for scheme in ["bsp", "ssp:1", "asp"] {
+            let out = mpirun_n(
+                2,
+                exe(),
+                &[
+                    "train",
+                    "--model",
+                    "lr",
+                    "--data",
+                    &data,
+                    "--epochs",
+                    "2",
+                    "--batch",
+                    "400",
+                    "--chunk",
+                    "25",
+                    "--slow",
+                    "1:0.5",
+                    "--scheme",
+                    scheme,
+                    "--run-dir",
+                    &run.to_string_lossy(),
+                ],
+            );
+            assert_success(&format!("mpirun -n 2 peregrine train --scheme {scheme}"), &out);
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(stdout.contains(&format!("lr | {scheme} | 2 ranks")), "{stdout}");
+            assert!(run.join("metrics/rank-1.jsonl").exists());
+        }
+    }
+
+    #[test]
     fn an_error_on_every_rank_exits_non_zero_without_hanging() {
         let out = mpirun_n(2, exe(), &["conformance", "--ranks", "2"]);
         assert!(!out.status.success());
@@ -182,4 +218,166 @@ fn bad_data_is_a_clear_error_and_leaves_nothing_behind() {
     let o = peregrine(&["data", "info", &s(&d.join("missing.prg"))]);
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o).1.contains("missing.prg: opening"), "{:?}", text(&o));
+}
+
+/// A small generated sparse dataset for the training commands.
+fn train_data(dir: &std::path::Path) -> String {
+    let data = dir.join("sparse.pgd");
+    let out =
+        peregrine(&["data", "gen", "sparse", &data.to_string_lossy(), "--rows", "4000", "--features", "300"]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    data.to_string_lossy().into_owned()
+}
+
+#[test]
+fn train_writes_its_run_directory() {
+    let d = scratch("train-run");
+    let data = train_data(&d);
+    let run = d.join("run");
+    let out = peregrine(&[
+        "train",
+        "--ranks",
+        "2",
+        "--model",
+        "lr",
+        "--data",
+        &data,
+        "--epochs",
+        "3",
+        "--batch",
+        "500",
+        "--chunk",
+        "50",
+        "--lr",
+        "1",
+        "--slow",
+        "0:0.5",
+        "--target-loss",
+        "0.0001",
+        "--run-dir",
+        &run.to_string_lossy(),
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("lr | bsp | 2 ranks | 24 iterations"), "{stdout}");
+    assert!(stdout.contains("did not reach loss <= 0.0001"), "{stdout}");
+    // Standard error is not a terminal here: no progress bar.
+    assert!(!stderr.contains('\r'), "{stderr:?}");
+    for f in ["config.toml", "meta.json", "summary.json", "metrics/rank-0.jsonl", "metrics/rank-1.jsonl"] {
+        assert!(run.join(f).exists(), "{f} missing");
+    }
+    let lines = std::fs::read_to_string(run.join("metrics/rank-1.jsonl")).expect("metrics");
+    assert_eq!(lines.lines().count(), 24);
+    for key in ["\"compute\"", "\"comm\"", "\"wait\"", "\"own\"", "\"taken\"", "\"threads\"", "\"loss\""] {
+        assert!(lines.lines().all(|l| l.contains(key)), "{key} missing: {lines}");
+    }
+    let config = std::fs::read_to_string(run.join("config.toml")).expect("config");
+    assert!(config.contains("model = \"lr\"") && config.contains("iterations = 24"), "{config}");
+    // The resolved configuration runs again as a config file.
+    let again = peregrine(&[
+        "train",
+        "--ranks",
+        "1",
+        "--config",
+        &run.join("config.toml").to_string_lossy(),
+        "-q",
+        "--run-dir",
+        &d.join("again").to_string_lossy(),
+    ]);
+    assert!(again.status.success(), "{:?}", text(&again));
+}
+
+#[test]
+fn train_config_file_errors_name_file_line_and_column() {
+    let d = scratch("train-config");
+    let data = train_data(&d);
+    let cfg = d.join("bad.toml");
+    std::fs::write(&cfg, format!("model = \"lr\"\ndata = \"{data}\"\nbatchsize = 64\n")).expect("write");
+    let out = peregrine(&["train", "--config", &cfg.to_string_lossy()]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("bad.toml:3:1") && stderr.contains("unknown field `batchsize`"), "{stderr}");
+    std::fs::write(&cfg, "model = \"svm\"\n").expect("write");
+    let (_, stderr) = text(&peregrine(&["train", "--config", &cfg.to_string_lossy()]));
+    assert!(stderr.contains("bad.toml:1:9") && stderr.contains("unknown variant `svm`"), "{stderr}");
+    // A relative data path is relative to the file.
+    std::fs::write(&cfg, "model = \"lr\"\ndata = \"sparse.pgd\"\niterations = 2\n").expect("write");
+    let out = peregrine(&[
+        "train",
+        "--ranks",
+        "1",
+        "-q",
+        "--config",
+        &cfg.to_string_lossy(),
+        "--run-dir",
+        &d.join("rel").to_string_lossy(),
+    ]);
+    assert!(out.status.success(), "{:?}", text(&out));
+}
+
+#[test]
+fn train_bad_input_is_a_clear_error() {
+    let d = scratch("train-bad");
+    let data = train_data(&d);
+    let cases: &[(&[&str], i32, &str)] = &[
+        (&["train", "--data", &data], 2, "no model"),
+        (&["train", "--model", "lr"], 2, "no training data"),
+        (&["train", "--model", "lr", "--data", &data, "--scheme", "ssp:x"], 2, "whole number"),
+        (&["train", "--model", "lr", "--data", &data, "--slow", "0:1.5"], 2, "RANK:SPEED"),
+        (&["train", "--model", "lr", "--data", &data, "--slow", "7:0.5", "--ranks", "2"], 2, "slow rank 7"),
+        (&["train", "--model", "lr", "--data", &data, "--lr=-1"], 2, "learning rate must be positive"),
+        (&["train", "--model", "lr", "--data", &data, "--chunk", "0"], 2, "must be at least 1"),
+        (&["train", "--model", "softmax", "--data", &data], 1, "this model needs dense multiclass data"),
+        (&["train", "--model", "lr", "--data", "/nonexistent.pgd"], 1, "/nonexistent.pgd"),
+        (
+            &["train", "--model", "lr", "--data", &data, "--epochs", "1", "--iterations", "3"],
+            2,
+            "cannot be used with",
+        ),
+    ];
+    for (args, code, what) in cases {
+        let out = peregrine(args);
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(*code), "{args:?}: {stderr}");
+        assert!(stderr.contains(what), "{args:?}: expected `{what}` in {stderr}");
+    }
+}
+
+#[test]
+fn train_divergence_is_an_error() {
+    let d = scratch("train-div");
+    let data = d.join("ratings.pgd").to_string_lossy().into_owned();
+    assert!(peregrine(&[
+        "data",
+        "gen",
+        "ratings",
+        &data,
+        "--ratings",
+        "5000",
+        "--users",
+        "100",
+        "--items",
+        "80"
+    ])
+    .status
+    .success());
+    let out = peregrine(&[
+        "train",
+        "--ranks",
+        "1",
+        "--model",
+        "mf",
+        "--data",
+        &data,
+        "--lr",
+        "50",
+        "--iterations",
+        "5",
+        "-q",
+        "--run-dir",
+        &d.join("run").to_string_lossy(),
+    ]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("diverged"), "{stderr}");
 }
