@@ -27,3 +27,28 @@ ensure_packages() {
 # What building the `mpi` feature needs: an MPI (OpenMPI, the default `mpicc`/`mpirun`), libclang
 # for rsmpi's bindgen, and pkg-config.
 MPI_BUILD_PACKAGES=(openmpi-bin libopenmpi-dev libclang-dev clang pkg-config)
+
+# fetch_movielens: exports PEREGRINE_ML100K, the MovieLens-100k ratings file. The data may be used
+# but not redistributed: fetched (once) from the PyPI wheel that carries it, never committed.
+fetch_movielens() {
+    local ml_dir=target/datasets/recbole-1.2.1
+    export PEREGRINE_ML100K="$PWD/$ml_dir/recbole/dataset_example/ml-100k/ml-100k.inter"
+    [ -f "$PEREGRINE_ML100K" ] && return 0
+    step "fetching MovieLens-100k (PyPI wheel recbole==1.2.1)"
+    mkdir -p "$ml_dir"
+    python3 -m pip download --quiet --no-deps --dest "$ml_dir" recbole==1.2.1
+    python3 - "$ml_dir" <<'PY'
+import pathlib, sys, zipfile
+d = pathlib.Path(sys.argv[1])
+wheel = next(d.glob("recbole-1.2.1-*.whl"))
+zipfile.ZipFile(wheel).extract("recbole/dataset_example/ml-100k/ml-100k.inter", d)
+PY
+}
+
+# summary_field RUN_DIR NAME: a top-level number of RUN_DIR/summary.json (empty if null).
+summary_field() { sed -n "s/^  \"$2\": \([0-9.e+-]*\),\{0,1\}$/\1/p" "$1/summary.json"; }
+
+# per_rank_sum RUN_DIR NAME: the sum over ranks of a per-rank number of RUN_DIR/summary.json.
+per_rank_sum() {
+    sed -n "s/^ *\"$2\": \([0-9.e+-]*\),\{0,1\}$/\1/p" "$1/summary.json" | awk '{s += $1} END {printf "%.3f", s}'
+}

@@ -30,11 +30,6 @@ runs=(
     "ssp:2 + taking over|--scheme ssp:2|--slow 0:0.5"
     "asp + taking over|--scheme asp|--slow 0:0.5"
 )
-# Reads a number field of a summary.json.
-field() { sed -n "s/^  \"$2\": \([0-9.e+-]*\),\{0,1\}$/\1/p" "$1/summary.json"; }
-# Sums a per-rank field of a summary.json.
-per_rank_sum() { sed -n "s/^ *\"$2\": \([0-9.e+-]*\),\{0,1\}$/\1/p" "$1/summary.json" | awk '{s += $1} END {printf "%.3f", s}'; }
-
 table=()
 ideal=""
 for r in "${runs[@]}"; do
@@ -44,7 +39,7 @@ for r in "${runs[@]}"; do
     # shellcheck disable=SC2086
     mpirun -n 2 "$P" train --model mlp --data "$out/fmnist-train.pgd" --chunk 16 --epochs 8 \
         --target-loss 0.40 --eval-every 235 $scheme $slow --run-dir "$dir" "$@"
-    t=$(field "$dir" time_to_target | awk '{printf "%.3f", $1}')
+    t=$(summary_field "$dir" time_to_target | awk '{printf "%.3f", $1}')
     t=${t:-none}
     [ -z "$ideal" ] && ideal=$t
     ratio=$(awk -v t="$t" -v i="$ideal" 'BEGIN { if (t == "none" || i == "none") print "-"; else printf "%.2fx", t / i }')

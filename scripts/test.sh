@@ -9,21 +9,7 @@ cd "$(dirname "$0")/.."
 
 ensure_packages "${MPI_BUILD_PACKAGES[@]}" mpich libmpich-dev dataset-fashion-mnist libhwloc-dev libudev-dev
 
-# MovieLens-100k may be used but not redistributed: fetched (once) from the PyPI wheel that
-# carries it, never committed.
-ml_dir=target/datasets/recbole-1.2.1
-export PEREGRINE_ML100K="$PWD/$ml_dir/recbole/dataset_example/ml-100k/ml-100k.inter"
-if [ ! -f "$PEREGRINE_ML100K" ]; then
-    step "fetching MovieLens-100k (PyPI wheel recbole==1.2.1)"
-    mkdir -p "$ml_dir"
-    python3 -m pip download --quiet --no-deps --dest "$ml_dir" recbole==1.2.1
-    python3 - "$ml_dir" <<'PY'
-import pathlib, sys, zipfile
-d = pathlib.Path(sys.argv[1])
-wheel = next(d.glob("recbole-1.2.1-*.whl"))
-zipfile.ZipFile(wheel).extract("recbole/dataset_example/ml-100k/ml-100k.inter", d)
-PY
-fi
+fetch_movielens
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

@@ -770,11 +770,11 @@ impl<M: Model> Run<'_, M> {
 }
 
 /// Whether `ranges` are so many that moving all `params` elements costs less: one small one-sided
-/// operation costs about as much as moving 128 elements (~50-100 ns against ~8 GB/s). On a
-/// 1M-feature Zipf dataset a 50,000-row batch touches ~300k scattered weights: one 4 MB get
-/// instead of 300k gets.
+/// operation costs about as much as moving 512 elements (~100-200 ns against 10-20 GB/s; measured
+/// on MF, where 128 and 32 were no better). On a 1M-feature Zipf dataset a 50,000-row batch
+/// touches ~100k scattered weights: one 4 MB get instead of 100k gets.
 fn scattered(ranges: &[Range<usize>], params: usize) -> bool {
-    ranges.len().saturating_mul(128) >= params
+    ranges.len().saturating_mul(512) >= params
 }
 
 /// Reads the parameters of `keys` from `params` into the same positions of `into` (or all of
