@@ -381,3 +381,71 @@ fn train_divergence_is_an_error() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("diverged"), "{stderr}");
 }
+
+#[test]
+fn every_shipped_config_runs() {
+    let d = scratch("configs");
+    let sparse = train_data(&d);
+    let dense = d.join("dense.pgd").to_string_lossy().into_owned();
+    assert!(peregrine(&[
+        "data",
+        "gen",
+        "dense",
+        &dense,
+        "--rows",
+        "2000",
+        "--features",
+        "784",
+        "--classes",
+        "10"
+    ])
+    .status
+    .success());
+    let ratings = d.join("ratings.pgd").to_string_lossy().into_owned();
+    assert!(peregrine(&[
+        "data",
+        "gen",
+        "ratings",
+        &ratings,
+        "--ratings",
+        "3000",
+        "--users",
+        "50",
+        "--items",
+        "40"
+    ])
+    .status
+    .success());
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).expect("configs/") {
+        let path = entry.expect("entry").path();
+        let body = std::fs::read_to_string(&path).expect("read");
+        let data = if body.contains("model = \"lr\"") {
+            &sparse
+        } else if body.contains("model = \"mf\"") {
+            &ratings
+        } else {
+            &dense
+        };
+        let out = peregrine(&[
+            "train",
+            "--ranks",
+            "2",
+            "-q",
+            "--config",
+            &path.to_string_lossy(),
+            "--data",
+            data,
+            "--eval",
+            data,
+            "--iterations",
+            "2",
+            "--run-dir",
+            &d.join("run").to_string_lossy(),
+        ]);
+        assert!(out.status.success(), "{}: {:?}", path.display(), text(&out));
+        seen += 1;
+    }
+    assert!(seen >= 4, "{seen} configs");
+}
