@@ -89,8 +89,10 @@ pub struct Config {
     pub steal_fraction: f64,
     /// Seed of the initial model and the batch order.
     pub seed: u64,
-    /// Active compute threads per rank (at most the pool's size).
+    /// Active compute threads per rank (at most the pool's size), unless `elastic` says otherwise.
     pub threads: usize,
+    /// How a rank's active thread count changes between iterations.
+    pub elastic: Elastic,
     /// Ranks slowed down on purpose, with their speed (0 < speed <= 1): after each chunk such a
     /// rank sleeps `(1 / speed - 1)` times the chunk's compute time.
     pub slow: Vec<(usize, f64)>,
@@ -118,10 +120,39 @@ impl Default for Config {
             steal_fraction: 0.5,
             seed: 1,
             threads: 1,
+            elastic: Elastic::Fixed,
             slow: Vec::new(),
             keep_params: false,
             lr_decay: 0.0,
             dense_pull_below: 1 << 16,
+        }
+    }
+}
+
+/// Elastic parallelism: the policy that sets a rank's active compute threads before each
+/// iteration (the pool is built once with the most threads; the others stay parked). Adaptive
+/// policies (a rank whose cores are contended shrinks, grows back when its rate recovers) come
+/// with straggler control.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum Elastic {
+    /// Always `Config::threads`.
+    #[default]
+    Fixed,
+    /// `(rank, from iteration, threads)`: from that iteration on, that rank runs that many threads
+    /// (the latest entry that applies wins; before any, `Config::threads`).
+    Schedule(Vec<(usize, u64, usize)>),
+}
+
+impl Elastic {
+    /// Active threads of `rank` in iteration `it`.
+    pub fn threads(&self, rank: usize, it: u64, default: usize) -> usize {
+        match self {
+            Self::Fixed => default,
+            Self::Schedule(s) => s
+                .iter()
+                .filter(|&&(r, from, _)| r == rank && from <= it)
+                .max_by_key(|e| e.1)
+                .map_or(default, |e| e.2),
         }
     }
 }
@@ -418,6 +449,7 @@ impl<M: Model> Run<'_, M> {
         let mut replica = vec![0.0f32; self.model.layout().params];
         self.pool.bind_memory(&mut replica);
         for it in 0..cfg.iterations {
+            self.pool.set_active(cfg.elastic.threads(self.rank, it, cfg.threads));
             let t0 = Instant::now();
             let mut rec = IterRecord {
                 rank: self.rank,

@@ -140,6 +140,38 @@ pub fn exactly_once(t: &Transport, scheme: Scheme, threads: usize, epochs: u64) 
     Ok(report)
 }
 
+/// [`exactly_once`] with every rank's active threads changing between iterations (elastic
+/// parallelism): `1, max, 1, max, ...` every 3 iterations. Returns the report and this rank's
+/// metrics lines, which must show the schedule.
+pub fn exactly_once_elastic(t: &Transport, max: usize) -> Result<(Report, Vec<String>), String> {
+    let rows = 997;
+    let model = Counting { rows, per_row: Duration::from_micros(5) };
+    let iterations = 3 * rows.div_ceil(200) as u64;
+    let schedule = (0..iterations / 3)
+        .flat_map(|k| (0..t.world_size()).map(move |r| (r, 3 * k, if k % 2 == 0 { 1 } else { max })))
+        .collect();
+    let cfg = Config {
+        batch: 200,
+        chunk: 7,
+        iterations,
+        threads: max,
+        elastic: engine::Elastic::Schedule(schedule),
+        slow: vec![(0, 0.2)],
+        keep_params: true,
+        ..Config::default()
+    };
+    let pool = RankPool::new(max, slot(t), Pinning::Off).map_err(|e| e.to_string())?;
+    let mut lines = Vec::new();
+    let report = engine::train(t, &model, &cfg, &pool, Some((&mut lines, "memory")), &mut |_| {})
+        .map_err(|e| e.to_string())?;
+    let params = report.params.as_ref().ok_or("no parameters in the report")?;
+    if let Some((row, &c)) = params.iter().enumerate().find(|&(_, &c)| c != 3.0) {
+        return Err(format!("elastic: row {row} computed {c} times in 3 epochs"));
+    }
+    let text = String::from_utf8(lines).map_err(|e| e.to_string())?;
+    Ok((report, text.lines().map(str::to_owned).collect()))
+}
+
 /// BSP training of `model` for `iterations` iterations (batch 256, chunks of 16, 2 threads per
 /// rank, taking over on, rank 0 slowed to half speed so that chunks do move): the final
 /// parameters.

@@ -74,6 +74,7 @@ fn training_exactly_once(ranks: usize) {
             "{stdout}"
         );
     }
+    assert!(stdout.contains("training elastic: every chunk computed exactly once"), "{stdout}");
 }
 
 #[test]

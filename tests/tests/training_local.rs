@@ -7,7 +7,7 @@ use peregrine_core::model::{lr::LogReg, mf::Mf, mlp::Mlp, Model};
 use peregrine_core::plan::Plan;
 use peregrine_core::Scheme;
 use peregrine_kernels::data::gen::{self, DenseSpec, RatingsSpec, SparseSpec};
-use peregrine_tests::training::{distance, exactly_once, final_params, BSP_TOLERANCE};
+use peregrine_tests::training::{distance, exactly_once, exactly_once_elastic, final_params, BSP_TOLERANCE};
 use peregrine_transport::run_local;
 
 fn check_exactly_once(scheme: Scheme) {
@@ -95,4 +95,18 @@ fn bsp_mlp_is_the_same_for_1_2_4_ranks() {
     let p = scratch("mlp").join("dense.pgd");
     gen::dense(&DenseSpec { rows: 3000, cols: 20, classes: 4, noise: 0.3, seed: 4 }, &p).expect("gen");
     same_model_for_every_world(|| Mlp::new(&p, None, &[16], 0.1).expect("model"), 20);
+}
+
+#[test]
+fn active_threads_change_between_iterations() {
+    for world in [1, 3] {
+        for r in run_local(world, |t| exactly_once_elastic(&t, 2)).expect("world") {
+            let (_, lines) = r.unwrap_or_else(|e| panic!("{e}"));
+            let threads: Vec<&str> = lines
+                .iter()
+                .map(|l| l.split("\"threads\":").nth(1).and_then(|x| x.split(',').next()).expect("threads"))
+                .collect();
+            assert_eq!(&threads[..7], ["1", "1", "1", "2", "2", "2", "1"], "{lines:?}");
+        }
+    }
 }

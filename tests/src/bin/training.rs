@@ -1,7 +1,8 @@
 //! SPMD program: the training engine's checks (`peregrine_tests::training`) on every rank.
 //!
 //! `training exactly-once [--backend local|mpi] [--ranks N] [--threads T]`: every chunk computed
-//! exactly once under BSP, SSP(2) and ASP, with rank 0 slowed down.
+//! exactly once under BSP, SSP(2) and ASP, with rank 0 slowed down, and with the active thread
+//! count changing between iterations.
 //! `training params --data FILE --out FILE [--backend ...] [--ranks N]`: BSP logistic regression
 //! on FILE; rank 0 writes the final parameters, one per line, to `--out`.
 
@@ -9,7 +10,7 @@ use std::process::ExitCode;
 
 use peregrine_core::model::lr::LogReg;
 use peregrine_core::Scheme;
-use peregrine_tests::training::{exactly_once, final_params};
+use peregrine_tests::training::{exactly_once, exactly_once_elastic, final_params};
 use peregrine_transport::{Backend, Transport};
 
 fn main() -> ExitCode {
@@ -53,6 +54,13 @@ fn main() -> ExitCode {
                         t.world_size(),
                         t.backend()
                     );
+                }
+                Ok(())
+            })
+            .and_then(|()| {
+                exactly_once_elastic(&t, threads)?;
+                if t.rank() == 0 {
+                    println!("training elastic: every chunk computed exactly once with 1 <-> {threads} active threads");
                 }
                 Ok(())
             }),
