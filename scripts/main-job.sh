@@ -25,20 +25,20 @@ fi
 # name | scheme flags | straggler flags
 runs=(
     "ideal (bsp, no straggler)|--scheme bsp|"
-    "bsp, no taking over|--scheme bsp --no-steal|--slow 0:0.5"
-    "bsp + taking over|--scheme bsp|--slow 0:0.5"
-    "ssp:2 + taking over|--scheme ssp:2|--slow 0:0.5"
-    "asp + taking over|--scheme asp|--slow 0:0.5"
+    "bsp, no taking over|--scheme bsp --no-steal|--straggler persistent:rank=0,speed=0.5"
+    "bsp + taking over|--scheme bsp|--straggler persistent:rank=0,speed=0.5"
+    "ssp:2 + taking over|--scheme ssp:2|--straggler persistent:rank=0,speed=0.5"
+    "asp + taking over|--scheme asp|--straggler persistent:rank=0,speed=0.5"
 )
 table=()
 ideal=""
 for r in "${runs[@]}"; do
-    IFS='|' read -r name scheme slow <<<"$r"
+    IFS='|' read -r name scheme straggler <<<"$r"
     dir="$out/runs/$(echo "$name" | tr -c 'a-z0-9:\n' '-' | tr -s '-')"
-    step "mpirun -n 2 peregrine train --model mlp $scheme $slow"
+    step "mpirun -n 2 peregrine train --model mlp $scheme $straggler"
     # shellcheck disable=SC2086
     mpirun -n 2 "$P" train --model mlp --data "$out/fmnist-train.pgd" --chunk 16 --epochs 8 \
-        --target-loss 0.40 --eval-every 235 $scheme $slow --run-dir "$dir" "$@"
+        --target-loss 0.40 --eval-every 235 $scheme $straggler --run-dir "$dir" "$@"
     t=$(summary_field "$dir" time_to_target | awk '{printf "%.3f", $1}')
     t=${t:-none}
     [ -z "$ideal" ] && ideal=$t

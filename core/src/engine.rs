@@ -24,13 +24,14 @@
 
 use std::io::Write;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use peregrine_transport::{ReduceOp, ShardMap, Transport, Window};
 use serde::Serialize;
 
+use crate::inject::{Disruptor, Injection, Pattern};
 use crate::model::{metric_value, Delta, KeySet, Model};
 use crate::plan::{split, Plan};
 use crate::pool::RankPool;
@@ -93,9 +94,8 @@ pub struct Config {
     pub threads: usize,
     /// How a rank's active thread count changes between iterations.
     pub elastic: Elastic,
-    /// Ranks slowed down on purpose, with their speed (0 < speed <= 1): after each chunk such a
-    /// rank sleeps `(1 / speed - 1)` times the chunk's compute time.
-    pub slow: Vec<(usize, f64)>,
+    /// Injected stragglers (see [`crate::inject`]).
+    pub inject: Injection,
     /// Return the final parameters in the report.
     pub keep_params: bool,
     /// Learning-rate decay: updates of epoch `e` (fractional) are scaled by `1 / (1 + decay e)`.
@@ -121,7 +121,7 @@ impl Default for Config {
             seed: 1,
             threads: 1,
             elastic: Elastic::Fixed,
-            slow: Vec::new(),
+            inject: Injection::default(),
             keep_params: false,
             lr_decay: 0.0,
             dense_pull_below: 1 << 16,
@@ -182,6 +182,10 @@ pub struct IterRecord {
     pub rows: u64,
     /// Mean loss of the rows computed (before their update).
     pub loss: f64,
+    /// Injected delay factor: after each chunk the rank slept this many times its compute time.
+    pub delay: f64,
+    /// Whether an injected disruptor was burning the rank's cores at the iteration's end.
+    pub disrupted: bool,
 }
 
 /// One evaluation.
@@ -348,7 +352,9 @@ struct Run<'a, M: Model> {
     slots: Vec<Mutex<Slot<M::Work>>>,
     rank: usize,
     world: usize,
-    slow: Option<f64>,
+    /// This iteration's injected delay factor (f64 bits).
+    delay: AtomicU64,
+    disruptor: Option<Disruptor>,
 }
 
 /// Trains `model` on this rank (collective: every rank calls it with the same model and
@@ -370,11 +376,14 @@ pub fn train<M: Model>(
             cfg.threads, cfg.grain, cfg.steal_fraction
         )));
     }
-    if let Some(&(r, s)) = cfg.slow.iter().find(|&&(r, s)| r >= t.world_size() || !(s > 0.0 && s <= 1.0)) {
-        return Err(TrainError::Config(format!(
-            "slow rank {r} at speed {s}: need a rank below {} and 0 < speed <= 1",
-            t.world_size()
-        )));
+    if let Pattern::Persistent { ranks, .. } = &cfg.inject.pattern {
+        if let Some(r) = ranks.iter().find(|&&r| r >= t.world_size()) {
+            return Err(TrainError::Config(format!(
+                "straggler pattern {}: rank {r} does not exist in a world of {}",
+                cfg.inject.pattern,
+                t.world_size()
+            )));
+        }
     }
     pool.set_active(cfg.threads);
     let layout = model.layout();
@@ -415,7 +424,8 @@ pub fn train<M: Model>(
         slots,
         rank: t.rank(),
         world: t.world_size(),
-        slow: cfg.slow.iter().find(|&&(r, _)| r == t.rank()).map(|&(_, s)| s),
+        delay: AtomicU64::new(0),
+        disruptor: cfg.inject.disruptor(t.rank(), &pool.placement().cpus, pool.max_threads()),
     };
     t.barrier()?;
     let result = run.train(metrics, progress);
@@ -449,13 +459,17 @@ impl<M: Model> Run<'_, M> {
         let mut replica = vec![0.0f32; self.model.layout().params];
         self.pool.bind_memory(&mut replica);
         for it in 0..cfg.iterations {
-            self.pool.set_active(cfg.elastic.threads(self.rank, it, cfg.threads));
+            let threads = cfg.inject.threads(self.rank, cfg.threads);
+            self.pool.set_active(cfg.elastic.threads(self.rank, it, threads));
+            let delay = cfg.inject.delay(self.rank, it);
+            self.delay.store(delay.to_bits(), Ordering::Relaxed);
             let t0 = Instant::now();
             let mut rec = IterRecord {
                 rank: self.rank,
                 iter: it,
                 start: (t0 - start - ev.time).as_secs_f64(),
                 threads: self.pool.active(),
+                delay,
                 ..Default::default()
             };
             let tag = queue::tag(it);
@@ -551,6 +565,7 @@ impl<M: Model> Run<'_, M> {
             }
             samples += batch_rows as u64;
             rec.loss /= rec.rows.max(1) as f64;
+            rec.disrupted = self.disruptor.as_ref().is_some_and(Disruptor::active);
             totals.compute += rec.compute;
             totals.comm += rec.comm;
             totals.wait += rec.wait;
@@ -712,8 +727,9 @@ impl<M: Model> Run<'_, M> {
         let c0 = Instant::now();
         slot.rows += rows.len() as u64;
         slot.loss += self.model.compute(rows, params, &mut slot.work);
-        if let Some(speed) = self.slow {
-            std::thread::sleep(c0.elapsed().mul_f64(1.0 / speed - 1.0));
+        let delay = f64::from_bits(self.delay.load(Ordering::Relaxed));
+        if delay > 0.0 {
+            std::thread::sleep(c0.elapsed().mul_f64(delay));
         }
     }
 

@@ -8,10 +8,13 @@
 //! - [`queue`]: the per-rank chunk queues in a window, from which a rank's threads take its own
 //!   chunks and other ranks take chunks over;
 //! - [`sync`]: BSP, SSP and ASP over one-sided clocks;
-//! - [`pool`]: a rank's pinned compute threads with an adjustable active count.
+//! - [`pool`]: a rank's pinned compute threads with an adjustable active count;
+//! - [`inject`]: seeded straggler injection (slow worker, disrupted machine, power law,
+//!   persistent, heterogeneous).
 #![warn(missing_docs)]
 
 pub mod engine;
+pub mod inject;
 pub mod model;
 pub mod plan;
 pub mod pool;

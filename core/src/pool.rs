@@ -659,6 +659,12 @@ impl Binder {
     }
 }
 
+/// Pins the calling thread to `cpu` (best effort: a failure leaves it where it is). Used for
+/// threads outside a pool that must share a rank's cores, like straggler-injection disruptors.
+pub fn pin_current_thread(cpu: usize) -> bool {
+    sched::bind_current_thread(&[cpu]).is_ok()
+}
+
 mod sched {
     //! Thread affinity through the Linux system calls (the calling thread is pid 0).
 

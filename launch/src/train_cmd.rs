@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use peregrine_core::engine::{self, Config, Progress, Report};
+use peregrine_core::inject::{Injection, Pattern};
 use peregrine_core::model::{lr::LogReg, mf::Mf, mlp::Mlp, softmax::Softmax, Model};
 use peregrine_core::plan::Plan;
 use peregrine_core::pool::{Pinning, RankPool, Slot};
@@ -48,11 +49,11 @@ impl ModelKind {
 #[derive(Debug, Args)]
 #[command(
     after_help = "A TOML file may hold any of the flags below (kebab-case keys, e.g. `target-loss = 0.35`, \
-    `hidden = [128]`, `slow = [\"0:0.5\"]`; paths relative to the file); flags override it.\n\n\
+    `hidden = [128]`, `straggler = \"persistent:rank=0,speed=0.5\"`; paths relative to the file); flags override it.\n\n\
     Examples:\n  \
     peregrine data convert libsvm tests/data/adult.libsvm.gz adult.pgd\n  \
     peregrine train --model lr --data adult.pgd --epochs 20 --ranks 2\n  \
-    mpirun -n 4 peregrine train --config configs/adult-lr.toml --scheme ssp:2 --slow 0:0.5\n\n\
+    mpirun -n 4 peregrine train --config configs/adult-lr.toml --scheme ssp:2 --straggler persistent:rank=0,speed=0.5\n\n\
     The run directory (--run-dir, default runs/<model>-<scheme>-<time>) receives config.toml (the resolved \
     configuration), meta.json (ranks, hosts, CPU binding), metrics/rank-<r>.jsonl (one line per iteration: \
     compute, comm and wait seconds, chunks own/taken, active threads, loss) and summary.json."
@@ -127,10 +128,12 @@ pub struct TrainArgs {
     /// MLP: hidden layer widths, comma-separated [default: 128].
     #[arg(long, value_name = "N,N,...", value_delimiter = ',')]
     hidden: Option<Vec<usize>>,
-    /// Slow rank RANK down to SPEED (0 < SPEED <= 1) of its speed, e.g. 0:0.5 (repeatable): an
-    /// injected persistent straggler.
-    #[arg(long, value_name = "RANK:SPEED")]
-    slow: Vec<String>,
+    /// Injected stragglers, seeded by --seed: ideal, slow-worker:p=P[,max=2],
+    /// disrupted:p=P[,period=SECONDS,intensity=PERCENT], power-law:alpha=A,
+    /// persistent:rank=R[/R...],speed=S[,threads=T], heterogeneous:speed=S/S/...[,threads=T/T/...]
+    /// [default: ideal].
+    #[arg(long, value_name = "PATTERN")]
+    straggler: Option<String>,
     /// Leave compute threads unpinned.
     #[arg(long)]
     no_pin: bool,
@@ -163,7 +166,7 @@ struct TrainFile {
     k: Option<usize>,
     l2: Option<f32>,
     hidden: Option<Vec<usize>>,
-    slow: Option<Vec<String>>,
+    straggler: Option<String>,
 }
 
 /// The resolved configuration, as written to `config.toml`.
@@ -191,7 +194,7 @@ struct Resolved {
     k: usize,
     l2: f32,
     hidden: Vec<usize>,
-    slow: Vec<String>,
+    straggler: String,
 }
 
 fn usage(s: impl Into<String>) -> AppError {
@@ -219,17 +222,6 @@ fn read_file(path: &Path) -> Result<TrainFile, AppError> {
         }
     }
     Ok(f)
-}
-
-/// Parses `RANK:SPEED`.
-fn parse_slow(s: &str) -> Result<(usize, f64), AppError> {
-    let bad = || usage(format!("--slow `{s}`: expected RANK:SPEED with 0 < SPEED <= 1, e.g. 0:0.5"));
-    let (r, v) = s.split_once(':').ok_or_else(bad)?;
-    let (r, v): (usize, f64) = (r.trim().parse().map_err(|_| bad())?, v.trim().parse().map_err(|_| bad())?);
-    if !(v > 0.0 && v <= 1.0) {
-        return Err(bad());
-    }
-    Ok((r, v))
 }
 
 fn resolve(a: &TrainArgs) -> Result<(Resolved, Option<f64>), AppError> {
@@ -277,7 +269,7 @@ fn resolve(a: &TrainArgs) -> Result<(Resolved, Option<f64>), AppError> {
         k: a.k.or(f.k).unwrap_or(40),
         l2: a.l2.or(f.l2).unwrap_or(0.05),
         hidden: a.hidden.clone().or(f.hidden).unwrap_or_else(|| vec![128]),
-        slow: if a.slow.is_empty() { f.slow.unwrap_or_default() } else { a.slow.clone() },
+        straggler: a.straggler.clone().or(f.straggler).unwrap_or_else(|| "ideal".into()),
     };
     if !(r.lr.is_finite() && r.lr > 0.0) {
         return Err(usage(format!("the learning rate must be positive, got {}", r.lr)));
@@ -285,9 +277,7 @@ fn resolve(a: &TrainArgs) -> Result<(Resolved, Option<f64>), AppError> {
     if !(r.lr_decay.is_finite() && r.lr_decay >= 0.0) {
         return Err(usage(format!("the learning-rate decay must be 0 or more, got {}", r.lr_decay)));
     }
-    for s in &r.slow {
-        parse_slow(s)?;
-    }
+    r.straggler.parse::<Pattern>().map_err(usage)?;
     Ok((r, epochs.or(if iterations.is_none() { Some(5.0) } else { None })))
 }
 
@@ -323,23 +313,23 @@ fn rank(
     }
     let pinning = if a.no_pin { Pinning::Off } else { Pinning::Auto };
     let pool = RankPool::new(r.threads, slot, pinning).map_err(|e| AppError::Train(e.to_string()))?;
-    let slow = r.slow.iter().map(|s| parse_slow(s)).collect::<Result<Vec<_>, _>>()?;
+    let inject = Injection { pattern: r.straggler.parse().map_err(usage)?, seed: r.seed };
     match r.model {
         ModelKind::Lr => {
             let m = LogReg::new(&r.data, r.eval.as_deref(), r.lr).map_err(data_err)?;
-            go(t, ctx, a, &mut r, epochs, scheme, slow, &pool, &dir, &m)
+            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, &dir, &m)
         }
         ModelKind::Softmax => {
             let m = Softmax::new(&r.data, r.eval.as_deref(), r.lr).map_err(data_err)?;
-            go(t, ctx, a, &mut r, epochs, scheme, slow, &pool, &dir, &m)
+            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, &dir, &m)
         }
         ModelKind::Mf => {
             let m = Mf::new(&r.data, r.eval.as_deref(), r.k, r.lr, r.l2).map_err(data_err)?;
-            go(t, ctx, a, &mut r, epochs, scheme, slow, &pool, &dir, &m)
+            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, &dir, &m)
         }
         ModelKind::Mlp => {
             let m = Mlp::new(&r.data, r.eval.as_deref(), &r.hidden, r.lr).map_err(data_err)?;
-            go(t, ctx, a, &mut r, epochs, scheme, slow, &pool, &dir, &m)
+            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, &dir, &m)
         }
     }
 }
@@ -380,7 +370,7 @@ fn go<M: Model>(
     r: &mut Resolved,
     epochs: Option<f64>,
     scheme: Scheme,
-    slow: Vec<(usize, f64)>,
+    inject: Injection,
     pool: &RankPool,
     dir: &Path,
     model: &M,
@@ -404,7 +394,7 @@ fn go<M: Model>(
         steal_fraction: r.steal_fraction,
         seed: r.seed,
         threads: r.threads,
-        slow,
+        inject,
         keep_params: false,
         lr_decay: r.lr_decay,
         ..Config::default()

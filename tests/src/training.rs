@@ -12,10 +12,16 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use peregrine_core::engine::{self, Config, Report};
+use peregrine_core::inject::{Injection, Pattern};
 use peregrine_core::model::{Delta, EvalSums, KeySet, Layout, Metric, Model};
 use peregrine_core::pool::{Pinning, RankPool, Slot};
 use peregrine_core::Scheme;
 use peregrine_transport::{Backend, Transport};
+
+/// Rank `rank` slowed to `speed` for good.
+pub fn slowed(rank: usize, speed: f64) -> Injection {
+    Injection { pattern: Pattern::Persistent { ranks: vec![rank], speed, threads: None }, seed: 1 }
+}
 
 /// One counter per row.
 #[derive(Debug)]
@@ -122,7 +128,7 @@ pub fn exactly_once(t: &Transport, scheme: Scheme, threads: usize, epochs: u64) 
         chunk,
         iterations: epochs * rows.div_ceil(batch) as u64,
         threads,
-        slow: vec![(0, 0.2)],
+        inject: slowed(0, 0.2),
         keep_params: true,
         seed: 11,
         ..Config::default()
@@ -156,7 +162,7 @@ pub fn exactly_once_elastic(t: &Transport, max: usize) -> Result<(Report, Vec<St
         iterations,
         threads: max,
         elastic: engine::Elastic::Schedule(schedule),
-        slow: vec![(0, 0.2)],
+        inject: slowed(0, 0.2),
         keep_params: true,
         ..Config::default()
     };
@@ -172,6 +178,30 @@ pub fn exactly_once_elastic(t: &Transport, max: usize) -> Result<(Report, Vec<St
     Ok((report, text.lines().map(str::to_owned).collect()))
 }
 
+/// [`Counting`] for one epoch with `inject`, 2 threads per rank: this rank's metrics lines
+/// (checked to count every row once).
+pub fn injected(t: &Transport, inject: Injection) -> Result<Vec<String>, String> {
+    let rows = 997;
+    let model = Counting { rows, per_row: Duration::from_micros(5) };
+    let cfg = Config {
+        batch: 200,
+        chunk: 7,
+        iterations: rows.div_ceil(200) as u64,
+        threads: 2,
+        inject,
+        keep_params: true,
+        ..Config::default()
+    };
+    let pool = RankPool::new(2, slot(t), Pinning::Off).map_err(|e| e.to_string())?;
+    let mut lines = Vec::new();
+    let report = engine::train(t, &model, &cfg, &pool, Some((&mut lines, "memory")), &mut |_| {})
+        .map_err(|e| e.to_string())?;
+    if report.params.as_ref().ok_or("no parameters")?.iter().any(|&c| c != 1.0) {
+        return Err("a row was not computed exactly once".into());
+    }
+    Ok(String::from_utf8(lines).map_err(|e| e.to_string())?.lines().map(str::to_owned).collect())
+}
+
 /// BSP training of `model` for `iterations` iterations (batch 256, chunks of 16, 2 threads per
 /// rank, taking over on, rank 0 slowed to half speed so that chunks do move): the final
 /// parameters.
@@ -182,7 +212,7 @@ pub fn final_params<M: Model>(t: &Transport, model: &M, iterations: u64) -> Resu
         chunk: 16,
         iterations,
         threads: 2,
-        slow: if t.world_size() > 1 { vec![(0, 0.5)] } else { Vec::new() },
+        inject: if t.world_size() > 1 { slowed(0, 0.5) } else { Injection::default() },
         keep_params: true,
         seed: 5,
         ..Config::default()

@@ -3,11 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
+use peregrine_core::inject::Injection;
 use peregrine_core::model::{lr::LogReg, mf::Mf, mlp::Mlp, Model};
 use peregrine_core::plan::Plan;
 use peregrine_core::Scheme;
 use peregrine_kernels::data::gen::{self, DenseSpec, RatingsSpec, SparseSpec};
-use peregrine_tests::training::{distance, exactly_once, exactly_once_elastic, final_params, BSP_TOLERANCE};
+use peregrine_tests::training::{
+    distance, exactly_once, exactly_once_elastic, final_params, injected, BSP_TOLERANCE,
+};
 use peregrine_transport::run_local;
 
 fn check_exactly_once(scheme: Scheme) {
@@ -109,4 +112,40 @@ fn active_threads_change_between_iterations() {
             assert_eq!(&threads[..7], ["1", "1", "1", "2", "2", "2", "1"], "{lines:?}");
         }
     }
+}
+
+/// The value of a numeric field of a metrics line.
+fn field(line: &str, key: &str) -> String {
+    line.split(&format!("\"{key}\":")).nth(1).and_then(|x| x.split([',', '}']).next()).expect(key).to_owned()
+}
+
+#[test]
+fn injected_delays_and_thread_counts_reach_the_metrics() {
+    let inject = Injection { pattern: "slow-worker:p=0.5,max=2".parse().expect("pattern"), seed: 9 };
+    for (rank, lines) in
+        run_local(2, |t| injected(&t, inject.clone())).expect("world").into_iter().enumerate()
+    {
+        let lines = lines.unwrap_or_else(|e| panic!("{e}"));
+        for (it, l) in lines.iter().enumerate() {
+            let got: f64 = field(l, "delay").parse().expect("a number");
+            assert_eq!(got, inject.delay(rank, it as u64), "rank {rank} iteration {it}: {l}");
+        }
+        assert!(lines.iter().any(|l| field(l, "delay") != "0.0"), "no iteration delayed");
+    }
+    let fewer = Injection { pattern: "persistent:rank=1,threads=1".parse().expect("pattern"), seed: 1 };
+    let out = run_local(2, |t| injected(&t, fewer.clone())).expect("world");
+    for (rank, lines) in out.into_iter().enumerate() {
+        let want = if rank == 1 { "1" } else { "2" };
+        assert!(lines.expect("rank").iter().all(|l| field(l, "threads") == want), "rank {rank}");
+    }
+}
+
+#[test]
+fn a_disruptor_shows_in_the_metrics() {
+    let inject =
+        Injection { pattern: "disrupted:p=1,period=0.05,intensity=100".parse().expect("pattern"), seed: 1 };
+    let lines = run_local(1, |t| injected(&t, inject.clone())).expect("world").remove(0).expect("rank");
+    // Always on (p = 1) but between two periods for an instant: most iterations see it burning.
+    let on = lines.iter().filter(|l| l.contains("\"disrupted\":true")).count();
+    assert!(on * 2 > lines.len(), "{on} of {} iterations disrupted", lines.len());
 }
