@@ -186,6 +186,9 @@ pub struct IterRecord {
     pub delay: f64,
     /// Whether an injected disruptor was burning the rank's cores at the iteration's end.
     pub disrupted: bool,
+    /// DynSGD: updates pushed by others between this rank's pull and push (its update was scaled
+    /// by `1 / (1 + staleness)`).
+    pub staleness: u64,
 }
 
 /// One evaluation.
@@ -479,6 +482,7 @@ impl<M: Model> Run<'_, M> {
 
             // Pull.
             let c0 = Instant::now();
+            let version = if matches!(cfg.scheme, Scheme::DynSgd(_)) { self.clocks.version()? } else { 0 };
             if self.keyed() {
                 keys.clear();
                 for c in 0..n_chunks {
@@ -524,7 +528,12 @@ impl<M: Model> Run<'_, M> {
             let c2 = Instant::now();
             let batch_rows = self.plan.batch_rows(it).len();
             let epoch = it as f64 / self.plan.iters_per_epoch() as f64;
-            let scale = self.model.scale(batch_rows) / (1.0 + cfg.lr_decay * epoch) as f32;
+            let mut scale = self.model.scale(batch_rows) / (1.0 + cfg.lr_decay * epoch) as f32;
+            if matches!(cfg.scheme, Scheme::DynSgd(_)) {
+                // Updates others pushed since this rank read the parameters.
+                rec.staleness = self.clocks.version()? - version;
+                scale /= (1 + rec.staleness) as f32;
+            }
             delta.clear();
             for s in &self.slots {
                 let mut s = s.lock().expect("a compute thread panicked");
@@ -550,12 +559,7 @@ impl<M: Model> Run<'_, M> {
             rec.comm += c2.elapsed().as_secs_f64();
 
             // Wait as the scheme says.
-            let need = match cfg.scheme {
-                Scheme::Bsp => Some(it + 1),
-                Scheme::Ssp(s) => (it + 1).checked_sub(s),
-                Scheme::Asp => None,
-            };
-            if let Some(need) = need {
+            if let Some(need) = cfg.scheme.needs(it) {
                 let mut paused = Duration::ZERO;
                 let w = wait_until(|| -> Result<bool, TrainError> {
                     paused += self.serve_evals(&mut ev)?;
@@ -729,7 +733,23 @@ impl<M: Model> Run<'_, M> {
         slot.loss += self.model.compute(rows, params, &mut slot.work);
         let delay = f64::from_bits(self.delay.load(Ordering::Relaxed));
         if delay > 0.0 {
-            std::thread::sleep(c0.elapsed().mul_f64(delay));
+            self.injected_sleep(c0.elapsed().mul_f64(delay));
+        }
+    }
+
+    /// Sleeps `d` in slices of at most a millisecond, touching this rank's own queue word between
+    /// them: MPI does not promise progress on a window's passive-target operations while its
+    /// owner stays out of MPI, and an injected delay must not make a rank's chunks harder to take
+    /// over than real slow compute would (which calls into MPI after every chunk).
+    fn injected_sleep(&self, d: Duration) {
+        let until = Instant::now() + d;
+        loop {
+            let now = Instant::now();
+            if now >= until {
+                return;
+            }
+            std::thread::sleep((until - now).min(Duration::from_millis(1)));
+            let _ = self.queues.peek(self.rank);
         }
     }
 

@@ -28,6 +28,22 @@ pub enum Scheme {
     Ssp(u64),
     /// Asynchronous: never wait.
     Asp,
+    /// DynSGD: SSP(s) (ASP for `u64::MAX`) with every update scaled by `1 / (1 + staleness)`,
+    /// staleness being the number of updates other ranks pushed between this rank's pull and its
+    /// push (the parameter server's version distance).
+    DynSgd(u64),
+}
+
+impl Scheme {
+    /// The staleness bound a rank at iteration `it` waits for before `it + 1`: the slowest clock
+    /// must reach the returned value (`None`: no wait).
+    pub fn needs(self, it: u64) -> Option<u64> {
+        match self {
+            Self::Bsp => Some(it + 1),
+            Self::Ssp(s) | Self::DynSgd(s) => (it + 1).checked_sub(s),
+            Self::Asp => None,
+        }
+    }
 }
 
 impl fmt::Display for Scheme {
@@ -36,6 +52,8 @@ impl fmt::Display for Scheme {
             Self::Bsp => f.write_str("bsp"),
             Self::Ssp(s) => write!(f, "ssp:{s}"),
             Self::Asp => f.write_str("asp"),
+            Self::DynSgd(u64::MAX) => f.write_str("dynsgd"),
+            Self::DynSgd(s) => write!(f, "dynsgd:{s}"),
         }
     }
 }
@@ -49,12 +67,23 @@ impl FromStr for Scheme {
             "bsp" => Ok(Self::Bsp),
             "asp" => Ok(Self::Asp),
             "ssp" => Ok(Self::Ssp(3)),
-            _ => match lower.strip_prefix("ssp:").or_else(|| lower.strip_prefix("ssp=")) {
-                Some(n) => n.parse().map(Self::Ssp).map_err(|_| {
-                    format!("scheme `{s}`: the staleness bound must be a whole number, as in ssp:3")
-                }),
-                None => Err(format!("unknown scheme `{s}`: expected bsp, asp, ssp or ssp:<staleness>")),
-            },
+            "dynsgd" => Ok(Self::DynSgd(u64::MAX)),
+            _ => {
+                let bound = |n: &str| {
+                    n.parse::<u64>().map_err(|_| {
+                        format!("scheme `{s}`: the staleness bound must be a whole number, as in ssp:3")
+                    })
+                };
+                if let Some(n) = lower.strip_prefix("ssp:") {
+                    bound(n).map(Self::Ssp)
+                } else if let Some(n) = lower.strip_prefix("dynsgd:") {
+                    bound(n).map(Self::DynSgd)
+                } else {
+                    Err(format!(
+                        "unknown scheme `{s}`: expected bsp, asp, ssp[:<staleness>] or dynsgd[:<staleness>]"
+                    ))
+                }
+            }
         }
     }
 }
@@ -95,6 +124,15 @@ impl Clocks {
     /// The clock of `rank`.
     pub fn clock(&self, rank: usize) -> Result<u64> {
         self.clocks.fetch_add(rank, 0)
+    }
+
+    /// The sum of all clocks: updates pushed so far by everyone (the parameters' version).
+    pub fn version(&self) -> Result<u64> {
+        let mut s = 0;
+        for r in 0..self.world {
+            s += self.clock(r)?;
+        }
+        Ok(s)
     }
 
     /// The slowest clock.
@@ -174,9 +212,14 @@ mod tests {
 
     #[test]
     fn schemes_parse_and_print() {
-        for (s, want) in
-            [("bsp", Scheme::Bsp), ("ASP", Scheme::Asp), ("ssp:5", Scheme::Ssp(5)), ("ssp", Scheme::Ssp(3))]
-        {
+        for (s, want) in [
+            ("bsp", Scheme::Bsp),
+            ("ASP", Scheme::Asp),
+            ("ssp:5", Scheme::Ssp(5)),
+            ("ssp", Scheme::Ssp(3)),
+            ("dynsgd", Scheme::DynSgd(u64::MAX)),
+            ("dynsgd:2", Scheme::DynSgd(2)),
+        ] {
             let got: Scheme = s.parse().expect("scheme");
             assert_eq!(got, want);
             assert_eq!(got.to_string().parse::<Scheme>().expect("round trip"), want);

@@ -178,15 +178,21 @@ pub fn exactly_once_elastic(t: &Transport, max: usize) -> Result<(Report, Vec<St
     Ok((report, text.lines().map(str::to_owned).collect()))
 }
 
-/// [`Counting`] for one epoch with `inject`, 2 threads per rank: this rank's metrics lines
-/// (checked to count every row once).
-pub fn injected(t: &Transport, inject: Injection) -> Result<Vec<String>, String> {
+/// [`Counting`] for `epochs` epochs under `scheme` with `inject`, 2 threads per rank: the final
+/// counts and this rank's metrics lines.
+pub fn counted(
+    t: &Transport,
+    scheme: Scheme,
+    inject: Injection,
+    epochs: u64,
+) -> Result<(Vec<f32>, Vec<String>), String> {
     let rows = 997;
     let model = Counting { rows, per_row: Duration::from_micros(5) };
     let cfg = Config {
+        scheme,
         batch: 200,
         chunk: 7,
-        iterations: rows.div_ceil(200) as u64,
+        iterations: epochs * rows.div_ceil(200) as u64,
         threads: 2,
         inject,
         keep_params: true,
@@ -196,10 +202,18 @@ pub fn injected(t: &Transport, inject: Injection) -> Result<Vec<String>, String>
     let mut lines = Vec::new();
     let report = engine::train(t, &model, &cfg, &pool, Some((&mut lines, "memory")), &mut |_| {})
         .map_err(|e| e.to_string())?;
-    if report.params.as_ref().ok_or("no parameters")?.iter().any(|&c| c != 1.0) {
+    let text = String::from_utf8(lines).map_err(|e| e.to_string())?;
+    Ok((report.params.ok_or("no parameters")?, text.lines().map(str::to_owned).collect()))
+}
+
+/// [`counted`] for one BSP epoch with `inject`: the metrics lines, after checking every row was
+/// counted once.
+pub fn injected(t: &Transport, inject: Injection) -> Result<Vec<String>, String> {
+    let (params, lines) = counted(t, Scheme::Bsp, inject, 1)?;
+    if params.iter().any(|&c| c != 1.0) {
         return Err("a row was not computed exactly once".into());
     }
-    Ok(String::from_utf8(lines).map_err(|e| e.to_string())?.lines().map(str::to_owned).collect())
+    Ok(lines)
 }
 
 /// BSP training of `model` for `iterations` iterations (batch 256, chunks of 16, 2 threads per

@@ -9,7 +9,7 @@ use peregrine_core::plan::Plan;
 use peregrine_core::Scheme;
 use peregrine_kernels::data::gen::{self, DenseSpec, RatingsSpec, SparseSpec};
 use peregrine_tests::training::{
-    distance, exactly_once, exactly_once_elastic, final_params, injected, BSP_TOLERANCE,
+    counted, distance, exactly_once, exactly_once_elastic, final_params, injected, BSP_TOLERANCE,
 };
 use peregrine_transport::run_local;
 
@@ -148,4 +148,26 @@ fn a_disruptor_shows_in_the_metrics() {
     // Always on (p = 1) but between two periods for an instant: most iterations see it burning.
     let on = lines.iter().filter(|l| l.contains("\"disrupted\":true")).count();
     assert!(on * 2 > lines.len(), "{on} of {} iterations disrupted", lines.len());
+}
+
+#[test]
+fn dynsgd_scales_updates_by_their_staleness() {
+    // One rank: nobody else pushes, staleness 0, every row counted exactly once per epoch.
+    let (p, lines) = run_local(1, |t| counted(&t, Scheme::DynSgd(u64::MAX), Injection::default(), 2))
+        .expect("world")
+        .remove(0)
+        .expect("1 rank");
+    assert!(p.iter().all(|&c| c == 2.0) && lines.iter().all(|l| field(l, "staleness") == "0"));
+    // Two ranks, one slowed: updates are scaled by 1 / (1 + staleness), so counts stay in
+    // (0, epochs], and fall below where staleness was seen.
+    let slow = peregrine_tests::training::slowed(0, 0.3);
+    let out = run_local(2, |t| counted(&t, Scheme::DynSgd(u64::MAX), slow.clone(), 2)).expect("world");
+    let mut stale = 0;
+    for r in out {
+        let (p, lines) = r.expect("rank");
+        assert!(p.iter().all(|&c| c > 0.0 && c <= 2.0), "{p:?}");
+        assert!(p.iter().any(|&c| c < 2.0), "no update was scaled");
+        stale += lines.iter().filter(|l| field(l, "staleness") != "0").count();
+    }
+    assert!(stale > 0, "no stale update recorded");
 }
