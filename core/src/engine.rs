@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use peregrine_transport::{ReduceOp, ShardMap, Transport, Window};
 use serde::Serialize;
 
+use crate::backup::{Arrival, Backup};
 use crate::inject::{Disruptor, Injection, Pattern};
 use crate::model::{metric_value, Delta, KeySet, Model};
 use crate::plan::{split, Plan};
@@ -189,6 +190,10 @@ pub struct IterRecord {
     /// DynSGD: updates pushed by others between this rank's pull and push (its update was scaled
     /// by `1 / (1 + staleness)`).
     pub staleness: u64,
+    /// Backup workers: `b` of this iteration.
+    pub backups: usize,
+    /// Backup workers: this rank's update came too late and was dropped.
+    pub dropped: bool,
 }
 
 /// One evaluation.
@@ -357,6 +362,11 @@ struct Run<'a, M: Model> {
     world: usize,
     /// This iteration's injected delay factor (f64 bits).
     delay: AtomicU64,
+    /// Backup-worker counters, under those schemes.
+    backup: Option<Backup>,
+    /// Whether ranks take over chunks (not under backup-worker schemes: dropping the late is
+    /// their answer to stragglers).
+    steal: bool,
     disruptor: Option<Disruptor>,
 }
 
@@ -428,6 +438,12 @@ pub fn train<M: Model>(
         rank: t.rank(),
         world: t.world_size(),
         delay: AtomicU64::new(0),
+        backup: match cfg.scheme {
+            Scheme::Backup(b) => Some(Backup::new(t, Some(b))?),
+            Scheme::BackupDynamic => Some(Backup::new(t, None)?),
+            _ => None,
+        },
+        steal: cfg.steal && !cfg.scheme.is_backup(),
         disruptor: cfg.inject.disruptor(t.rank(), &pool.placement().cpus, pool.max_threads()),
     };
     t.barrier()?;
@@ -461,7 +477,17 @@ impl<M: Model> Run<'_, M> {
         // The rank's copy of the parameters it reads (all of them for dense models).
         let mut replica = vec![0.0f32; self.model.layout().params];
         self.pool.bind_memory(&mut replica);
-        for it in 0..cfg.iterations {
+        let mut next = 0;
+        while next < cfg.iterations {
+            let mut it = next;
+            if let Some(b) = &self.backup {
+                // A rank that was late moves on to the iteration the others are in.
+                it = it.max(b.done()?);
+                if it >= cfg.iterations {
+                    break;
+                }
+            }
+            next = it + 1;
             let threads = cfg.inject.threads(self.rank, cfg.threads);
             self.pool.set_active(cfg.elastic.threads(self.rank, it, threads));
             let delay = cfg.inject.delay(self.rank, it);
@@ -506,14 +532,14 @@ impl<M: Model> Run<'_, M> {
             self.compute(it, &replica, true)?;
             let (mut helped, mut paused) = (Duration::ZERO, Duration::ZERO);
             // Without taking over, nobody reads parameters after its pull: no need to line up.
-            if cfg.scheme == Scheme::Bsp && cfg.steal {
+            if cfg.scheme == Scheme::Bsp && self.steal {
                 let w = wait_until(|| -> Result<bool, TrainError> {
                     paused += self.serve_evals(&mut ev)?;
                     // Once an evaluation says stop, nobody waits for anyone any more.
                     if ev.to_target.is_some() || self.clocks.all_done(tag)? {
                         return Ok(true);
                     }
-                    if cfg.steal && self.stealable(tag)? {
+                    if self.stealable(tag)? {
                         let h = Instant::now();
                         self.compute(it, &replica, false)?;
                         helped += h.elapsed();
@@ -544,7 +570,20 @@ impl<M: Model> Run<'_, M> {
                 rec.rows += std::mem::take(&mut s.rows);
                 rec.loss += std::mem::take(&mut s.loss);
             }
-            if !delta.is_empty() {
+            // Backup workers: only the first N - b updates count (scaled to their rows).
+            let mut push = true;
+            if let Some(b) = &self.backup {
+                b.record(c1.elapsed())?;
+                rec.backups = b.backups(it)?;
+                match b.arrive(it)? {
+                    Arrival::Late => {
+                        push = false;
+                        rec.dropped = true;
+                    }
+                    Arrival::InTime { k } => delta.scale(self.world as f32 / k as f32),
+                }
+            }
+            if push && !delta.is_empty() {
                 // Only the touched keys (a dense model's one key is all of it), or all of the
                 // update, zeros included, when they are too scattered.
                 delta.ranges(&mut ranges, &mut data);
@@ -556,9 +595,20 @@ impl<M: Model> Run<'_, M> {
             }
             self.params.flush_all()?;
             self.clocks.tick()?;
+            if let (Some(b), true) = (&self.backup, push) {
+                b.commit(it)?;
+            }
             rec.comm += c2.elapsed().as_secs_f64();
 
             // Wait as the scheme says.
+            if let Some(b) = &self.backup {
+                let mut paused = Duration::ZERO;
+                let w = wait_until(|| -> Result<bool, TrainError> {
+                    paused += self.serve_evals(&mut ev)?;
+                    Ok(ev.to_target.is_some() || b.done()? > it)
+                })?;
+                rec.wait += w.saturating_sub(paused).as_secs_f64();
+            }
             if let Some(need) = cfg.scheme.needs(it) {
                 let mut paused = Duration::ZERO;
                 let w = wait_until(|| -> Result<bool, TrainError> {
@@ -694,7 +744,7 @@ impl<M: Model> Run<'_, M> {
             slot.own += u64::from(r.end - r.start);
             self.clocks.done(self.rank, r.end - r.start)?;
         }
-        while self.cfg.steal && !failed.load(Ordering::Relaxed) {
+        while self.steal && !failed.load(Ordering::Relaxed) {
             let Some((victim, vit, r)) = self.take_over(it)? else { break };
             if self.keyed() {
                 let layout = self.model.layout();
@@ -833,6 +883,9 @@ impl<M: Model> Run<'_, M> {
         self.queues.free()?;
         self.clocks.free()?;
         self.control.free()?;
+        if let Some(b) = self.backup {
+            b.free()?;
+        }
         Ok(())
     }
 }

@@ -7,12 +7,14 @@
 //! - [`plan`]: which rows each rank computes in each iteration;
 //! - [`queue`]: the per-rank chunk queues in a window, from which a rank's threads take its own
 //!   chunks and other ranks take chunks over;
-//! - [`sync`]: BSP, SSP and ASP over one-sided clocks;
+//! - [`sync`]: BSP, SSP, ASP and DynSGD over one-sided clocks;
+//! - [`backup`]: backup workers, static and dynamic (Sync-opt, DBW);
 //! - [`pool`]: a rank's pinned compute threads with an adjustable active count;
 //! - [`inject`]: seeded straggler injection (slow worker, disrupted machine, power law,
 //!   persistent, heterogeneous).
 #![warn(missing_docs)]
 
+pub mod backup;
 pub mod engine;
 pub mod inject;
 pub mod model;

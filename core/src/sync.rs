@@ -32,6 +32,11 @@ pub enum Scheme {
     /// staleness being the number of updates other ranks pushed between this rank's pull and its
     /// push (the parameter server's version distance).
     DynSgd(u64),
+    /// Backup workers (Sync-opt): each iteration applies the first `N - b` updates, drops the
+    /// rest, and late ranks move on to the current iteration.
+    Backup(usize),
+    /// Backup workers with `b` chosen every iteration from the ranks' compute times (DBW).
+    BackupDynamic,
 }
 
 impl Scheme {
@@ -41,8 +46,13 @@ impl Scheme {
         match self {
             Self::Bsp => Some(it + 1),
             Self::Ssp(s) | Self::DynSgd(s) => (it + 1).checked_sub(s),
-            Self::Asp => None,
+            Self::Asp | Self::Backup(_) | Self::BackupDynamic => None,
         }
+    }
+
+    /// Whether this is a backup-worker scheme.
+    pub fn is_backup(self) -> bool {
+        matches!(self, Self::Backup(_) | Self::BackupDynamic)
     }
 }
 
@@ -54,6 +64,8 @@ impl fmt::Display for Scheme {
             Self::Asp => f.write_str("asp"),
             Self::DynSgd(u64::MAX) => f.write_str("dynsgd"),
             Self::DynSgd(s) => write!(f, "dynsgd:{s}"),
+            Self::Backup(b) => write!(f, "backup:{b}"),
+            Self::BackupDynamic => f.write_str("backup-dynamic"),
         }
     }
 }
@@ -68,6 +80,7 @@ impl FromStr for Scheme {
             "asp" => Ok(Self::Asp),
             "ssp" => Ok(Self::Ssp(3)),
             "dynsgd" => Ok(Self::DynSgd(u64::MAX)),
+            "backup-dynamic" | "dbw" => Ok(Self::BackupDynamic),
             _ => {
                 let bound = |n: &str| {
                     n.parse::<u64>().map_err(|_| {
@@ -78,9 +91,14 @@ impl FromStr for Scheme {
                     bound(n).map(Self::Ssp)
                 } else if let Some(n) = lower.strip_prefix("dynsgd:") {
                     bound(n).map(Self::DynSgd)
+                } else if let Some(n) = lower.strip_prefix("backup:") {
+                    n.parse().map(Self::Backup).map_err(|_| {
+                        format!("scheme `{s}`: the number of backup workers must be a whole number, as in backup:1")
+                    })
                 } else {
                     Err(format!(
-                        "unknown scheme `{s}`: expected bsp, asp, ssp[:<staleness>] or dynsgd[:<staleness>]"
+                        "unknown scheme `{s}`: expected bsp, asp, ssp[:<staleness>], dynsgd[:<staleness>], \
+                         backup:<b> or backup-dynamic"
                     ))
                 }
             }
@@ -219,6 +237,8 @@ mod tests {
             ("ssp", Scheme::Ssp(3)),
             ("dynsgd", Scheme::DynSgd(u64::MAX)),
             ("dynsgd:2", Scheme::DynSgd(2)),
+            ("backup:1", Scheme::Backup(1)),
+            ("backup-dynamic", Scheme::BackupDynamic),
         ] {
             let got: Scheme = s.parse().expect("scheme");
             assert_eq!(got, want);

@@ -74,7 +74,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE")]
     eval: Option<PathBuf>,
     /// Synchronization: bsp, asp, ssp:<staleness>, dynsgd[:<staleness>] (SSP/ASP with updates
-    /// scaled by 1 / (1 + staleness)) [default: bsp].
+    /// scaled by 1 / (1 + staleness)), backup:<b> (each iteration applies the first N - b updates),
+    /// backup-dynamic (b chosen per iteration from compute times) [default: bsp].
     #[arg(long, value_name = "SCHEME")]
     scheme: Option<String>,
     /// Learning rate [default: lr 2.0, softmax 0.5, mf 0.01, mlp 0.2].

@@ -171,3 +171,42 @@ fn dynsgd_scales_updates_by_their_staleness() {
     }
     assert!(stale > 0, "no stale update recorded");
 }
+
+fn check_backup(scheme: Scheme, fixed: bool) {
+    // Three ranks, rank 0 at a fifth of its speed: iterations apply the first two updates (scaled
+    // by 3/2), rank 0's mostly come too late and it skips ahead.
+    let slow = peregrine_tests::training::slowed(0, 0.2);
+    let out = run_local(3, |t| counted(&t, scheme, slow.clone(), 3)).expect("world");
+    let out: Vec<_> = out.into_iter().map(|r| r.expect("rank")).collect();
+    for (p, _) in &out {
+        // Static: every applied update was scaled by 3/2. Dynamic: the first iteration (no compute
+        // times yet) applies all three updates unscaled.
+        if fixed {
+            assert!(
+                p.iter().all(|&c| (c / 1.5 - (c / 1.5).round()).abs() < 1e-4),
+                "counts not multiples of 1.5"
+            );
+        }
+        assert!(p.iter().any(|&c| c > 0.0));
+    }
+    let dropped = |r: usize| out[r].1.iter().filter(|l| l.contains("\"dropped\":true")).count();
+    let iters = |r: usize| out[r].1.len();
+    assert!(dropped(0) * 2 > iters(0), "rank 0 dropped {} of {}", dropped(0), iters(0));
+    assert!(dropped(1) + dropped(2) < iters(1) / 2, "fast ranks dropped {} and {}", dropped(1), dropped(2));
+    assert!(iters(0) < iters(1), "rank 0 did not skip ahead");
+    // Static: b = 1 always. Dynamic: chosen from measured compute times on a shared machine, so
+    // most iterations, not all, leave the slow rank out.
+    let one = out[1].1.iter().skip(1).filter(|l| field(l, "backups") == "1").count();
+    let rest = iters(1) - 1;
+    assert!(if fixed { one == rest } else { one * 3 > rest * 2 }, "b = 1 in {one} of {rest} iterations");
+}
+
+#[test]
+fn static_backup_workers_drop_the_late_update() {
+    check_backup(Scheme::Backup(1), true);
+}
+
+#[test]
+fn dynamic_backup_workers_leave_out_the_slow_rank() {
+    check_backup(Scheme::BackupDynamic, false);
+}
