@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/common.sh
 
-ensure_packages "${MPI_BUILD_PACKAGES[@]}" mpich libmpich-dev dataset-fashion-mnist libhwloc-dev libudev-dev
+ensure_packages "${MPI_BUILD_PACKAGES[@]}" mpich libmpich-dev dataset-fashion-mnist libhwloc-dev libudev-dev fonts-dejavu-core
 
 fetch_movielens
 
@@ -38,5 +38,12 @@ cargo test --locked --all-features -p peregrine-tests -p peregrine --test mpi --
 # Under srun (pmi2); the requeue test is left to the OpenMPI leg: MPICH busy-polls, and 300
 # oversubscribed rounds would take minutes.
 cargo test --locked --all-features -p peregrine --test slurm -- srun_ an_sbatch_job
+
+# The straggler experiment's small configuration, end to end (release build, tables and plots).
+unset MPICC CARGO_TARGET_DIR PEREGRINE_MPIRUN PEREGRINE_SRUN_MPI
+step "straggler experiment, small configuration"
+bash scripts/experiment.sh small --out target/experiment/small-ci
+test -s target/experiment/small-ci/summary.csv
+test -s target/experiment/small-ci/plots/mlp-persistent_rank_0_speed_0_5-loss.png
 
 step "all tests passed"

@@ -787,10 +787,12 @@ impl<M: Model> Run<'_, M> {
         }
     }
 
-    /// Sleeps `d` in slices of at most a millisecond, touching this rank's own queue word between
+    /// Waits `d` in slices of at most a millisecond, touching this rank's own queue word between
     /// them: MPI does not promise progress on a window's passive-target operations while its
     /// owner stays out of MPI, and an injected delay must not make a rank's chunks harder to take
     /// over than real slow compute would (which calls into MPI after every chunk).
+    /// The last 200 us are spun, not slept: a sleep overshoots by the timer slack (~50-100 us
+    /// here), which would inflate the small delays of short chunks several times over.
     fn injected_sleep(&self, d: Duration) {
         let until = Instant::now() + d;
         loop {
@@ -798,8 +800,13 @@ impl<M: Model> Run<'_, M> {
             if now >= until {
                 return;
             }
-            std::thread::sleep((until - now).min(Duration::from_millis(1)));
-            let _ = self.queues.peek(self.rank);
+            let left = until - now;
+            if left > Duration::from_micros(200) {
+                std::thread::sleep((left - Duration::from_micros(150)).min(Duration::from_millis(1)));
+                let _ = self.queues.peek(self.rank);
+            } else {
+                std::hint::spin_loop();
+            }
         }
     }
 

@@ -5,7 +5,9 @@
 //! (ranks as threads of this process).
 
 mod data_cmd;
+mod experiment;
 mod meta;
+mod plots;
 mod preempt;
 mod slurm_cmd;
 mod train_cmd;
@@ -51,6 +53,9 @@ enum Command {
     /// Parameters are sharded over all ranks in one-sided windows; each rank computes its part of
     /// every mini-batch on its own pinned threads and takes over chunks from slower ranks.
     Train(Box<train_cmd::TrainArgs>),
+    /// Run the straggler experiment: schemes x straggler patterns x workloads x seeds, with tables
+    /// and plots (see `peregrine experiment --help`).
+    Experiment(Box<experiment::ExperimentArgs>),
     /// Run the transport conformance suite on every rank; exit 0 iff every case passes everywhere.
     ///
     /// Cases: collectives; uneven shards and ranges that cross them; every rank accumulating into
@@ -135,6 +140,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Train(a) => train_cmd::run(*a),
+        Command::Experiment(a) => experiment::run(*a),
         Command::Conformance(a) => conformance_cmd(&a),
         Command::Bench(BenchCommand::Rma(a)) => rma_cmd(&a),
         Command::Slurm(c) => slurm_cmd::run(c),

@@ -145,13 +145,13 @@ pub struct TrainArgs {
 }
 
 /// The configuration file: every key optional, unknown keys are errors.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
-struct TrainFile {
+pub(crate) struct TrainFile {
     model: Option<ModelKind>,
     data: Option<PathBuf>,
     eval: Option<PathBuf>,
-    scheme: Option<String>,
+    pub(crate) scheme: Option<String>,
     lr: Option<f32>,
     lr_decay: Option<f64>,
     batch: Option<usize>,
@@ -159,22 +159,107 @@ struct TrainFile {
     grain: Option<u32>,
     epochs: Option<f64>,
     iterations: Option<u64>,
-    target_loss: Option<f64>,
+    pub(crate) target_loss: Option<f64>,
     eval_every: Option<u64>,
     threads: Option<usize>,
     steal: Option<bool>,
     steal_fraction: Option<f64>,
-    seed: Option<u64>,
+    pub(crate) seed: Option<u64>,
     k: Option<usize>,
     l2: Option<f32>,
     hidden: Option<Vec<usize>>,
-    straggler: Option<String>,
+    pub(crate) straggler: Option<String>,
+}
+
+impl TrainFile {
+    /// `self` with every key `top` sets replaced (epochs and iterations replace each other).
+    pub(crate) fn overlay(self, top: TrainFile) -> TrainFile {
+        let (epochs, iterations) = if top.epochs.is_some() || top.iterations.is_some() {
+            (top.epochs, top.iterations)
+        } else {
+            (self.epochs, self.iterations)
+        };
+        TrainFile {
+            model: top.model.or(self.model),
+            data: top.data.or(self.data),
+            eval: top.eval.or(self.eval),
+            scheme: top.scheme.or(self.scheme),
+            lr: top.lr.or(self.lr),
+            lr_decay: top.lr_decay.or(self.lr_decay),
+            batch: top.batch.or(self.batch),
+            chunk: top.chunk.or(self.chunk),
+            grain: top.grain.or(self.grain),
+            epochs,
+            iterations,
+            target_loss: top.target_loss.or(self.target_loss),
+            eval_every: top.eval_every.or(self.eval_every),
+            threads: top.threads.or(self.threads),
+            steal: top.steal.or(self.steal),
+            steal_fraction: top.steal_fraction.or(self.steal_fraction),
+            seed: top.seed.or(self.seed),
+            k: top.k.or(self.k),
+            l2: top.l2.or(self.l2),
+            hidden: top.hidden.or(self.hidden),
+            straggler: top.straggler.or(self.straggler),
+        }
+    }
+
+    /// A file that sets only these keys (an experiment's run of a workload).
+    pub(crate) fn only(scheme: &str, steal: bool, straggler: &str, seed: u64) -> TrainFile {
+        TrainFile {
+            scheme: Some(scheme.into()),
+            steal: Some(steal),
+            straggler: Some(straggler.into()),
+            seed: Some(seed),
+            ..TrainFile::default()
+        }
+    }
+}
+
+impl TrainArgs {
+    /// The flags given, as a configuration file.
+    fn as_file(&self) -> TrainFile {
+        TrainFile {
+            model: self.model,
+            data: self.data.clone(),
+            eval: self.eval.clone(),
+            scheme: self.scheme.clone(),
+            lr: self.lr,
+            lr_decay: self.lr_decay,
+            batch: self.batch,
+            chunk: self.chunk,
+            grain: self.grain,
+            epochs: self.epochs,
+            iterations: self.iterations,
+            target_loss: self.target_loss,
+            eval_every: self.eval_every,
+            threads: self.threads,
+            steal: self.no_steal.then_some(false),
+            steal_fraction: self.steal_fraction,
+            seed: self.seed,
+            k: self.k,
+            l2: self.l2,
+            hidden: self.hidden.clone(),
+            straggler: self.straggler.clone(),
+        }
+    }
+}
+
+/// How a run reports and where it writes.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RunOpts {
+    /// No progress bar, no summary table.
+    pub(crate) quiet: bool,
+    /// Leave threads unpinned.
+    pub(crate) no_pin: bool,
+    /// The run directory (else `--run-dir`/`PEREGRINE_RUN_DIR`, else `runs/<model>-<scheme>-<time>`).
+    pub(crate) dir: Option<PathBuf>,
 }
 
 /// The resolved configuration, as written to `config.toml`.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "kebab-case")]
-struct Resolved {
+pub(crate) struct Resolved {
     model: ModelKind,
     data: PathBuf,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -203,10 +288,11 @@ fn usage(s: impl Into<String>) -> AppError {
     AppError::Usage(s.into())
 }
 
-fn read_file(path: &Path) -> Result<TrainFile, AppError> {
+/// Reads a TOML file of type `T`; errors name the file, line and column.
+pub(crate) fn read_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, AppError> {
     let text = std::fs::read_to_string(path)
         .map_err(|source| AppError::Io { what: format!("reading {}", path.display()), source })?;
-    let mut f: TrainFile = toml::from_str(&text).map_err(|e| {
+    toml::from_str(&text).map_err(|e| {
         let at = e
             .span()
             .map(|s| {
@@ -216,14 +302,24 @@ fn read_file(path: &Path) -> Result<TrainFile, AppError> {
             })
             .unwrap_or_default();
         AppError::Data { what: format!("{}{at}", path.display()), detail: e.message().to_string() }
-    })?;
-    let base = path.parent().unwrap_or(Path::new("."));
-    for p in [&mut f.data, &mut f.eval].into_iter().flatten() {
-        if p.is_relative() {
-            *p = base.join(&*p);
+    })
+}
+
+impl TrainFile {
+    /// Makes relative data paths relative to `base` (the directory of the file they came from).
+    pub(crate) fn rebase(mut self, base: &Path) -> TrainFile {
+        for p in [&mut self.data, &mut self.eval].into_iter().flatten() {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
         }
+        self
     }
-    Ok(f)
+}
+
+fn read_file(path: &Path) -> Result<TrainFile, AppError> {
+    let f: TrainFile = read_toml(path)?;
+    Ok(f.rebase(path.parent().unwrap_or(Path::new("."))))
 }
 
 fn resolve(a: &TrainArgs) -> Result<(Resolved, Option<f64>), AppError> {
@@ -231,47 +327,46 @@ fn resolve(a: &TrainArgs) -> Result<(Resolved, Option<f64>), AppError> {
         Some(p) => read_file(p)?,
         None => TrainFile::default(),
     };
-    let model = a
-        .model
-        .or(f.model)
-        .ok_or_else(|| usage("no model: give --model lr|softmax|mf|mlp (or `model` in --config)"))?;
-    let data = a
-        .data
-        .clone()
-        .or(f.data)
-        .ok_or_else(|| usage("no training data: give --data FILE (or `data` in --config)"))?;
+    finish(f.overlay(a.as_file()))
+}
+
+/// The configuration `f` with every default filled in and checked; `Some(epochs)` when the
+/// iteration count is still to be derived from the data.
+pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> {
+    let model =
+        f.model.ok_or_else(|| usage("no model: give --model lr|softmax|mf|mlp (or `model` in --config)"))?;
+    let data = f.data.ok_or_else(|| usage("no training data: give --data FILE (or `data` in --config)"))?;
     let (lr, lr_decay, batch, chunk) = model.defaults();
-    let epochs = a.epochs.or(if a.iterations.is_some() { None } else { f.epochs });
-    let iterations = a.iterations.or(if a.epochs.is_some() { None } else { f.iterations });
+    let (epochs, iterations) = (f.epochs, f.iterations);
     if epochs.is_some() && iterations.is_some() {
         return Err(usage("give epochs or iterations, not both"));
     }
     if let Some(e) = epochs.filter(|e| !(e.is_finite() && *e > 0.0)) {
         return Err(usage(format!("epochs must be positive, got {e}")));
     }
-    let scheme = a.scheme.clone().or(f.scheme).unwrap_or_else(|| "bsp".into());
+    let scheme = f.scheme.unwrap_or_else(|| "bsp".into());
     scheme.parse::<Scheme>().map_err(usage)?;
     let r = Resolved {
         model,
         data,
-        eval: a.eval.clone().or(f.eval),
+        eval: f.eval,
         scheme,
-        lr: a.lr.or(f.lr).unwrap_or(lr),
-        lr_decay: a.lr_decay.or(f.lr_decay).unwrap_or(lr_decay),
-        batch: a.batch.or(f.batch).unwrap_or(batch),
-        chunk: a.chunk.or(f.chunk).unwrap_or(chunk),
-        grain: a.grain.or(f.grain).unwrap_or(1),
+        lr: f.lr.unwrap_or(lr),
+        lr_decay: f.lr_decay.unwrap_or(lr_decay),
+        batch: f.batch.unwrap_or(batch),
+        chunk: f.chunk.unwrap_or(chunk),
+        grain: f.grain.unwrap_or(1),
         iterations: iterations.unwrap_or(0),
-        target_loss: a.target_loss.or(f.target_loss),
-        eval_every: a.eval_every.or(f.eval_every).unwrap_or(0),
-        threads: a.threads.or(f.threads).unwrap_or(0),
-        steal: !a.no_steal && f.steal.unwrap_or(true),
-        steal_fraction: a.steal_fraction.or(f.steal_fraction).unwrap_or(0.5),
-        seed: a.seed.or(f.seed).unwrap_or(1),
-        k: a.k.or(f.k).unwrap_or(40),
-        l2: a.l2.or(f.l2).unwrap_or(0.05),
-        hidden: a.hidden.clone().or(f.hidden).unwrap_or_else(|| vec![128]),
-        straggler: a.straggler.clone().or(f.straggler).unwrap_or_else(|| "ideal".into()),
+        target_loss: f.target_loss,
+        eval_every: f.eval_every.unwrap_or(0),
+        threads: f.threads.unwrap_or(0),
+        steal: f.steal.unwrap_or(true),
+        steal_fraction: f.steal_fraction.unwrap_or(0.5),
+        seed: f.seed.unwrap_or(1),
+        k: f.k.unwrap_or(40),
+        l2: f.l2.unwrap_or(0.05),
+        hidden: f.hidden.unwrap_or_else(|| vec![128]),
+        straggler: f.straggler.unwrap_or_else(|| "ideal".into()),
     };
     if !(r.lr.is_finite() && r.lr > 0.0) {
         return Err(usage(format!("the learning rate must be positive, got {}", r.lr)));
@@ -288,22 +383,26 @@ pub fn run(a: TrainArgs) -> Result<(), AppError> {
     let (resolved, epochs) = resolve(&a)?;
     let default_ranks = 2;
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    run_world(&a.world, default_ranks, |t, ctx| rank(t, ctx, &a, resolved.clone(), epochs, stamp))
+    let opts = RunOpts { quiet: a.quiet, no_pin: a.no_pin, dir: None };
+    run_world(&a.world, default_ranks, |t, ctx| {
+        rank(t, ctx, &opts, resolved.clone(), epochs, stamp).map(drop)
+    })
 }
 
-fn rank(
+/// One training run on this rank (collective): its report.
+pub(crate) fn rank(
     t: &Transport,
     ctx: &RunContext,
-    a: &TrainArgs,
+    a: &RunOpts,
     mut r: Resolved,
     epochs: Option<f64>,
     stamp: u64,
-) -> Result<(), AppError> {
+) -> Result<Report, AppError> {
     let scheme: Scheme = r.scheme.parse().map_err(usage)?;
     // Every rank must agree on the run directory's name: rank 0's clock decides.
     let mut when = [stamp];
     t.broadcast(&mut when, 0)?;
-    let dir = ctx.run_dir.clone().unwrap_or_else(|| {
+    let dir = a.dir.clone().or_else(|| ctx.run_dir.clone()).unwrap_or_else(|| {
         PathBuf::from("runs").join(format!("{}-{}-{}", r.model_name(), r.scheme.replace(':', ""), when[0]))
     });
     let local = t.backend() == Backend::Local;
@@ -368,7 +467,7 @@ fn io(what: String) -> impl FnOnce(std::io::Error) -> AppError {
 fn go<M: Model>(
     t: &Transport,
     ctx: &RunContext,
-    a: &TrainArgs,
+    a: &RunOpts,
     r: &mut Resolved,
     epochs: Option<f64>,
     scheme: Scheme,
@@ -376,7 +475,7 @@ fn go<M: Model>(
     pool: &RankPool,
     dir: &Path,
     model: &M,
-) -> Result<(), AppError> {
+) -> Result<Report, AppError> {
     let plan = Plan::new(model.rows(), r.batch, t.world_size(), r.chunk, r.seed).map_err(usage)?;
     if let Some(e) = epochs {
         r.iterations = ((e * plan.iters_per_epoch() as f64).ceil() as u64).max(1);
@@ -435,7 +534,7 @@ fn go<M: Model>(
             print_summary(&report, dir);
         }
     }
-    Ok(())
+    Ok(report)
 }
 
 /// Rank 0's process memory (Linux): resident anonymous memory (heap: model, buffers), resident

@@ -472,3 +472,60 @@ fn every_shipped_config_runs() {
     }
     assert!(seen >= 4, "{seen} configs");
 }
+
+#[test]
+fn experiment_writes_tables_and_plots() {
+    let d = scratch("experiment");
+    let data = train_data(&d);
+    let cfg = d.join("exp.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "name = \"tiny\"\nseeds = [1, 2]\nschemes = [\"bsp+steal\", \"backup:1\"]\n\
+             patterns = [\"persistent:rank=0,speed=0.5\"]\n\
+             [workloads.lr]\nmodel = \"lr\"\ndata = \"{data}\"\nbatch = 400\nchunk = 25\nepochs = 2\n\
+             eval-every = 5\ntarget-loss = 0.69\n"
+        ),
+    )
+    .expect("write");
+    let out = d.join("out");
+    let run =
+        peregrine(&["experiment", &cfg.to_string_lossy(), "--ranks", "2", "--out", &out.to_string_lossy()]);
+    let (stdout, stderr) = text(&run);
+    assert!(run.status.success(), "{stdout}\n{stderr}");
+    // bsp and ideal are added: 3 schemes x 2 patterns x 2 seeds.
+    assert!(stdout.contains("[12/12]"), "{stdout}");
+    let csv = std::fs::read_to_string(out.join("results.csv")).expect("results.csv");
+    assert_eq!(csv.lines().count(), 13, "{csv}");
+    let summary = std::fs::read_to_string(out.join("summary.csv")).expect("summary.csv");
+    let ideal = summary.lines().find(|l| l.starts_with("lr,\"ideal\",bsp,")).expect("the ideal row");
+    assert!(ideal.contains(",1.0000,"), "Ideal relative to itself: {ideal}");
+    for p in ["ideal", "persistent_rank_0_speed_0_5"] {
+        for what in ["time-per-iteration", "waste", "loss"] {
+            let png = std::fs::read(out.join(format!("plots/lr-{p}-{what}.png"))).expect("png");
+            assert!(png.starts_with(b"\x89PNG") && png.len() > 5000, "{p} {what}: {} bytes", png.len());
+            let svg = std::fs::read_to_string(out.join(format!("plots/lr-{p}-{what}.svg"))).expect("svg");
+            assert!(svg.contains("<svg") && svg.contains("bsp"), "{p} {what}");
+        }
+    }
+    assert!(out.join("runs/lr/ideal/bsp/seed-1/summary.json").exists());
+}
+
+#[test]
+fn experiment_config_errors_are_clear() {
+    let d = scratch("experiment-bad");
+    let data = train_data(&d);
+    let cfg = d.join("bad.toml");
+    for (body, what) in [
+        ("schemes = [\"bsp\"]\npatterns = [\"ideal\"]\n[workloads.lr]\nmodel = \"lr\"\ndata = \"D\"\n", "needs a target-loss"),
+        ("schemes = [\"fast\"]\npatterns = [\"ideal\"]\n[workloads.lr]\nmodel = \"lr\"\ndata = \"D\"\ntarget-loss = 1\n", "unknown scheme"),
+        ("schemes = [\"bsp\"]\npatterns = [\"snail\"]\n[workloads.lr]\nmodel = \"lr\"\ndata = \"D\"\ntarget-loss = 1\n", "unknown straggler pattern"),
+        ("schemes = [\"bsp\"]\npatterns = [\"ideal\"]\n[workloads.lr]\nmodel = \"lr\"\ndata = \"D\"\ntarget-loss = 1\nscheme = \"asp\"\n", "the experiment sets those"),
+        ("schemes = [\"bsp\"]\npatterns = [\"ideal\"]\nrepeats = 3\n", "unknown field `repeats`"),
+    ] {
+        std::fs::write(&cfg, format!("name = \"x\"\n{}", body.replace('D', &data))).expect("write");
+        let out = peregrine(&["experiment", &cfg.to_string_lossy(), "--ranks", "1"]);
+        let (_, stderr) = text(&out);
+        assert!(!out.status.success() && stderr.contains(what), "{what}: {stderr}");
+    }
+}

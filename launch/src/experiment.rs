@@ -1,0 +1,409 @@
+//! `peregrine experiment CONFIG`: schemes x straggler patterns x workloads x seeds, each a full
+//! training run, then tables and plots: time per iteration, total waste (waiting) time, loss
+//! against wall time, and each scheme's time to the target loss relative to Ideal (BSP without a
+//! straggler).
+//!
+//! The configuration (TOML):
+//! ```toml
+//! name = "small"
+//! seeds = [1, 2]
+//! schemes = ["bsp", "bsp+steal", "ssp:2", "asp", "dynsgd", "backup:1", "backup-dynamic"]
+//! patterns = ["ideal", "persistent:rank=0,speed=0.5", "slow-worker:p=0.2"]
+//! [workloads.lr]                  # any `peregrine train` keys; target-loss is required
+//! model = "lr"
+//! data = "../target/adult.pgd"    # relative to this file
+//! target-loss = 0.36
+//! epochs = 10
+//! ```
+//! A scheme with `+steal` lets ranks take over each other's chunks; without it they do not (so
+//! that plain BSP, SSP and ASP are the literature's). `bsp` and `ideal` are added when missing:
+//! they make the reference every ratio is taken against. Under MPI every rank runs the same
+//! sequence of runs; rank 0 writes the results.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use peregrine_core::inject::Pattern;
+use peregrine_core::{Report, Scheme};
+use serde::{Deserialize, Serialize};
+
+use crate::plots::{self, Series};
+use crate::preempt::write_atomically;
+use crate::train_cmd::{self, read_toml, RunOpts, TrainFile};
+use crate::world::{run_world, AppError, RunContext, WorldArgs};
+
+/// `peregrine experiment` flags.
+#[derive(Debug, Args)]
+#[command(after_help = "Example:\n  peregrine experiment configs/experiment-small.toml --ranks 2\n  \
+    mpirun -n 4 peregrine experiment configs/experiment-full.toml\n\n\
+    Writes, in --out (default runs/experiment-<name>): results.csv and results.json (one row per \
+    run), summary.csv and summary.md (per workload, pattern and scheme, medians over seeds and the \
+    ratio of the time to target to Ideal's), plots/<workload>-<pattern>-{time-per-iteration,waste,loss}.{png,svg}, \
+    and every run's own directory under runs/.")]
+pub struct ExperimentArgs {
+    #[command(flatten)]
+    world: WorldArgs,
+    /// The experiment configuration (TOML).
+    config: PathBuf,
+    /// Output directory [default: runs/experiment-<name>].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Tables only.
+    #[arg(long)]
+    no_plots: bool,
+    /// Leave compute threads unpinned.
+    #[arg(long)]
+    no_pin: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct ExperimentFile {
+    name: String,
+    #[serde(default = "one_seed")]
+    seeds: Vec<u64>,
+    schemes: Vec<String>,
+    patterns: Vec<String>,
+    /// Ranks for the local backend (the launcher decides under MPI).
+    ranks: Option<usize>,
+    workloads: BTreeMap<String, TrainFile>,
+}
+
+fn one_seed() -> Vec<u64> {
+    vec![1]
+}
+
+/// One run's figures.
+#[derive(Clone, Debug, Serialize)]
+struct Row {
+    workload: String,
+    pattern: String,
+    scheme: String,
+    seed: u64,
+    time_to_target: Option<f64>,
+    train_seconds: f64,
+    iterations: u64,
+    seconds_per_iteration: f64,
+    waste_seconds: f64,
+    final_loss: f64,
+    metric: String,
+    metric_value: f64,
+    samples: u64,
+    chunks_taken: u64,
+    #[serde(skip)]
+    curve: Vec<(f64, f64)>,
+}
+
+impl Row {
+    fn new(workload: &str, pattern: &str, scheme: &str, seed: u64, r: &Report) -> Self {
+        let last = r.last_eval();
+        Row {
+            workload: workload.into(),
+            pattern: pattern.into(),
+            scheme: scheme.into(),
+            seed,
+            time_to_target: r.time_to_target,
+            train_seconds: r.train_seconds,
+            iterations: r.iterations,
+            seconds_per_iteration: r.train_seconds / r.iterations.max(1) as f64,
+            waste_seconds: r.per_rank.iter().map(|p| p.wait).sum(),
+            final_loss: last.map_or(f64::NAN, |e| e.loss),
+            metric: r.metric.clone(),
+            metric_value: last.map_or(f64::NAN, |e| e.metric),
+            samples: r.samples,
+            chunks_taken: r.per_rank.iter().map(|p| p.taken).sum(),
+            curve: r.evals.iter().map(|e| (e.time, e.loss)).collect(),
+        }
+    }
+}
+
+/// A scheme entry: `scheme[+steal]`.
+fn split_scheme(s: &str) -> Result<(String, bool), AppError> {
+    let (name, steal) = match s.strip_suffix("+steal") {
+        Some(n) => (n, true),
+        None => (s, false),
+    };
+    name.parse::<Scheme>().map_err(|e| AppError::Usage(format!("experiment scheme `{s}`: {e}")))?;
+    Ok((name.to_string(), steal))
+}
+
+/// A name usable in a file name.
+fn slug(s: &str) -> String {
+    s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect()
+}
+
+/// `peregrine experiment`.
+pub fn run(a: ExperimentArgs) -> Result<(), AppError> {
+    let mut f: ExperimentFile = read_toml(&a.config)?;
+    let base = a.config.parent().unwrap_or(Path::new(".")).to_path_buf();
+    for s in &f.schemes {
+        split_scheme(s)?;
+    }
+    for p in &f.patterns {
+        p.parse::<Pattern>().map_err(|e| AppError::Usage(format!("experiment pattern: {e}")))?;
+    }
+    if !f.schemes.iter().any(|s| s == "bsp") {
+        f.schemes.insert(0, "bsp".into());
+    }
+    if !f.patterns.iter().any(|p| p == "ideal") {
+        f.patterns.insert(0, "ideal".into());
+    }
+    if f.workloads.is_empty() || f.seeds.is_empty() {
+        return Err(AppError::Usage(format!("{}: no workloads or no seeds", a.config.display())));
+    }
+    for (name, w) in &f.workloads {
+        if w.target_loss.is_none() {
+            return Err(AppError::Usage(format!(
+                "{}: workload `{name}` needs a target-loss",
+                a.config.display()
+            )));
+        }
+        if w.straggler.is_some() || w.scheme.is_some() || w.seed.is_some() {
+            return Err(AppError::Usage(format!(
+                "{}: workload `{name}` sets scheme, straggler or seed: the experiment sets those",
+                a.config.display()
+            )));
+        }
+    }
+    let out =
+        a.out.clone().unwrap_or_else(|| PathBuf::from("runs").join(format!("experiment-{}", slug(&f.name))));
+    let runs = f.workloads.len() * f.patterns.len() * f.schemes.len() * f.seeds.len();
+    run_world(&a.world, f.ranks.unwrap_or(2), |t, ctx| {
+        let rows = rank(t, ctx, &a, &f, &base, &out, runs)?;
+        if t.rank() == 0 {
+            write_results(&out, &rows, !a.no_plots)?;
+        }
+        Ok(())
+    })
+}
+
+fn rank(
+    t: &peregrine_transport::Transport,
+    ctx: &RunContext,
+    a: &ExperimentArgs,
+    f: &ExperimentFile,
+    base: &Path,
+    out: &Path,
+    runs: usize,
+) -> Result<Vec<Row>, AppError> {
+    let mut rows = Vec::new();
+    let mut k = 0;
+    for (wname, w) in &f.workloads {
+        for pattern in &f.patterns {
+            for scheme in &f.schemes {
+                let (name, steal) = split_scheme(scheme)?;
+                for &seed in &f.seeds {
+                    k += 1;
+                    let file = w.clone().rebase(base).overlay(TrainFile::only(&name, steal, pattern, seed));
+                    let (resolved, epochs) = train_cmd::finish(file)?;
+                    let dir = out
+                        .join("runs")
+                        .join(slug(wname))
+                        .join(slug(pattern))
+                        .join(slug(scheme))
+                        .join(format!("seed-{seed}"));
+                    let opts = RunOpts { quiet: true, no_pin: a.no_pin, dir: Some(dir) };
+                    let report = train_cmd::rank(t, ctx, &opts, resolved, epochs, 0)?;
+                    let row = Row::new(wname, pattern, scheme, seed, &report);
+                    if t.rank() == 0 {
+                        println!(
+                            "[{k}/{runs}] {wname} | {pattern} | {scheme} | seed {seed}: {} | {:.4} s/iteration | waste {:.3} s",
+                            row.time_to_target.map_or("target not reached".into(), |s| format!("target in {s:.3} s")),
+                            row.seconds_per_iteration,
+                            row.waste_seconds
+                        );
+                    }
+                    rows.push(row);
+                }
+            }
+        }
+    }
+    Ok(rows)
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
+}
+
+/// Per workload, pattern and scheme: medians over seeds.
+#[derive(Debug, Serialize)]
+struct Summary {
+    workload: String,
+    pattern: String,
+    scheme: String,
+    seeds: usize,
+    reached: usize,
+    time_to_target: Option<f64>,
+    vs_ideal: Option<f64>,
+    seconds_per_iteration: f64,
+    waste_seconds: f64,
+}
+
+fn summarize(rows: &[Row]) -> Vec<Summary> {
+    let mut groups: Vec<(String, String, String)> = Vec::new();
+    for r in rows {
+        let key = (r.workload.clone(), r.pattern.clone(), r.scheme.clone());
+        if !groups.contains(&key) {
+            groups.push(key);
+        }
+    }
+    let ttt = |w: &str, p: &str, s: &str| -> (usize, usize, Option<f64>) {
+        let g: Vec<&Row> =
+            rows.iter().filter(|r| r.workload == w && r.pattern == p && r.scheme == s).collect();
+        let reached: Vec<f64> = g.iter().filter_map(|r| r.time_to_target).collect();
+        // The median only when every seed reached the target: otherwise it would flatter.
+        let m = if reached.len() == g.len() { median(reached.clone()) } else { None };
+        (g.len(), reached.len(), m)
+    };
+    groups
+        .into_iter()
+        .map(|(w, p, s)| {
+            let (seeds, reached, t) = ttt(&w, &p, &s);
+            let ideal = ttt(&w, "ideal", "bsp").2;
+            let g = || rows.iter().filter(|r| r.workload == w && r.pattern == p && r.scheme == s);
+            Summary {
+                vs_ideal: t.zip(ideal).map(|(a, b)| a / b),
+                time_to_target: t,
+                seconds_per_iteration: median(g().map(|r| r.seconds_per_iteration).collect())
+                    .unwrap_or(f64::NAN),
+                waste_seconds: median(g().map(|r| r.waste_seconds).collect()).unwrap_or(f64::NAN),
+                workload: w,
+                pattern: p,
+                scheme: s,
+                seeds,
+                reached,
+            }
+        })
+        .collect()
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or_else(|| "-".into(), |x| format!("{x:.digits$}"))
+}
+
+fn write_results(out: &Path, rows: &[Row], plots: bool) -> Result<(), AppError> {
+    let io = |what: String| move |source| AppError::Io { what, source };
+    std::fs::create_dir_all(out).map_err(io(format!("creating {}", out.display())))?;
+    let mut csv = String::from(
+        "workload,pattern,scheme,seed,time_to_target,train_seconds,iterations,seconds_per_iteration,waste_seconds,final_loss,metric,metric_value,samples,chunks_taken\n",
+    );
+    for r in rows {
+        let _ = writeln!(
+            csv,
+            "{},\"{}\",{},{},{},{:.6},{},{:.6},{:.6},{:.6},{},{:.6},{},{}",
+            r.workload,
+            r.pattern,
+            r.scheme,
+            r.seed,
+            opt(r.time_to_target, 6),
+            r.train_seconds,
+            r.iterations,
+            r.seconds_per_iteration,
+            r.waste_seconds,
+            r.final_loss,
+            r.metric,
+            r.metric_value,
+            r.samples,
+            r.chunks_taken
+        );
+    }
+    write_atomically(&out.join("results.csv"), csv.as_bytes())?;
+    let json = serde_json::to_string_pretty(rows).map_err(|e| AppError::Train(e.to_string()))?;
+    write_atomically(&out.join("results.json"), json.as_bytes())?;
+
+    let summary = summarize(rows);
+    let mut csv = String::from(
+        "workload,pattern,scheme,seeds,reached,time_to_target,vs_ideal,seconds_per_iteration,waste_seconds\n",
+    );
+    let mut md = String::from(
+        "| workload | pattern | scheme | time to target (s) | vs Ideal | s/iteration | waste (s) | reached |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    for s in &summary {
+        let _ = writeln!(
+            csv,
+            "{},\"{}\",{},{},{},{},{},{:.6},{:.6}",
+            s.workload,
+            s.pattern,
+            s.scheme,
+            s.seeds,
+            s.reached,
+            opt(s.time_to_target, 6),
+            opt(s.vs_ideal, 4),
+            s.seconds_per_iteration,
+            s.waste_seconds
+        );
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {:.4} | {:.3} | {}/{} |",
+            s.workload,
+            s.pattern,
+            s.scheme,
+            opt(s.time_to_target, 3),
+            opt(s.vs_ideal, 2),
+            s.seconds_per_iteration,
+            s.waste_seconds,
+            s.reached,
+            s.seeds
+        );
+    }
+    write_atomically(&out.join("summary.csv"), csv.as_bytes())?;
+    write_atomically(&out.join("summary.md"), md.as_bytes())?;
+    println!("\n{md}");
+    println!("results in {}", out.display());
+    if plots {
+        draw(out, rows, &summary)?;
+    }
+    Ok(())
+}
+
+/// Per workload and pattern: time per iteration and waste per scheme (bars), loss against wall
+/// time per scheme (first seed).
+fn draw(out: &Path, rows: &[Row], summary: &[Summary]) -> Result<(), AppError> {
+    let dir = out.join("plots");
+    std::fs::create_dir_all(&dir)
+        .map_err(|source| AppError::Io { what: format!("creating {}", dir.display()), source })?;
+    let mut pairs: Vec<(&str, &str)> = Vec::new();
+    for s in summary {
+        if !pairs.contains(&(s.workload.as_str(), s.pattern.as_str())) {
+            pairs.push((&s.workload, &s.pattern));
+        }
+    }
+    for (w, p) in pairs {
+        let of = || summary.iter().filter(move |s| s.workload == w && s.pattern == p);
+        let stem = dir.join(format!("{}-{}", slug(w), slug(p)));
+        let name = |what: &str| PathBuf::from(format!("{}-{what}", stem.display()));
+        plots::bars(
+            &name("time-per-iteration"),
+            &format!("{w}, {p}: time per iteration"),
+            "seconds per iteration",
+            &of().map(|s| (s.scheme.clone(), s.seconds_per_iteration)).collect::<Vec<_>>(),
+        )?;
+        plots::bars(
+            &name("waste"),
+            &format!("{w}, {p}: total waste (wait) time"),
+            "seconds, all ranks",
+            &of().map(|s| (s.scheme.clone(), s.waste_seconds)).collect::<Vec<_>>(),
+        )?;
+        let first_seed = rows.iter().find(|r| r.workload == w && r.pattern == p).map_or(0, |r| r.seed);
+        let series: Vec<Series> = rows
+            .iter()
+            .filter(|r| r.workload == w && r.pattern == p && r.seed == first_seed)
+            .map(|r| Series { name: r.scheme.clone(), points: r.curve.clone() })
+            .collect();
+        plots::lines(
+            &name("loss"),
+            &format!("{w}, {p}: loss against wall time"),
+            "training seconds",
+            "loss",
+            &series,
+        )?;
+    }
+    Ok(())
+}
