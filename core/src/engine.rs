@@ -367,6 +367,13 @@ struct Run<'a, M: Model> {
     /// Whether ranks take over chunks (not under backup-worker schemes: dropping the late is
     /// their answer to stragglers).
     steal: bool,
+    /// Falcon: every rank's chunk completion rate in its current iteration (chunks per second,
+    /// f64 bits), the input of straggler projection.
+    rates: Window<u64>,
+    /// Chunks this rank computed in its current iteration, and when the iteration's compute
+    /// began.
+    iter_chunks: AtomicU64,
+    iter_start: Mutex<Instant>,
     disruptor: Option<Disruptor>,
 }
 
@@ -443,7 +450,10 @@ pub fn train<M: Model>(
             Scheme::BackupDynamic => Some(Backup::new(t, None)?),
             _ => None,
         },
-        steal: cfg.steal && !cfg.scheme.is_backup(),
+        steal: (cfg.steal && !cfg.scheme.is_backup()) || cfg.scheme == Scheme::Falcon,
+        rates: t.alloc_window("chunk rates", &ShardMap::from_lens(vec![1; t.world_size()]))?,
+        iter_chunks: AtomicU64::new(0),
+        iter_start: Mutex::new(Instant::now()),
         disruptor: cfg.inject.disruptor(t.rank(), &pool.placement().cpus, pool.max_threads()),
     };
     t.barrier()?;
@@ -477,6 +487,8 @@ impl<M: Model> Run<'_, M> {
         // The rank's copy of the parameters it reads (all of them for dense models).
         let mut replica = vec![0.0f32; self.model.layout().params];
         self.pool.bind_memory(&mut replica);
+        // Falcon's elastic parallelism: the best per-thread chunk rate seen, and the active count.
+        let (mut best_per_thread, mut elastic_threads) = (0.0f64, None::<usize>);
         let mut next = 0;
         while next < cfg.iterations {
             let mut it = next;
@@ -489,7 +501,8 @@ impl<M: Model> Run<'_, M> {
             }
             next = it + 1;
             let threads = cfg.inject.threads(self.rank, cfg.threads);
-            self.pool.set_active(cfg.elastic.threads(self.rank, it, threads));
+            self.pool
+                .set_active(elastic_threads.unwrap_or_else(|| cfg.elastic.threads(self.rank, it, threads)));
             let delay = cfg.inject.delay(self.rank, it);
             self.delay.store(delay.to_bits(), Ordering::Relaxed);
             let t0 = Instant::now();
@@ -529,10 +542,12 @@ impl<M: Model> Run<'_, M> {
 
             // Compute, own chunks first, then others'.
             let c1 = Instant::now();
+            self.iter_chunks.store(0, Ordering::Relaxed);
+            *self.iter_start.lock().expect("iteration start") = c1;
             self.compute(it, &replica, true)?;
             let (mut helped, mut paused) = (Duration::ZERO, Duration::ZERO);
             // Without taking over, nobody reads parameters after its pull: no need to line up.
-            if cfg.scheme == Scheme::Bsp && self.steal {
+            if matches!(cfg.scheme, Scheme::Bsp | Scheme::Falcon) && self.steal {
                 let w = wait_until(|| -> Result<bool, TrainError> {
                     paused += self.serve_evals(&mut ev)?;
                     // Once an evaluation says stop, nobody waits for anyone any more.
@@ -620,6 +635,20 @@ impl<M: Model> Run<'_, M> {
             samples += batch_rows as u64;
             rec.loss /= rec.rows.max(1) as f64;
             rec.disrupted = self.disruptor.as_ref().is_some_and(Disruptor::active);
+            if cfg.scheme == Scheme::Falcon && rec.compute > 0.0 {
+                // A rank whose per-thread rate falls below 60% of its best (its cores are
+                // contended) gives up a thread; back above 90%, it takes one back.
+                let per_thread = (rec.own + rec.taken) as f64 / (rec.compute * rec.threads as f64);
+                best_per_thread = best_per_thread.max(per_thread);
+                let cur = rec.threads;
+                elastic_threads = Some(if per_thread < 0.6 * best_per_thread && cur > 1 {
+                    cur - 1
+                } else if per_thread > 0.9 * best_per_thread && cur < threads {
+                    cur + 1
+                } else {
+                    cur
+                });
+            }
             totals.compute += rec.compute;
             totals.comm += rec.comm;
             totals.wait += rec.wait;
@@ -785,6 +814,15 @@ impl<M: Model> Run<'_, M> {
         if delay > 0.0 {
             self.injected_sleep(c0.elapsed().mul_f64(delay));
         }
+        if self.cfg.scheme == Scheme::Falcon {
+            // Publish this iteration's completion rate (a failed swap just skips one update).
+            let n = self.iter_chunks.fetch_add(1, Ordering::Relaxed) + 1;
+            let since = self.iter_start.lock().map(|s| s.elapsed()).unwrap_or_default();
+            let rate = n as f64 / since.as_secs_f64().max(1e-9);
+            if let Ok(cur) = self.rates.fetch_add(self.rank, 0) {
+                let _ = self.rates.compare_and_swap(self.rank, cur, rate.to_bits());
+            }
+        }
     }
 
     /// Waits `d` in slices of at most a millisecond, touching this rank's own queue word between
@@ -812,18 +850,49 @@ impl<M: Model> Run<'_, M> {
 
     /// Takes over chunks from the rank with the most left in an iteration not ahead of `it`:
     /// `(victim, victim's iteration, chunks)`.
+    ///
+    /// Falcon projects instead: the victim is the rank whose remaining chunks at its current rate
+    /// finish last, and the thief takes the share that makes both finish together,
+    /// `p / (p + v)` of what is left for rates `p` (thief) and `v` (victim).
     fn take_over(&self, it: u64) -> Result<Option<(usize, u64, Range<u32>)>, TrainError> {
+        let falcon = self.cfg.scheme == Scheme::Falcon;
+        let rate = |r: usize| -> Result<f64, TrainError> { Ok(f64::from_bits(self.rates.fetch_add(r, 0)?)) };
         loop {
-            let mut best: Option<(usize, u32)> = None;
+            let mut best: Option<(usize, f64)> = None;
             for r in (0..self.world).filter(|&r| r != self.rank) {
                 let (g, h, tl) = self.queues.peek(r)?;
                 let ahead = (g.wrapping_sub(queue::tag(it)) as i16) > 0;
-                if tl > h && !ahead && best.is_none_or(|(_, n)| tl - h > n) {
-                    best = Some((r, tl - h));
+                if tl <= h || ahead {
+                    continue;
+                }
+                let left = f64::from(tl - h);
+                // Projected finish time (Falcon; an unknown rate counts as slowest), or what is left.
+                let score = if falcon {
+                    let v = rate(r)?;
+                    if v > 0.0 {
+                        left / v
+                    } else {
+                        f64::INFINITY
+                    }
+                } else {
+                    left
+                };
+                if best.is_none_or(|(_, s)| score > s) {
+                    best = Some((r, score));
                 }
             }
             let Some((victim, _)) = best else { return Ok(None) };
-            if let Some((g, r)) = self.queues.steal(victim, self.cfg.steal_fraction, u32::MAX)? {
+            let fraction = if falcon {
+                let (p, v) = (rate(self.rank)?, rate(victim)?);
+                if p > 0.0 && v > 0.0 {
+                    p / (p + v)
+                } else {
+                    self.cfg.steal_fraction
+                }
+            } else {
+                self.cfg.steal_fraction
+            };
+            if let Some((g, r)) = self.queues.steal(victim, fraction, u32::MAX)? {
                 // The victim's iteration from its tag: within 2^15 of ours. If it refilled its
                 // queue between the look and the take (SSP only), the chunks are of a newer
                 // iteration, computed against our older parameters like any stale worker's.
@@ -890,6 +959,7 @@ impl<M: Model> Run<'_, M> {
         self.queues.free()?;
         self.clocks.free()?;
         self.control.free()?;
+        self.rates.free()?;
         if let Some(b) = self.backup {
             b.free()?;
         }

@@ -37,6 +37,11 @@ pub enum Scheme {
     Backup(usize),
     /// Backup workers with `b` chosen every iteration from the ranks' compute times (DBW).
     BackupDynamic,
+    /// Falcon's EPSP in enforced mode: BSP (every chunk of an iteration done before the next),
+    /// with straggler projection (each rank's finish time from its chunk completion rate), task
+    /// transfer sized to equalize projected finish times, and elastic parallelism (a rank whose
+    /// per-thread rate collapses, e.g. under contention, runs fewer threads until it recovers).
+    Falcon,
 }
 
 impl Scheme {
@@ -44,7 +49,7 @@ impl Scheme {
     /// must reach the returned value (`None`: no wait).
     pub fn needs(self, it: u64) -> Option<u64> {
         match self {
-            Self::Bsp => Some(it + 1),
+            Self::Bsp | Self::Falcon => Some(it + 1),
             Self::Ssp(s) | Self::DynSgd(s) => (it + 1).checked_sub(s),
             Self::Asp | Self::Backup(_) | Self::BackupDynamic => None,
         }
@@ -66,6 +71,7 @@ impl fmt::Display for Scheme {
             Self::DynSgd(s) => write!(f, "dynsgd:{s}"),
             Self::Backup(b) => write!(f, "backup:{b}"),
             Self::BackupDynamic => f.write_str("backup-dynamic"),
+            Self::Falcon => f.write_str("falcon"),
         }
     }
 }
@@ -81,6 +87,7 @@ impl FromStr for Scheme {
             "ssp" => Ok(Self::Ssp(3)),
             "dynsgd" => Ok(Self::DynSgd(u64::MAX)),
             "backup-dynamic" | "dbw" => Ok(Self::BackupDynamic),
+            "falcon" | "epsp" => Ok(Self::Falcon),
             _ => {
                 let bound = |n: &str| {
                     n.parse::<u64>().map_err(|_| {
@@ -98,7 +105,7 @@ impl FromStr for Scheme {
                 } else {
                     Err(format!(
                         "unknown scheme `{s}`: expected bsp, asp, ssp[:<staleness>], dynsgd[:<staleness>], \
-                         backup:<b> or backup-dynamic"
+                         backup:<b>, backup-dynamic or falcon"
                     ))
                 }
             }
@@ -239,6 +246,7 @@ mod tests {
             ("dynsgd:2", Scheme::DynSgd(2)),
             ("backup:1", Scheme::Backup(1)),
             ("backup-dynamic", Scheme::BackupDynamic),
+            ("falcon", Scheme::Falcon),
         ] {
             let got: Scheme = s.parse().expect("scheme");
             assert_eq!(got, want);

@@ -56,6 +56,9 @@ pub struct ExperimentArgs {
     /// Leave compute threads unpinned.
     #[arg(long)]
     no_pin: bool,
+    /// Check the configuration and list the runs, without running them.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -170,6 +173,19 @@ pub fn run(a: ExperimentArgs) -> Result<(), AppError> {
     let out =
         a.out.clone().unwrap_or_else(|| PathBuf::from("runs").join(format!("experiment-{}", slug(&f.name))));
     let runs = f.workloads.len() * f.patterns.len() * f.schemes.len() * f.seeds.len();
+    if a.dry_run {
+        println!(
+            "{}: {runs} runs: {} workloads ({}) x {} patterns x {} schemes x {} seeds, into {}",
+            a.config.display(),
+            f.workloads.len(),
+            f.workloads.keys().cloned().collect::<Vec<_>>().join(", "),
+            f.patterns.len(),
+            f.schemes.len(),
+            f.seeds.len(),
+            out.display()
+        );
+        return Ok(());
+    }
     run_world(&a.world, f.ranks.unwrap_or(2), |t, ctx| {
         let rows = rank(t, ctx, &a, &f, &base, &out, runs)?;
         if t.rank() == 0 {

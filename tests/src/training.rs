@@ -187,7 +187,7 @@ pub fn counted(
     epochs: u64,
 ) -> Result<(Vec<f32>, Vec<String>), String> {
     let rows = 997;
-    let model = Counting { rows, per_row: Duration::from_micros(5) };
+    let model = Counting { rows, per_row: Duration::from_micros(20) };
     let cfg = Config {
         scheme,
         batch: 200,
@@ -220,8 +220,18 @@ pub fn injected(t: &Transport, inject: Injection) -> Result<Vec<String>, String>
 /// rank, taking over on, rank 0 slowed to half speed so that chunks do move): the final
 /// parameters.
 pub fn final_params<M: Model>(t: &Transport, model: &M, iterations: u64) -> Result<Vec<f32>, String> {
+    final_params_with(t, model, iterations, Scheme::Bsp)
+}
+
+/// [`final_params`] under `scheme` (one that keeps BSP's semantics, like Falcon's enforced mode).
+pub fn final_params_with<M: Model>(
+    t: &Transport,
+    model: &M,
+    iterations: u64,
+    scheme: Scheme,
+) -> Result<Vec<f32>, String> {
     let cfg = Config {
-        scheme: Scheme::Bsp,
+        scheme,
         batch: 256,
         chunk: 16,
         iterations,

@@ -68,7 +68,7 @@ fn training_exactly_once(ranks: usize) {
     let out = mpirun_n(ranks, exe, &["exactly-once", "--backend", "mpi", "--threads", "2"]);
     assert_success(&format!("mpirun -n {ranks} training exactly-once"), &out);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    for s in ["bsp", "ssp:2", "asp"] {
+    for s in ["bsp", "ssp:2", "asp", "falcon"] {
         assert!(
             stdout.contains(&format!("training {s}: every chunk computed exactly once, {ranks} ranks")),
             "{stdout}"

@@ -9,7 +9,8 @@ use peregrine_core::plan::Plan;
 use peregrine_core::Scheme;
 use peregrine_kernels::data::gen::{self, DenseSpec, RatingsSpec, SparseSpec};
 use peregrine_tests::training::{
-    counted, distance, exactly_once, exactly_once_elastic, final_params, injected, BSP_TOLERANCE,
+    counted, distance, exactly_once, exactly_once_elastic, final_params, final_params_with, injected,
+    BSP_TOLERANCE,
 };
 use peregrine_transport::run_local;
 
@@ -209,4 +210,25 @@ fn static_backup_workers_drop_the_late_update() {
 #[test]
 fn dynamic_backup_workers_leave_out_the_slow_rank() {
     check_backup(Scheme::BackupDynamic, false);
+}
+
+#[test]
+fn every_chunk_once_under_falcon() {
+    check_exactly_once(Scheme::Falcon);
+}
+
+#[test]
+fn falcon_enforced_gives_the_bsp_model() {
+    // Enforced synchronization keeps BSP's semantics: projection and transfer only move chunks.
+    let data = sparse_data(&scratch("falcon"));
+    let make = || LogReg::new(&data, None, 0.5).expect("model");
+    let one = run_local(1, |t| final_params(&t, &make(), 30)).expect("world").remove(0).expect("1 rank");
+    for (r, p) in run_local(3, |t| final_params_with(&t, &make(), 30, Scheme::Falcon))
+        .expect("world")
+        .into_iter()
+        .enumerate()
+    {
+        let d = distance(&p.unwrap_or_else(|e| panic!("rank {r}: {e}")), &one);
+        assert!(d <= BSP_TOLERANCE, "falcon on 3 ranks vs BSP on 1: {d:e}");
+    }
 }

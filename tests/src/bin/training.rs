@@ -42,7 +42,7 @@ fn main() -> ExitCode {
     }
     let body = |t: Transport| -> bool {
         let result = match mode.as_str() {
-            "exactly-once" => [Scheme::Bsp, Scheme::Ssp(2), Scheme::Asp].into_iter().try_for_each(|s| {
+            "exactly-once" => [Scheme::Bsp, Scheme::Ssp(2), Scheme::Asp, Scheme::Falcon].into_iter().try_for_each(|s| {
                 let r = exactly_once(&t, s, threads, 3)?;
                 let taken: u64 = r.per_rank.iter().map(|p| p.taken).sum();
                 if t.world_size() > 1 && taken == 0 {
