@@ -194,6 +194,8 @@ pub struct IterRecord {
     pub backups: usize,
     /// Backup workers: this rank's update came too late and was dropped.
     pub dropped: bool,
+    /// LB-BSP: this rank's predicted speed (rows per second) for its next iteration.
+    pub predicted: f64,
 }
 
 /// One evaluation.
@@ -374,6 +376,10 @@ struct Run<'a, M: Model> {
     /// began.
     iter_chunks: AtomicU64,
     iter_start: Mutex<Instant>,
+    /// This rank's chunks of the current iteration (global chunk numbers).
+    own: Mutex<Range<usize>>,
+    /// LB-BSP: every rank's predicted speed (f64 bits) for iterations of either parity.
+    lb_preds: Option<Window<u64>>,
     disruptor: Option<Disruptor>,
 }
 
@@ -450,10 +456,18 @@ pub fn train<M: Model>(
             Scheme::BackupDynamic => Some(Backup::new(t, None)?),
             _ => None,
         },
-        steal: (cfg.steal && !cfg.scheme.is_backup()) || cfg.scheme == Scheme::Falcon,
+        steal: (cfg.steal && !cfg.scheme.is_backup() && !matches!(cfg.scheme, Scheme::LbBsp(_)))
+            || cfg.scheme == Scheme::Falcon,
         rates: t.alloc_window("chunk rates", &ShardMap::from_lens(vec![1; t.world_size()]))?,
         iter_chunks: AtomicU64::new(0),
         iter_start: Mutex::new(Instant::now()),
+        own: Mutex::new(0..0),
+        lb_preds: match cfg.scheme {
+            Scheme::LbBsp(_) => {
+                Some(t.alloc_window("speed predictions", &ShardMap::from_lens(vec![2; t.world_size()]))?)
+            }
+            _ => None,
+        },
         disruptor: cfg.inject.disruptor(t.rank(), &pool.placement().cpus, pool.max_threads()),
     };
     t.barrier()?;
@@ -487,6 +501,11 @@ impl<M: Model> Run<'_, M> {
         // The rank's copy of the parameters it reads (all of them for dense models).
         let mut replica = vec![0.0f32; self.model.layout().params];
         self.pool.bind_memory(&mut replica);
+        // LB-BSP: this rank's speed history.
+        let mut history = match cfg.scheme {
+            Scheme::LbBsp(p) => Some(crate::lbbsp::History::new(p)),
+            _ => None,
+        };
         // Falcon's elastic parallelism: the best per-thread chunk rate seen, and the active count.
         let (mut best_per_thread, mut elastic_threads) = (0.0f64, None::<usize>);
         let mut next = 0;
@@ -515,7 +534,19 @@ impl<M: Model> Run<'_, M> {
                 ..Default::default()
             };
             let tag = queue::tag(it);
-            let n_chunks = self.plan.chunks(it, self.rank);
+            // This rank's chunks (global numbers): LB-BSP splits by the published predictions.
+            let part = match (cfg.scheme, &self.lb_preds) {
+                (Scheme::LbBsp(_), Some(w)) => {
+                    let mut preds = Vec::with_capacity(self.world);
+                    for r in 0..self.world {
+                        preds.push(f64::from_bits(w.fetch_add(2 * r + (it % 2) as usize, 0)?));
+                    }
+                    crate::lbbsp::split_weighted(self.plan.batch_chunks(it), &preds, self.rank)
+                }
+                _ => self.plan.part(it, self.rank),
+            };
+            *self.own.lock().expect("own chunks") = part.clone();
+            let n_chunks = part.len() as u32;
             self.clocks.start(tag, n_chunks)?;
             self.queues.fill(tag, n_chunks)?;
 
@@ -525,7 +556,7 @@ impl<M: Model> Run<'_, M> {
             if self.keyed() {
                 keys.clear();
                 for c in 0..n_chunks {
-                    self.model.keys(self.plan.chunk_rows(it, self.rank, c), &mut keys);
+                    self.model.keys(self.plan.global_chunk_rows(it, part.start + c as usize), &mut keys);
                 }
                 pull_keys(
                     &self.params,
@@ -609,6 +640,16 @@ impl<M: Model> Run<'_, M> {
                 }
             }
             self.params.flush_all()?;
+            if let (Some(h), Some(w)) = (history.as_mut(), &self.lb_preds) {
+                // Publish the prediction before the tick: after the BSP wait everyone reads it.
+                let (cpu, mem) = crate::lbbsp::loads();
+                rec.predicted = h.observe(rec.rows as f64 / rec.compute.max(1e-9), cpu, mem);
+                // Slot (t + 1) mod 2: a rank still starting t reads slot t mod 2, and nobody can
+                // write slot t mod 2 again (for t + 2) before everyone has started t + 1.
+                let at = 2 * self.rank + ((it + 1) % 2) as usize;
+                let cur = w.fetch_add(at, 0)?;
+                w.compare_and_swap(at, cur, rec.predicted.to_bits())?;
+            }
             self.clocks.tick()?;
             if let (Some(b), true) = (&self.backup, push) {
                 b.commit(it)?;
@@ -768,7 +809,8 @@ impl<M: Model> Run<'_, M> {
         while own && !failed.load(Ordering::Relaxed) {
             let Some(r) = self.queues.take_own(self.cfg.grain)? else { break };
             for c in r.clone() {
-                self.run_chunk(self.plan.chunk_rows(it, self.rank, c), replica, slot);
+                let g = self.own.lock().expect("own chunks").start + c as usize;
+                self.run_chunk(self.plan.global_chunk_rows(it, g), replica, slot);
             }
             slot.own += u64::from(r.end - r.start);
             self.clocks.done(self.rank, r.end - r.start)?;
@@ -960,6 +1002,9 @@ impl<M: Model> Run<'_, M> {
         self.clocks.free()?;
         self.control.free()?;
         self.rates.free()?;
+        if let Some(w) = self.lb_preds {
+            w.free()?;
+        }
         if let Some(b) = self.backup {
             b.free()?;
         }

@@ -9,6 +9,7 @@
 //!   chunks and other ranks take chunks over;
 //! - [`sync`]: BSP, SSP, ASP and DynSGD over one-sided clocks;
 //! - [`backup`]: backup workers, static and dynamic (Sync-opt, DBW);
+//! - [`lbbsp`]: LB-BSP's speed predictors (ARX, moving average) and weighted batch splits;
 //! - [`pool`]: a rank's pinned compute threads with an adjustable active count;
 //! - [`inject`]: seeded straggler injection (slow worker, disrupted machine, power law,
 //!   persistent, heterogeneous).
@@ -17,6 +18,7 @@
 pub mod backup;
 pub mod engine;
 pub mod inject;
+pub mod lbbsp;
 pub mod model;
 pub mod plan;
 pub mod pool;

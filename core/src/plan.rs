@@ -94,8 +94,17 @@ impl Plan {
 
     /// The rows of rank `rank`'s chunk `c` (counted from 0 within the rank) in iteration `t`.
     pub fn chunk_rows(&self, t: u64, rank: usize, c: u32) -> Range<usize> {
+        self.global_chunk_rows(t, self.part(t, rank).start + c as usize)
+    }
+
+    /// Chunks in iteration `t`'s batch.
+    pub fn batch_chunks(&self, t: u64) -> usize {
+        self.batch_rows(t).len().div_ceil(self.chunk)
+    }
+
+    /// The rows of the batch's chunk `g` (numbered over the whole batch) in iteration `t`.
+    pub fn global_chunk_rows(&self, t: u64, g: usize) -> Range<usize> {
         let b = self.batch_rows(t);
-        let g = self.part(t, rank).start + c as usize;
         let s = (b.start + g * self.chunk).min(b.end);
         s..(s + self.chunk).min(b.end)
     }

@@ -37,6 +37,9 @@ pub enum Scheme {
     Backup(usize),
     /// Backup workers with `b` chosen every iteration from the ranks' compute times (DBW).
     BackupDynamic,
+    /// LB-BSP: BSP with each rank's share of the batch set every iteration in proportion to its
+    /// predicted speed (see [`crate::lbbsp`]).
+    LbBsp(crate::lbbsp::Predictor),
     /// Falcon's EPSP in enforced mode: BSP (every chunk of an iteration done before the next),
     /// with straggler projection (each rank's finish time from its chunk completion rate), task
     /// transfer sized to equalize projected finish times, and elastic parallelism (a rank whose
@@ -49,7 +52,7 @@ impl Scheme {
     /// must reach the returned value (`None`: no wait).
     pub fn needs(self, it: u64) -> Option<u64> {
         match self {
-            Self::Bsp | Self::Falcon => Some(it + 1),
+            Self::Bsp | Self::Falcon | Self::LbBsp(_) => Some(it + 1),
             Self::Ssp(s) | Self::DynSgd(s) => (it + 1).checked_sub(s),
             Self::Asp | Self::Backup(_) | Self::BackupDynamic => None,
         }
@@ -72,6 +75,8 @@ impl fmt::Display for Scheme {
             Self::Backup(b) => write!(f, "backup:{b}"),
             Self::BackupDynamic => f.write_str("backup-dynamic"),
             Self::Falcon => f.write_str("falcon"),
+            Self::LbBsp(crate::lbbsp::Predictor::Arx) => f.write_str("lb-bsp"),
+            Self::LbBsp(p) => write!(f, "lb-bsp:{p}"),
         }
     }
 }
@@ -88,6 +93,8 @@ impl FromStr for Scheme {
             "dynsgd" => Ok(Self::DynSgd(u64::MAX)),
             "backup-dynamic" | "dbw" => Ok(Self::BackupDynamic),
             "falcon" | "epsp" => Ok(Self::Falcon),
+            "lb-bsp" | "lb-bsp:arx" => Ok(Self::LbBsp(crate::lbbsp::Predictor::Arx)),
+            "lb-bsp:ma" => Ok(Self::LbBsp(crate::lbbsp::Predictor::MovingAverage)),
             _ => {
                 let bound = |n: &str| {
                     n.parse::<u64>().map_err(|_| {
@@ -105,7 +112,7 @@ impl FromStr for Scheme {
                 } else {
                     Err(format!(
                         "unknown scheme `{s}`: expected bsp, asp, ssp[:<staleness>], dynsgd[:<staleness>], \
-                         backup:<b>, backup-dynamic or falcon"
+                         backup:<b>, backup-dynamic, lb-bsp[:arx|:ma] or falcon"
                     ))
                 }
             }
@@ -247,6 +254,8 @@ mod tests {
             ("backup:1", Scheme::Backup(1)),
             ("backup-dynamic", Scheme::BackupDynamic),
             ("falcon", Scheme::Falcon),
+            ("lb-bsp", Scheme::LbBsp(crate::lbbsp::Predictor::Arx)),
+            ("lb-bsp:ma", Scheme::LbBsp(crate::lbbsp::Predictor::MovingAverage)),
         ] {
             let got: Scheme = s.parse().expect("scheme");
             assert_eq!(got, want);

@@ -121,7 +121,7 @@ mod mpi {
         let d = super::scratch("train-mpi");
         let data = super::train_data(&d);
         let run = d.join("run");
-        for scheme in ["bsp", "ssp:1", "asp", "dynsgd:2", "backup:1", "backup-dynamic"] {
+        for scheme in ["bsp", "ssp:1", "asp", "dynsgd:2", "backup:1", "backup-dynamic", "lb-bsp", "falcon"] {
             let out = mpirun_n(
                 2,
                 exe(),

@@ -174,9 +174,9 @@ fn dynsgd_scales_updates_by_their_staleness() {
 }
 
 fn check_backup(scheme: Scheme, fixed: bool) {
-    // Three ranks, rank 0 at a fifth of its speed: iterations apply the first two updates (scaled
+    // Three ranks, rank 0 at a tenth of its speed: iterations apply the first two updates (scaled
     // by 3/2), rank 0's mostly come too late and it skips ahead.
-    let slow = peregrine_tests::training::slowed(0, 0.2);
+    let slow = peregrine_tests::training::slowed(0, 0.1);
     let out = run_local(3, |t| counted(&t, scheme, slow.clone(), 3)).expect("world");
     let out: Vec<_> = out.into_iter().map(|r| r.expect("rank")).collect();
     for (p, _) in &out {
@@ -192,7 +192,10 @@ fn check_backup(scheme: Scheme, fixed: bool) {
     }
     let dropped = |r: usize| out[r].1.iter().filter(|l| l.contains("\"dropped\":true")).count();
     let iters = |r: usize| out[r].1.len();
-    assert!(dropped(0) * 2 > iters(0), "rank 0 dropped {} of {}", dropped(0), iters(0));
+    // Dynamic: b is 0 until every rank has reported a compute time, and a noisy measurement can
+    // keep the slow rank in now and then.
+    let share = if fixed { 2 } else { 3 };
+    assert!(dropped(0) * share > iters(0), "rank 0 dropped {} of {}", dropped(0), iters(0));
     assert!(dropped(1) + dropped(2) < iters(1) / 2, "fast ranks dropped {} and {}", dropped(1), dropped(2));
     assert!(iters(0) < iters(1), "rank 0 did not skip ahead");
     // Static: b = 1 always. Dynamic: chosen from measured compute times on a shared machine, so
@@ -231,4 +234,31 @@ fn falcon_enforced_gives_the_bsp_model() {
         let d = distance(&p.unwrap_or_else(|e| panic!("rank {r}: {e}")), &one);
         assert!(d <= BSP_TOLERANCE, "falcon on 3 ranks vs BSP on 1: {d:e}");
     }
+}
+
+fn check_lb_bsp(p: peregrine_core::lbbsp::Predictor) {
+    // Rank 0 at half speed: every row still computed once per epoch, and after a few iterations
+    // rank 0 gets the smaller share of each batch.
+    let slow = peregrine_tests::training::slowed(0, 0.5);
+    let out: Vec<_> = run_local(2, |t| counted(&t, Scheme::LbBsp(p), slow.clone(), 4))
+        .expect("world")
+        .into_iter()
+        .map(|r| r.expect("rank"))
+        .collect();
+    for (params, _) in &out {
+        assert!(params.iter().all(|&c| c == 4.0), "{p}: a row not computed once per epoch");
+    }
+    let rows =
+        |r: usize| -> Vec<u64> { out[r].1.iter().map(|l| field(l, "rows").parse().expect("rows")).collect() };
+    let (slow_rows, fast_rows) = (rows(0), rows(1));
+    let late = slow_rows.len() / 2..slow_rows.len();
+    let (s, f): (u64, u64) = (slow_rows[late.clone()].iter().sum(), fast_rows[late].iter().sum());
+    assert!((s as f64) < 0.8 * f as f64, "{p}: slow rank computed {s} rows, fast {f}");
+    assert!(out[0].1.iter().all(|l| field(l, "predicted").parse::<f64>().expect("predicted") > 0.0));
+}
+
+#[test]
+fn lb_bsp_sizes_batches_by_predicted_speed() {
+    check_lb_bsp(peregrine_core::lbbsp::Predictor::Arx);
+    check_lb_bsp(peregrine_core::lbbsp::Predictor::MovingAverage);
 }
