@@ -112,9 +112,9 @@ impl History {
             *t += ki * err;
         }
         // P <- (P - k x^T P) / lambda  (P symmetric: x^T P = px^T)
-        for i in 0..FEATURES {
-            for j in 0..FEATURES {
-                self.p[i][j] = (self.p[i][j] - k[i] * px[j]) / FORGET;
+        for (row, ki) in self.p.iter_mut().zip(&k) {
+            for (v, pj) in row.iter_mut().zip(&px) {
+                *v = (*v - ki * pj) / FORGET;
             }
         }
     }
