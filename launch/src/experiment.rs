@@ -17,8 +17,8 @@
 //! ```
 //! A scheme with `+steal` lets ranks take over each other's chunks; without it they do not (so
 //! that plain BSP, SSP and ASP are the literature's). `bsp` and `ideal` are added when missing:
-//! they make the reference every ratio is taken against. Under MPI every rank runs the same
-//! sequence of runs; rank 0 writes the results.
+//! they make the reference every ratio is taken against. Each workload starts with one unrecorded
+//! warm-up run. Under MPI every rank runs the same sequence of runs; rank 0 writes the results.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -207,6 +207,16 @@ fn rank(
     let mut rows = Vec::new();
     let mut k = 0;
     for (wname, w) in &f.workloads {
+        // A warm-up run, not recorded: the first run of a workload pays for faulting in the
+        // mapped dataset and warming caches, and it would otherwise be the Ideal reference.
+        let file = w.clone().rebase(base).overlay(TrainFile::only("bsp", false, "ideal", f.seeds[0]));
+        let (resolved, epochs) = train_cmd::finish(file)?;
+        let opts = RunOpts {
+            quiet: true,
+            no_pin: a.no_pin,
+            dir: Some(out.join("runs").join(slug(wname)).join("warm-up")),
+        };
+        train_cmd::rank(t, ctx, &opts, resolved, epochs, 0)?;
         for pattern in &f.patterns {
             for scheme in &f.schemes {
                 let (name, steal) = split_scheme(scheme)?;
