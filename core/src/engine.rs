@@ -883,10 +883,11 @@ impl<M: Model> Run<'_, M> {
             let left = until - now;
             if left > Duration::from_micros(200) {
                 std::thread::sleep((left - Duration::from_micros(150)).min(Duration::from_millis(1)));
-                let _ = self.queues.peek(self.rank);
-            } else {
-                std::hint::spin_loop();
             }
+            // Into MPI between slices, spun ones too (MPICH carries out others' atomics on this
+            // rank's window only then: without it, no chunk of a delayed rank was ever taken over
+            // under MPICH).
+            let _ = self.queues.peek(self.rank);
         }
     }
 
