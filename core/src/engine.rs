@@ -658,20 +658,11 @@ impl<M: Model> Run<'_, M> {
 
             // Wait as the scheme says.
             if let Some(b) = &self.backup {
-                let mut paused = Duration::ZERO;
-                let w = wait_until(|| -> Result<bool, TrainError> {
-                    paused += self.serve_evals(&mut ev)?;
-                    Ok(ev.to_target.is_some() || b.done()? > it)
-                })?;
-                rec.wait += w.saturating_sub(paused).as_secs_f64();
+                rec.wait += self.wait_serving(&mut ev, || Ok(b.done()? > it))?.as_secs_f64();
             }
             if let Some(need) = cfg.scheme.needs(it) {
-                let mut paused = Duration::ZERO;
-                let w = wait_until(|| -> Result<bool, TrainError> {
-                    paused += self.serve_evals(&mut ev)?;
-                    Ok(ev.to_target.is_some() || self.clocks.min_clock()? >= need)
-                })?;
-                rec.wait += w.saturating_sub(paused).as_secs_f64();
+                rec.wait +=
+                    self.wait_serving(&mut ev, || Ok(self.clocks.min_clock()? >= need))?.as_secs_f64();
             }
             samples += batch_rows as u64;
             rec.loss /= rec.rows.max(1) as f64;
@@ -943,6 +934,21 @@ impl<M: Model> Run<'_, M> {
                 return Ok(Some((victim, (it as i64 + d).max(0) as u64, r)));
             }
         }
+    }
+
+    /// Waits until `ready` (or an evaluation has decided to stop), joining the evaluations rank 0
+    /// asks for meanwhile; returns the time waited, evaluations excluded.
+    fn wait_serving(
+        &self,
+        ev: &mut Evals,
+        mut ready: impl FnMut() -> Result<bool, TrainError>,
+    ) -> Result<Duration, TrainError> {
+        let mut paused = Duration::ZERO;
+        let w = wait_until(|| -> Result<bool, TrainError> {
+            paused += self.serve_evals(ev)?;
+            Ok(ev.to_target.is_some() || ready()?)
+        })?;
+        Ok(w.saturating_sub(paused))
     }
 
     /// Joins every evaluation rank 0 has asked for and this rank has not joined yet; returns the

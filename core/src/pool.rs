@@ -1172,7 +1172,7 @@ mod tests {
     /// busy between runs as in an iteration loop:
     /// `cargo test -p peregrine-core --release pool::tests::dispatch -- --ignored --nocapture`.
     #[test]
-    #[ignore = "timing, not a check"]
+    #[ignore = "measures dispatch overhead and prints it; asserts nothing (run with --ignored --nocapture)"]
     fn dispatch_overhead() {
         fn busy(us: u64) {
             let t = Instant::now();

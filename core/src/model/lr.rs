@@ -7,13 +7,12 @@ use std::path::Path;
 use peregrine_kernels::data::{Dataset, Kind, SparseRows};
 use peregrine_kernels::lr::{self, Csr, SparseGrad};
 
-use super::{Built, Delta, EvalSums, KeySet, Layout, Metric, Model};
+use super::{Built, Delta, EvalSums, KeySet, Layout, Metric, Model, Sets};
 
 /// Logistic regression: `p(y = 1 | x) = sigmoid(w . x)`, log-loss.
 #[derive(Debug)]
 pub struct LogReg {
-    train: Dataset,
-    eval: Option<Dataset>,
+    data: Sets,
     lr: f32,
     dim: usize,
 }
@@ -22,13 +21,12 @@ impl LogReg {
     /// Trains on the sparse dataset `train` with learning rate `lr`; evaluates on `eval` (the
     /// training set if `None`).
     pub fn new(train: &Path, eval: Option<&Path>, lr: f32) -> Built<Self> {
-        let train = super::open(train, Kind::Sparse, "training set")?;
-        let eval = eval.map(|p| super::open(p, Kind::Sparse, "evaluation set")).transpose()?;
-        if let Some(e) = &eval {
-            super::same_cols(&train, e)?;
+        let data = Sets::open(train, eval, Kind::Sparse)?;
+        if let Some(e) = data.given_eval() {
+            super::same_cols(&data.train, e)?;
         }
-        let dim = train.header().cols as usize;
-        Ok(Self { train, eval, lr, dim })
+        let dim = data.train.header().cols as usize;
+        Ok(Self { data, lr, dim })
     }
 
     fn rows_of(d: &Dataset) -> SparseRows<'_> {
@@ -65,11 +63,11 @@ impl Model for LogReg {
     }
 
     fn rows(&self) -> usize {
-        self.train.rows()
+        self.data.train.rows()
     }
 
     fn eval_rows(&self) -> usize {
-        self.eval.as_ref().unwrap_or(&self.train).rows()
+        self.data.eval().rows()
     }
 
     fn metric(&self) -> Metric {
@@ -85,7 +83,7 @@ impl Model for LogReg {
     }
 
     fn keys(&self, rows: Range<usize>, set: &mut KeySet) {
-        for &j in Self::rows_of(&self.train).rows(rows).indices {
+        for &j in Self::rows_of(&self.data.train).rows(rows).indices {
             set.insert(j);
         }
     }
@@ -99,7 +97,7 @@ impl Model for LogReg {
     }
 
     fn compute(&self, rows: Range<usize>, params: &[f32], work: &mut Grad) -> f64 {
-        let x = Self::rows_of(&self.train).rows(rows);
+        let x = Self::rows_of(&self.data.train).rows(rows);
         match work {
             Grad::Dense(g) => lr::loss_grad_dense(csr(&x), x.labels, params, g),
             Grad::Sparse(g) => lr::loss_grad_sparse(csr(&x), x.labels, params, g),
@@ -130,7 +128,7 @@ impl Model for LogReg {
     }
 
     fn evaluate(&self, params: &[f32], rows: Range<usize>) -> EvalSums {
-        let x = Self::rows_of(self.eval.as_ref().unwrap_or(&self.train)).rows(rows);
+        let x = Self::rows_of(self.data.eval()).rows(rows);
         let mut p = vec![0.0f32; x.len()];
         // The evaluation set may have fewer columns; it never has more (checked).
         lr::predict(csr(&x), params, &mut p);

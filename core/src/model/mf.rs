@@ -12,13 +12,12 @@ use std::path::Path;
 use peregrine_kernels::data::{Dataset, Kind, Ratings};
 use peregrine_kernels::mf;
 
-use super::{Built, Delta, EvalSums, KeySet, Layout, Metric, Model};
+use super::{Built, Delta, EvalSums, KeySet, Layout, Metric, Model, Sets};
 
 /// Matrix factorization with L2-regularised squared error.
 #[derive(Debug)]
 pub struct Mf {
-    train: Dataset,
-    eval: Option<Dataset>,
+    data: Sets,
     lr: f32,
     l2: f32,
     k: usize,
@@ -39,18 +38,17 @@ impl Mf {
     /// Rank `k` factorization of the ratings in `train` (SGD step `lr`, L2 weight `l2`),
     /// evaluated on `eval` (the training set if `None`).
     pub fn new(train: &Path, eval: Option<&Path>, k: usize, lr: f32, l2: f32) -> Built<Self> {
-        let train = super::open(train, Kind::Ratings, "training set")?;
-        let eval = eval.map(|p| super::open(p, Kind::Ratings, "evaluation set")).transpose()?;
+        let data = Sets::open(train, eval, Kind::Ratings)?;
         if k == 0 {
             return Err("matrix factorization needs rank k >= 1".into());
         }
-        let t = train.ratings().expect("kind checked");
+        let t = data.train.ratings().expect("kind checked");
         let (mut users, mut items) = (t.n_users, t.n_items);
-        if let Some(e) = &eval {
+        if let Some(e) = data.given_eval() {
             let e = e.ratings().expect("kind checked");
             (users, items) = (users.max(e.n_users), items.max(e.n_items));
         }
-        Ok(Self { train, eval, lr, l2, k, users, items })
+        Ok(Self { data, lr, l2, k, users, items })
     }
 
     fn rows_of(d: &Dataset) -> Ratings<'_> {
@@ -74,11 +72,11 @@ impl Model for Mf {
     }
 
     fn rows(&self) -> usize {
-        self.train.rows()
+        self.data.train.rows()
     }
 
     fn eval_rows(&self) -> usize {
-        self.eval.as_ref().unwrap_or(&self.train).rows()
+        self.data.eval().rows()
     }
 
     fn metric(&self) -> Metric {
@@ -99,7 +97,7 @@ impl Model for Mf {
     }
 
     fn keys(&self, rows: Range<usize>, set: &mut KeySet) {
-        let r = Self::rows_of(&self.train).rows(rows);
+        let r = Self::rows_of(&self.data.train).rows(rows);
         for (&u, &i) in r.users.iter().zip(r.items) {
             set.insert(u);
             set.insert((self.users as u32) + i);
@@ -123,7 +121,7 @@ impl Model for Mf {
             let r = l.range(key);
             work.local[r.clone()].copy_from_slice(&params[r]);
         }
-        let x = Self::rows_of(&self.train).rows(rows);
+        let x = Self::rows_of(&self.data.train).rows(rows);
         let (u, v) = work.local.split_at_mut(self.users * self.k);
         let sse = mf::sgd_chunk(x.users, x.items, x.ratings, u, v, self.k, self.lr, self.l2);
         for &key in work.chunk_keys.keys() {
@@ -154,7 +152,7 @@ impl Model for Mf {
     }
 
     fn evaluate(&self, params: &[f32], rows: Range<usize>) -> EvalSums {
-        let x = Self::rows_of(self.eval.as_ref().unwrap_or(&self.train)).rows(rows);
+        let x = Self::rows_of(self.data.eval()).rows(rows);
         let (u, v) = self.split(params);
         let sse = mf::sse(x.users, x.items, x.ratings, u, v, self.k);
         [sse, sse, x.len() as f64]

@@ -7,13 +7,12 @@ use std::path::Path;
 use peregrine_kernels::data::{Dataset, DenseRows, Kind};
 use peregrine_kernels::mlp::{self, Matmul};
 
-use super::{Built, Delta, EvalSums, KeySet, Layout, Metric, Model};
+use super::{Built, Delta, EvalSums, KeySet, Layout, Metric, Model, Sets};
 
 /// The MLP.
 #[derive(Debug)]
 pub struct Mlp {
-    train: Dataset,
-    eval: Option<Dataset>,
+    data: Sets,
     lr: f32,
     /// Layer widths, input first, classes last.
     dims: Vec<usize>,
@@ -35,19 +34,8 @@ impl Mlp {
     /// An MLP with hidden layers `hidden` on the dense dataset `train` (learning rate `lr`),
     /// evaluated on `eval` (the training set if `None`).
     pub fn new(train: &Path, eval: Option<&Path>, hidden: &[usize], lr: f32) -> Built<Self> {
-        let train = super::open(train, Kind::Dense, "training set")?;
-        let eval = eval.map(|p| super::open(p, Kind::Dense, "evaluation set")).transpose()?;
-        let (cols, classes) = (train.header().cols as usize, train.header().classes as usize);
-        if let Some(e) = &eval {
-            if (e.header().cols as usize, e.header().classes as usize) != (cols, classes) {
-                return Err(format!(
-                    "evaluation set {} is {} columns x {} classes, the training set {cols} x {classes}",
-                    e.path().display(),
-                    e.header().cols,
-                    e.header().classes
-                ));
-            }
-        }
+        let data = Sets::open(train, eval, Kind::Dense)?;
+        let (cols, classes) = super::dense_shape(&data)?;
         if classes < 2 || hidden.contains(&0) {
             return Err(format!(
                 "an MLP needs 2 or more classes ({classes}) and no empty hidden layer ({hidden:?})"
@@ -60,7 +48,7 @@ impl Mlp {
             offsets.push(params);
             params += l[1] * (l[0] + 1);
         }
-        Ok(Self { train, eval, lr, dims, offsets, params })
+        Ok(Self { data, lr, dims, offsets, params })
     }
 
     fn rows_of(d: &Dataset) -> DenseRows<'_> {
@@ -108,11 +96,11 @@ impl Model for Mlp {
     }
 
     fn rows(&self) -> usize {
-        self.train.rows()
+        self.data.train.rows()
     }
 
     fn eval_rows(&self) -> usize {
-        self.eval.as_ref().unwrap_or(&self.train).rows()
+        self.data.eval().rows()
     }
 
     fn metric(&self) -> Metric {
@@ -148,7 +136,7 @@ impl Model for Mlp {
     }
 
     fn compute(&self, rows: Range<usize>, params: &[f32], work: &mut Work) -> f64 {
-        let x = Self::rows_of(&self.train).rows(rows);
+        let x = Self::rows_of(&self.data.train).rows(rows);
         let n = x.len();
         let top = self.layers() - 1;
         self.forward(&mut work.mm, x.features, params, &mut work.acts, n);
@@ -186,7 +174,7 @@ impl Model for Mlp {
     }
 
     fn evaluate(&self, params: &[f32], rows: Range<usize>) -> EvalSums {
-        let x = Self::rows_of(self.eval.as_ref().unwrap_or(&self.train)).rows(rows);
+        let x = Self::rows_of(self.data.eval()).rows(rows);
         let mut mm = Matmul::default();
         let block = 256;
         let mut acts = self.buffers(block);

@@ -301,6 +301,50 @@ pub(crate) fn open(path: &std::path::Path, kind: Kind, what: &str) -> Result<Dat
     Ok(d)
 }
 
+/// A model's training set and its evaluation set (the training set when none is given), both
+/// checked to be of the model's kind.
+#[derive(Debug)]
+pub(crate) struct Sets {
+    pub(crate) train: Dataset,
+    eval: Option<Dataset>,
+}
+
+impl Sets {
+    /// Opens `train` and, if given, `eval`.
+    pub(crate) fn open(train: &std::path::Path, eval: Option<&std::path::Path>, kind: Kind) -> Built<Self> {
+        let train = open(train, kind, "training set")?;
+        let eval = eval.map(|p| open(p, kind, "evaluation set")).transpose()?;
+        Ok(Self { train, eval })
+    }
+
+    /// The given evaluation set, if any.
+    pub(crate) fn given_eval(&self) -> Option<&Dataset> {
+        self.eval.as_ref()
+    }
+
+    /// The set evaluations read.
+    pub(crate) fn eval(&self) -> &Dataset {
+        self.eval.as_ref().unwrap_or(&self.train)
+    }
+}
+
+/// `(columns, classes)` of a dense training set, checked against its evaluation set.
+pub(crate) fn dense_shape(sets: &Sets) -> Built<(usize, usize)> {
+    let h = sets.train.header();
+    let (cols, classes) = (h.cols as usize, h.classes as usize);
+    if let Some(e) = sets.given_eval() {
+        if (e.header().cols as usize, e.header().classes as usize) != (cols, classes) {
+            return Err(format!(
+                "evaluation set {} is {} columns x {} classes, the training set {cols} x {classes}",
+                e.path().display(),
+                e.header().cols,
+                e.header().classes
+            ));
+        }
+    }
+    Ok((cols, classes))
+}
+
 /// Checks that an evaluation set matches the training set's columns.
 pub(crate) fn same_cols(train: &Dataset, eval: &Dataset) -> Result<(), String> {
     let (a, b) = (train.header().cols, eval.header().cols);

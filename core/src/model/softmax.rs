@@ -6,13 +6,12 @@ use std::path::Path;
 use peregrine_kernels::data::{Dataset, DenseRows, Kind};
 use peregrine_kernels::softmax;
 
-use super::{Built, Delta, EvalSums, KeySet, Layout, Metric, Model};
+use super::{Built, Delta, EvalSums, KeySet, Layout, Metric, Model, Sets};
 
 /// Softmax regression, cross-entropy loss.
 #[derive(Debug)]
 pub struct Softmax {
-    train: Dataset,
-    eval: Option<Dataset>,
+    data: Sets,
     lr: f32,
     cols: usize,
     classes: usize,
@@ -29,26 +28,15 @@ impl Softmax {
     /// Trains on the dense dataset `train` with learning rate `lr`; evaluates on `eval` (the
     /// training set if `None`).
     pub fn new(train: &Path, eval: Option<&Path>, lr: f32) -> Built<Self> {
-        let train = super::open(train, Kind::Dense, "training set")?;
-        let eval = eval.map(|p| super::open(p, Kind::Dense, "evaluation set")).transpose()?;
-        let (cols, classes) = (train.header().cols as usize, train.header().classes as usize);
-        if let Some(e) = &eval {
-            if (e.header().cols as usize, e.header().classes as usize) != (cols, classes) {
-                return Err(format!(
-                    "evaluation set {} is {} columns x {} classes, the training set {cols} x {classes}",
-                    e.path().display(),
-                    e.header().cols,
-                    e.header().classes
-                ));
-            }
-        }
+        let data = Sets::open(train, eval, Kind::Dense)?;
+        let (cols, classes) = super::dense_shape(&data)?;
         if classes < 2 {
             return Err(format!(
                 "training set {}: {classes} class(es), softmax needs 2 or more",
-                train.path().display()
+                data.train.path().display()
             ));
         }
-        Ok(Self { train, eval, lr, cols, classes })
+        Ok(Self { data, lr, cols, classes })
     }
 
     fn rows_of(d: &Dataset) -> DenseRows<'_> {
@@ -72,11 +60,11 @@ impl Model for Softmax {
     }
 
     fn rows(&self) -> usize {
-        self.train.rows()
+        self.data.train.rows()
     }
 
     fn eval_rows(&self) -> usize {
-        self.eval.as_ref().unwrap_or(&self.train).rows()
+        self.data.eval().rows()
     }
 
     fn metric(&self) -> Metric {
@@ -98,7 +86,7 @@ impl Model for Softmax {
     }
 
     fn compute(&self, rows: Range<usize>, params: &[f32], work: &mut Work) -> f64 {
-        let x = Self::rows_of(&self.train).rows(rows);
+        let x = Self::rows_of(&self.data.train).rows(rows);
         let (w, b) = self.split(params);
         let (gw, gb) = work.grad.split_at_mut(self.classes * self.cols);
         softmax::loss_grad(x.features, x.labels, w, b, gw, gb, &mut work.scratch)
@@ -114,7 +102,7 @@ impl Model for Softmax {
     }
 
     fn evaluate(&self, params: &[f32], rows: Range<usize>) -> EvalSums {
-        let x = Self::rows_of(self.eval.as_ref().unwrap_or(&self.train)).rows(rows);
+        let x = Self::rows_of(self.data.eval()).rows(rows);
         let (w, b) = self.split(params);
         let mut z = vec![0.0f32; self.classes];
         let (mut loss, mut right) = (0.0, 0.0);
