@@ -187,8 +187,8 @@ pub struct IterRecord {
     pub delay: f64,
     /// Whether an injected disruptor was burning the rank's cores at the iteration's end.
     pub disrupted: bool,
-    /// DynSGD: updates pushed by others between this rank's pull and push (its update was scaled
-    /// by `1 / (1 + staleness)`).
+    /// DynSGD: model versions (N updates each) pushed between this rank's pull and push (its
+    /// update was scaled by `1 / (1 + staleness)`).
     pub staleness: u64,
     /// Backup workers: `b` of this iteration.
     pub backups: usize,
@@ -196,6 +196,17 @@ pub struct IterRecord {
     pub dropped: bool,
     /// LB-BSP: this rank's predicted speed (rows per second) for its next iteration.
     pub predicted: f64,
+    /// LB-BSP: this rank's measured speed in this iteration (rows per second of its threads'
+    /// chunk time, times its threads; 0 when it had no rows).
+    pub speed: f64,
+    /// FlexRR: chunks taken over by rapid reassignment, before this rank's own were done.
+    pub reassigned: u64,
+    /// Speculative execution: chunks of late ranks this rank computed a copy of and applied
+    /// (its copy finished first).
+    pub cloned: u64,
+    /// Speculative execution: copies this rank computed (own chunks or clones) that finished
+    /// second and were dropped.
+    pub discarded: u64,
 }
 
 /// One evaluation.
@@ -224,15 +235,35 @@ pub struct RankTotals {
     pub own: u64,
     /// Chunks taken over and computed.
     pub taken: u64,
-    /// Rows computed.
+    /// Rows computed (and applied).
     pub rows: u64,
+    /// Speculative execution: copies of late ranks' chunks computed and applied.
+    pub cloned: u64,
+    /// Speculative execution: copies computed and dropped (they finished second).
+    pub discarded: u64,
+    /// LB-BSP: the sum over iterations of `|predicted - measured| / measured` speed, and the
+    /// number of iterations summed.
+    pub prediction_error: f64,
+    /// LB-BSP: see `prediction_error`.
+    pub predictions: u64,
 }
 
-const TOTALS: usize = 6;
+const TOTALS: usize = 10;
 
 impl RankTotals {
     fn to_array(self) -> [f64; TOTALS] {
-        [self.compute, self.comm, self.wait, self.own as f64, self.taken as f64, self.rows as f64]
+        [
+            self.compute,
+            self.comm,
+            self.wait,
+            self.own as f64,
+            self.taken as f64,
+            self.rows as f64,
+            self.cloned as f64,
+            self.discarded as f64,
+            self.prediction_error,
+            self.predictions as f64,
+        ]
     }
 
     fn from_array(a: &[f64]) -> Self {
@@ -243,6 +274,10 @@ impl RankTotals {
             own: a[3] as u64,
             taken: a[4] as u64,
             rows: a[5] as u64,
+            cloned: a[6] as u64,
+            discarded: a[7] as u64,
+            prediction_error: a[8],
+            predictions: a[9] as u64,
         }
     }
 }
@@ -317,6 +352,18 @@ struct Slot<W> {
     taken: u64,
     /// Sparse models: the parameters of chunks taken over, pulled by this thread.
     steal: Option<StealBuf>,
+    /// Speculative execution: a chunk's own buffers (its result is kept only if the chunk is
+    /// claimed), the claimed results, and a place to drop the others.
+    spec: Option<Spec<W>>,
+    reassigned: u64,
+    cloned: u64,
+    discarded: u64,
+}
+
+struct Spec<W> {
+    work: W,
+    won: Delta,
+    trash: Delta,
 }
 
 struct StealBuf {
@@ -375,12 +422,83 @@ struct Run<'a, M: Model> {
     /// Chunks this rank computed in its current iteration, and when the iteration's compute
     /// began.
     iter_chunks: AtomicU64,
+    /// Nanoseconds this rank's threads spent in chunks (compute and injected delay) in its current
+    /// iteration: LB-BSP's speed measure (the iteration's wall time would count dispatch and
+    /// other fixed costs, which make a rank with fewer rows look slower and get fewer still).
+    iter_busy: AtomicU64,
     iter_start: Mutex<Instant>,
     /// This rank's chunks of the current iteration (global chunk numbers).
     own: Mutex<Range<usize>>,
     /// LB-BSP: every rank's predicted speed (f64 bits) for iterations of either parity.
     lb_preds: Option<Window<u64>>,
     disruptor: Option<Disruptor>,
+    /// Speculative execution: who applied which chunk.
+    claims: Option<Claims>,
+    /// Speculative execution: `(rank, chunk)` copies this rank's threads are computing.
+    cloning: Mutex<Vec<(usize, u32)>>,
+}
+
+/// Speculative execution's claim bitmap: per rank, one bit per chunk of its current iteration,
+/// 48 chunks to a `u64` word whose top 16 bits are the iteration's tag. A chunk's result is
+/// applied only by whoever sets its bit (a compare-and-swap), so exactly once however many copies
+/// run; a word tagged with another iteration claims nothing (a copy that finishes after its
+/// iteration is over is dropped).
+struct Claims {
+    window: Window<u64>,
+    per_rank: usize,
+}
+
+const CLAIM_BITS: u32 = 48;
+
+impl Claims {
+    fn new(t: &Transport, max_chunks: usize) -> Result<Self, TrainError> {
+        let per_rank = max_chunks.div_ceil(CLAIM_BITS as usize).max(1);
+        let window = t.alloc_window("chunk claims", &ShardMap::from_lens(vec![per_rank; t.world_size()]))?;
+        Ok(Self { window, per_rank })
+    }
+
+    fn at(&self, rank: usize, chunk: u32) -> (usize, u64) {
+        (rank * self.per_rank + (chunk / CLAIM_BITS) as usize, 1 << (chunk % CLAIM_BITS))
+    }
+
+    /// Opens this rank's words for the iteration tagged `tag`, nothing claimed (before its queue
+    /// is filled, so nobody sees the iteration's chunks with stale claims).
+    fn reset(&self, rank: usize, tag: u16) -> Result<(), TrainError> {
+        for i in rank * self.per_rank..(rank + 1) * self.per_rank {
+            let mut cur = self.window.fetch_add(i, 0)?;
+            loop {
+                let prev = self.window.compare_and_swap(i, cur, u64::from(tag) << 48)?;
+                if prev == cur {
+                    break;
+                }
+                cur = prev;
+            }
+        }
+        Ok(())
+    }
+
+    /// Claims `rank`'s chunk `chunk` of iteration `tag`: true for the first caller only.
+    fn claim(&self, rank: usize, tag: u16, chunk: u32) -> Result<bool, TrainError> {
+        let (i, bit) = self.at(rank, chunk);
+        let mut cur = self.window.fetch_add(i, 0)?;
+        loop {
+            if (cur >> 48) as u16 != tag || cur & bit != 0 {
+                return Ok(false);
+            }
+            let prev = self.window.compare_and_swap(i, cur, cur | bit)?;
+            if prev == cur {
+                return Ok(true);
+            }
+            cur = prev;
+        }
+    }
+
+    /// Whether `rank`'s chunk `chunk` of iteration `tag` can no longer be claimed.
+    fn settled(&self, rank: usize, tag: u16, chunk: u32) -> Result<bool, TrainError> {
+        let (i, bit) = self.at(rank, chunk);
+        let cur = self.window.fetch_add(i, 0)?;
+        Ok((cur >> 48) as u16 != tag || cur & bit != 0)
+    }
 }
 
 /// Trains `model` on this rank (collective: every rank calls it with the same model and
@@ -431,9 +549,20 @@ pub fn train<M: Model>(
                 own: 0,
                 taken: 0,
                 steal: None,
+                spec: None,
+                reassigned: 0,
+                cloned: 0,
+                discarded: 0,
             })
         })
         .collect();
+    // A rank owns at most this many chunks of an iteration.
+    let claims = match cfg.scheme {
+        Scheme::Speculative => {
+            Some(Claims::new(t, plan.batch().div_ceil(plan.chunk()).div_ceil(t.world_size()))?)
+        }
+        _ => None,
+    };
     let run = Run {
         t,
         model,
@@ -457,9 +586,11 @@ pub fn train<M: Model>(
             _ => None,
         },
         steal: (cfg.steal && !cfg.scheme.is_backup() && !matches!(cfg.scheme, Scheme::LbBsp(_)))
-            || cfg.scheme == Scheme::Falcon,
+            || cfg.scheme.is_falcon()
+            || matches!(cfg.scheme, Scheme::FlexRr(_)),
         rates: t.alloc_window("chunk rates", &ShardMap::from_lens(vec![1; t.world_size()]))?,
         iter_chunks: AtomicU64::new(0),
+        iter_busy: AtomicU64::new(0),
         iter_start: Mutex::new(Instant::now()),
         own: Mutex::new(0..0),
         lb_preds: match cfg.scheme {
@@ -469,6 +600,8 @@ pub fn train<M: Model>(
             _ => None,
         },
         disruptor: cfg.inject.disruptor(t.rank(), &pool.placement().cpus, pool.max_threads()),
+        claims,
+        cloning: Mutex::new(Vec::new()),
     };
     t.barrier()?;
     let result = run.train(metrics, progress);
@@ -502,6 +635,7 @@ impl<M: Model> Run<'_, M> {
         let mut replica = vec![0.0f32; self.model.layout().params];
         self.pool.bind_memory(&mut replica);
         // LB-BSP: this rank's speed history.
+        let mut last_prediction = 0.0;
         let mut history = match cfg.scheme {
             Scheme::LbBsp(p) => Some(crate::lbbsp::History::new(p)),
             _ => None,
@@ -547,6 +681,10 @@ impl<M: Model> Run<'_, M> {
             };
             *self.own.lock().expect("own chunks") = part.clone();
             let n_chunks = part.len() as u32;
+            if let Some(c) = &self.claims {
+                c.reset(self.rank, tag)?;
+                self.cloning.lock().expect("cloning").clear();
+            }
             self.clocks.start(tag, n_chunks)?;
             self.queues.fill(tag, n_chunks)?;
 
@@ -574,20 +712,31 @@ impl<M: Model> Run<'_, M> {
             // Compute, own chunks first, then others'.
             let c1 = Instant::now();
             self.iter_chunks.store(0, Ordering::Relaxed);
+            self.iter_busy.store(0, Ordering::Relaxed);
             *self.iter_start.lock().expect("iteration start") = c1;
             self.compute(it, &replica, true)?;
+            // How long one chunk takes a thread of this rank (speculative execution copies a
+            // late rank's chunk only after waiting that long for it).
+            let own_done = c1.elapsed();
+            let per_chunk = own_done.mul_f64(self.pool.active() as f64)
+                / self.iter_chunks.load(Ordering::Relaxed).max(1) as u32;
             let (mut helped, mut paused) = (Duration::ZERO, Duration::ZERO);
-            // Without taking over, nobody reads parameters after its pull: no need to line up.
-            if matches!(cfg.scheme, Scheme::Bsp | Scheme::Falcon) && self.steal {
+            // Without taking over or copies, nobody reads parameters after its pull: no need to
+            // line up.
+            if (matches!(cfg.scheme, Scheme::Bsp | Scheme::Falcon) && self.steal) || self.claims.is_some() {
                 let w = wait_until(|| -> Result<bool, TrainError> {
                     paused += self.serve_evals(&mut ev)?;
                     // Once an evaluation says stop, nobody waits for anyone any more.
                     if ev.to_target.is_some() || self.clocks.all_done(tag)? {
                         return Ok(true);
                     }
-                    if self.stealable(tag)? {
+                    if self.steal && self.stealable(tag)? {
                         let h = Instant::now();
                         self.compute(it, &replica, false)?;
+                        helped += h.elapsed();
+                    } else if self.clone_due(tag, c1.elapsed() >= own_done + helped + paused + per_chunk)? {
+                        let h = Instant::now();
+                        self.clone_chunks(it, &replica)?;
                         helped += h.elapsed();
                     }
                     Ok(false)
@@ -602,8 +751,10 @@ impl<M: Model> Run<'_, M> {
             let epoch = it as f64 / self.plan.iters_per_epoch() as f64;
             let mut scale = self.model.scale(batch_rows) / (1.0 + cfg.lr_decay * epoch) as f32;
             if matches!(cfg.scheme, Scheme::DynSgd(_)) {
-                // Updates others pushed since this rank read the parameters.
-                rec.staleness = self.clocks.version()? - version;
+                // Versions the global model moved on since this rank read it: one version is N
+                // updates, what one BSP step applies (updates of the same round are not stale to
+                // each other, as in DynSGD, where updates of one version are averaged).
+                rec.staleness = (self.clocks.version()? - version) / self.world as u64;
                 scale /= (1 + rec.staleness) as f32;
             }
             delta.clear();
@@ -615,6 +766,13 @@ impl<M: Model> Run<'_, M> {
                 rec.taken += std::mem::take(&mut s.taken);
                 rec.rows += std::mem::take(&mut s.rows);
                 rec.loss += std::mem::take(&mut s.loss);
+                rec.reassigned += std::mem::take(&mut s.reassigned);
+                rec.cloned += std::mem::take(&mut s.cloned);
+                rec.discarded += std::mem::take(&mut s.discarded);
+                if let Some(sp) = s.spec.as_mut() {
+                    delta.add_scaled(&sp.won, scale);
+                    sp.won.clear();
+                }
             }
             // Backup workers: only the first N - b updates count (scaled to their rows).
             let mut push = true;
@@ -642,8 +800,19 @@ impl<M: Model> Run<'_, M> {
             self.params.flush_all()?;
             if let (Some(h), Some(w)) = (history.as_mut(), &self.lb_preds) {
                 // Publish the prediction before the tick: after the BSP wait everyone reads it.
-                let (cpu, mem) = crate::lbbsp::loads();
-                rec.predicted = h.observe(rec.rows as f64 / rec.compute.max(1e-9), cpu, mem);
+                // Rows per second of a thread's chunk time, times the threads. A rank given no
+                // rows (all its chunks went to others) learned nothing: its prediction stands.
+                let busy = self.iter_busy.load(Ordering::Relaxed) as f64 * 1e-9;
+                if rec.rows > 0 && busy > 0.0 {
+                    let (cpu, mem) = crate::lbbsp::loads();
+                    rec.speed = rec.rows as f64 * self.pool.active() as f64 / busy;
+                    if last_prediction > 0.0 {
+                        totals.prediction_error += (last_prediction - rec.speed).abs() / rec.speed;
+                        totals.predictions += 1;
+                    }
+                    last_prediction = h.observe(rec.speed, cpu, mem);
+                }
+                rec.predicted = last_prediction;
                 // Slot (t + 1) mod 2: a rank still starting t reads slot t mod 2, and nobody can
                 // write slot t mod 2 again (for t + 2) before everyone has started t + 1.
                 let at = 2 * self.rank + ((it + 1) % 2) as usize;
@@ -667,7 +836,7 @@ impl<M: Model> Run<'_, M> {
             samples += batch_rows as u64;
             rec.loss /= rec.rows.max(1) as f64;
             rec.disrupted = self.disruptor.as_ref().is_some_and(Disruptor::active);
-            if cfg.scheme == Scheme::Falcon && rec.compute > 0.0 {
+            if cfg.scheme.is_falcon() && rec.compute > 0.0 {
                 // A rank whose per-thread rate falls below 60% of its best (its cores are
                 // contended) gives up a thread; back above 90%, it takes one back.
                 let per_thread = (rec.own + rec.taken) as f64 / (rec.compute * rec.threads as f64);
@@ -687,6 +856,8 @@ impl<M: Model> Run<'_, M> {
             totals.own += rec.own;
             totals.taken += rec.taken;
             totals.rows += rec.rows;
+            totals.cloned += rec.cloned;
+            totals.discarded += rec.discarded;
             if let Some((w, path)) = metrics.as_mut() {
                 serde_json::to_writer(&mut *w, &rec)
                     .map_err(std::io::Error::from)
@@ -797,74 +968,272 @@ impl<M: Model> Run<'_, M> {
         slot: &mut Slot<M::Work>,
         failed: &AtomicBool,
     ) -> Result<(), TrainError> {
+        let tag = queue::tag(it);
         while own && !failed.load(Ordering::Relaxed) {
             let Some(r) = self.queues.take_own(self.cfg.grain)? else { break };
-            for c in r.clone() {
-                let g = self.own.lock().expect("own chunks").start + c as usize;
-                self.run_chunk(self.plan.global_chunk_rows(it, g), replica, slot);
-            }
-            slot.own += u64::from(r.end - r.start);
-            self.clocks.done(self.rank, r.end - r.start)?;
-        }
-        while self.steal && !failed.load(Ordering::Relaxed) {
-            let Some((victim, vit, r)) = self.take_over(it)? else { break };
-            if self.keyed() {
-                let layout = self.model.layout();
-                let sb = slot.steal.get_or_insert_with(|| StealBuf {
-                    params: vec![0.0; layout.params],
-                    keys: KeySet::new(layout.keys()),
-                    ranges: Vec::new(),
-                    buf: Vec::new(),
-                });
-                sb.keys.clear();
+            let start = self.own.lock().expect("own chunks").start;
+            if let Some(claims) = &self.claims {
+                // Every chunk is a copy that may lose to a clone.
                 for c in r.clone() {
-                    self.model.keys(self.plan.chunk_rows(vit, victim, c), &mut sb.keys);
-                }
-                pull_keys(&self.params, layout, &mut sb.keys, &mut sb.ranges, &mut sb.buf, &mut sb.params)?;
-                let p = std::mem::take(&mut sb.params);
-                for c in r.clone() {
-                    self.run_chunk(self.plan.chunk_rows(vit, victim, c), &p, slot);
-                }
-                if let Some(sb) = slot.steal.as_mut() {
-                    sb.params = p;
+                    let rows = self.plan.global_chunk_rows(it, start + c as usize);
+                    if self.speculate(claims, (self.rank, tag, c), rows, replica, slot)? {
+                        slot.own += 1;
+                    }
                 }
             } else {
                 for c in r.clone() {
-                    self.run_chunk(self.plan.chunk_rows(vit, victim, c), replica, slot);
+                    self.run_chunk(self.plan.global_chunk_rows(it, start + c as usize), replica, slot);
                 }
+                slot.own += u64::from(r.end - r.start);
+                self.clocks.done(self.rank, r.end - r.start)?;
             }
+            if matches!(self.cfg.scheme, Scheme::FlexRr(_)) {
+                self.reassign(it, replica, slot)?;
+            }
+        }
+        while self.steal && !failed.load(Ordering::Relaxed) {
+            let Some((victim, vit, r)) = self.take_over(it)? else { break };
+            self.help(victim, vit, r.clone(), replica, slot)?;
             slot.taken += u64::from(r.end - r.start);
-            self.clocks.done(victim, r.end - r.start)?;
         }
         Ok(())
     }
 
+    /// Computes chunks `r` of `victim`'s iteration `vit`, taken over, and counts them done.
+    fn help(
+        &self,
+        victim: usize,
+        vit: u64,
+        r: Range<u32>,
+        replica: &[f32],
+        slot: &mut Slot<M::Work>,
+    ) -> Result<(), TrainError> {
+        let rows = r.clone().map(|c| self.plan.chunk_rows(vit, victim, c));
+        self.with_params(rows.clone(), replica, slot, |run, params, slot| {
+            for rows in rows {
+                run.run_chunk(rows, params, slot);
+            }
+            Ok(())
+        })?;
+        Ok(self.clocks.done(victim, r.end - r.start)?)
+    }
+
+    /// Runs `f` with parameters valid at the keys of `rows`: the rank's `replica` for dense
+    /// models and sparse ones pulled whole; else pulled by this thread now.
+    fn with_params<R>(
+        &self,
+        rows: impl Iterator<Item = Range<usize>>,
+        replica: &[f32],
+        slot: &mut Slot<M::Work>,
+        f: impl FnOnce(&Self, &[f32], &mut Slot<M::Work>) -> Result<R, TrainError>,
+    ) -> Result<R, TrainError> {
+        if !self.keyed() {
+            return f(self, replica, slot);
+        }
+        let layout = self.model.layout();
+        let sb = slot.steal.get_or_insert_with(|| StealBuf {
+            params: vec![0.0; layout.params],
+            keys: KeySet::new(layout.keys()),
+            ranges: Vec::new(),
+            buf: Vec::new(),
+        });
+        sb.keys.clear();
+        for rows in rows {
+            self.model.keys(rows, &mut sb.keys);
+        }
+        pull_keys(&self.params, layout, &mut sb.keys, &mut sb.ranges, &mut sb.buf, &mut sb.params)?;
+        let p = std::mem::take(&mut sb.params);
+        let out = f(self, &p, slot);
+        if let Some(sb) = slot.steal.as_mut() {
+            sb.params = p;
+        }
+        out
+    }
+
+    /// Speculative execution: computes one copy of chunk `(rank, tag, chunk)` (rows `rows`) and
+    /// applies it only if this copy claims the chunk first; returns whether it did. A copy whose
+    /// chunk is settled before it starts is not run; an injected delay stops when it is settled
+    /// meanwhile.
+    fn speculate(
+        &self,
+        claims: &Claims,
+        (rank, tag, chunk): (usize, u16, u32),
+        rows: Range<usize>,
+        params: &[f32],
+        slot: &mut Slot<M::Work>,
+    ) -> Result<bool, TrainError> {
+        if claims.settled(rank, tag, chunk)? {
+            return Ok(false);
+        }
+        let layout = self.model.layout();
+        let sp = slot.spec.get_or_insert_with(|| Spec {
+            work: self.model.work(self.cfg.chunk),
+            won: Delta::new(layout),
+            trash: Delta::new(layout),
+        });
+        let n = rows.len() as u64;
+        let loss = self
+            .chunk_into(rows, params, &mut sp.work, &|| claims.settled(rank, tag, chunk).unwrap_or(false));
+        if claims.claim(rank, tag, chunk)? {
+            self.model.drain(&mut sp.work, 1.0, &mut sp.won);
+            slot.rows += n;
+            slot.loss += loss;
+            self.clocks.done(rank, 1)?;
+            Ok(true)
+        } else {
+            self.model.drain(&mut sp.work, 0.0, &mut sp.trash);
+            sp.trash.clear();
+            slot.discarded += 1;
+            Ok(false)
+        }
+    }
+
+    /// Speculative execution: this rank's threads compute copies of chunks still running on
+    /// other ranks in iteration `it` (each copy by one thread), until none is left unclaimed.
+    fn clone_chunks(&self, it: u64, replica: &[f32]) -> Result<(), TrainError> {
+        let Some(claims) = &self.claims else { return Ok(()) };
+        let tag = queue::tag(it);
+        let failed = AtomicBool::new(false);
+        let error = Mutex::new(None);
+        self.pool.run(|w| {
+            let mut slot = self.slots[w].lock().expect("a compute thread panicked");
+            let mut one = || -> Result<bool, TrainError> {
+                let Some((v, c)) = self.pick_clone(claims, tag, true)? else { return Ok(false) };
+                let rows = self.plan.chunk_rows(it, v, c);
+                let won =
+                    self.with_params(std::iter::once(rows.clone()), replica, &mut slot, |run, p, slot| {
+                        run.speculate(claims, (v, tag, c), rows, p, slot)
+                    })?;
+                if won {
+                    slot.cloned += 1;
+                }
+                Ok(true)
+            };
+            while !failed.load(Ordering::Relaxed) {
+                match one() {
+                    Ok(true) => {}
+                    Ok(false) => break,
+                    Err(e) => {
+                        failed.store(true, Ordering::Relaxed);
+                        error.lock().expect("error slot").get_or_insert(e);
+                    }
+                }
+            }
+        });
+        match error.into_inner().expect("error slot") {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Speculative execution: whether to copy chunks of late ranks now (`waited` long enough,
+    /// and some chunk to copy).
+    fn clone_due(&self, tag: u16, waited: bool) -> Result<bool, TrainError> {
+        match &self.claims {
+            Some(claims) if waited => Ok(self.pick_clone(claims, tag, false)?.is_some()),
+            _ => Ok(false),
+        }
+    }
+
+    /// A chunk running on another rank in the iteration tagged `tag` (handed to its threads and
+    /// not claimed yet) that no thread of this rank is copying; marked as being copied if `mark`.
+    fn pick_clone(&self, claims: &Claims, tag: u16, mark: bool) -> Result<Option<(usize, u32)>, TrainError> {
+        for v in (0..self.world).filter(|&v| v != self.rank) {
+            let (g, head, _) = self.queues.peek(v)?;
+            if g != tag {
+                continue;
+            }
+            for c in 0..head {
+                if self.cloning.lock().expect("cloning").contains(&(v, c)) || claims.settled(v, tag, c)? {
+                    continue;
+                }
+                let mut cloning = self.cloning.lock().expect("cloning");
+                if !cloning.contains(&(v, c)) {
+                    if mark {
+                        cloning.push((v, c));
+                    }
+                    return Ok(Some((v, c)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// FlexRR's rapid reassignment, checked after each of this rank's own chunks: a rank of its
+    /// helper group more than a quarter of an iteration behind it has `steal_fraction` (half) of
+    /// its remaining chunks taken over now, computed before this rank's own remaining ones.
+    fn reassign(&self, it: u64, replica: &[f32], slot: &mut Slot<M::Work>) -> Result<(), TrainError> {
+        let me = self.position(self.rank, it)?;
+        for v in (0..self.world).filter(|&v| self.helps(v)) {
+            if self.queues.remaining(v)? == 0 || me - self.position(v, it)? <= 0.25 {
+                continue;
+            }
+            if let Some((g, r)) = self.queues.steal(v, self.cfg.steal_fraction, u32::MAX)? {
+                let vit = (it as i64 + i64::from(g.wrapping_sub(queue::tag(it)) as i16)).max(0) as u64;
+                self.help(v, vit, r.clone(), replica, slot)?;
+                let n = u64::from(r.end - r.start);
+                slot.taken += n;
+                slot.reassigned += n;
+            }
+        }
+        Ok(())
+    }
+
+    /// `rank`'s progress in iterations: its current iteration (from its progress word's tag,
+    /// within 2^15 of `it`) plus the fraction of that iteration's chunks done.
+    fn position(&self, rank: usize, it: u64) -> Result<f64, TrainError> {
+        let (g, total, done) = self.clocks.progress(rank)?;
+        let iter = it as f64 + f64::from(g.wrapping_sub(queue::tag(it)) as i16);
+        Ok(iter + if total == 0 { 1.0 } else { f64::from(done) / f64::from(total) })
+    }
+
+    /// FlexRR's helper groups: this rank helps the (up to) 4 ranks before it, cyclically.
+    fn helps(&self, v: usize) -> bool {
+        let d = (self.rank + self.world - v) % self.world;
+        d >= 1 && d <= (self.world - 1).min(4)
+    }
+
     fn run_chunk(&self, rows: Range<usize>, params: &[f32], slot: &mut Slot<M::Work>) {
-        let c0 = Instant::now();
         slot.rows += rows.len() as u64;
-        slot.loss += self.model.compute(rows, params, &mut slot.work);
+        slot.loss += self.chunk_into(rows, params, &mut slot.work, &|| false);
+    }
+
+    /// Computes rows `rows` into `work`, then sleeps the injected delay (cut short when `cancel`
+    /// says so); returns the rows' summed loss.
+    fn chunk_into(
+        &self,
+        rows: Range<usize>,
+        params: &[f32],
+        work: &mut M::Work,
+        cancel: &dyn Fn() -> bool,
+    ) -> f64 {
+        let c0 = Instant::now();
+        let loss = self.model.compute(rows, params, work);
         let delay = f64::from_bits(self.delay.load(Ordering::Relaxed));
         if delay > 0.0 {
-            self.injected_sleep(c0.elapsed().mul_f64(delay));
+            self.injected_sleep(c0.elapsed().mul_f64(delay), cancel);
         }
-        if self.cfg.scheme == Scheme::Falcon {
+        self.iter_busy.fetch_add(c0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let n = self.iter_chunks.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.cfg.scheme.is_falcon() {
             // Publish this iteration's completion rate (a failed swap just skips one update).
-            let n = self.iter_chunks.fetch_add(1, Ordering::Relaxed) + 1;
             let since = self.iter_start.lock().map(|s| s.elapsed()).unwrap_or_default();
             let rate = n as f64 / since.as_secs_f64().max(1e-9);
             if let Ok(cur) = self.rates.fetch_add(self.rank, 0) {
                 let _ = self.rates.compare_and_swap(self.rank, cur, rate.to_bits());
             }
         }
+        loss
     }
 
     /// Waits `d` in slices of at most a millisecond, touching this rank's own queue word between
     /// them: MPI does not promise progress on a window's passive-target operations while its
     /// owner stays out of MPI, and an injected delay must not make a rank's chunks harder to take
-    /// over than real slow compute would (which calls into MPI after every chunk).
+    /// over than real slow compute would (which calls into MPI after every chunk). Stops early
+    /// when `cancel` says so (checked between slices).
     /// The last 200 us are spun, not slept: a sleep overshoots by the timer slack (~50-100 us
     /// here), which would inflate the small delays of short chunks several times over.
-    fn injected_sleep(&self, d: Duration) {
+    fn injected_sleep(&self, d: Duration, cancel: &dyn Fn() -> bool) {
         let until = Instant::now() + d;
         loop {
             let now = Instant::now();
@@ -874,6 +1243,9 @@ impl<M: Model> Run<'_, M> {
             let left = until - now;
             if left > Duration::from_micros(200) {
                 std::thread::sleep((left - Duration::from_micros(150)).min(Duration::from_millis(1)));
+                if cancel() {
+                    return;
+                }
             }
             // Into MPI between slices, spun ones too (MPICH carries out others' atomics on this
             // rank's window only then: without it, no chunk of a delayed rank was ever taken over
@@ -885,15 +1257,16 @@ impl<M: Model> Run<'_, M> {
     /// Takes over chunks from the rank with the most left in an iteration not ahead of `it`:
     /// `(victim, victim's iteration, chunks)`.
     ///
-    /// Falcon projects instead: the victim is the rank whose remaining chunks at its current rate
+    /// FlexRR takes only from the ranks of its helper group. Falcon projects instead: the victim is the rank whose remaining chunks at its current rate
     /// finish last, and the thief takes the share that makes both finish together,
     /// `p / (p + v)` of what is left for rates `p` (thief) and `v` (victim).
     fn take_over(&self, it: u64) -> Result<Option<(usize, u64, Range<u32>)>, TrainError> {
-        let falcon = self.cfg.scheme == Scheme::Falcon;
+        let falcon = self.cfg.scheme.is_falcon();
+        let flexrr = matches!(self.cfg.scheme, Scheme::FlexRr(_));
         let rate = |r: usize| -> Result<f64, TrainError> { Ok(f64::from_bits(self.rates.fetch_add(r, 0)?)) };
         loop {
             let mut best: Option<(usize, f64)> = None;
-            for r in (0..self.world).filter(|&r| r != self.rank) {
+            for r in (0..self.world).filter(|&r| r != self.rank && (!flexrr || self.helps(r))) {
                 let (g, h, tl) = self.queues.peek(r)?;
                 let ahead = (g.wrapping_sub(queue::tag(it)) as i16) > 0;
                 if tl <= h || ahead {
@@ -1014,6 +1387,9 @@ impl<M: Model> Run<'_, M> {
         }
         if let Some(b) = self.backup {
             b.free()?;
+        }
+        if let Some(c) = self.claims {
+            c.window.free()?;
         }
         Ok(())
     }

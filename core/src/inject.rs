@@ -91,6 +91,49 @@ fn unit(seed: u64, a: u64, b: u64, stream: u64) -> f64 {
     (h >> 11) as f64 / (1u64 << 53) as f64
 }
 
+impl Pattern {
+    /// The expected compute capacity of `world` ranks under this pattern, as a fraction of the
+    /// same ranks without it: the mean over ranks of each rank's expected speed (`1 / (1 + d)`
+    /// for a delay factor `d`; a disrupted rank's share of its cores, `w / (w + b)` for `w`
+    /// workers and `b` burning threads; a thread count `T` of `threads` configured, `T /
+    /// threads`; unknown `threads`: thread counts ignored). No scheme can reach a target faster
+    /// than Ideal divided by this, unless it needs fewer samples: `1 / capacity` is the bound
+    /// the experiment prints next to each pattern.
+    pub fn capacity(&self, world: usize, threads: Option<usize>) -> f64 {
+        let world = world.max(1);
+        let cores = |t: usize| threads.map_or(1.0, |c| t.min(c) as f64 / c.max(1) as f64);
+        let per_rank = |r: usize| -> f64 {
+            match self {
+                Self::Ideal => 1.0,
+                Self::SlowWorker { p, max } => {
+                    // E[1 / (1 + U)], U uniform on [0, max]: ln(1 + max) / max.
+                    let slowed = if *max > 0.0 { (1.0 + max).ln() / max } else { 1.0 };
+                    1.0 - p + p * slowed
+                }
+                Self::Disrupted { p, intensity, .. } => {
+                    let w = threads.unwrap_or(1).max(1) as f64;
+                    let b = ((intensity / 100.0) * w).ceil().max(1.0);
+                    1.0 - p + p * w / (w + b)
+                }
+                // E[1 / x] for the Pareto density (alpha - 1) x^-alpha on [1, inf).
+                Self::PowerLaw { alpha } => (alpha - 1.0) / alpha,
+                Self::Persistent { ranks, speed, threads: t } => {
+                    if ranks.contains(&r) {
+                        speed * t.map_or(1.0, cores)
+                    } else {
+                        1.0
+                    }
+                }
+                Self::Heterogeneous { speeds, threads: t } => {
+                    let s = speeds.get(r % speeds.len().max(1)).copied().unwrap_or(1.0);
+                    s * if t.is_empty() { 1.0 } else { cores(t[r % t.len()]) }
+                }
+            }
+        };
+        (0..world).map(per_rank).sum::<f64>() / world as f64
+    }
+}
+
 impl Injection {
     /// Whether anything is injected.
     pub fn is_ideal(&self) -> bool {
@@ -461,6 +504,27 @@ mod tests {
         );
         assert_eq!((het.threads(0, 8), het.threads(1, 8)), (2, 1));
         assert_eq!(inj("ideal").delay(0, 0), 0.0);
+    }
+
+    #[test]
+    fn capacity_matches_the_patterns_means() {
+        let cap = |p: &str, world, threads| p.parse::<Pattern>().expect("pattern").capacity(world, threads);
+        assert_eq!(cap("ideal", 4, None), 1.0);
+        assert!((cap("persistent:rank=0,speed=0.5", 2, None) - 0.75).abs() < 1e-12);
+        assert!((cap("persistent:rank=0,speed=0.5", 8, None) - 15.0 / 16.0).abs() < 1e-12);
+        assert!((cap("persistent:rank=1,speed=1,threads=1", 2, Some(4)) - 0.625).abs() < 1e-12);
+        assert!((cap("heterogeneous:speed=1/0.5", 4, None) - 0.75).abs() < 1e-12);
+        assert!((cap("power-law:alpha=4", 3, None) - 0.75).abs() < 1e-12);
+        assert!((cap("disrupted:p=0.5,intensity=200", 2, Some(1)) - 2.0 / 3.0).abs() < 1e-12);
+        // Slow worker: against the mean of 1 / (1 + d) over many seeded draws.
+        let inj = Injection { pattern: "slow-worker:p=0.3".parse().expect("pattern"), seed: 3 };
+        let n = 200_000;
+        let mean = (0..n).map(|it| 1.0 / (1.0 + inj.delay(0, it))).sum::<f64>() / n as f64;
+        assert!((mean - inj.pattern.capacity(1, None)).abs() < 0.005, "{mean}");
+        // Power law, capped at 100: the same against draws.
+        let inj = Injection { pattern: "power-law:alpha=4".parse().expect("pattern"), seed: 3 };
+        let mean = (0..n).map(|it| 1.0 / (1.0 + inj.delay(0, it))).sum::<f64>() / n as f64;
+        assert!((mean - 0.75).abs() < 0.005, "{mean}");
     }
 
     #[test]

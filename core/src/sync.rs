@@ -29,8 +29,10 @@ pub enum Scheme {
     /// Asynchronous: never wait.
     Asp,
     /// DynSGD: SSP(s) (ASP for `u64::MAX`) with every update scaled by `1 / (1 + staleness)`,
-    /// staleness being the number of updates other ranks pushed between this rank's pull and its
-    /// push (the parameter server's version distance).
+    /// staleness being the number of model versions between this rank's pull and its push, a
+    /// version being `N` updates (one per rank, what one BSP step applies): with no straggler an
+    /// update is at most a round old and applies in full; a straggler's updates, computed while
+    /// the others pushed several rounds, are damped.
     DynSgd(u64),
     /// Backup workers (Sync-opt): each iteration applies the first `N - b` updates, drops the
     /// rest, and late ranks move on to the current iteration.
@@ -45,6 +47,21 @@ pub enum Scheme {
     /// transfer sized to equalize projected finish times, and elastic parallelism (a rank whose
     /// per-thread rate collapses, e.g. under contention, runs fewer threads until it recovers).
     Falcon,
+    /// Falcon's EPSP in slack mode: the same projection, transfer and elastic parallelism, with
+    /// SSP(s) synchronization instead of the enforced compute-done point (a pioneer runs up to
+    /// `s` iterations ahead, and takes over chunks of older iterations of the ranks behind it).
+    FalconSlack(u64),
+    /// FlexRR: SSP(s) with rapid reassignment. Ranks form helper groups (each rank helps the
+    /// next up to 4 ranks before it); after each of its own chunks a rank checks its group, and a
+    /// member more than a quarter of an iteration behind it has half of its remaining chunks taken
+    /// over at once, before the helper finishes its own; a rank out of work helps its group too.
+    FlexRr(u64),
+    /// Speculative execution (task cloning) over BSP: once a rank has done its chunks and waited
+    /// as long as one of its chunks takes, its idle threads also compute chunks still running on
+    /// late ranks; whichever copy finishes first claims the chunk in a window bitmap and only its
+    /// result is applied (the other copy is dropped, an injected delay of the late copy cut
+    /// short). With `+steal` queued chunks are taken over too.
+    Speculative,
 }
 
 impl Scheme {
@@ -52,10 +69,17 @@ impl Scheme {
     /// must reach the returned value (`None`: no wait).
     pub fn needs(self, it: u64) -> Option<u64> {
         match self {
-            Self::Bsp | Self::Falcon | Self::LbBsp(_) => Some(it + 1),
-            Self::Ssp(s) | Self::DynSgd(s) => (it + 1).checked_sub(s),
+            Self::Bsp | Self::Falcon | Self::LbBsp(_) | Self::Speculative => Some(it + 1),
+            Self::Ssp(s) | Self::DynSgd(s) | Self::FalconSlack(s) | Self::FlexRr(s) => {
+                (it + 1).checked_sub(s)
+            }
             Self::Asp | Self::Backup(_) | Self::BackupDynamic => None,
         }
+    }
+
+    /// Whether this is Falcon's EPSP, in either mode.
+    pub fn is_falcon(self) -> bool {
+        matches!(self, Self::Falcon | Self::FalconSlack(_))
     }
 
     /// Whether this is a backup-worker scheme.
@@ -75,6 +99,9 @@ impl fmt::Display for Scheme {
             Self::Backup(b) => write!(f, "backup:{b}"),
             Self::BackupDynamic => f.write_str("backup-dynamic"),
             Self::Falcon => f.write_str("falcon"),
+            Self::FalconSlack(s) => write!(f, "falcon:slack:{s}"),
+            Self::FlexRr(s) => write!(f, "flexrr:{s}"),
+            Self::Speculative => f.write_str("speculative"),
             Self::LbBsp(crate::lbbsp::Predictor::Arx) => f.write_str("lb-bsp"),
             Self::LbBsp(p) => write!(f, "lb-bsp:{p}"),
         }
@@ -92,7 +119,10 @@ impl FromStr for Scheme {
             "ssp" => Ok(Self::Ssp(3)),
             "dynsgd" => Ok(Self::DynSgd(u64::MAX)),
             "backup-dynamic" | "dbw" => Ok(Self::BackupDynamic),
-            "falcon" | "epsp" => Ok(Self::Falcon),
+            "falcon" | "epsp" | "falcon:enforced" => Ok(Self::Falcon),
+            "falcon:slack" => Ok(Self::FalconSlack(2)),
+            "flexrr" => Ok(Self::FlexRr(3)),
+            "speculative" | "clone" => Ok(Self::Speculative),
             "lb-bsp" | "lb-bsp:arx" => Ok(Self::LbBsp(crate::lbbsp::Predictor::Arx)),
             "lb-bsp:ma" => Ok(Self::LbBsp(crate::lbbsp::Predictor::MovingAverage)),
             _ => {
@@ -105,6 +135,10 @@ impl FromStr for Scheme {
                     bound(n).map(Self::Ssp)
                 } else if let Some(n) = lower.strip_prefix("dynsgd:") {
                     bound(n).map(Self::DynSgd)
+                } else if let Some(n) = lower.strip_prefix("flexrr:") {
+                    bound(n).map(Self::FlexRr)
+                } else if let Some(n) = lower.strip_prefix("falcon:slack:") {
+                    bound(n).map(Self::FalconSlack)
                 } else if let Some(n) = lower.strip_prefix("backup:") {
                     n.parse().map(Self::Backup).map_err(|_| {
                         format!("scheme `{s}`: the number of backup workers must be a whole number, as in backup:1")
@@ -112,7 +146,8 @@ impl FromStr for Scheme {
                 } else {
                     Err(format!(
                         "unknown scheme `{s}`: expected bsp, asp, ssp[:<staleness>], dynsgd[:<staleness>], \
-                         backup:<b>, backup-dynamic, lb-bsp[:arx|:ma] or falcon"
+                         backup:<b>, backup-dynamic, lb-bsp[:arx|:ma], speculative, flexrr[:<staleness>] or \
+                         falcon[:enforced|:slack[:<staleness>]]"
                     ))
                 }
             }
@@ -254,6 +289,12 @@ mod tests {
             ("backup:1", Scheme::Backup(1)),
             ("backup-dynamic", Scheme::BackupDynamic),
             ("falcon", Scheme::Falcon),
+            ("falcon:enforced", Scheme::Falcon),
+            ("falcon:slack", Scheme::FalconSlack(2)),
+            ("falcon:slack:4", Scheme::FalconSlack(4)),
+            ("flexrr", Scheme::FlexRr(3)),
+            ("flexrr:1", Scheme::FlexRr(1)),
+            ("speculative", Scheme::Speculative),
             ("lb-bsp", Scheme::LbBsp(crate::lbbsp::Predictor::Arx)),
             ("lb-bsp:ma", Scheme::LbBsp(crate::lbbsp::Predictor::MovingAverage)),
         ] {

@@ -95,19 +95,32 @@ struct Row {
     metric_value: f64,
     samples: u64,
     chunks_taken: u64,
+    /// LB-BSP: mean relative error of the speed predictions (0 for other schemes).
+    prediction_error: f64,
+    /// The pattern's capacity bound for this world: no scheme beats Ideal by less than this
+    /// factor unless it needs fewer samples ([`Pattern::capacity`]).
+    bound: f64,
     #[serde(skip)]
     curve: Vec<(f64, f64)>,
 }
 
 impl Row {
-    fn new(workload: &str, pattern: &str, scheme: &str, seed: u64, r: &Report) -> Self {
+    fn new(
+        workload: &str,
+        pattern: &str,
+        scheme: &str,
+        seed: u64,
+        r: &Report,
+        threads: Option<usize>,
+    ) -> Self {
         let last = r.last_eval();
+        let capacity = pattern.parse::<Pattern>().map_or(1.0, |p| p.capacity(r.ranks, threads));
         Row {
             workload: workload.into(),
             pattern: pattern.into(),
             scheme: scheme.into(),
             seed,
-            time_to_target: r.time_to_target,
+            time_to_target: r.time_to_target.map(|t| crossing(&r.evals, r.target_loss).unwrap_or(t)),
             train_seconds: r.train_seconds,
             iterations: r.iterations,
             seconds_per_iteration: r.train_seconds / r.iterations.max(1) as f64,
@@ -117,9 +130,34 @@ impl Row {
             metric_value: last.map_or(f64::NAN, |e| e.metric),
             samples: r.samples,
             chunks_taken: r.per_rank.iter().map(|p| p.taken).sum(),
+            bound: 1.0 / capacity,
+            prediction_error: {
+                let (e, n) =
+                    r.per_rank.iter().fold((0.0, 0), |(e, n), p| (e + p.prediction_error, n + p.predictions));
+                if n > 0 {
+                    e / n as f64
+                } else {
+                    0.0
+                }
+            },
             curve: r.evals.iter().map(|e| (e.time, e.loss)).collect(),
         }
     }
+}
+
+/// When the evaluation loss crossed `target`, interpolated linearly between the last evaluation
+/// above it and the first at or below it: evaluations come every `eval-every` iterations, and
+/// the time of the first one below the target alone would add up to that much quantization
+/// noise to every run.
+fn crossing(evals: &[peregrine_core::engine::EvalPoint], target: Option<f64>) -> Option<f64> {
+    let g = target?;
+    let i = evals.iter().position(|e| e.loss <= g)?;
+    let b = evals[i];
+    let Some(a) = i.checked_sub(1).map(|k| evals[k]) else { return Some(b.time) };
+    if a.loss <= b.loss {
+        return Some(b.time);
+    }
+    Some(a.time + (b.time - a.time) * (a.loss - g) / (a.loss - b.loss))
 }
 
 /// A scheme entry: `scheme[+steal]`.
@@ -217,13 +255,16 @@ fn rank(
             dir: Some(out.join("runs").join(slug(wname)).join("warm-up")),
         };
         train_cmd::rank(t, ctx, &opts, resolved, epochs, 0)?;
-        for pattern in &f.patterns {
-            for scheme in &f.schemes {
-                let (name, steal) = split_scheme(scheme)?;
-                for &seed in &f.seeds {
+        // Seeds outermost: each seed is a full sweep, so that the machine's drift over a long
+        // experiment affects every scheme alike rather than the ones that happen to run last.
+        for &seed in &f.seeds {
+            for pattern in &f.patterns {
+                for scheme in &f.schemes {
+                    let (name, steal) = split_scheme(scheme)?;
                     k += 1;
                     let file = w.clone().rebase(base).overlay(TrainFile::only(&name, steal, pattern, seed));
                     let (resolved, epochs) = train_cmd::finish(file)?;
+                    let threads = resolved.threads();
                     let dir = out
                         .join("runs")
                         .join(slug(wname))
@@ -232,7 +273,7 @@ fn rank(
                         .join(format!("seed-{seed}"));
                     let opts = RunOpts { quiet: true, no_pin: a.no_pin, dir: Some(dir) };
                     let report = train_cmd::rank(t, ctx, &opts, resolved, epochs, 0)?;
-                    let row = Row::new(wname, pattern, scheme, seed, &report);
+                    let row = Row::new(wname, pattern, scheme, seed, &report, threads);
                     if t.rank() == 0 {
                         println!(
                             "[{k}/{runs}] {wname} | {pattern} | {scheme} | seed {seed}: {} | {:.4} s/iteration | waste {:.3} s",
@@ -270,6 +311,8 @@ struct Summary {
     vs_ideal: Option<f64>,
     seconds_per_iteration: f64,
     waste_seconds: f64,
+    bound: f64,
+    prediction_error: f64,
 }
 
 fn summarize(rows: &[Row]) -> Vec<Summary> {
@@ -300,6 +343,8 @@ fn summarize(rows: &[Row]) -> Vec<Summary> {
                 seconds_per_iteration: median(g().map(|r| r.seconds_per_iteration).collect())
                     .unwrap_or(f64::NAN),
                 waste_seconds: median(g().map(|r| r.waste_seconds).collect()).unwrap_or(f64::NAN),
+                bound: g().next().map_or(1.0, |r| r.bound),
+                prediction_error: median(g().map(|r| r.prediction_error).collect()).unwrap_or(0.0),
                 workload: w,
                 pattern: p,
                 scheme: s,
@@ -318,12 +363,12 @@ fn write_results(out: &Path, rows: &[Row], plots: bool) -> Result<(), AppError> 
     let io = |what: String| move |source| AppError::Io { what, source };
     std::fs::create_dir_all(out).map_err(io(format!("creating {}", out.display())))?;
     let mut csv = String::from(
-        "workload,pattern,scheme,seed,time_to_target,train_seconds,iterations,seconds_per_iteration,waste_seconds,final_loss,metric,metric_value,samples,chunks_taken\n",
+        "workload,pattern,scheme,seed,time_to_target,train_seconds,iterations,seconds_per_iteration,waste_seconds,final_loss,metric,metric_value,samples,chunks_taken,bound,prediction_error\n",
     );
     for r in rows {
         let _ = writeln!(
             csv,
-            "{},\"{}\",{},{},{},{:.6},{},{:.6},{:.6},{:.6},{},{:.6},{},{}",
+            "{},\"{}\",{},{},{},{:.6},{},{:.6},{:.6},{:.6},{},{:.6},{},{},{:.4},{:.4}",
             r.workload,
             r.pattern,
             r.scheme,
@@ -337,7 +382,9 @@ fn write_results(out: &Path, rows: &[Row], plots: bool) -> Result<(), AppError> 
             r.metric,
             r.metric_value,
             r.samples,
-            r.chunks_taken
+            r.chunks_taken,
+            r.bound,
+            r.prediction_error
         );
     }
     write_atomically(&out.join("results.csv"), csv.as_bytes())?;
@@ -346,7 +393,7 @@ fn write_results(out: &Path, rows: &[Row], plots: bool) -> Result<(), AppError> 
 
     let summary = summarize(rows);
     let mut csv = String::from(
-        "workload,pattern,scheme,seeds,reached,time_to_target,vs_ideal,seconds_per_iteration,waste_seconds\n",
+        "workload,pattern,scheme,seeds,reached,time_to_target,vs_ideal,bound,seconds_per_iteration,waste_seconds\n",
     );
     let mut md = String::from(
         "| workload | pattern | scheme | time to target (s) | vs Ideal | s/iteration | waste (s) | reached |\n|---|---|---|---|---|---|---|---|\n",
@@ -354,7 +401,7 @@ fn write_results(out: &Path, rows: &[Row], plots: bool) -> Result<(), AppError> 
     for s in &summary {
         let _ = writeln!(
             csv,
-            "{},\"{}\",{},{},{},{},{},{:.6},{:.6}",
+            "{},\"{}\",{},{},{},{},{},{:.4},{:.6},{:.6}",
             s.workload,
             s.pattern,
             s.scheme,
@@ -362,6 +409,7 @@ fn write_results(out: &Path, rows: &[Row], plots: bool) -> Result<(), AppError> 
             s.reached,
             opt(s.time_to_target, 6),
             opt(s.vs_ideal, 4),
+            s.bound,
             s.seconds_per_iteration,
             s.waste_seconds
         );
@@ -381,12 +429,82 @@ fn write_results(out: &Path, rows: &[Row], plots: bool) -> Result<(), AppError> 
     }
     write_atomically(&out.join("summary.csv"), csv.as_bytes())?;
     write_atomically(&out.join("summary.md"), md.as_bytes())?;
-    println!("\n{md}");
+    let table = pivot(&summary);
+    write_atomically(&out.join("table.md"), table.as_bytes())?;
+    println!("\n{md}\n{table}");
     println!("results in {}", out.display());
     if plots {
         draw(out, rows, &summary)?;
     }
     Ok(())
+}
+
+/// Per workload, a table of time to target relative to Ideal: a row per pattern, a column per
+/// scheme, the pattern's capacity bound and the best scheme.
+fn pivot(summary: &[Summary]) -> String {
+    let mut md = String::new();
+    let mut workloads: Vec<&str> = Vec::new();
+    for s in summary {
+        if !workloads.contains(&s.workload.as_str()) {
+            workloads.push(&s.workload);
+        }
+    }
+    for w in workloads {
+        let of: Vec<&Summary> = summary.iter().filter(|s| s.workload == w).collect();
+        let (mut patterns, mut schemes): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
+        for s in &of {
+            if !patterns.contains(&s.pattern.as_str()) {
+                patterns.push(&s.pattern);
+            }
+            if !schemes.contains(&s.scheme.as_str()) {
+                schemes.push(&s.scheme);
+            }
+        }
+        let ideal =
+            of.iter().find(|s| s.pattern == "ideal" && s.scheme == "bsp").and_then(|s| s.time_to_target);
+        let _ = writeln!(
+            md,
+            "{w}: time to target / Ideal's ({}), median over seeds (- : not every seed reached it)\n",
+            opt(ideal, 3).to_string() + " s"
+        );
+        let _ = writeln!(md, "| pattern | bound | {} | best |", schemes.join(" | "));
+        let _ = writeln!(md, "|---|---|{}---|", "---|".repeat(schemes.len()));
+        for p in &patterns {
+            let cell =
+                |sc: &str| of.iter().find(|s| s.pattern == *p && s.scheme == sc).and_then(|s| s.vs_ideal);
+            let best = schemes
+                .iter()
+                .filter_map(|&sc| cell(sc).map(|v| (sc, v)))
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+                .map_or("-".to_string(), |(sc, v)| format!("{sc} {v:.2}"));
+            let bound = of.iter().find(|s| s.pattern == *p).map_or(1.0, |s| s.bound);
+            let cells: Vec<String> = schemes.iter().map(|&sc| opt(cell(sc), 2)).collect();
+            let _ = writeln!(md, "| {p} | {bound:.2} | {} | {best} |", cells.join(" | "));
+        }
+        md.push('\n');
+        // LB-BSP's predictors side by side: how far each iteration's predicted speed was from
+        // the measured one.
+        let lb: Vec<&str> = schemes.iter().copied().filter(|s| s.starts_with("lb-bsp")).collect();
+        if !lb.is_empty() {
+            let _ =
+                writeln!(md, "{w}: LB-BSP speed prediction error, mean |predicted - measured| / measured\n");
+            let _ = writeln!(md, "| pattern | {} |", lb.join(" | "));
+            let _ = writeln!(md, "|---|{}", "---|".repeat(lb.len()));
+            for p in &patterns {
+                let cells: Vec<String> = lb
+                    .iter()
+                    .map(|&sc| {
+                        of.iter()
+                            .find(|s| s.pattern == *p && s.scheme == sc)
+                            .map_or("-".into(), |s| format!("{:.3}", s.prediction_error))
+                    })
+                    .collect();
+                let _ = writeln!(md, "| {p} | {} |", cells.join(" | "));
+            }
+            md.push('\n');
+        }
+    }
+    md
 }
 
 /// Per workload and pattern: time per iteration and waste per scheme (bars), loss against wall

@@ -286,6 +286,13 @@ pub(crate) struct Resolved {
     straggler: String,
 }
 
+impl Resolved {
+    /// Threads per rank, if set (else the rank's CPUs, decided when the rank starts).
+    pub(crate) fn threads(&self) -> Option<usize> {
+        (self.threads > 0).then_some(self.threads)
+    }
+}
+
 fn usage(s: impl Into<String>) -> AppError {
     AppError::Usage(s.into())
 }

@@ -520,6 +520,12 @@ fn experiment_writes_tables_and_plots() {
         }
     }
     assert!(out.join("runs/lr/ideal/bsp/seed-1/summary.json").exists());
+    // The pivot: a row per pattern with its capacity bound (2 ranks, one at half speed: 1 / 0.75).
+    let table = std::fs::read_to_string(out.join("table.md")).expect("table.md");
+    assert!(table.contains("| pattern | bound | bsp | bsp+steal | backup:1 | best |"), "{table}");
+    let row = table.lines().find(|l| l.starts_with("| persistent:rank=0,speed=0.5 |")).expect("pattern row");
+    assert!(row.starts_with("| persistent:rank=0,speed=0.5 | 1.33 |"), "{row}");
+    assert!(table.lines().any(|l| l.starts_with("| ideal | 1.00 | 1.00 |")), "{table}");
 }
 
 #[test]

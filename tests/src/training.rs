@@ -186,6 +186,17 @@ pub fn counted(
     inject: Injection,
     epochs: u64,
 ) -> Result<(Vec<f32>, Vec<String>), String> {
+    counted_with(t, scheme, inject, epochs, true)
+}
+
+/// [`counted`], taking chunks over only if `steal`.
+pub fn counted_with(
+    t: &Transport,
+    scheme: Scheme,
+    inject: Injection,
+    epochs: u64,
+    steal: bool,
+) -> Result<(Vec<f32>, Vec<String>), String> {
     let rows = 997;
     let model = Counting { rows, per_row: Duration::from_micros(20) };
     let cfg = Config {
@@ -196,6 +207,7 @@ pub fn counted(
         threads: 2,
         inject,
         keep_params: true,
+        steal,
         ..Config::default()
     };
     let pool = RankPool::new(2, slot(t), Pinning::Off).map_err(|e| e.to_string())?;

@@ -9,8 +9,8 @@ use peregrine_core::plan::Plan;
 use peregrine_core::Scheme;
 use peregrine_kernels::data::gen::{self, DenseSpec, RatingsSpec, SparseSpec};
 use peregrine_tests::training::{
-    counted, distance, exactly_once, exactly_once_elastic, final_params, final_params_with, injected,
-    BSP_TOLERANCE,
+    counted, counted_with, distance, exactly_once, exactly_once_elastic, final_params, final_params_with,
+    injected, BSP_TOLERANCE,
 };
 use peregrine_transport::run_local;
 
@@ -20,16 +20,21 @@ fn check_exactly_once(scheme: Scheme) {
             let reports = run_local(world, |t| exactly_once(&t, scheme, threads, 3)).expect("world");
             let reports: Vec<_> = reports.into_iter().map(|r| r.unwrap_or_else(|e| panic!("{e}"))).collect();
             let taken: u64 = reports[0].per_rank.iter().map(|r| r.taken).sum();
+            let cloned: u64 = reports[0].per_rank.iter().map(|r| r.cloned).sum();
             let own: u64 = reports[0].per_rank.iter().map(|r| r.own).sum();
             let plan = Plan::new(997, 200, world, 7, 11).expect("plan");
             let chunks: u64 = (0..3 * plan.iters_per_epoch())
                 .flat_map(|t| (0..world).map(move |r| (t, r)))
                 .map(|(t, r)| u64::from(plan.chunks(t, r)))
                 .sum();
-            assert_eq!(own + taken, chunks, "{scheme}, {world} ranks x {threads}: chunks counted");
+            // Each chunk's result applied once: by its owner, a thief, or a copy that won.
+            assert_eq!(own + taken + cloned, chunks, "{scheme}, {world} ranks x {threads}: chunks counted");
             if world > 1 {
-                // Rank 0 runs at a fifth of its speed: the others must have taken chunks over.
+                // Rank 0 runs at a fifth of its speed: the others must have taken chunks over
+                // (or, speculating, copied and won some).
                 assert!(taken > 0, "{scheme}, {world} ranks x {threads}: nothing taken over");
+            } else {
+                assert_eq!(cloned + reports[0].per_rank[0].discarded, 0, "one rank copied chunks");
             }
         }
     }
@@ -218,6 +223,84 @@ fn dynamic_backup_workers_leave_out_the_slow_rank() {
 #[test]
 fn every_chunk_once_under_falcon() {
     check_exactly_once(Scheme::Falcon);
+}
+
+#[test]
+fn every_chunk_once_under_falcon_slack() {
+    check_exactly_once(Scheme::FalconSlack(2));
+}
+
+#[test]
+fn every_chunk_once_under_flexrr() {
+    check_exactly_once(Scheme::FlexRr(2));
+}
+
+#[test]
+fn every_chunk_once_under_speculative_execution() {
+    check_exactly_once(Scheme::Speculative);
+}
+
+#[test]
+fn flexrr_reassigns_before_running_out_of_work() {
+    // Rank 0 at a fifth of its speed: its helper takes chunks over after its own chunks, not only
+    // once idle, and the metrics say so.
+    let slow = peregrine_tests::training::slowed(0, 0.2);
+    let out: Vec<_> = run_local(2, |t| counted(&t, Scheme::FlexRr(2), slow.clone(), 2))
+        .expect("world")
+        .into_iter()
+        .map(|r| r.expect("rank"))
+        .collect();
+    for (params, _) in &out {
+        assert!(params.iter().all(|&c| c == 2.0), "a row not computed once per epoch");
+    }
+    let sum =
+        |r: usize, f: &str| -> u64 { out[r].1.iter().map(|l| field(l, f).parse::<u64>().expect(f)).sum() };
+    assert!(sum(1, "reassigned") > 0, "rank 1 reassigned nothing from the slow rank");
+    assert!(sum(1, "reassigned") <= sum(1, "taken"));
+    assert_eq!(sum(0, "cloned") + sum(1, "cloned"), 0);
+}
+
+#[test]
+fn speculative_copies_of_a_slow_ranks_chunks_win() {
+    // Without taking over, rank 0 at a fifth of its speed: rank 1's idle threads copy the chunks
+    // rank 0 is running, win most races (a copy takes a fifth of the time) and rank 0 drops its
+    // results; every row still counts once per epoch.
+    let slow = peregrine_tests::training::slowed(0, 0.2);
+    let out: Vec<_> = run_local(2, |t| counted_with(&t, Scheme::Speculative, slow.clone(), 2, false))
+        .expect("world")
+        .into_iter()
+        .map(|r| r.expect("rank"))
+        .collect();
+    for (params, _) in &out {
+        assert!(params.iter().all(|&c| c == 2.0), "a row not applied once per epoch");
+    }
+    let sum =
+        |r: usize, f: &str| -> u64 { out[r].1.iter().map(|l| field(l, f).parse::<u64>().expect(f)).sum() };
+    let (won, lost) = (sum(1, "cloned"), sum(0, "discarded"));
+    assert!(won > 0 && lost > 0, "copies won {won}, rank 0 dropped {lost}");
+    assert_eq!(sum(0, "taken") + sum(1, "taken"), 0, "chunks taken over with stealing off");
+    assert_eq!(sum(0, "cloned"), 0, "the slow rank copied the fast one's chunks");
+    // Rank 0's own chunks plus the copies that beat it: all of rank 0's chunks.
+    let plan = Plan::new(997, 200, 2, 7, 1).expect("plan");
+    let mine: u64 = (0..2 * plan.iters_per_epoch()).map(|t| u64::from(plan.chunks(t, 0))).sum();
+    assert_eq!(sum(0, "own") + won, mine);
+}
+
+#[test]
+fn speculative_execution_gives_the_bsp_model() {
+    // Copies of a chunk compute the same result from the same parameters and only one is
+    // applied: the model is BSP's, however many copies ran (rank 0 at half speed makes some).
+    let data = sparse_data(&scratch("speculative"));
+    let make = || LogReg::new(&data, None, 0.5).expect("model");
+    let one = run_local(1, |t| final_params(&t, &make(), 30)).expect("world").remove(0).expect("1 rank");
+    for (r, p) in run_local(3, |t| final_params_with(&t, &make(), 30, Scheme::Speculative))
+        .expect("world")
+        .into_iter()
+        .enumerate()
+    {
+        let d = distance(&p.unwrap_or_else(|e| panic!("rank {r}: {e}")), &one);
+        assert!(d <= BSP_TOLERANCE, "speculative on 3 ranks vs BSP on 1: {d:e}");
+    }
 }
 
 #[test]

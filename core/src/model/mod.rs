@@ -159,9 +159,14 @@ impl Delta {
 
     /// Adds another update.
     pub fn merge(&mut self, other: &Delta) {
+        self.add_scaled(other, 1.0);
+    }
+
+    /// Adds `s` times another update.
+    pub fn add_scaled(&mut self, other: &Delta, s: f32) {
         for &k in other.keys.keys() {
             let r = self.layout.range(k);
-            self.add(k, 1.0, &other.values[r]);
+            self.add(k, s, &other.values[r]);
         }
     }
 

@@ -1,8 +1,9 @@
 //! SPMD program: the training engine's checks (`peregrine_tests::training`) on every rank.
 //!
 //! `training exactly-once [--backend local|mpi] [--ranks N] [--threads T]`: every chunk computed
-//! exactly once under BSP, SSP(2) and ASP, with rank 0 slowed down, and with the active thread
-//! count changing between iterations.
+//! exactly once under BSP, SSP(2), ASP, Falcon, FlexRR and speculative execution (copies of a
+//! chunk race, one result is applied), with rank 0 slowed down, and with the active thread count
+//! changing between iterations.
 //! `training params --data FILE --out FILE [--backend ...] [--ranks N]`: BSP logistic regression
 //! on FILE; rank 0 writes the final parameters, one per line, to `--out`.
 
@@ -42,14 +43,14 @@ fn main() -> ExitCode {
     }
     let body = |t: Transport| -> bool {
         let result = match mode.as_str() {
-            "exactly-once" => [Scheme::Bsp, Scheme::Ssp(2), Scheme::Asp, Scheme::Falcon]
+            "exactly-once" => [Scheme::Bsp, Scheme::Ssp(2), Scheme::Asp, Scheme::Falcon, Scheme::FlexRr(2), Scheme::Speculative]
                 .into_iter()
                 .try_fold(0, |all, s| {
                 let r = exactly_once(&t, s, threads, 3)?;
-                let taken: u64 = r.per_rank.iter().map(|p| p.taken).sum();
+                let taken: u64 = r.per_rank.iter().map(|p| p.taken + p.cloned).sum();
                 if t.rank() == 0 {
                     println!(
-                        "training {s}: every chunk computed exactly once, {} ranks x {threads} threads, {taken} taken over ({})",
+                        "training {s}: every chunk computed exactly once, {} ranks x {threads} threads, {taken} taken over or copied ({})",
                         t.world_size(),
                         t.backend()
                     );
