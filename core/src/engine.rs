@@ -501,6 +501,26 @@ impl Claims {
     }
 }
 
+/// Checks what [`train`] would refuse in `cfg` for a world of `world` ranks, before anything is
+/// started or written.
+pub fn check(cfg: &Config, world: usize) -> Result<(), TrainError> {
+    if cfg.threads == 0 || cfg.grain == 0 || !(cfg.steal_fraction > 0.0 && cfg.steal_fraction <= 1.0) {
+        return Err(TrainError::Config(format!(
+            "threads ({}) and grain ({}) must be at least 1 and the steal fraction ({}) in (0, 1]",
+            cfg.threads, cfg.grain, cfg.steal_fraction
+        )));
+    }
+    if let Pattern::Persistent { ranks, .. } = &cfg.inject.pattern {
+        if let Some(r) = ranks.iter().find(|&&r| r >= world) {
+            return Err(TrainError::Config(format!(
+                "straggler pattern {}: rank {r} does not exist in a world of {}",
+                cfg.inject.pattern, world
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Trains `model` on this rank (collective: every rank calls it with the same model and
 /// configuration). `metrics`, if given, receives one JSON line per iteration; `progress` is called
 /// on rank 0 after every iteration.
@@ -514,21 +534,7 @@ pub fn train<M: Model>(
 ) -> Result<Report, TrainError> {
     let plan = Plan::new(model.rows(), cfg.batch, t.world_size(), cfg.chunk, cfg.seed)
         .map_err(TrainError::Config)?;
-    if cfg.threads == 0 || cfg.grain == 0 || !(cfg.steal_fraction > 0.0 && cfg.steal_fraction <= 1.0) {
-        return Err(TrainError::Config(format!(
-            "threads ({}) and grain ({}) must be at least 1 and the steal fraction ({}) in (0, 1]",
-            cfg.threads, cfg.grain, cfg.steal_fraction
-        )));
-    }
-    if let Pattern::Persistent { ranks, .. } = &cfg.inject.pattern {
-        if let Some(r) = ranks.iter().find(|&&r| r >= t.world_size()) {
-            return Err(TrainError::Config(format!(
-                "straggler pattern {}: rank {r} does not exist in a world of {}",
-                cfg.inject.pattern,
-                t.world_size()
-            )));
-        }
-    }
+    check(cfg, t.world_size())?;
     pool.set_active(cfg.threads);
     let layout = model.layout();
     let map = ShardMap::balanced(layout.params, t.world_size());

@@ -509,6 +509,8 @@ fn go<M: Model>(
         lr_decay: r.lr_decay,
         ..Config::default()
     };
+    // Refused configurations leave no run directory behind.
+    peregrine_core::engine::check(&cfg, t.world_size()).map_err(train_err)?;
     let metrics_dir = dir.join("metrics");
     std::fs::create_dir_all(&metrics_dir).map_err(io(format!("creating {}", metrics_dir.display())))?;
     if t.rank() == 0 {

@@ -358,11 +358,15 @@ fn train_bad_input_is_a_clear_error() {
             "cannot be used with",
         ),
     ];
+    let d = scratch("train-bad-cwd");
     for (args, code, what) in cases {
-        let out = peregrine(args);
+        let out =
+            Command::new(env!("CARGO_BIN_EXE_peregrine")).args(*args).current_dir(&d).output().expect("run");
         let (_, stderr) = text(&out);
         assert_eq!(out.status.code(), Some(*code), "{args:?}: {stderr}");
         assert!(stderr.contains(what), "{args:?}: expected `{what}` in {stderr}");
+        // Refused before anything is written: no run directory.
+        assert!(!d.join("runs").exists(), "{args:?} left a run directory");
     }
 }
 
