@@ -438,6 +438,11 @@ struct Run<'a, M: Model> {
     cloning: Mutex<Vec<(usize, u32)>>,
 }
 
+/// Speculative execution copies chunks only of ranks whose chunk rate is below this fraction of
+/// the copying rank's (LATE's "slow task" threshold in spirit: speculate on the slow, not on
+/// everyone still running).
+const SPECULATE_BELOW: f64 = 0.75;
+
 /// Speculative execution's claim bitmap: per rank, one bit per chunk of its current iteration,
 /// 48 chunks to a `u64` word whose top 16 bits are the iteration's tag. A chunk's result is
 /// applied only by whoever sets its bit (a compare-and-swap), so exactly once however many copies
@@ -642,6 +647,7 @@ impl<M: Model> Run<'_, M> {
         self.pool.bind_memory(&mut replica);
         // LB-BSP: this rank's speed history.
         let mut last_prediction = 0.0;
+        let mut loads = crate::lbbsp::Loads::default();
         let mut history = match cfg.scheme {
             Scheme::LbBsp(p) => Some(crate::lbbsp::History::new(p)),
             _ => None,
@@ -810,7 +816,7 @@ impl<M: Model> Run<'_, M> {
                 // rows (all its chunks went to others) learned nothing: its prediction stands.
                 let busy = self.iter_busy.load(Ordering::Relaxed) as f64 * 1e-9;
                 if rec.rows > 0 && busy > 0.0 {
-                    let (cpu, mem) = crate::lbbsp::loads();
+                    let (cpu, mem) = loads.get();
                     rec.speed = rec.rows as f64 * self.pool.active() as f64 / busy;
                     if last_prediction > 0.0 {
                         totals.prediction_error += (last_prediction - rec.speed).abs() / rec.speed;
@@ -979,11 +985,19 @@ impl<M: Model> Run<'_, M> {
             let Some(r) = self.queues.take_own(self.cfg.grain)? else { break };
             let start = self.own.lock().expect("own chunks").start;
             if let Some(claims) = &self.claims {
-                // Every chunk is a copy that may lose to a clone.
                 for c in r.clone() {
                     let rows = self.plan.global_chunk_rows(it, start + c as usize);
-                    if self.speculate(claims, (self.rank, tag, c), rows, replica, slot)? {
+                    if self.copyable()? {
+                        // A slow rank's chunk is one copy of it, which may lose to another.
+                        if self.speculate(claims, (self.rank, tag, c), rows, replica, slot)? {
+                            slot.own += 1;
+                        }
+                    } else if claims.claim(self.rank, tag, c)? {
+                        // On time: claimed before computing, so nobody copies it, and its result
+                        // goes straight into the thread's buffers (no per-chunk copy to drain).
+                        self.run_chunk(rows, replica, slot);
                         slot.own += 1;
+                        self.clocks.done(self.rank, 1)?;
                     }
                 }
             } else {
@@ -1132,6 +1146,20 @@ impl<M: Model> Run<'_, M> {
         }
     }
 
+    /// Speculative execution: whether this rank's chunks may be copied by others now, i.e. its
+    /// published chunk rate is below [`SPECULATE_BELOW`] times the fastest other rank's (the
+    /// rule copiers apply). Such a rank computes each chunk as a copy that claims it at the end;
+    /// others claim theirs before computing.
+    fn copyable(&self) -> Result<bool, TrainError> {
+        let rate = |r: usize| -> Result<f64, TrainError> { Ok(f64::from_bits(self.rates.fetch_add(r, 0)?)) };
+        let mine = rate(self.rank)?;
+        let mut fastest = 0.0f64;
+        for v in (0..self.world).filter(|&v| v != self.rank) {
+            fastest = fastest.max(rate(v)?);
+        }
+        Ok(mine > 0.0 && mine < SPECULATE_BELOW * fastest)
+    }
+
     /// Speculative execution: whether to copy chunks of late ranks now (`waited` long enough,
     /// and some chunk to copy).
     fn clone_due(&self, tag: u16, waited: bool) -> Result<bool, TrainError> {
@@ -1143,10 +1171,20 @@ impl<M: Model> Run<'_, M> {
 
     /// A chunk running on another rank in the iteration tagged `tag` (handed to its threads and
     /// not claimed yet) that no thread of this rank is copying; marked as being copied if `mark`.
+    /// Only chunks of ranks slower than [`SPECULATE_BELOW`] times this rank's published chunk
+    /// rate are copied: a copy of an on-time rank's chunk mostly loses, and a copy in real compute
+    /// cannot be cut short, so it delays this rank's push (and on-time ranks claim their chunks
+    /// before computing them, see [`Self::copyable`]).
     fn pick_clone(&self, claims: &Claims, tag: u16, mark: bool) -> Result<Option<(usize, u32)>, TrainError> {
+        let rate = |r: usize| -> Result<f64, TrainError> { Ok(f64::from_bits(self.rates.fetch_add(r, 0)?)) };
+        let mine = rate(self.rank)?;
         for v in (0..self.world).filter(|&v| v != self.rank) {
             let (g, head, _) = self.queues.peek(v)?;
             if g != tag {
+                continue;
+            }
+            let theirs = rate(v)?;
+            if theirs <= 0.0 || theirs >= SPECULATE_BELOW * mine {
                 continue;
             }
             for c in 0..head {
@@ -1221,7 +1259,7 @@ impl<M: Model> Run<'_, M> {
         }
         self.iter_busy.fetch_add(c0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let n = self.iter_chunks.fetch_add(1, Ordering::Relaxed) + 1;
-        if self.cfg.scheme.is_falcon() {
+        if self.cfg.scheme.is_falcon() || self.claims.is_some() {
             // Publish this iteration's completion rate (a failed swap just skips one update).
             let since = self.iter_start.lock().map(|s| s.elapsed()).unwrap_or_default();
             let rate = n as f64 / since.as_secs_f64().max(1e-9);

@@ -131,6 +131,28 @@ impl History {
     }
 }
 
+/// The node's loads, read again at most every 200 ms: reading /proc/meminfo costs tens of
+/// microseconds, a noticeable share of a short iteration, and a 1-minute load average does not
+/// move faster.
+#[derive(Debug, Default)]
+pub struct Loads {
+    last: Option<(std::time::Instant, (f64, f64))>,
+}
+
+impl Loads {
+    /// `(cpu, memory)` as [`loads`] reads them, at most 200 ms old.
+    pub fn get(&mut self) -> (f64, f64) {
+        match self.last {
+            Some((at, v)) if at.elapsed() < std::time::Duration::from_millis(200) => v,
+            _ => {
+                let v = loads();
+                self.last = Some((std::time::Instant::now(), v));
+                v
+            }
+        }
+    }
+}
+
 /// The node's CPU load (1-minute load average per CPU) and memory load (1 - available/total),
 /// from /proc (0 where unavailable).
 pub fn loads() -> (f64, f64) {
