@@ -58,7 +58,7 @@ pub enum Scheme {
     FlexRr(u64),
     /// Speculative execution (task cloning) over BSP: once a rank has done its chunks and waited
     /// as long as one of its chunks takes, its idle threads also compute chunks still running on
-    /// ranks slower than 3/4 of its chunk rate; whichever copy finishes first claims the chunk in
+    /// ranks slower than 0.6 of its chunk rate; whichever copy finishes first claims the chunk in
     /// a window bitmap and only its result is applied (the other copy is dropped, an injected
     /// delay of the late copy cut short). Ranks that are not slow claim their chunks before
     /// computing them, so they pay nothing for copies. With `+steal` queued chunks are taken

@@ -76,8 +76,10 @@ pub struct TrainArgs {
     /// Synchronization: bsp, asp, ssp:<staleness>, dynsgd[:<staleness>] (SSP/ASP with updates
     /// scaled by 1 / (1 + staleness)), backup:<b> (each iteration applies the first N - b updates),
     /// backup-dynamic (b chosen per iteration from compute times), lb-bsp[:arx|:ma] (batch shares
-    /// by predicted speed), falcon (EPSP, enforced: BSP with straggler projection, task transfer
-    /// and elastic threads) [default: bsp].
+    /// by predicted speed), speculative (BSP with copies of slow ranks' running chunks, the first
+    /// result applied), flexrr[:<staleness>] (SSP with rapid reassignment in helper groups),
+    /// falcon (EPSP, enforced: BSP with straggler projection, task transfer and elastic threads),
+    /// falcon:slack[:<staleness>] (EPSP over SSP) [default: bsp].
     #[arg(long, value_name = "SCHEME")]
     scheme: Option<String>,
     /// Learning rate [default: lr 2.0, softmax 0.5, mf 0.01, mlp 0.2].

@@ -121,7 +121,19 @@ mod mpi {
         let d = super::scratch("train-mpi");
         let data = super::train_data(&d);
         let run = d.join("run");
-        for scheme in ["bsp", "ssp:1", "asp", "dynsgd:2", "backup:1", "backup-dynamic", "lb-bsp", "falcon"] {
+        for scheme in [
+            "bsp",
+            "ssp:1",
+            "asp",
+            "dynsgd:2",
+            "backup:1",
+            "backup-dynamic",
+            "lb-bsp",
+            "speculative",
+            "flexrr:1",
+            "falcon",
+            "falcon:slack:1",
+        ] {
             let out = mpirun_n(
                 2,
                 exe(),

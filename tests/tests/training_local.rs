@@ -286,37 +286,30 @@ fn speculative_copies_of_a_slow_ranks_chunks_win() {
     assert_eq!(sum(0, "own") + won, mine);
 }
 
+/// LR on 3 ranks (rank 0 at half speed) under `scheme` against BSP on 1 rank: the same model.
+fn gives_the_bsp_model(scheme: Scheme) {
+    let data = sparse_data(&scratch(&scheme.to_string().replace(':', "-")));
+    let make = || LogReg::new(&data, None, 0.5).expect("model");
+    let one = run_local(1, |t| final_params(&t, &make(), 30)).expect("world").remove(0).expect("1 rank");
+    for (r, p) in
+        run_local(3, |t| final_params_with(&t, &make(), 30, scheme)).expect("world").into_iter().enumerate()
+    {
+        let d = distance(&p.unwrap_or_else(|e| panic!("rank {r}: {e}")), &one);
+        assert!(d <= BSP_TOLERANCE, "{scheme} on 3 ranks vs BSP on 1: {d:e}");
+    }
+}
+
 #[test]
 fn speculative_execution_gives_the_bsp_model() {
     // Copies of a chunk compute the same result from the same parameters and only one is
-    // applied: the model is BSP's, however many copies ran (rank 0 at half speed makes some).
-    let data = sparse_data(&scratch("speculative"));
-    let make = || LogReg::new(&data, None, 0.5).expect("model");
-    let one = run_local(1, |t| final_params(&t, &make(), 30)).expect("world").remove(0).expect("1 rank");
-    for (r, p) in run_local(3, |t| final_params_with(&t, &make(), 30, Scheme::Speculative))
-        .expect("world")
-        .into_iter()
-        .enumerate()
-    {
-        let d = distance(&p.unwrap_or_else(|e| panic!("rank {r}: {e}")), &one);
-        assert!(d <= BSP_TOLERANCE, "speculative on 3 ranks vs BSP on 1: {d:e}");
-    }
+    // applied: the model is BSP's, however many copies ran.
+    gives_the_bsp_model(Scheme::Speculative);
 }
 
 #[test]
 fn falcon_enforced_gives_the_bsp_model() {
     // Enforced synchronization keeps BSP's semantics: projection and transfer only move chunks.
-    let data = sparse_data(&scratch("falcon"));
-    let make = || LogReg::new(&data, None, 0.5).expect("model");
-    let one = run_local(1, |t| final_params(&t, &make(), 30)).expect("world").remove(0).expect("1 rank");
-    for (r, p) in run_local(3, |t| final_params_with(&t, &make(), 30, Scheme::Falcon))
-        .expect("world")
-        .into_iter()
-        .enumerate()
-    {
-        let d = distance(&p.unwrap_or_else(|e| panic!("rank {r}: {e}")), &one);
-        assert!(d <= BSP_TOLERANCE, "falcon on 3 ranks vs BSP on 1: {d:e}");
-    }
+    gives_the_bsp_model(Scheme::Falcon);
 }
 
 fn check_lb_bsp(p: peregrine_core::lbbsp::Predictor) {
