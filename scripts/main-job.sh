@@ -56,6 +56,5 @@ for r in "${runs[@]}"; do
 done
 
 step "time to training loss 0.40, 2 ranks, rank 0 at half speed (runs in $out/runs)"
-echo "(no scheme can beat 1.33x Ideal here: the slow rank leaves 3/4 of Ideal's compute capacity)"
 printf '%-28s %12s %9s %10s %8s\n' "run" "seconds" "vs ideal" "wait s" "taken"
 printf '%s\n' "${table[@]}"
