@@ -331,14 +331,26 @@ fn summarize(rows: &[Row]) -> Vec<Summary> {
         let m = if reached.len() == g.len() { median(reached.clone()) } else { None };
         (g.len(), reached.len(), m)
     };
+    // Relative to Ideal on the same seed, then the median: seeds differ in data order, and so in
+    // how many iterations the target takes (1.85x between seeds of the same scheme here), far
+    // more than schemes differ; on one seed, the BSP-like schemes follow the same trajectory.
+    let vs_ideal = |w: &str, p: &str, s: &str| -> Option<f64> {
+        let mut ratios = Vec::new();
+        for r in rows.iter().filter(|r| r.workload == w && r.pattern == p && r.scheme == s) {
+            let ideal = rows
+                .iter()
+                .find(|i| i.workload == w && i.pattern == "ideal" && i.scheme == "bsp" && i.seed == r.seed)?;
+            ratios.push(r.time_to_target? / ideal.time_to_target?);
+        }
+        median(ratios)
+    };
     groups
         .into_iter()
         .map(|(w, p, s)| {
             let (seeds, reached, t) = ttt(&w, &p, &s);
-            let ideal = ttt(&w, "ideal", "bsp").2;
             let g = || rows.iter().filter(|r| r.workload == w && r.pattern == p && r.scheme == s);
             Summary {
-                vs_ideal: t.zip(ideal).map(|(a, b)| a / b),
+                vs_ideal: vs_ideal(&w, &p, &s),
                 time_to_target: t,
                 seconds_per_iteration: median(g().map(|r| r.seconds_per_iteration).collect())
                     .unwrap_or(f64::NAN),
@@ -429,6 +441,13 @@ fn write_results(out: &Path, rows: &[Row], plots: bool) -> Result<(), AppError> 
     }
     write_atomically(&out.join("summary.csv"), csv.as_bytes())?;
     write_atomically(&out.join("summary.md"), md.as_bytes())?;
+    for s in summary.iter().filter(|s| s.pattern == "ideal" && s.scheme == "bsp" && s.reached < s.seeds) {
+        eprintln!(
+            "warning: workload `{}`: Ideal (bsp, no straggler) reached its target loss in {} of {} seeds; \
+             ratios against it are missing (lower target-loss or train longer)",
+            s.workload, s.reached, s.seeds
+        );
+    }
     let table = pivot(&summary);
     write_atomically(&out.join("table.md"), table.as_bytes())?;
     println!("\n{md}\n{table}");
@@ -464,7 +483,7 @@ fn pivot(summary: &[Summary]) -> String {
             of.iter().find(|s| s.pattern == "ideal" && s.scheme == "bsp").and_then(|s| s.time_to_target);
         let _ = writeln!(
             md,
-            "{w}: time to target / Ideal's ({}), median over seeds (- : not every seed reached it)\n",
+            "{w}: time to target / Ideal's on the same seed, median over seeds (Ideal's median: {}; - : not every seed reached it)\n",
             opt(ideal, 3).to_string() + " s"
         );
         let _ = writeln!(md, "| pattern | bound | {} | best |", schemes.join(" | "));

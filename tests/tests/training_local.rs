@@ -240,21 +240,27 @@ fn every_chunk_once_under_speculative_execution() {
     check_exactly_once(Scheme::Speculative);
 }
 
-#[test]
-fn flexrr_reassigns_before_running_out_of_work() {
-    // Rank 0 at a fifth of its speed: its helper takes chunks over after its own chunks, not only
-    // once idle, and the metrics say so.
+/// Two counting ranks over 2 epochs under `scheme`, rank 0 at a fifth of its speed, taking over
+/// if `steal`: after checking every row was applied once per epoch, a function summing a metrics
+/// field over one rank's iterations.
+fn two_ranks_rank0_slowed(scheme: Scheme, steal: bool) -> impl Fn(usize, &str) -> u64 {
     let slow = peregrine_tests::training::slowed(0, 0.2);
-    let out: Vec<_> = run_local(2, |t| counted(&t, Scheme::FlexRr(2), slow.clone(), 2))
+    let out: Vec<_> = run_local(2, |t| counted_with(&t, scheme, slow.clone(), 2, steal))
         .expect("world")
         .into_iter()
         .map(|r| r.expect("rank"))
         .collect();
     for (params, _) in &out {
-        assert!(params.iter().all(|&c| c == 2.0), "a row not computed once per epoch");
+        assert!(params.iter().all(|&c| c == 2.0), "{scheme}: a row not applied once per epoch");
     }
-    let sum =
-        |r: usize, f: &str| -> u64 { out[r].1.iter().map(|l| field(l, f).parse::<u64>().expect(f)).sum() };
+    move |r, f| out[r].1.iter().map(|l| field(l, f).parse::<u64>().expect(f)).sum()
+}
+
+#[test]
+fn flexrr_reassigns_before_running_out_of_work() {
+    // The slow rank's helper takes chunks over after its own chunks, not only once idle, and the
+    // metrics say so.
+    let sum = two_ranks_rank0_slowed(Scheme::FlexRr(2), true);
     assert!(sum(1, "reassigned") > 0, "rank 1 reassigned nothing from the slow rank");
     assert!(sum(1, "reassigned") <= sum(1, "taken"));
     assert_eq!(sum(0, "cloned") + sum(1, "cloned"), 0);
@@ -262,20 +268,9 @@ fn flexrr_reassigns_before_running_out_of_work() {
 
 #[test]
 fn speculative_copies_of_a_slow_ranks_chunks_win() {
-    // Without taking over, rank 0 at a fifth of its speed: rank 1's idle threads copy the chunks
-    // rank 0 is running, win most races (a copy takes a fifth of the time) and rank 0 drops its
-    // results; every row still counts once per epoch.
-    let slow = peregrine_tests::training::slowed(0, 0.2);
-    let out: Vec<_> = run_local(2, |t| counted_with(&t, Scheme::Speculative, slow.clone(), 2, false))
-        .expect("world")
-        .into_iter()
-        .map(|r| r.expect("rank"))
-        .collect();
-    for (params, _) in &out {
-        assert!(params.iter().all(|&c| c == 2.0), "a row not applied once per epoch");
-    }
-    let sum =
-        |r: usize, f: &str| -> u64 { out[r].1.iter().map(|l| field(l, f).parse::<u64>().expect(f)).sum() };
+    // Without taking over: rank 1's idle threads copy the chunks rank 0 is running, win most
+    // races (a copy takes a fifth of the time) and rank 0 drops its results.
+    let sum = two_ranks_rank0_slowed(Scheme::Speculative, false);
     let (won, lost) = (sum(1, "cloned"), sum(0, "discarded"));
     assert!(won > 0 && lost > 0, "copies won {won}, rank 0 dropped {lost}");
     assert_eq!(sum(0, "taken") + sum(1, "taken"), 0, "chunks taken over with stealing off");
