@@ -959,11 +959,20 @@ impl<M: Model> Run<'_, M> {
     /// Runs the active threads over this rank's queue (if `own`) and then over chunks taken from
     /// others (if stealing is on), until nothing is left to take.
     fn compute(&self, it: u64, replica: &[f32], own: bool) -> Result<(), TrainError> {
+        self.on_threads(|slot, failed| self.worker(it, replica, own, slot, failed))
+    }
+
+    /// Runs `job` on every active thread with its slot; the first error stops the others (they
+    /// see `failed` set) and is returned.
+    fn on_threads(
+        &self,
+        job: impl Fn(&mut Slot<M::Work>, &AtomicBool) -> Result<(), TrainError> + Sync,
+    ) -> Result<(), TrainError> {
         let failed = AtomicBool::new(false);
         let error = Mutex::new(None);
         self.pool.run(|w| {
             let mut slot = self.slots[w].lock().expect("a compute thread panicked");
-            if let Err(e) = self.worker(it, replica, own, &mut slot, &failed) {
+            if let Err(e) = job(&mut slot, &failed) {
                 failed.store(true, Ordering::Relaxed);
                 error.lock().expect("error slot").get_or_insert(e);
             }
@@ -1115,41 +1124,29 @@ impl<M: Model> Run<'_, M> {
     fn clone_chunks(&self, it: u64, replica: &[f32]) -> Result<(), TrainError> {
         let Some(claims) = &self.claims else { return Ok(()) };
         let tag = queue::tag(it);
-        let failed = AtomicBool::new(false);
-        let error = Mutex::new(None);
-        self.pool.run(|w| {
-            let mut slot = self.slots[w].lock().expect("a compute thread panicked");
-            let mut one = || -> Result<bool, TrainError> {
-                let Some((v, c)) = self.pick_clone(claims, tag, true)? else { return Ok(false) };
+        self.on_threads(|slot, failed| {
+            while !failed.load(Ordering::Relaxed) {
+                let Some((v, c)) = self.pick_clone(claims, tag, true)? else { return Ok(()) };
                 if claims.settled(v, tag, c)? {
                     // Done meanwhile: not worth pulling its parameters.
-                    return Ok(true);
+                    continue;
                 }
                 let rows = self.plan.chunk_rows(it, v, c);
                 let won =
-                    self.with_params(std::iter::once(rows.clone()), replica, &mut slot, |run, p, slot| {
+                    self.with_params(std::iter::once(rows.clone()), replica, slot, |run, p, slot| {
                         run.speculate(claims, (v, tag, c), rows, p, slot)
                     })?;
                 if won {
                     slot.cloned += 1;
                 }
-                Ok(true)
-            };
-            while !failed.load(Ordering::Relaxed) {
-                match one() {
-                    Ok(true) => {}
-                    Ok(false) => break,
-                    Err(e) => {
-                        failed.store(true, Ordering::Relaxed);
-                        error.lock().expect("error slot").get_or_insert(e);
-                    }
-                }
             }
-        });
-        match error.into_inner().expect("error slot") {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+            Ok(())
+        })
+    }
+
+    /// `r`'s published chunk rate in its current iteration (chunks per second; 0: none yet).
+    fn rate(&self, r: usize) -> Result<f64, TrainError> {
+        Ok(f64::from_bits(self.rates.fetch_add(r, 0)?))
     }
 
     /// Speculative execution: whether this rank's chunks may be copied by others now, i.e. its
@@ -1157,11 +1154,10 @@ impl<M: Model> Run<'_, M> {
     /// rule copiers apply). Such a rank computes each chunk as a copy that claims it at the end;
     /// others claim theirs before computing.
     fn copyable(&self) -> Result<bool, TrainError> {
-        let rate = |r: usize| -> Result<f64, TrainError> { Ok(f64::from_bits(self.rates.fetch_add(r, 0)?)) };
-        let mine = rate(self.rank)?;
+        let mine = self.rate(self.rank)?;
         let mut fastest = 0.0f64;
         for v in (0..self.world).filter(|&v| v != self.rank) {
-            fastest = fastest.max(rate(v)?);
+            fastest = fastest.max(self.rate(v)?);
         }
         Ok(mine > 0.0 && mine < SPECULATE_BELOW * fastest)
     }
@@ -1182,14 +1178,13 @@ impl<M: Model> Run<'_, M> {
     /// cannot be cut short, so it delays this rank's push (and on-time ranks claim their chunks
     /// before computing them, see [`Self::copyable`]).
     fn pick_clone(&self, claims: &Claims, tag: u16, mark: bool) -> Result<Option<(usize, u32)>, TrainError> {
-        let rate = |r: usize| -> Result<f64, TrainError> { Ok(f64::from_bits(self.rates.fetch_add(r, 0)?)) };
-        let mine = rate(self.rank)?;
+        let mine = self.rate(self.rank)?;
         for v in (0..self.world).filter(|&v| v != self.rank) {
             let (g, head, _) = self.queues.peek(v)?;
             if g != tag {
                 continue;
             }
-            let theirs = rate(v)?;
+            let theirs = self.rate(v)?;
             if theirs <= 0.0 || theirs >= SPECULATE_BELOW * mine {
                 continue;
             }
@@ -1313,7 +1308,6 @@ impl<M: Model> Run<'_, M> {
     fn take_over(&self, it: u64) -> Result<Option<(usize, u64, Range<u32>)>, TrainError> {
         let falcon = self.cfg.scheme.is_falcon();
         let flexrr = matches!(self.cfg.scheme, Scheme::FlexRr(_));
-        let rate = |r: usize| -> Result<f64, TrainError> { Ok(f64::from_bits(self.rates.fetch_add(r, 0)?)) };
         loop {
             let mut best: Option<(usize, f64)> = None;
             for r in (0..self.world).filter(|&r| r != self.rank && (!flexrr || self.helps(r))) {
@@ -1325,7 +1319,7 @@ impl<M: Model> Run<'_, M> {
                 let left = f64::from(tl - h);
                 // Projected finish time (Falcon; an unknown rate counts as slowest), or what is left.
                 let score = if falcon {
-                    let v = rate(r)?;
+                    let v = self.rate(r)?;
                     if v > 0.0 {
                         left / v
                     } else {
@@ -1340,7 +1334,7 @@ impl<M: Model> Run<'_, M> {
             }
             let Some((victim, _)) = best else { return Ok(None) };
             let fraction = if falcon {
-                let (p, v) = (rate(self.rank)?, rate(victim)?);
+                let (p, v) = (self.rate(self.rank)?, self.rate(victim)?);
                 if p > 0.0 && v > 0.0 {
                     p / (p + v)
                 } else {

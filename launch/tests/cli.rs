@@ -1,10 +1,16 @@
 //! The `peregrine` binary as a user runs it: help, bad input, and the commands end to end (local
 //! threads always; `mpirun` when built with `--features mpi`).
 
+use std::path::Path;
 use std::process::{Command, Output};
 
 fn peregrine(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_peregrine")).args(args).output().expect("run peregrine")
+    peregrine_in(Path::new("."), args)
+}
+
+/// `peregrine` run in directory `dir` (where it would write `runs/`).
+fn peregrine_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_peregrine")).args(args).current_dir(dir).output().expect("run peregrine")
 }
 
 fn text(out: &Output) -> (String, String) {
@@ -372,8 +378,7 @@ fn train_bad_input_is_a_clear_error() {
     ];
     let d = scratch("train-bad-cwd");
     for (args, code, what) in cases {
-        let out =
-            Command::new(env!("CARGO_BIN_EXE_peregrine")).args(*args).current_dir(&d).output().expect("run");
+        let out = peregrine_in(&d, args);
         let (_, stderr) = text(&out);
         assert_eq!(out.status.code(), Some(*code), "{args:?}: {stderr}");
         assert!(stderr.contains(what), "{args:?}: expected `{what}` in {stderr}");
