@@ -41,5 +41,6 @@ cases! {
     fetch_add_tickets => "fetch-add-tickets",
     cas_election => "compare-and-swap-election",
     cas_spin_lock => "compare-and-swap-spin-lock",
+    swap_chain => "swap-chain-and-load",
     bad_use => "bad-use-is-an-error",
 }

@@ -76,6 +76,7 @@ pub const CASES: &[Case] = &[
     Case { name: "fetch-add-tickets", run: fetch_add_tickets },
     Case { name: "compare-and-swap-election", run: cas_election },
     Case { name: "compare-and-swap-spin-lock", run: cas_spin_lock },
+    Case { name: "swap-chain-and-load", run: swap_chain },
     Case { name: "bad-use-is-an-error", run: bad_use },
 ];
 
@@ -283,6 +284,37 @@ fn fetch_add_tickets(t: &Transport, p: &Params) -> Outcome {
     t.barrier()?;
     seen.free()?;
     counter.free()?;
+    Ok(())
+}
+
+/// Rounds of swaps: every rank `swap`s a value of its own into one word on rank 0; the previous
+/// values returned form a chain (each written value is returned to exactly one later swapper, but
+/// the last, which a `load` then reads), and `load` does not change the word.
+fn swap_chain(t: &Transport, p: &Params) -> Outcome {
+    let n = t.world_size();
+    let word: Window<u64> =
+        t.alloc_window("word", &ShardMap::from_lens((0..n).map(|r| usize::from(r == 0))))?;
+    for round in 0..p.election_rounds as u64 {
+        let start = u64::MAX - round;
+        if t.rank() == 0 {
+            word.swap(0, start)?;
+        }
+        t.barrier()?;
+        let mine = round * 1_000_000 + t.rank() as u64 + 1;
+        let mut prevs = vec![0u64; n];
+        prevs[t.rank()] = word.swap(0, mine)?;
+        t.allreduce(&mut prevs, ReduceOp::Sum)?;
+        let last = word.load(0)?;
+        ensure!(t, word.load(0)? == last, "round {round}: load changed the word");
+        let mut seen: Vec<u64> = prevs.iter().copied().chain(std::iter::once(last)).collect();
+        let mut want: Vec<u64> =
+            (0..n as u64).map(|r| round * 1_000_000 + r + 1).chain(std::iter::once(start)).collect();
+        seen.sort_unstable();
+        want.sort_unstable();
+        ensure!(t, seen == want, "round {round}: swaps returned {prevs:?} and left {last}");
+        t.barrier()?;
+    }
+    word.free()?;
     Ok(())
 }
 

@@ -72,6 +72,12 @@ pub trait Elem:
     /// value.
     #[doc(hidden)]
     fn atomic_compare_swap(a: &Self::Atomic, current: Self, new: Self) -> Self;
+    /// An atomic read ordered like the other atomics (acquire): what a one-sided atomic read sees.
+    #[doc(hidden)]
+    fn atomic_load_acquire(a: &Self::Atomic) -> Self;
+    /// Atomically replaces the value by `v`, returning the previous value.
+    #[doc(hidden)]
+    fn atomic_swap(a: &Self::Atomic, v: Self) -> Self;
 
     /// The MPI datatype of the element.
     #[cfg(feature = "mpi")]
@@ -125,6 +131,14 @@ macro_rules! float_elem {
                     Ok(prev) | Err(prev) => <$t>::from_bits(prev),
                 }
             }
+            #[inline]
+            fn atomic_load_acquire(a: &Self::Atomic) -> Self {
+                <$t>::from_bits(a.load(Ordering::Acquire))
+            }
+            #[inline]
+            fn atomic_swap(a: &Self::Atomic, v: Self) -> Self {
+                <$t>::from_bits(a.swap(v.to_bits(), Ordering::AcqRel))
+            }
             #[cfg(feature = "mpi")]
             #[inline]
             fn mpi_datatype() -> mpi::ffi::MPI_Datatype {
@@ -170,6 +184,14 @@ impl Elem for u64 {
         match a.compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire) {
             Ok(prev) | Err(prev) => prev,
         }
+    }
+    #[inline]
+    fn atomic_load_acquire(a: &Self::Atomic) -> Self {
+        a.load(Ordering::Acquire)
+    }
+    #[inline]
+    fn atomic_swap(a: &Self::Atomic, v: Self) -> Self {
+        a.swap(v, Ordering::AcqRel)
     }
     #[cfg(feature = "mpi")]
     #[inline]

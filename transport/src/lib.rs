@@ -525,6 +525,21 @@ impl<T: Elem> Drop for WriteScope<'_, '_, T> {
 }
 
 impl Window<u64> {
+    /// Atomically reads global element `index` (MPI: `MPI_Fetch_and_op` with `MPI_NO_OP`): the
+    /// read of a word that other ranks update atomically (a plain `get` racing with atomics is
+    /// undefined in MPI).
+    pub fn load(&self, index: usize) -> Result<u64> {
+        use WindowInner as Inner;
+        dispatch!(&self.inner, w => w.load(index))
+    }
+
+    /// Atomically stores `value` into global element `index` and returns the previous value
+    /// (MPI: `MPI_Fetch_and_op` with `MPI_REPLACE`).
+    pub fn swap(&self, index: usize, value: u64) -> Result<u64> {
+        use WindowInner as Inner;
+        dispatch!(&self.inner, w => w.swap(index, value))
+    }
+
     /// Atomically replaces global element `index` by `new` if it equals `current`; returns the
     /// previous value (the swap happened iff it equals `current`).
     pub fn compare_and_swap(&self, index: usize, current: u64, new: u64) -> Result<u64> {

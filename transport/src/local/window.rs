@@ -184,6 +184,20 @@ impl<T: Elem> LocalWindow<T> {
         Ok(T::atomic_fetch_add(&self.shards[target][offset], value))
     }
 
+    pub(crate) fn load(&self, index: usize) -> Result<T> {
+        let (target, offset) = self.map.owner(index).ok_or_else(|| self.out_of_range(index, 1))?;
+        self.apply(Some(target), true);
+        let _held = T::LOCKED_ADD.then(|| lock(&self.locks[target]));
+        Ok(T::atomic_load_acquire(&self.shards[target][offset]))
+    }
+
+    pub(crate) fn swap(&self, index: usize, value: T) -> Result<T> {
+        let (target, offset) = self.map.owner(index).ok_or_else(|| self.out_of_range(index, 1))?;
+        self.apply(Some(target), true);
+        let _held = T::LOCKED_ADD.then(|| lock(&self.locks[target]));
+        Ok(T::atomic_swap(&self.shards[target][offset], value))
+    }
+
     pub(crate) fn compare_and_swap(&self, index: usize, current: T, new: T) -> Result<T> {
         let (target, offset) = self.map.owner(index).ok_or_else(|| self.out_of_range(index, 1))?;
         self.apply(Some(target), true);

@@ -35,7 +35,6 @@ use mpi::Threading;
 
 use crate::{Elem, Error, ErrorKind, ReduceOp, Result, ShardMap, Targets, Touched};
 
-#[allow(dead_code)] // MPI_NO_OP and MPI_REPLACE are exported for get_accumulate-style users.
 extern "C" {
     fn peregrine_mpi_no_op() -> ffi::MPI_Op;
     fn peregrine_mpi_replace() -> ffi::MPI_Op;
@@ -547,6 +546,43 @@ impl<T: Elem> MpiWindow<T> {
         self.check("MPI_Fetch_and_op", rc)?;
         self.complete_local(Touched::one(target))?;
         Ok(result)
+    }
+
+    /// `MPI_Fetch_and_op` of `value` with `op` on element `index`: the previous value.
+    fn fetch_op(&self, index: usize, value: T, op: ffi::MPI_Op, call: &'static str) -> Result<T> {
+        let (target, offset) = self.locate(index, 1).ok_or_else(|| self.out_of_range(index, 1))?;
+        let mut result = T::default();
+        // SAFETY: live window; one element at a valid displacement of `target`'s shard; `value` and
+        // `result` outlive the local completion below; `op` is a predefined operation handle.
+        let rc = unsafe {
+            ffi::MPI_Fetch_and_op(
+                (&value as *const T).cast(),
+                (&mut result as *mut T).cast(),
+                T::mpi_datatype(),
+                target as c_int,
+                offset as ffi::MPI_Aint,
+                op,
+                self.win,
+            )
+        };
+        self.check(call, rc)?;
+        self.complete_local(Touched::one(target))?;
+        Ok(result)
+    }
+
+    /// Atomic read of element `index` (`MPI_Fetch_and_op` with `MPI_NO_OP`).
+    pub(crate) fn load(&self, index: usize) -> Result<T> {
+        // SAFETY: a constant handle returned by our shim.
+        let op = unsafe { peregrine_mpi_no_op() };
+        self.fetch_op(index, T::default(), op, "MPI_Fetch_and_op(MPI_NO_OP)")
+    }
+
+    /// Atomic store of `value` into element `index`, returning the previous value
+    /// (`MPI_Fetch_and_op` with `MPI_REPLACE`).
+    pub(crate) fn swap(&self, index: usize, value: T) -> Result<T> {
+        // SAFETY: a constant handle returned by our shim.
+        let op = unsafe { peregrine_mpi_replace() };
+        self.fetch_op(index, value, op, "MPI_Fetch_and_op(MPI_REPLACE)")
     }
 
     pub(crate) fn compare_and_swap(&self, index: usize, current: T, new: T) -> Result<T> {
