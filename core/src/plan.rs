@@ -13,6 +13,38 @@
 
 use std::ops::Range;
 
+/// Why a plan cannot be made.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlanError {
+    /// No training rows.
+    #[error("the training set has no rows")]
+    NoRows,
+    /// A count is zero.
+    #[error("batch ({batch}), ranks ({world}) and chunk ({chunk}) must be at least 1")]
+    Zero {
+        /// Batch rows.
+        batch: usize,
+        /// Ranks.
+        world: usize,
+        /// Chunk rows.
+        chunk: usize,
+    },
+    /// A rank's part of a batch does not fit a queue.
+    #[error(
+        "a rank's part of a batch of {batch} rows is {most} chunks of {chunk}; at most {} fit a queue: raise the chunk size",
+        crate::queue::MAX_CHUNKS
+    )]
+    TooManyChunks {
+        /// Batch rows.
+        batch: usize,
+        /// Chunks of the largest part.
+        most: usize,
+        /// Chunk rows.
+        chunk: usize,
+    },
+}
+
 /// The batch plan of a run.
 #[derive(Clone, Debug)]
 pub struct Plan {
@@ -29,21 +61,17 @@ impl Plan {
     ///
     /// # Errors
     /// If a count is zero or a rank's part would need more chunks than a queue holds.
-    pub fn new(rows: usize, batch: usize, world: usize, chunk: usize, seed: u64) -> Result<Self, String> {
+    pub fn new(rows: usize, batch: usize, world: usize, chunk: usize, seed: u64) -> Result<Self, PlanError> {
         if rows == 0 {
-            return Err("the training set has no rows".into());
+            return Err(PlanError::NoRows);
         }
         if batch == 0 || world == 0 || chunk == 0 {
-            return Err(format!("batch ({batch}), ranks ({world}) and chunk ({chunk}) must be at least 1"));
+            return Err(PlanError::Zero { batch, world, chunk });
         }
         let batch = batch.min(rows);
         let most = batch.div_ceil(chunk).div_ceil(world);
         if most > crate::queue::MAX_CHUNKS as usize {
-            return Err(format!(
-                "a rank's part of a batch of {batch} rows is {most} chunks of {chunk}; at most {} \
-                 fit a queue: raise the chunk size",
-                crate::queue::MAX_CHUNKS
-            ));
+            return Err(PlanError::TooManyChunks { batch, most, chunk });
         }
         Ok(Self { rows, batch, world, chunk, seed })
     }

@@ -8,30 +8,16 @@
 //! refilled queue for the one it looked at). Every change is a `compare_and_swap` of the whole word against the value last read, so each
 //! hand-out is one atomic step on the word and no chunk can be handed out twice (or lost): the
 //! owner advances `head`, a thief lowers `tail`, and whoever loses a race rereads and retries.
-//! Reads are `fetch_add(0)`: atomic with respect to the swaps, as MPI requires of accesses that
-//! race with atomics (a plain `get` would not be).
+//! Reads are atomic loads (`MPI_NO_OP`): atomic with respect to the swaps, as MPI requires of
+//! accesses that race with atomics (a plain `get` would not be). The word's layout is
+//! [`crate::words::Queue`].
 
 use std::ops::Range;
 
 use peregrine_transport::{Result, ShardMap, Transport, Window};
 
-/// Most chunks one queue can hold (24 bits).
-pub const MAX_CHUNKS: u32 = (1 << 24) - 1;
-const MASK: u64 = MAX_CHUNKS as u64;
-
-fn pack(tag: u16, head: u32, tail: u32) -> u64 {
-    debug_assert!(head <= MAX_CHUNKS && tail <= MAX_CHUNKS);
-    (u64::from(tag) << 48) | (u64::from(head) << 24) | u64::from(tail)
-}
-
-fn unpack(word: u64) -> (u16, u32, u32) {
-    ((word >> 48) as u16, ((word >> 24) & MASK) as u32, (word & MASK) as u32)
-}
-
-/// The tag of iteration `iteration`.
-pub fn tag(iteration: u64) -> u16 {
-    iteration as u16
-}
+use crate::words::Queue;
+pub use crate::words::{tag, MAX_CHUNKS};
 
 /// The chunk queues of all ranks. Shared by reference between a rank's threads.
 #[derive(Debug)]
@@ -53,15 +39,14 @@ impl ChunkQueues {
         self.world
     }
 
-    /// The current `(tag, head, tail)` of `rank`'s queue.
-    pub fn peek(&self, rank: usize) -> Result<(u16, u32, u32)> {
-        Ok(unpack(self.window.fetch_add(rank, 0)?))
+    /// The current word of `rank`'s queue.
+    pub fn peek(&self, rank: usize) -> Result<Queue> {
+        Ok(Queue::unpack(self.window.load(rank)?))
     }
 
     /// Chunks left in `rank`'s queue.
     pub fn remaining(&self, rank: usize) -> Result<u32> {
-        let (_, h, t) = self.peek(rank)?;
-        Ok(t.saturating_sub(h))
+        Ok(self.peek(rank)?.left())
     }
 
     /// Fills this rank's queue with chunks `0..chunks` for a new iteration. Other ranks must not
@@ -71,14 +56,7 @@ impl ChunkQueues {
     /// If `chunks > MAX_CHUNKS`.
     pub fn fill(&self, tag: u16, chunks: u32) -> Result<()> {
         assert!(chunks <= MAX_CHUNKS, "chunk queue: {chunks} chunks, at most {MAX_CHUNKS}");
-        let mut cur = self.window.fetch_add(self.rank, 0)?;
-        loop {
-            let prev = self.window.compare_and_swap(self.rank, cur, pack(tag, 0, chunks))?;
-            if prev == cur {
-                return Ok(());
-            }
-            cur = prev;
-        }
+        self.window.swap(self.rank, Queue { tag, head: 0, tail: chunks }.pack()).map(drop)
     }
 
     /// Atomically updates `rank`'s word with `f(head, tail)` (`None`: nothing to take) and
@@ -88,11 +66,11 @@ impl ChunkQueues {
         rank: usize,
         f: impl Fn(u32, u32) -> Option<(u32, u32, Range<u32>)>,
     ) -> Result<Option<(u16, Range<u32>)>> {
-        let mut cur = self.window.fetch_add(rank, 0)?;
+        let mut cur = self.window.load(rank)?;
         loop {
-            let (tag, head, tail) = unpack(cur);
+            let Queue { tag, head, tail } = Queue::unpack(cur);
             let Some((h, t, taken)) = f(head, tail) else { return Ok(None) };
-            let prev = self.window.compare_and_swap(rank, cur, pack(tag, h, t))?;
+            let prev = self.window.compare_and_swap(rank, cur, Queue { tag, head: h, tail: t }.pack())?;
             if prev == cur {
                 return Ok(Some((tag, taken)));
             }
@@ -129,14 +107,6 @@ impl ChunkQueues {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-
-    proptest! {
-        #[test]
-        fn packing_round_trips(tag: u16, h in 0..=MAX_CHUNKS, t in 0..=MAX_CHUNKS) {
-            prop_assert_eq!(unpack(pack(tag, h, t)), (tag, h, t));
-        }
-    }
 
     #[test]
     fn owner_and_thief_split_a_queue() {

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 use peregrine_core::inject::Pattern;
-use peregrine_core::{Report, Scheme};
+use peregrine_core::{Report, SchemeSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::plots::{self, Series};
@@ -67,7 +67,7 @@ struct ExperimentFile {
     name: String,
     #[serde(default = "one_seed")]
     seeds: Vec<u64>,
-    schemes: Vec<String>,
+    schemes: Vec<SchemeSpec>,
     patterns: Vec<String>,
     /// Ranks for the local backend (the launcher decides under MPI).
     ranks: Option<usize>,
@@ -83,7 +83,7 @@ fn one_seed() -> Vec<u64> {
 struct Row {
     workload: String,
     pattern: String,
-    scheme: String,
+    scheme: SchemeSpec,
     seed: u64,
     time_to_target: Option<f64>,
     train_seconds: f64,
@@ -100,6 +100,9 @@ struct Row {
     /// The pattern's capacity bound for this world: no scheme beats Ideal by less than this
     /// factor unless it needs fewer samples ([`Pattern::capacity`]).
     bound: f64,
+    /// Whether the scheme predicted speeds (LB-BSP).
+    #[serde(skip)]
+    predicts: bool,
     #[serde(skip)]
     curve: Vec<(f64, f64)>,
 }
@@ -108,17 +111,19 @@ impl Row {
     fn new(
         workload: &str,
         pattern: &str,
-        scheme: &str,
+        scheme: &SchemeSpec,
         seed: u64,
         r: &Report,
         threads: Option<usize>,
     ) -> Self {
         let last = r.last_eval();
         let capacity = pattern.parse::<Pattern>().map_or(1.0, |p| p.capacity(r.ranks, threads));
+        let (error, predictions) =
+            r.per_rank.iter().fold((0.0, 0), |(e, n), p| (e + p.prediction_error, n + p.predictions));
         Row {
             workload: workload.into(),
             pattern: pattern.into(),
-            scheme: scheme.into(),
+            scheme: scheme.clone(),
             seed,
             time_to_target: r.time_to_target.map(|t| crossing(&r.evals, r.target_loss).unwrap_or(t)),
             train_seconds: r.train_seconds,
@@ -131,15 +136,8 @@ impl Row {
             samples: r.samples,
             chunks_taken: r.per_rank.iter().map(|p| p.taken).sum(),
             bound: 1.0 / capacity,
-            prediction_error: {
-                let (e, n) =
-                    r.per_rank.iter().fold((0.0, 0), |(e, n), p| (e + p.prediction_error, n + p.predictions));
-                if n > 0 {
-                    e / n as f64
-                } else {
-                    0.0
-                }
-            },
+            prediction_error: if predictions > 0 { error / predictions as f64 } else { 0.0 },
+            predicts: predictions > 0,
             curve: r.evals.iter().map(|e| (e.time, e.loss)).collect(),
         }
     }
@@ -160,16 +158,6 @@ fn crossing(evals: &[peregrine_core::engine::EvalPoint], target: Option<f64>) ->
     Some(a.time + (b.time - a.time) * (a.loss - g) / (a.loss - b.loss))
 }
 
-/// A scheme entry: `scheme[+steal]`.
-fn split_scheme(s: &str) -> Result<(String, bool), AppError> {
-    let (name, steal) = match s.strip_suffix("+steal") {
-        Some(n) => (n, true),
-        None => (s, false),
-    };
-    name.parse::<Scheme>().map_err(|e| AppError::Usage(format!("experiment scheme `{s}`: {e}")))?;
-    Ok((name.to_string(), steal))
-}
-
 /// A name usable in a file name.
 fn slug(s: &str) -> String {
     s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect()
@@ -179,14 +167,11 @@ fn slug(s: &str) -> String {
 pub fn run(a: ExperimentArgs) -> Result<(), AppError> {
     let mut f: ExperimentFile = read_toml(&a.config)?;
     let base = a.config.parent().unwrap_or(Path::new(".")).to_path_buf();
-    for s in &f.schemes {
-        split_scheme(s)?;
-    }
     for p in &f.patterns {
         p.parse::<Pattern>().map_err(|e| AppError::Usage(format!("experiment pattern: {e}")))?;
     }
-    if !f.schemes.iter().any(|s| s == "bsp") {
-        f.schemes.insert(0, "bsp".into());
+    if !f.schemes.contains(&SchemeSpec::reference()) {
+        f.schemes.insert(0, SchemeSpec::reference());
     }
     if !f.patterns.iter().any(|p| p == "ideal") {
         f.patterns.insert(0, "ideal".into());
@@ -247,7 +232,8 @@ fn rank(
     for (wname, w) in &f.workloads {
         // A warm-up run, not recorded: the first run of a workload pays for faulting in the
         // mapped dataset and warming caches, and it would otherwise be the Ideal reference.
-        let file = w.clone().rebase(base).overlay(TrainFile::only("bsp", false, "ideal", f.seeds[0]));
+        let file =
+            w.clone().rebase(base).overlay(TrainFile::only(&SchemeSpec::reference(), "ideal", f.seeds[0]));
         let (resolved, epochs) = train_cmd::finish(file)?;
         let opts = RunOpts {
             quiet: true,
@@ -260,16 +246,15 @@ fn rank(
         for &seed in &f.seeds {
             for pattern in &f.patterns {
                 for scheme in &f.schemes {
-                    let (name, steal) = split_scheme(scheme)?;
                     k += 1;
-                    let file = w.clone().rebase(base).overlay(TrainFile::only(&name, steal, pattern, seed));
+                    let file = w.clone().rebase(base).overlay(TrainFile::only(scheme, pattern, seed));
                     let (resolved, epochs) = train_cmd::finish(file)?;
                     let threads = resolved.threads();
                     let dir = out
                         .join("runs")
                         .join(slug(wname))
                         .join(slug(pattern))
-                        .join(slug(scheme))
+                        .join(slug(&scheme.to_string()))
                         .join(format!("seed-{seed}"));
                     let opts = RunOpts { quiet: true, no_pin: a.no_pin, dir: Some(dir) };
                     let report = train_cmd::rank(t, ctx, &opts, resolved, epochs, 0)?;
@@ -304,7 +289,7 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
 struct Summary {
     workload: String,
     pattern: String,
-    scheme: String,
+    scheme: SchemeSpec,
     seeds: usize,
     reached: usize,
     time_to_target: Option<f64>,
@@ -313,19 +298,22 @@ struct Summary {
     waste_seconds: f64,
     bound: f64,
     prediction_error: f64,
+    /// Whether the scheme predicted speeds (LB-BSP).
+    #[serde(skip)]
+    predicts: bool,
 }
 
 fn summarize(rows: &[Row]) -> Vec<Summary> {
-    let mut groups: Vec<(String, String, String)> = Vec::new();
+    let mut groups: Vec<(String, String, SchemeSpec)> = Vec::new();
     for r in rows {
         let key = (r.workload.clone(), r.pattern.clone(), r.scheme.clone());
         if !groups.contains(&key) {
             groups.push(key);
         }
     }
-    let ttt = |w: &str, p: &str, s: &str| -> (usize, usize, Option<f64>) {
+    let ttt = |w: &str, p: &str, s: &SchemeSpec| -> (usize, usize, Option<f64>) {
         let g: Vec<&Row> =
-            rows.iter().filter(|r| r.workload == w && r.pattern == p && r.scheme == s).collect();
+            rows.iter().filter(|r| r.workload == w && r.pattern == p && r.scheme == *s).collect();
         let reached: Vec<f64> = g.iter().filter_map(|r| r.time_to_target).collect();
         // The median only when every seed reached the target: otherwise it would flatter.
         let m = if reached.len() == g.len() { median(reached.clone()) } else { None };
@@ -334,12 +322,13 @@ fn summarize(rows: &[Row]) -> Vec<Summary> {
     // Relative to Ideal on the same seed, then the median: seeds differ in data order, and so in
     // how many iterations the target takes (1.85x between seeds of the same scheme here), far
     // more than schemes differ; on one seed, the BSP-like schemes follow the same trajectory.
-    let vs_ideal = |w: &str, p: &str, s: &str| -> Option<f64> {
+    let ideal = SchemeSpec::reference();
+    let vs_ideal = |w: &str, p: &str, s: &SchemeSpec| -> Option<f64> {
         let mut ratios = Vec::new();
-        for r in rows.iter().filter(|r| r.workload == w && r.pattern == p && r.scheme == s) {
+        for r in rows.iter().filter(|r| r.workload == w && r.pattern == p && r.scheme == *s) {
             let ideal = rows
                 .iter()
-                .find(|i| i.workload == w && i.pattern == "ideal" && i.scheme == "bsp" && i.seed == r.seed)?;
+                .find(|i| i.workload == w && i.pattern == "ideal" && i.scheme == ideal && i.seed == r.seed)?;
             ratios.push(r.time_to_target? / ideal.time_to_target?);
         }
         median(ratios)
@@ -350,6 +339,7 @@ fn summarize(rows: &[Row]) -> Vec<Summary> {
             let (seeds, reached, t) = ttt(&w, &p, &s);
             let g = || rows.iter().filter(|r| r.workload == w && r.pattern == p && r.scheme == s);
             Summary {
+                predicts: g().any(|r| r.predicts),
                 vs_ideal: vs_ideal(&w, &p, &s),
                 time_to_target: t,
                 seconds_per_iteration: median(g().map(|r| r.seconds_per_iteration).collect())
@@ -441,7 +431,8 @@ fn write_results(out: &Path, rows: &[Row], plots: bool) -> Result<(), AppError> 
     }
     write_atomically(&out.join("summary.csv"), csv.as_bytes())?;
     write_atomically(&out.join("summary.md"), md.as_bytes())?;
-    for s in summary.iter().filter(|s| s.pattern == "ideal" && s.scheme == "bsp" && s.reached < s.seeds) {
+    let ideal = SchemeSpec::reference();
+    for s in summary.iter().filter(|s| s.pattern == "ideal" && s.scheme == ideal && s.reached < s.seeds) {
         eprintln!(
             "warning: workload `{}`: Ideal (bsp, no straggler) reached its target loss in {} of {} seeds; \
              ratios against it are missing (lower target-loss or train longer)",
@@ -470,27 +461,30 @@ fn pivot(summary: &[Summary]) -> String {
     }
     for w in workloads {
         let of: Vec<&Summary> = summary.iter().filter(|s| s.workload == w).collect();
-        let (mut patterns, mut schemes): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
+        let (mut patterns, mut schemes): (Vec<&str>, Vec<&SchemeSpec>) = (Vec::new(), Vec::new());
         for s in &of {
             if !patterns.contains(&s.pattern.as_str()) {
                 patterns.push(&s.pattern);
             }
-            if !schemes.contains(&s.scheme.as_str()) {
+            if !schemes.contains(&&s.scheme) {
                 schemes.push(&s.scheme);
             }
         }
+        let reference = SchemeSpec::reference();
         let ideal =
-            of.iter().find(|s| s.pattern == "ideal" && s.scheme == "bsp").and_then(|s| s.time_to_target);
+            of.iter().find(|s| s.pattern == "ideal" && s.scheme == reference).and_then(|s| s.time_to_target);
+        let names = |of: &[&SchemeSpec]| of.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(" | ");
         let _ = writeln!(
             md,
             "{w}: time to target / Ideal's on the same seed, median over seeds (Ideal's median: {}; - : not every seed reached it)\n",
             opt(ideal, 3).to_string() + " s"
         );
-        let _ = writeln!(md, "| pattern | bound | {} | best |", schemes.join(" | "));
+        let _ = writeln!(md, "| pattern | bound | {} | best |", names(&schemes));
         let _ = writeln!(md, "|---|---|{}---|", "---|".repeat(schemes.len()));
         for p in &patterns {
-            let cell =
-                |sc: &str| of.iter().find(|s| s.pattern == *p && s.scheme == sc).and_then(|s| s.vs_ideal);
+            let cell = |sc: &SchemeSpec| {
+                of.iter().find(|s| s.pattern == *p && s.scheme == *sc).and_then(|s| s.vs_ideal)
+            };
             let best = schemes
                 .iter()
                 .filter_map(|&sc| cell(sc).map(|v| (sc, v)))
@@ -503,18 +497,19 @@ fn pivot(summary: &[Summary]) -> String {
         md.push('\n');
         // LB-BSP's predictors side by side: how far each iteration's predicted speed was from
         // the measured one.
-        let lb: Vec<&str> = schemes.iter().copied().filter(|s| s.starts_with("lb-bsp")).collect();
+        let lb: Vec<&SchemeSpec> =
+            schemes.iter().copied().filter(|sc| of.iter().any(|s| s.scheme == **sc && s.predicts)).collect();
         if !lb.is_empty() {
             let _ =
                 writeln!(md, "{w}: LB-BSP speed prediction error, mean |predicted - measured| / measured\n");
-            let _ = writeln!(md, "| pattern | {} |", lb.join(" | "));
+            let _ = writeln!(md, "| pattern | {} |", names(&lb));
             let _ = writeln!(md, "|---|{}", "---|".repeat(lb.len()));
             for p in &patterns {
                 let cells: Vec<String> = lb
                     .iter()
                     .map(|&sc| {
                         of.iter()
-                            .find(|s| s.pattern == *p && s.scheme == sc)
+                            .find(|s| s.pattern == *p && s.scheme == *sc)
                             .map_or("-".into(), |s| format!("{:.3}", s.prediction_error))
                     })
                     .collect();
@@ -546,19 +541,19 @@ fn draw(out: &Path, rows: &[Row], summary: &[Summary]) -> Result<(), AppError> {
             &name("time-per-iteration"),
             &format!("{w}, {p}: time per iteration"),
             "seconds per iteration",
-            &of().map(|s| (s.scheme.clone(), s.seconds_per_iteration)).collect::<Vec<_>>(),
+            &of().map(|s| (s.scheme.to_string(), s.seconds_per_iteration)).collect::<Vec<_>>(),
         )?;
         plots::bars(
             &name("waste"),
             &format!("{w}, {p}: total waste (wait) time"),
             "seconds, all ranks",
-            &of().map(|s| (s.scheme.clone(), s.waste_seconds)).collect::<Vec<_>>(),
+            &of().map(|s| (s.scheme.to_string(), s.waste_seconds)).collect::<Vec<_>>(),
         )?;
         let first_seed = rows.iter().find(|r| r.workload == w && r.pattern == p).map_or(0, |r| r.seed);
         let series: Vec<Series> = rows
             .iter()
             .filter(|r| r.workload == w && r.pattern == p && r.seed == first_seed)
-            .map(|r| Series { name: r.scheme.clone(), points: r.curve.clone() })
+            .map(|r| Series { name: r.scheme.to_string(), points: r.curve.clone() })
             .collect();
         plots::lines(
             &name("loss"),

@@ -10,7 +10,7 @@ use peregrine_core::inject::{Injection, Pattern};
 use peregrine_core::model::{lr::LogReg, mf::Mf, mlp::Mlp, softmax::Softmax, Model};
 use peregrine_core::plan::Plan;
 use peregrine_core::pool::{Pinning, RankPool, Slot};
-use peregrine_core::{Scheme, TrainError};
+use peregrine_core::{Scheme, SchemeSpec, TrainError};
 use peregrine_transport::{Backend, Transport};
 use serde::{Deserialize, Serialize};
 
@@ -81,7 +81,7 @@ pub struct TrainArgs {
     /// falcon (EPSP, enforced: BSP with straggler projection, task transfer and elastic threads),
     /// falcon:slack[:<staleness>] (EPSP over SSP) [default: bsp].
     #[arg(long, value_name = "SCHEME")]
-    scheme: Option<String>,
+    scheme: Option<Scheme>,
     /// Learning rate [default: lr 2.0, softmax 0.5, mf 0.01, mlp 0.2].
     #[arg(long, value_name = "F")]
     lr: Option<f32>,
@@ -155,7 +155,7 @@ pub(crate) struct TrainFile {
     model: Option<ModelKind>,
     data: Option<PathBuf>,
     eval: Option<PathBuf>,
-    pub(crate) scheme: Option<String>,
+    pub(crate) scheme: Option<Scheme>,
     lr: Option<f32>,
     lr_decay: Option<f64>,
     batch: Option<usize>,
@@ -209,10 +209,10 @@ impl TrainFile {
     }
 
     /// A file that sets only these keys (an experiment's run of a workload).
-    pub(crate) fn only(scheme: &str, steal: bool, straggler: &str, seed: u64) -> TrainFile {
+    pub(crate) fn only(scheme: &SchemeSpec, straggler: &str, seed: u64) -> TrainFile {
         TrainFile {
-            scheme: Some(scheme.into()),
-            steal: Some(steal),
+            scheme: Some(scheme.scheme.clone()),
+            steal: Some(scheme.steal),
             straggler: Some(straggler.into()),
             seed: Some(seed),
             ..TrainFile::default()
@@ -268,7 +268,7 @@ pub(crate) struct Resolved {
     data: PathBuf,
     #[serde(skip_serializing_if = "Option::is_none")]
     eval: Option<PathBuf>,
-    scheme: String,
+    scheme: Scheme,
     lr: f32,
     lr_decay: f64,
     batch: usize,
@@ -355,8 +355,15 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
     if let Some(e) = epochs.filter(|e| !(e.is_finite() && *e > 0.0)) {
         return Err(usage(format!("epochs must be positive, got {e}")));
     }
-    let scheme = f.scheme.unwrap_or_else(|| "bsp".into());
-    scheme.parse::<Scheme>().map_err(usage)?;
+    if iterations == Some(0) {
+        return Err(usage("iterations must be at least 1, got 0"));
+    }
+    if let Some(t) = f.threads.filter(|&t| t > MAX_THREADS) {
+        return Err(usage(format!(
+            "threads per rank must be at most {MAX_THREADS} (more than the cores only oversubscribes them), got {t}"
+        )));
+    }
+    let scheme = f.scheme.unwrap_or_else(Scheme::bsp);
     let r = Resolved {
         model,
         data,
@@ -389,6 +396,9 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
     Ok((r, epochs.or(if iterations.is_none() { Some(5.0) } else { None })))
 }
 
+/// Most compute threads a rank may ask for.
+const MAX_THREADS: usize = 1024;
+
 /// `peregrine train`.
 pub fn run(a: TrainArgs) -> Result<(), AppError> {
     let (resolved, epochs) = resolve(&a)?;
@@ -409,12 +419,17 @@ pub(crate) fn rank(
     epochs: Option<f64>,
     stamp: u64,
 ) -> Result<Report, AppError> {
-    let scheme: Scheme = r.scheme.parse().map_err(usage)?;
+    let scheme = SchemeSpec::new(r.scheme.clone(), r.steal);
     // Every rank must agree on the run directory's name: rank 0's clock decides.
     let mut when = [stamp];
     t.broadcast(&mut when, 0)?;
     let dir = a.dir.clone().or_else(|| ctx.run_dir.clone()).unwrap_or_else(|| {
-        PathBuf::from("runs").join(format!("{}-{}-{}", r.model_name(), r.scheme.replace(':', ""), when[0]))
+        PathBuf::from("runs").join(format!(
+            "{}-{}-{}",
+            r.model_name(),
+            r.scheme.to_string().replace(':', ""),
+            when[0]
+        ))
     });
     let local = t.backend() == Backend::Local;
     let slot = if local { Slot { index: t.rank(), of: t.world_size() } } else { Slot::WHOLE };
@@ -464,9 +479,9 @@ fn data_err(detail: String) -> AppError {
 fn train_err(e: TrainError) -> AppError {
     match e {
         TrainError::Transport(t) => AppError::Transport(t),
-        TrainError::Config(s) => AppError::Usage(s),
+        e if e.is_usage() => AppError::Usage(e.to_string()),
         TrainError::Metrics { path, source } => AppError::Io { what: format!("writing {path}"), source },
-        e @ TrainError::Diverged { .. } => AppError::Train(e.to_string()),
+        e => AppError::Train(e.to_string()),
     }
 }
 
@@ -481,13 +496,14 @@ fn go<M: Model>(
     a: &RunOpts,
     r: &mut Resolved,
     epochs: Option<f64>,
-    scheme: Scheme,
+    scheme: SchemeSpec,
     inject: Injection,
     pool: &RankPool,
     dir: &Path,
     model: &M,
 ) -> Result<Report, AppError> {
-    let plan = Plan::new(model.rows(), r.batch, t.world_size(), r.chunk, r.seed).map_err(usage)?;
+    let plan = Plan::new(model.rows(), r.batch, t.world_size(), r.chunk, r.seed)
+        .map_err(|e| usage(e.to_string()))?;
     if let Some(e) = epochs {
         r.iterations = ((e * plan.iters_per_epoch() as f64).ceil() as u64).max(1);
     }
@@ -502,7 +518,6 @@ fn go<M: Model>(
         iterations: r.iterations,
         target_loss: r.target_loss,
         eval_every: r.eval_every,
-        steal: r.steal,
         steal_fraction: r.steal_fraction,
         seed: r.seed,
         threads: r.threads,
@@ -512,7 +527,7 @@ fn go<M: Model>(
         ..Config::default()
     };
     // Refused configurations leave no run directory behind.
-    peregrine_core::engine::check(&cfg, t.world_size()).map_err(train_err)?;
+    peregrine_core::engine::check(&cfg, t.world_size(), model.rows()).map_err(train_err)?;
     let metrics_dir = dir.join("metrics");
     std::fs::create_dir_all(&metrics_dir).map_err(io(format!("creating {}", metrics_dir.display())))?;
     if t.rank() == 0 {

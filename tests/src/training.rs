@@ -15,7 +15,7 @@ use peregrine_core::engine::{self, Config, Report};
 use peregrine_core::inject::{Injection, Pattern};
 use peregrine_core::model::{Delta, EvalSums, KeySet, Layout, Metric, Model};
 use peregrine_core::pool::{Pinning, RankPool, Slot};
-use peregrine_core::Scheme;
+use peregrine_core::{Scheme, SchemeSpec};
 use peregrine_transport::{Backend, Transport};
 
 /// Rank `rank` slowed to `speed` for good.
@@ -123,7 +123,7 @@ pub fn exactly_once(t: &Transport, scheme: Scheme, threads: usize, epochs: u64) 
     let model = Counting { rows, per_row: Duration::from_micros(5) };
     let (batch, chunk) = (200, 7);
     let cfg = Config {
-        scheme,
+        scheme: SchemeSpec::new(scheme.clone(), true),
         batch,
         chunk,
         iterations: epochs * rows.div_ceil(batch) as u64,
@@ -200,14 +200,13 @@ pub fn counted_with(
     let rows = 997;
     let model = Counting { rows, per_row: Duration::from_micros(20) };
     let cfg = Config {
-        scheme,
+        scheme: SchemeSpec::new(scheme, steal),
         batch: 200,
         chunk: 7,
         iterations: epochs * rows.div_ceil(200) as u64,
         threads: 2,
         inject,
         keep_params: true,
-        steal,
         ..Config::default()
     };
     let pool = RankPool::new(2, slot(t), Pinning::Off).map_err(|e| e.to_string())?;
@@ -221,7 +220,7 @@ pub fn counted_with(
 /// [`counted`] for one BSP epoch with `inject`: the metrics lines, after checking every row was
 /// counted once.
 pub fn injected(t: &Transport, inject: Injection) -> Result<Vec<String>, String> {
-    let (params, lines) = counted(t, Scheme::Bsp, inject, 1)?;
+    let (params, lines) = counted(t, scheme("bsp"), inject, 1)?;
     if params.iter().any(|&c| c != 1.0) {
         return Err("a row was not computed exactly once".into());
     }
@@ -232,7 +231,7 @@ pub fn injected(t: &Transport, inject: Injection) -> Result<Vec<String>, String>
 /// rank, taking over on, rank 0 slowed to half speed so that chunks do move): the final
 /// parameters.
 pub fn final_params<M: Model>(t: &Transport, model: &M, iterations: u64) -> Result<Vec<f32>, String> {
-    final_params_with(t, model, iterations, Scheme::Bsp)
+    final_params_with(t, model, iterations, scheme("bsp"))
 }
 
 /// [`final_params`] under `scheme` (one that keeps BSP's semantics, like Falcon's enforced mode).
@@ -243,7 +242,7 @@ pub fn final_params_with<M: Model>(
     scheme: Scheme,
 ) -> Result<Vec<f32>, String> {
     let cfg = Config {
-        scheme,
+        scheme: SchemeSpec::new(scheme, true),
         batch: 256,
         chunk: 16,
         iterations,
@@ -256,6 +255,14 @@ pub fn final_params_with<M: Model>(
     let pool = RankPool::new(cfg.threads, slot(t), Pinning::Off).map_err(|e| e.to_string())?;
     let report = engine::train(t, model, &cfg, &pool, None, &mut |_| {}).map_err(|e| e.to_string())?;
     report.params.ok_or_else(|| "no parameters in the report".into())
+}
+
+/// The scheme named `name` (`ssp:2`, `lb-bsp:ma`, ...).
+///
+/// # Panics
+/// If no scheme has that name.
+pub fn scheme(name: &str) -> Scheme {
+    name.parse().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Largest `|a - b| / (1 + |b|)` over the parameters: how far two runs' models are apart.

@@ -10,14 +10,14 @@ use peregrine_core::Scheme;
 use peregrine_kernels::data::gen::{self, DenseSpec, RatingsSpec, SparseSpec};
 use peregrine_tests::training::{
     counted, counted_with, distance, exactly_once, exactly_once_elastic, final_params, final_params_with,
-    injected, BSP_TOLERANCE,
+    injected, scheme, BSP_TOLERANCE,
 };
 use peregrine_transport::run_local;
 
 fn check_exactly_once(scheme: Scheme) {
     for world in 1..=4 {
         for threads in [1, 2] {
-            let reports = run_local(world, |t| exactly_once(&t, scheme, threads, 3)).expect("world");
+            let reports = run_local(world, |t| exactly_once(&t, scheme.clone(), threads, 3)).expect("world");
             let reports: Vec<_> = reports.into_iter().map(|r| r.unwrap_or_else(|e| panic!("{e}"))).collect();
             let taken: u64 = reports[0].per_rank.iter().map(|r| r.taken).sum();
             let cloned: u64 = reports[0].per_rank.iter().map(|r| r.cloned).sum();
@@ -42,17 +42,17 @@ fn check_exactly_once(scheme: Scheme) {
 
 #[test]
 fn every_chunk_once_under_bsp() {
-    check_exactly_once(Scheme::Bsp);
+    check_exactly_once(scheme("bsp"));
 }
 
 #[test]
 fn every_chunk_once_under_ssp() {
-    check_exactly_once(Scheme::Ssp(2));
+    check_exactly_once(scheme("ssp:2"));
 }
 
 #[test]
 fn every_chunk_once_under_asp() {
-    check_exactly_once(Scheme::Asp);
+    check_exactly_once(scheme("asp"));
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -159,7 +159,7 @@ fn a_disruptor_shows_in_the_metrics() {
 #[test]
 fn dynsgd_scales_updates_by_their_staleness() {
     // One rank: nobody else pushes, staleness 0, every row counted exactly once per epoch.
-    let (p, lines) = run_local(1, |t| counted(&t, Scheme::DynSgd(u64::MAX), Injection::default(), 2))
+    let (p, lines) = run_local(1, |t| counted(&t, scheme("dynsgd"), Injection::default(), 2))
         .expect("world")
         .remove(0)
         .expect("1 rank");
@@ -167,7 +167,7 @@ fn dynsgd_scales_updates_by_their_staleness() {
     // Two ranks, one slowed: updates are scaled by 1 / (1 + staleness), so counts stay in
     // (0, epochs], and fall below where staleness was seen.
     let slow = peregrine_tests::training::slowed(0, 0.3);
-    let out = run_local(2, |t| counted(&t, Scheme::DynSgd(u64::MAX), slow.clone(), 2)).expect("world");
+    let out = run_local(2, |t| counted(&t, scheme("dynsgd"), slow.clone(), 2)).expect("world");
     let mut stale = 0;
     for r in out {
         let (p, lines) = r.expect("rank");
@@ -182,7 +182,7 @@ fn check_backup(scheme: Scheme, fixed: bool) {
     // Three ranks, rank 0 at a tenth of its speed: iterations apply the first two updates (scaled
     // by 3/2), rank 0's mostly come too late and it skips ahead.
     let slow = peregrine_tests::training::slowed(0, 0.1);
-    let out = run_local(3, |t| counted(&t, scheme, slow.clone(), 3)).expect("world");
+    let out = run_local(3, |t| counted(&t, scheme.clone(), slow.clone(), 3)).expect("world");
     let out: Vec<_> = out.into_iter().map(|r| r.expect("rank")).collect();
     for (p, _) in &out {
         // Static: every applied update was scaled by 3/2. Dynamic: the first iteration (no compute
@@ -212,32 +212,32 @@ fn check_backup(scheme: Scheme, fixed: bool) {
 
 #[test]
 fn static_backup_workers_drop_the_late_update() {
-    check_backup(Scheme::Backup(1), true);
+    check_backup(scheme("backup:1"), true);
 }
 
 #[test]
 fn dynamic_backup_workers_leave_out_the_slow_rank() {
-    check_backup(Scheme::BackupDynamic, false);
+    check_backup(scheme("backup-dynamic"), false);
 }
 
 #[test]
 fn every_chunk_once_under_falcon() {
-    check_exactly_once(Scheme::Falcon);
+    check_exactly_once(scheme("falcon"));
 }
 
 #[test]
 fn every_chunk_once_under_falcon_slack() {
-    check_exactly_once(Scheme::FalconSlack(2));
+    check_exactly_once(scheme("falcon:slack:2"));
 }
 
 #[test]
 fn every_chunk_once_under_flexrr() {
-    check_exactly_once(Scheme::FlexRr(2));
+    check_exactly_once(scheme("flexrr:2"));
 }
 
 #[test]
 fn every_chunk_once_under_speculative_execution() {
-    check_exactly_once(Scheme::Speculative);
+    check_exactly_once(scheme("speculative"));
 }
 
 /// Two counting ranks over 2 epochs under `scheme`, rank 0 at a fifth of its speed, taking over
@@ -245,7 +245,7 @@ fn every_chunk_once_under_speculative_execution() {
 /// field over one rank's iterations.
 fn two_ranks_rank0_slowed(scheme: Scheme, steal: bool) -> impl Fn(usize, &str) -> u64 {
     let slow = peregrine_tests::training::slowed(0, 0.2);
-    let out: Vec<_> = run_local(2, |t| counted_with(&t, scheme, slow.clone(), 2, steal))
+    let out: Vec<_> = run_local(2, |t| counted_with(&t, scheme.clone(), slow.clone(), 2, steal))
         .expect("world")
         .into_iter()
         .map(|r| r.expect("rank"))
@@ -260,7 +260,7 @@ fn two_ranks_rank0_slowed(scheme: Scheme, steal: bool) -> impl Fn(usize, &str) -
 fn flexrr_reassigns_before_running_out_of_work() {
     // The slow rank's helper takes chunks over after its own chunks, not only once idle, and the
     // metrics say so.
-    let sum = two_ranks_rank0_slowed(Scheme::FlexRr(2), true);
+    let sum = two_ranks_rank0_slowed(scheme("flexrr:2"), true);
     assert!(sum(1, "reassigned") > 0, "rank 1 reassigned nothing from the slow rank");
     assert!(sum(1, "reassigned") <= sum(1, "taken"));
     assert_eq!(sum(0, "cloned") + sum(1, "cloned"), 0);
@@ -270,7 +270,7 @@ fn flexrr_reassigns_before_running_out_of_work() {
 fn speculative_copies_of_a_slow_ranks_chunks_win() {
     // Without taking over: rank 1's idle threads copy the chunks rank 0 is running, win most
     // races (a copy takes a fifth of the time) and rank 0 drops its results.
-    let sum = two_ranks_rank0_slowed(Scheme::Speculative, false);
+    let sum = two_ranks_rank0_slowed(scheme("speculative"), false);
     let (won, lost) = (sum(1, "cloned"), sum(0, "discarded"));
     assert!(won > 0 && lost > 0, "copies won {won}, rank 0 dropped {lost}");
     assert_eq!(sum(0, "taken") + sum(1, "taken"), 0, "chunks taken over with stealing off");
@@ -286,8 +286,10 @@ fn gives_the_bsp_model(scheme: Scheme) {
     let data = sparse_data(&scratch(&scheme.to_string().replace(':', "-")));
     let make = || LogReg::new(&data, None, 0.5).expect("model");
     let one = run_local(1, |t| final_params(&t, &make(), 30)).expect("world").remove(0).expect("1 rank");
-    for (r, p) in
-        run_local(3, |t| final_params_with(&t, &make(), 30, scheme)).expect("world").into_iter().enumerate()
+    for (r, p) in run_local(3, |t| final_params_with(&t, &make(), 30, scheme.clone()))
+        .expect("world")
+        .into_iter()
+        .enumerate()
     {
         let d = distance(&p.unwrap_or_else(|e| panic!("rank {r}: {e}")), &one);
         assert!(d <= BSP_TOLERANCE, "{scheme} on 3 ranks vs BSP on 1: {d:e}");
@@ -298,38 +300,38 @@ fn gives_the_bsp_model(scheme: Scheme) {
 fn speculative_execution_gives_the_bsp_model() {
     // Copies of a chunk compute the same result from the same parameters and only one is
     // applied: the model is BSP's, however many copies ran.
-    gives_the_bsp_model(Scheme::Speculative);
+    gives_the_bsp_model(scheme("speculative"));
 }
 
 #[test]
 fn falcon_enforced_gives_the_bsp_model() {
     // Enforced synchronization keeps BSP's semantics: projection and transfer only move chunks.
-    gives_the_bsp_model(Scheme::Falcon);
+    gives_the_bsp_model(scheme("falcon"));
 }
 
-fn check_lb_bsp(p: peregrine_core::lbbsp::Predictor) {
+fn check_lb_bsp(name: &str) {
     // Rank 0 at a quarter of its speed: every row still computed once per epoch, and after a
     // few iterations rank 0 gets the smaller share of each batch (about a fifth).
     let slow = peregrine_tests::training::slowed(0, 0.25);
-    let out: Vec<_> = run_local(2, |t| counted(&t, Scheme::LbBsp(p), slow.clone(), 6))
+    let out: Vec<_> = run_local(2, |t| counted(&t, scheme(name), slow.clone(), 6))
         .expect("world")
         .into_iter()
         .map(|r| r.expect("rank"))
         .collect();
     for (params, _) in &out {
-        assert!(params.iter().all(|&c| c == 6.0), "{p}: a row not computed once per epoch");
+        assert!(params.iter().all(|&c| c == 6.0), "{name}: a row not computed once per epoch");
     }
     let rows =
         |r: usize| -> Vec<u64> { out[r].1.iter().map(|l| field(l, "rows").parse().expect("rows")).collect() };
     let (slow_rows, fast_rows) = (rows(0), rows(1));
     let late = slow_rows.len() / 2..slow_rows.len();
     let (s, f): (u64, u64) = (slow_rows[late.clone()].iter().sum(), fast_rows[late].iter().sum());
-    assert!((s as f64) < 0.8 * f as f64, "{p}: slow rank computed {s} rows, fast {f}");
+    assert!((s as f64) < 0.8 * f as f64, "{name}: slow rank computed {s} rows, fast {f}");
     assert!(out[0].1.iter().all(|l| field(l, "predicted").parse::<f64>().expect("predicted") > 0.0));
 }
 
 #[test]
 fn lb_bsp_sizes_batches_by_predicted_speed() {
-    check_lb_bsp(peregrine_core::lbbsp::Predictor::Arx);
-    check_lb_bsp(peregrine_core::lbbsp::Predictor::MovingAverage);
+    check_lb_bsp("lb-bsp:arx");
+    check_lb_bsp("lb-bsp:ma");
 }

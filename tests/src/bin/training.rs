@@ -10,8 +10,7 @@
 use std::process::ExitCode;
 
 use peregrine_core::model::lr::LogReg;
-use peregrine_core::Scheme;
-use peregrine_tests::training::{exactly_once, exactly_once_elastic, final_params};
+use peregrine_tests::training::{exactly_once, exactly_once_elastic, final_params, scheme};
 use peregrine_transport::{Backend, Transport};
 
 fn main() -> ExitCode {
@@ -43,10 +42,10 @@ fn main() -> ExitCode {
     }
     let body = |t: Transport| -> bool {
         let result = match mode.as_str() {
-            "exactly-once" => [Scheme::Bsp, Scheme::Ssp(2), Scheme::Asp, Scheme::Falcon, Scheme::FlexRr(2), Scheme::Speculative]
+            "exactly-once" => [scheme("bsp"), scheme("ssp:2"), scheme("asp"), scheme("falcon"), scheme("flexrr:2"), scheme("speculative")]
                 .into_iter()
                 .try_fold(0, |all, s| {
-                let r = exactly_once(&t, s, threads, 3)?;
+                let r = exactly_once(&t, s.clone(), threads, 3)?;
                 let taken: u64 = r.per_rank.iter().map(|p| p.taken + p.cloned).sum();
                 if t.rank() == 0 {
                     println!(

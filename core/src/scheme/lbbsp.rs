@@ -12,9 +12,136 @@
 //! - **moving average** of the last 5 speeds.
 //!
 //! Until a rank has 4 observations the ARX predictor returns the last speed.
+//!
+//! LB-BSP synchronizes as BSP and never takes chunks over (resizing the shares is its answer to
+//! stragglers). The predictions live in a window, two words per rank (one per iteration parity).
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use peregrine_transport::{ShardMap, Window};
+
+use super::staleness::Bound;
+use super::{Family, Kind, Policy, Result, SchemeError, Setup, View};
+use crate::engine::{IterRecord, RankTotals};
+use crate::plan::Plan;
+
+pub(crate) const FAMILY: Family = Family { forms: "lb-bsp[:arx|:ma]", parse };
+
+fn parse(s: &str) -> Option<std::result::Result<Arc<dyn Kind>, SchemeError>> {
+    let p = match s {
+        "lb-bsp" | "lb-bsp:arx" => Predictor::Arx,
+        "lb-bsp:ma" => Predictor::MovingAverage,
+        _ => return None,
+    };
+    Some(Ok(Arc::new(LbBsp { predictor: p })))
+}
+
+/// LB-BSP with its speed predictor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LbBsp {
+    predictor: Predictor,
+}
+
+impl fmt::Display for LbBsp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.predictor {
+            Predictor::Arx => f.write_str("lb-bsp"),
+            p => write!(f, "lb-bsp:{p}"),
+        }
+    }
+}
+
+impl Kind for LbBsp {
+    fn policy(&self, setup: &Setup<'_>) -> Result<Box<dyn Policy>> {
+        let t = setup.t;
+        Ok(Box::new(Balanced {
+            preds: t.alloc_window("speed predictions", &ShardMap::from_lens(vec![2; t.world_size()]))?,
+            history: History::new(self.predictor),
+            loads: Loads::default(),
+            last: 0.0,
+            error: 0.0,
+            predictions: 0,
+            speeds: Vec::with_capacity(t.world_size()),
+        }))
+    }
+}
+
+/// The policy: shares from the published predictions, this rank's prediction published before
+/// each tick.
+struct Balanced {
+    /// Every rank's predicted speed (f64 bits) for iterations of either parity.
+    preds: Window<u64>,
+    history: History,
+    loads: Loads,
+    /// This rank's last prediction (0: none yet).
+    last: f64,
+    /// Sum over iterations of `|predicted - measured| / measured`, and the iterations summed.
+    error: f64,
+    predictions: u64,
+    speeds: Vec<f64>,
+}
+
+/// Rows per second of a thread's time in chunks, times the threads (0 when the rank computed no
+/// rows: it learned nothing).
+pub(crate) fn measured_speed(rows: u64, threads: usize, busy: Duration) -> f64 {
+    let busy = busy.as_secs_f64();
+    if rows > 0 && busy > 0.0 {
+        rows as f64 * threads as f64 / busy
+    } else {
+        0.0
+    }
+}
+
+impl Policy for Balanced {
+    fn takes_over(&self) -> bool {
+        false
+    }
+
+    fn chunks(&mut self, view: &dyn View, it: u64, plan: &Plan) -> Result<Range<usize>> {
+        self.speeds.clear();
+        for r in 0..view.world() {
+            self.speeds.push(f64::from_bits(self.preds.load(2 * r + (it % 2) as usize)?));
+        }
+        Ok(split_weighted(plan.batch_chunks(it), &self.speeds, view.rank()))
+    }
+
+    fn before_tick(&mut self, view: &dyn View, it: u64, busy: Duration, rec: &mut IterRecord) -> Result<()> {
+        // Publish the prediction before the tick: after the BSP wait everyone reads it. A rank
+        // given no rows (all its chunks went to others) learned nothing: its prediction stands.
+        let speed = measured_speed(rec.rows, rec.threads, busy);
+        if speed > 0.0 {
+            let (cpu, mem) = self.loads.get();
+            rec.speed = speed;
+            if self.last > 0.0 {
+                self.error += (self.last - speed).abs() / speed;
+                self.predictions += 1;
+            }
+            self.last = self.history.observe(speed, cpu, mem);
+        }
+        rec.predicted = self.last;
+        // Slot (t + 1) mod 2: a rank still starting t reads slot t mod 2, and nobody can write
+        // slot t mod 2 again (for t + 2) before everyone has started t + 1.
+        self.preds.swap(2 * view.rank() + ((it + 1) % 2) as usize, self.last.to_bits())?;
+        Ok(())
+    }
+
+    fn ready(&self, view: &dyn View, it: u64) -> Result<bool> {
+        Bound::Bsp.ready(view, it)
+    }
+
+    fn totals(&self, totals: &mut RankTotals) {
+        totals.prediction_error = self.error;
+        totals.predictions = self.predictions;
+    }
+
+    fn free(self: Box<Self>) -> Result<()> {
+        self.preds.free()
+    }
+}
 
 /// Which predictor sets the batch shares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,7 +315,7 @@ const MIN_GAIN: f64 = 0.05;
 /// used only when it beats
 /// the even split's by at least [`MIN_GAIN`]; every rank derives the same split from the same
 /// speeds.
-pub fn split_weighted(chunks: usize, speeds: &[f64], r: usize) -> std::ops::Range<usize> {
+pub(crate) fn split_weighted(chunks: usize, speeds: &[f64], r: usize) -> std::ops::Range<usize> {
     let n = speeds.len();
     let good: Vec<f64> = speeds.iter().copied().filter(|w| w.is_finite() && *w > 0.0).collect();
     let mean = if good.is_empty() { 1.0 } else { good.iter().sum::<f64>() / good.len() as f64 };
@@ -213,6 +340,14 @@ pub fn split_weighted(chunks: usize, speeds: &[f64], r: usize) -> std::ops::Rang
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn measured_speed_counts_every_thread() {
+        // 600 rows by 2 threads that were busy 0.3 s together: each thread did 300 rows in
+        // 0.15 s of its own time, 2000 rows per second each, 4000 together.
+        assert_eq!(measured_speed(600, 2, Duration::from_millis(300)), 4000.0);
+        assert_eq!(measured_speed(0, 2, Duration::from_millis(300)), 0.0, "no rows, no measure");
+    }
 
     #[test]
     fn weighted_splits_cover_everything_in_proportion() {

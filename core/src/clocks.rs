@@ -1,0 +1,151 @@
+//! One-sided clocks and progress words: no coordinator, every rank reads the others' words
+//! itself. The schemes ([`crate::scheme`]) decide from them when to wait.
+//!
+//! - `clocks`: one `u64` per rank, the number of iterations whose update the rank has pushed and
+//!   flushed. BSP waits for every clock to reach `t + 1` before reading for `t + 1`; SSP(s) waits
+//!   until the slowest is at least `t + 1 - s`; ASP never waits.
+//! - `progress`: one [`Progress`] word per rank for its current iteration (tag = iteration mod
+//!   2^16): how many of its chunks exist and how many are computed, by it or by whoever took them
+//!   over. Lining up (BSP with taking over) pushes only once every rank's chunks of `t` are done:
+//!   a rank taking over chunks reads the parameters of `t` after others finished computing, and
+//!   nobody may have changed them yet.
+//!
+//! All reads of these words race with atomic updates, so they are atomic loads too.
+
+use std::time::{Duration, Instant};
+
+use peregrine_transport::{Result, ShardMap, Transport, Window};
+
+use crate::words::Progress;
+
+/// The clock and progress words of every rank.
+#[derive(Debug)]
+pub struct Clocks {
+    clocks: Window<u64>,
+    progress: Window<u64>,
+    rank: usize,
+    world: usize,
+}
+
+impl Clocks {
+    /// Collective: all clocks at 0, every progress word tagged as no iteration that is about to
+    /// start (a zero word would read as "iteration 0: all of its 0 chunks done" on a rank that
+    /// has not announced iteration 0 yet, letting others push before it pulled).
+    pub fn new(t: &Transport) -> Result<Self> {
+        let map = ShardMap::from_lens(vec![1; t.world_size()]);
+        let c = Self {
+            clocks: t.alloc_window("clocks", &map)?,
+            progress: t.alloc_window("progress", &map)?,
+            rank: t.rank(),
+            world: t.world_size(),
+        };
+        c.progress.swap(c.rank, Progress::NONE)?;
+        t.barrier()?;
+        Ok(c)
+    }
+
+    /// Records that this rank's update of its current iteration is pushed; returns the new clock.
+    pub fn tick(&self) -> Result<u64> {
+        Ok(self.clocks.fetch_add(self.rank, 1)? + 1)
+    }
+
+    /// The clock of `rank`.
+    pub fn clock(&self, rank: usize) -> Result<u64> {
+        self.clocks.load(rank)
+    }
+
+    /// The slowest clock.
+    pub fn min_clock(&self) -> Result<u64> {
+        let mut m = u64::MAX;
+        for r in 0..self.world {
+            m = m.min(self.clock(r)?);
+        }
+        Ok(m)
+    }
+
+    /// Announces this rank's iteration tagged `tag` with `chunks` chunks, none done.
+    pub fn start(&self, tag: u16, chunks: u32) -> Result<()> {
+        self.progress.swap(self.rank, Progress { tag, total: chunks, done: 0 }.pack()).map(drop)
+    }
+
+    /// Records `n` more of `rank`'s chunks done.
+    pub fn done(&self, rank: usize, n: u32) -> Result<()> {
+        self.progress.fetch_add(rank, u64::from(n)).map(drop)
+    }
+
+    /// `rank`'s current iteration: its tag, chunks and chunks done.
+    pub fn progress(&self, rank: usize) -> Result<Progress> {
+        Ok(Progress::unpack(self.progress.load(rank)?))
+    }
+
+    /// Whether every rank has started the iteration tagged `tag` and all its chunks are done.
+    pub fn all_done(&self, tag: u16) -> Result<bool> {
+        for r in 0..self.world {
+            let Progress { tag: g, total, done } = self.progress(r)?;
+            if g != tag || done < total {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Collective: frees the windows.
+    pub fn free(self) -> Result<()> {
+        self.clocks.free()?;
+        self.progress.free()
+    }
+}
+
+/// Polls `ready` until it says yes: a short spin, then yielding the core (ranks may share cores),
+/// then short sleeps. Returns the time spent.
+pub fn wait_until<E>(
+    mut ready: impl FnMut() -> std::result::Result<bool, E>,
+) -> std::result::Result<Duration, E> {
+    let t0 = Instant::now();
+    let mut polls = 0u32;
+    while !ready()? {
+        polls += 1;
+        if polls < 64 {
+            std::hint::spin_loop();
+        } else if polls < 4096 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+    Ok(t0.elapsed())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_counts_chunks_done_by_anyone() {
+        peregrine_transport::run_local(3, |t| -> Result<()> {
+            let c = Clocks::new(&t)?;
+            let mine = 3 + t.rank() as u32;
+            c.start(9, mine)?;
+            t.barrier()?;
+            assert!(!c.all_done(9)?);
+            // Every rank marks one chunk of every rank done, then each its own remaining ones.
+            for r in 0..3 {
+                c.done(r, 1)?;
+            }
+            t.barrier()?;
+            c.done(t.rank(), mine - 3)?;
+            t.barrier()?;
+            assert_eq!(c.progress(t.rank())?, Progress { tag: 9, total: mine, done: mine });
+            assert!(c.all_done(9)?);
+            assert!(!c.all_done(10)?);
+            assert_eq!(c.tick()?, 1);
+            t.barrier()?;
+            assert_eq!(c.min_clock()?, 1);
+            t.barrier()?;
+            c.free()
+        })
+        .expect("world")
+        .into_iter()
+        .for_each(|r| r.expect("rank"));
+    }
+}

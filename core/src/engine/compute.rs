@@ -1,0 +1,387 @@
+//! Compute: the rank's threads over its own chunks and chunks taken over from others, copies of
+//! chunks running elsewhere, and the injected delays inside it all.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::comm::pull_keys;
+use super::run::Run;
+use super::TrainError;
+use crate::model::{Delta, KeySet, Model};
+use crate::queue;
+use crate::scheme::{OwnChunks, Policy, Share, Take};
+use crate::words;
+
+/// Per-thread state.
+pub(super) struct Slot<W> {
+    pub work: W,
+    pub loss: f64,
+    pub rows: u64,
+    pub own: u64,
+    pub taken: u64,
+    /// Sparse models: the parameters of chunks taken over, pulled by this thread.
+    steal: Option<StealBuf>,
+    /// Copies: a chunk's own buffers (its result is kept only if the chunk is claimed), the
+    /// claimed results, and a place to drop the others.
+    pub spec: Option<Spec<W>>,
+    /// Chunks taken over at once after an own chunk (rapid reassignment).
+    pub reassigned: u64,
+    /// Copies of other ranks' chunks applied (this copy finished first).
+    pub cloned: u64,
+    /// Copies computed and dropped (they finished second).
+    pub discarded: u64,
+    /// The policy's reassignments after an own chunk (kept to reuse its buffer).
+    takes: Vec<Take>,
+}
+
+impl<W> Slot<W> {
+    pub(super) fn new(work: W) -> Self {
+        Self {
+            work,
+            loss: 0.0,
+            rows: 0,
+            own: 0,
+            taken: 0,
+            steal: None,
+            spec: None,
+            reassigned: 0,
+            cloned: 0,
+            discarded: 0,
+            takes: Vec::new(),
+        }
+    }
+}
+
+pub(super) struct Spec<W> {
+    work: W,
+    pub won: Delta,
+    trash: Delta,
+}
+
+struct StealBuf {
+    params: Vec<f32>,
+    keys: KeySet,
+    ranges: Vec<Range<usize>>,
+    buf: Vec<f32>,
+}
+
+/// Injected delays sleep in slices of at most this long (see [`Run::injected_sleep`]).
+const SLEEP_SLICE: Duration = Duration::from_millis(1);
+/// The last part of an injected delay is spun, not slept: a sleep overshoots by the timer slack.
+const SPIN_TAIL: Duration = Duration::from_micros(200);
+/// How much shorter than what is left a sleep slice is cut, for the timer slack.
+const TIMER_SLACK: Duration = Duration::from_micros(150);
+
+impl<M: Model> Run<'_, M> {
+    /// Whether some rank still has queued chunks of the iteration tagged `tag`.
+    pub(super) fn stealable(&self, tag: u16) -> Result<bool, TrainError> {
+        for r in (0..self.world).filter(|&r| r != self.rank) {
+            let q = self.queues.peek(r)?;
+            if q.tag == tag && q.left() > 0 {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Runs the active threads over this rank's queue (if `own`) and then over chunks taken from
+    /// others (if taking over is on), until nothing is left to take.
+    pub(super) fn compute(
+        &self,
+        policy: &dyn Policy,
+        it: u64,
+        replica: &[f32],
+        own: bool,
+    ) -> Result<(), TrainError> {
+        self.on_threads(|slot, failed| self.worker(policy, it, replica, own, slot, failed))
+    }
+
+    /// Runs `job` on every active thread with its slot; the first error stops the others (they
+    /// see `failed` set) and is returned.
+    fn on_threads(
+        &self,
+        job: impl Fn(&mut Slot<M::Work>, &AtomicBool) -> Result<(), TrainError> + Sync,
+    ) -> Result<(), TrainError> {
+        let failed = AtomicBool::new(false);
+        let error = Mutex::new(None);
+        self.pool.run(|w| {
+            let mut slot = self.slots[w].lock().expect("a compute thread panicked");
+            if let Err(e) = job(&mut slot, &failed) {
+                failed.store(true, Ordering::Relaxed);
+                error.lock().expect("error slot").get_or_insert(e);
+            }
+        });
+        match error.into_inner().expect("error slot") {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn share(&self, share: Share) -> f64 {
+        match share {
+            Share::Configured => self.cfg.steal_fraction,
+            Share::Fraction(f) => f,
+        }
+    }
+
+    fn worker(
+        &self,
+        policy: &dyn Policy,
+        it: u64,
+        replica: &[f32],
+        own: bool,
+        slot: &mut Slot<M::Work>,
+        failed: &AtomicBool,
+    ) -> Result<(), TrainError> {
+        let tag = queue::tag(it);
+        let view = self.view();
+        while own && !failed.load(Ordering::Relaxed) {
+            let Some(r) = self.queues.take_own(self.cfg.grain)? else { break };
+            let start = self.own.lock().expect("own chunks").start;
+            let rows = |c: u32| self.plan.global_chunk_rows(it, start + c as usize);
+            match policy.own_chunks(&view)? {
+                OwnChunks::Whole => {
+                    for c in r.clone() {
+                        self.run_chunk(rows(c), replica, slot);
+                    }
+                    slot.own += u64::from(r.end - r.start);
+                    self.clocks.done(self.rank, r.end - r.start)?;
+                }
+                OwnChunks::ClaimFirst => {
+                    for c in r {
+                        // Claimed before computing, so nobody copies it, and its result goes
+                        // straight into the thread's buffers (no per-chunk copy to drain).
+                        if policy.claim(self.rank, tag, c)? {
+                            self.run_chunk(rows(c), replica, slot);
+                            slot.own += 1;
+                            self.clocks.done(self.rank, 1)?;
+                        }
+                    }
+                }
+                OwnChunks::AsCopies => {
+                    for c in r {
+                        // One copy of the chunk, which may lose to another.
+                        if self.speculate(policy, (self.rank, tag, c), rows(c), replica, slot)? {
+                            slot.own += 1;
+                        }
+                    }
+                }
+            }
+            let mut takes = std::mem::take(&mut slot.takes);
+            takes.clear();
+            policy.after_own_chunk(&view, it, &mut takes)?;
+            for take in &takes {
+                if let Some((g, r)) = self.queues.steal(take.rank, self.share(take.share), u32::MAX)? {
+                    self.help(take.rank, words::untag(g, it), r.clone(), replica, slot)?;
+                    let n = u64::from(r.end - r.start);
+                    slot.taken += n;
+                    slot.reassigned += n;
+                }
+            }
+            slot.takes = takes;
+        }
+        while self.steal && !failed.load(Ordering::Relaxed) {
+            let Some((victim, vit, r)) = self.take_over(policy, it)? else { break };
+            self.help(victim, vit, r.clone(), replica, slot)?;
+            slot.taken += u64::from(r.end - r.start);
+        }
+        Ok(())
+    }
+
+    /// Takes over chunks from the victim the policy names, of an iteration not ahead of `it`:
+    /// `(victim, victim's iteration, chunks)`. If the victim refilled its queue between the look
+    /// and the take (SSP only), the chunks are of a newer iteration, computed against older
+    /// parameters like any stale worker's.
+    fn take_over(
+        &self,
+        policy: &dyn Policy,
+        it: u64,
+    ) -> Result<Option<(usize, u64, Range<u32>)>, TrainError> {
+        loop {
+            let Some(take) = policy.victim(&self.view(), it)? else { return Ok(None) };
+            if let Some((g, r)) = self.queues.steal(take.rank, self.share(take.share), u32::MAX)? {
+                return Ok(Some((take.rank, words::untag(g, it), r)));
+            }
+        }
+    }
+
+    /// Computes chunks `r` of `victim`'s iteration `vit`, taken over, and counts them done.
+    fn help(
+        &self,
+        victim: usize,
+        vit: u64,
+        r: Range<u32>,
+        replica: &[f32],
+        slot: &mut Slot<M::Work>,
+    ) -> Result<(), TrainError> {
+        let rows = r.clone().map(|c| self.plan.chunk_rows(vit, victim, c));
+        self.with_params(rows.clone(), replica, slot, |run, params, slot| {
+            for rows in rows {
+                run.run_chunk(rows, params, slot);
+            }
+            Ok(())
+        })?;
+        Ok(self.clocks.done(victim, r.end - r.start)?)
+    }
+
+    /// Runs `f` with parameters valid at the keys of `rows`: the rank's `replica` for dense
+    /// models and sparse ones pulled whole; else pulled by this thread now.
+    fn with_params<R>(
+        &self,
+        rows: impl Iterator<Item = Range<usize>>,
+        replica: &[f32],
+        slot: &mut Slot<M::Work>,
+        f: impl FnOnce(&Self, &[f32], &mut Slot<M::Work>) -> Result<R, TrainError>,
+    ) -> Result<R, TrainError> {
+        if !self.keyed() {
+            return f(self, replica, slot);
+        }
+        let layout = self.model.layout();
+        let sb = slot.steal.get_or_insert_with(|| StealBuf {
+            params: vec![0.0; layout.params],
+            keys: KeySet::new(layout.keys()),
+            ranges: Vec::new(),
+            buf: Vec::new(),
+        });
+        sb.keys.clear();
+        for rows in rows {
+            self.model.keys(rows, &mut sb.keys);
+        }
+        pull_keys(&self.params, layout, &mut sb.keys, &mut sb.ranges, &mut sb.buf, &mut sb.params)?;
+        let p = std::mem::take(&mut sb.params);
+        let out = f(self, &p, slot);
+        if let Some(sb) = slot.steal.as_mut() {
+            sb.params = p;
+        }
+        out
+    }
+
+    /// Computes one copy of chunk `(owner, tag, chunk)` (rows `rows`) and applies it only if this
+    /// copy claims the chunk first; returns whether it did. A copy whose chunk is settled before
+    /// it starts is not run; an injected delay stops when it is settled meanwhile.
+    fn speculate(
+        &self,
+        policy: &dyn Policy,
+        (owner, tag, chunk): (usize, u16, u32),
+        rows: Range<usize>,
+        params: &[f32],
+        slot: &mut Slot<M::Work>,
+    ) -> Result<bool, TrainError> {
+        if policy.settled(owner, tag, chunk)? {
+            return Ok(false);
+        }
+        let layout = self.model.layout();
+        let sp = slot.spec.get_or_insert_with(|| Spec {
+            work: self.model.work(self.cfg.chunk),
+            won: Delta::new(layout),
+            trash: Delta::new(layout),
+        });
+        let n = rows.len() as u64;
+        let loss = self
+            .chunk_into(rows, params, &mut sp.work, &|| policy.settled(owner, tag, chunk).unwrap_or(false));
+        if policy.claim(owner, tag, chunk)? {
+            self.model.drain(&mut sp.work, 1.0, &mut sp.won);
+            slot.rows += n;
+            slot.loss += loss;
+            self.clocks.done(owner, 1)?;
+            Ok(true)
+        } else {
+            self.model.drain(&mut sp.work, 0.0, &mut sp.trash);
+            sp.trash.clear();
+            slot.discarded += 1;
+            Ok(false)
+        }
+    }
+
+    /// This rank's threads compute copies of chunks still running on other ranks in iteration
+    /// `it` (each copy by one thread), as long as the policy names one.
+    pub(super) fn clone_chunks(
+        &self,
+        policy: &dyn Policy,
+        it: u64,
+        replica: &[f32],
+    ) -> Result<(), TrainError> {
+        let tag = queue::tag(it);
+        self.on_threads(|slot, failed| {
+            while !failed.load(Ordering::Relaxed) {
+                let Some((v, c)) = policy.copy(&self.view(), it)? else { return Ok(()) };
+                if policy.settled(v, tag, c)? {
+                    // Done meanwhile: not worth pulling its parameters.
+                    continue;
+                }
+                let rows = self.plan.chunk_rows(it, v, c);
+                let won =
+                    self.with_params(std::iter::once(rows.clone()), replica, slot, |run, p, slot| {
+                        run.speculate(policy, (v, tag, c), rows, p, slot)
+                    })?;
+                if won {
+                    slot.cloned += 1;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn run_chunk(&self, rows: Range<usize>, params: &[f32], slot: &mut Slot<M::Work>) {
+        slot.rows += rows.len() as u64;
+        slot.loss += self.chunk_into(rows, params, &mut slot.work, &|| false);
+    }
+
+    /// Computes rows `rows` into `work`, then sleeps the injected delay (cut short when `cancel`
+    /// says so); returns the rows' summed loss. Publishes this rank's chunk rate when the policy
+    /// reads rates.
+    fn chunk_into(
+        &self,
+        rows: Range<usize>,
+        params: &[f32],
+        work: &mut M::Work,
+        cancel: &dyn Fn() -> bool,
+    ) -> f64 {
+        let c0 = Instant::now();
+        let loss = self.model.compute(rows, params, work);
+        let delay = f64::from_bits(self.delay.load(Ordering::Relaxed));
+        if delay > 0.0 {
+            self.injected_sleep(c0.elapsed().mul_f64(delay), cancel);
+        }
+        self.iter_busy.fetch_add(c0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let n = self.iter_chunks.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.publish_rates {
+            // This iteration's completion rate (a failed store just skips one update; the next
+            // chunk publishes again).
+            let since = self.iter_start.lock().map(|s| s.elapsed()).unwrap_or_default();
+            let rate = n as f64 / since.as_secs_f64().max(1e-9);
+            let _ = self.rates.swap(self.rank, rate.to_bits());
+        }
+        loss
+    }
+
+    /// Waits `d` in slices of at most [`SLEEP_SLICE`], touching this rank's own queue word between
+    /// them: MPI does not promise progress on a window's passive-target operations while its
+    /// owner stays out of MPI, and an injected delay must not make a rank's chunks harder to take
+    /// over than real slow compute would (which calls into MPI after every chunk). Stops early
+    /// when `cancel` says so (checked between slices).
+    /// The last [`SPIN_TAIL`] is spun, not slept: a sleep overshoots by the timer slack (~50-100 us
+    /// here), which would inflate the small delays of short chunks several times over.
+    fn injected_sleep(&self, d: Duration, cancel: &dyn Fn() -> bool) {
+        let until = Instant::now() + d;
+        loop {
+            let now = Instant::now();
+            if now >= until {
+                return;
+            }
+            let left = until - now;
+            if left > SPIN_TAIL {
+                std::thread::sleep((left - TIMER_SLACK).min(SLEEP_SLICE));
+                if cancel() {
+                    return;
+                }
+            }
+            // Into MPI between slices, spun ones too (MPICH carries out others' atomics on this
+            // rank's window only then: without it, no chunk of a delayed rank was ever taken over
+            // under MPICH).
+            let _ = self.queues.peek(self.rank);
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! What a run records: one line per iteration and rank ([`IterRecord`]), evaluations, per-rank
+//! totals and the report every rank returns.
+
+use std::io::Write;
+
+use serde::Serialize;
+
+use super::TrainError;
+
+/// One iteration of one rank, as written to its metrics file.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct IterRecord {
+    /// The rank.
+    pub rank: usize,
+    /// The iteration.
+    pub iter: u64,
+    /// Training seconds (evaluations excluded) at the iteration's start.
+    pub start: f64,
+    /// Seconds computing (own chunks and chunks taken over).
+    pub compute: f64,
+    /// Seconds pulling and pushing parameters.
+    pub comm: f64,
+    /// Seconds waiting for other ranks.
+    pub wait: f64,
+    /// Own chunks computed.
+    pub own: u64,
+    /// Chunks taken over from other ranks and computed.
+    pub taken: u64,
+    /// Active compute threads.
+    pub threads: usize,
+    /// Rows computed.
+    pub rows: u64,
+    /// Mean loss of the rows computed (before their update).
+    pub loss: f64,
+    /// Injected delay factor: after each chunk the rank slept this many times its compute time.
+    pub delay: f64,
+    /// Whether an injected disruptor was burning the rank's cores at the iteration's end.
+    pub disrupted: bool,
+    /// DynSGD: model versions (N updates each) pushed between this rank's pull and push (its
+    /// update was scaled by `1 / (1 + staleness)`).
+    pub staleness: u64,
+    /// Backup workers: `b` of this iteration.
+    pub backups: usize,
+    /// Backup workers: this rank's update came too late and was dropped.
+    pub dropped: bool,
+    /// LB-BSP: this rank's predicted speed (rows per second) for its next iteration.
+    pub predicted: f64,
+    /// LB-BSP: this rank's measured speed in this iteration (rows per second of its threads'
+    /// chunk time, times its threads; 0 when it had no rows).
+    pub speed: f64,
+    /// FlexRR: chunks taken over by rapid reassignment, before this rank's own were done.
+    pub reassigned: u64,
+    /// Speculative execution: chunks of late ranks this rank computed a copy of and applied
+    /// (its copy finished first).
+    pub cloned: u64,
+    /// Speculative execution: copies this rank computed (own chunks or clones) that finished
+    /// second and were dropped.
+    pub discarded: u64,
+}
+
+/// One evaluation.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct EvalPoint {
+    /// Iterations done.
+    pub iter: u64,
+    /// Training seconds (evaluations excluded).
+    pub time: f64,
+    /// Mean evaluation loss.
+    pub loss: f64,
+    /// Accuracy or RMSE.
+    pub metric: f64,
+}
+
+/// Totals of one rank.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct RankTotals {
+    /// Seconds computing.
+    pub compute: f64,
+    /// Seconds pulling and pushing.
+    pub comm: f64,
+    /// Seconds waiting.
+    pub wait: f64,
+    /// Own chunks computed.
+    pub own: u64,
+    /// Chunks taken over and computed.
+    pub taken: u64,
+    /// Rows computed (and applied).
+    pub rows: u64,
+    /// Speculative execution: copies of late ranks' chunks computed and applied.
+    pub cloned: u64,
+    /// Speculative execution: copies computed and dropped (they finished second).
+    pub discarded: u64,
+    /// LB-BSP: the sum over iterations of `|predicted - measured| / measured` speed, and the
+    /// number of iterations summed.
+    pub prediction_error: f64,
+    /// LB-BSP: see `prediction_error`.
+    pub predictions: u64,
+}
+
+/// Numbers in [`RankTotals`], as summed over ranks.
+pub(super) const TOTALS: usize = 10;
+
+impl RankTotals {
+    pub(super) fn to_array(self) -> [f64; TOTALS] {
+        [
+            self.compute,
+            self.comm,
+            self.wait,
+            self.own as f64,
+            self.taken as f64,
+            self.rows as f64,
+            self.cloned as f64,
+            self.discarded as f64,
+            self.prediction_error,
+            self.predictions as f64,
+        ]
+    }
+
+    pub(super) fn from_array(a: &[f64]) -> Self {
+        Self {
+            compute: a[0],
+            comm: a[1],
+            wait: a[2],
+            own: a[3] as u64,
+            taken: a[4] as u64,
+            rows: a[5] as u64,
+            cloned: a[6] as u64,
+            discarded: a[7] as u64,
+            prediction_error: a[8],
+            predictions: a[9] as u64,
+        }
+    }
+}
+
+/// What a run reports (the same on every rank).
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// Model name.
+    pub model: String,
+    /// Scheme.
+    pub scheme: String,
+    /// Ranks.
+    pub ranks: usize,
+    /// Iterations run.
+    pub iterations: u64,
+    /// Training rows computed, by all ranks.
+    pub samples: u64,
+    /// Training seconds, evaluations excluded (the slowest rank's).
+    pub train_seconds: f64,
+    /// Seconds spent evaluating.
+    pub eval_seconds: f64,
+    /// The evaluations, in order.
+    pub evals: Vec<EvalPoint>,
+    /// Name of the evaluation metric.
+    pub metric: String,
+    /// The target loss, if any.
+    pub target_loss: Option<f64>,
+    /// Training seconds until the evaluation loss first reached the target.
+    pub time_to_target: Option<f64>,
+    /// Per-rank totals.
+    pub per_rank: Vec<RankTotals>,
+    /// The final parameters, if asked for ([`Config::keep_params`]).
+    #[serde(skip)]
+    pub params: Option<Vec<f32>>,
+}
+
+impl Report {
+    /// The last evaluation.
+    pub fn last_eval(&self) -> Option<EvalPoint> {
+        self.evals.last().copied()
+    }
+
+    /// Training rows per second.
+    pub fn samples_per_second(&self) -> f64 {
+        self.samples as f64 / self.train_seconds.max(1e-12)
+    }
+}
+
+/// What rank 0 is told after each iteration (for a progress display).
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    /// Iterations done.
+    pub iter: u64,
+    /// Iterations planned.
+    pub iterations: u64,
+    /// Training rows processed.
+    pub samples: u64,
+    /// Training seconds.
+    pub seconds: f64,
+    /// Mean loss of this rank's last batch.
+    pub batch_loss: f64,
+    /// The last evaluation.
+    pub eval: Option<EvalPoint>,
+}
+
+impl IterRecord {
+    /// Adds this iteration to `totals`.
+    pub(super) fn add_to(&self, totals: &mut RankTotals) {
+        totals.compute += self.compute;
+        totals.comm += self.comm;
+        totals.wait += self.wait;
+        totals.own += self.own;
+        totals.taken += self.taken;
+        totals.rows += self.rows;
+        totals.cloned += self.cloned;
+        totals.discarded += self.discarded;
+    }
+
+    /// Writes the record as one JSON line to `out` (`path` names it in errors).
+    pub(super) fn write(&self, out: &mut dyn Write, path: &str) -> Result<(), TrainError> {
+        serde_json::to_writer(&mut *out, self)
+            .map_err(std::io::Error::from)
+            .and_then(|()| out.write_all(b"\n"))
+            .map_err(|source| TrainError::Metrics { path: path.to_string(), source })
+    }
+}

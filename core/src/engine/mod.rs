@@ -1,0 +1,249 @@
+//! The training loop: every rank a worker, the parameters sharded over all ranks in one window, no
+//! server code anywhere. The engine is mechanism only (windows, queues, the pool, pulls and
+//! pushes, waits); what to wait for, whom to take chunks from and which update applies is the
+//! scheme's [`Policy`](crate::scheme), asked at named hooks (`crate::scheme`'s README lists them
+//! in order).
+//!
+//! One iteration `t` of rank `r` ([`run`]):
+//! 1. **open**: its active threads and chunks of `t` (hooks `begin`, `threads`, `chunks`,
+//!    `open`), announced ([`Clocks::start`](crate::clocks::Clocks::start)) and queued;
+//! 2. **pull** ([`comm`]): `get` the whole model (dense) or only the keys its chunks read
+//!    (sparse) into the rank's replica;
+//! 3. **compute** ([`compute`]): the pool's active threads take chunks from the rank's queue (the
+//!    same window word thieves use) as the policy says (`own_chunks`, `after_own_chunk`) and, when
+//!    it is empty, take over chunks from other ranks (`victim`), reading their parameters
+//!    themselves (dense models use the replica, sparse ones pull the chunk's keys into a
+//!    per-thread buffer); if the policy lines up (`line_up`), the rank then waits until every
+//!    rank's chunks of `t` are done, helping with queued ones or copying running ones (`copy`),
+//!    so that nobody reads `t`'s parameters after someone changed them;
+//! 4. **push** ([`comm`]): the threads' updates are summed, scaled as the policy admits
+//!    (`admit`) and `accumulate`d into the owning shards, then flushed; the clock ticks
+//!    (`before_tick`, `after_tick`);
+//! 5. **wait** until the policy is `ready`; 6. **close**: the record (`end`), metrics,
+//!    evaluations.
+//!
+//! Evaluation pauses the world without lining the ranks up by iteration ([`evals`]): every
+//! `eval_every` of its iterations rank 0 raises a request counter (a word in a window); every rank
+//! checks it at the end of each iteration and in every wait, and then all ranks evaluate the model
+//! as it is (each on its share of the evaluation rows) and go on. Under ASP a fast rank is thus not
+//! held back to the slow rank's iteration count by evaluations (a collective at fixed iterations
+//! would make every evaluation a barrier). Evaluation time is excluded from the training time
+//! reported.
+
+use std::io::Write;
+
+use peregrine_transport::Transport;
+
+use crate::inject::{Injection, Pattern};
+use crate::model::Model;
+use crate::plan::{Plan, PlanError};
+use crate::pool::RankPool;
+use crate::queue::MAX_CHUNKS;
+use crate::scheme::{SchemeError, SchemeSpec};
+
+mod comm;
+mod compute;
+mod evals;
+mod metrics;
+mod run;
+
+pub use metrics::{EvalPoint, IterRecord, Progress, RankTotals, Report};
+
+/// Errors of a training run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TrainError {
+    /// A window operation or collective failed.
+    #[error(transparent)]
+    Transport(#[from] peregrine_transport::Error),
+    /// The scheme cannot run in this world.
+    #[error(transparent)]
+    Scheme(#[from] SchemeError),
+    /// The batches and chunks cannot be planned.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// An injected straggler pattern names a rank that does not exist.
+    #[error("straggler pattern {pattern}: rank {rank} does not exist in a world of {world}")]
+    NoSuchRank {
+        /// The pattern.
+        pattern: String,
+        /// The rank it names.
+        rank: usize,
+        /// Ranks in the world.
+        world: usize,
+    },
+    /// A setting is out of its range.
+    #[error("{setting} must be {accepted}, got {got}")]
+    Setting {
+        /// The setting.
+        setting: &'static str,
+        /// What it accepts.
+        accepted: String,
+        /// What it was.
+        got: String,
+    },
+    /// The loss stopped being a number.
+    #[error(
+        "training diverged: the evaluation loss is {loss} after {iter} iterations; lower the learning rate"
+    )]
+    Diverged {
+        /// Iterations done.
+        iter: u64,
+        /// The loss.
+        loss: f64,
+    },
+    /// Writing metrics failed.
+    #[error("writing metrics to {path}: {source}")]
+    Metrics {
+        /// The file.
+        path: String,
+        /// What failed.
+        source: std::io::Error,
+    },
+}
+
+impl TrainError {
+    /// Whether the error is in the configuration (the user's to fix) rather than the run.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::Scheme(_) | Self::Plan(_) | Self::Setting { .. } | Self::NoSuchRank { .. })
+    }
+}
+
+/// What a run does.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Synchronization scheme, and whether ranks take over each other's chunks.
+    pub scheme: SchemeSpec,
+    /// Global mini-batch rows per iteration.
+    pub batch: usize,
+    /// Rows per chunk.
+    pub chunk: usize,
+    /// Chunks a thread takes from its own queue at a time.
+    pub grain: u32,
+    /// Iterations to run (at most).
+    pub iterations: u64,
+    /// Stop once the evaluation loss is at or below this.
+    pub target_loss: Option<f64>,
+    /// Evaluate every this many iterations (0: only at the end).
+    pub eval_every: u64,
+    /// Fraction of a victim's remaining chunks a thief takes at once (unless the scheme sizes
+    /// transfers itself, as Falcon does).
+    pub steal_fraction: f64,
+    /// Seed of the initial model and the batch order.
+    pub seed: u64,
+    /// Active compute threads per rank (at most the pool's size), unless `elastic` says otherwise.
+    pub threads: usize,
+    /// How a rank's active thread count changes between iterations.
+    pub elastic: Elastic,
+    /// Injected stragglers (see [`crate::inject`]).
+    pub inject: Injection,
+    /// Return the final parameters in the report.
+    pub keep_params: bool,
+    /// Learning-rate decay: updates of epoch `e` (fractional) are scaled by `1 / (1 + decay e)`.
+    pub lr_decay: f64,
+    /// Sparse models with at most this many parameters are pulled whole, like dense ones: a get
+    /// of a small model costs less than finding the keys of a batch (Adult's 122 weights: one
+    /// 0.5 KB get instead of a pass over 340k feature indices per iteration).
+    pub dense_pull_below: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            scheme: SchemeSpec::default(),
+            batch: 1024,
+            chunk: 64,
+            grain: 1,
+            iterations: 100,
+            target_loss: None,
+            eval_every: 0,
+            steal_fraction: 0.5,
+            seed: 1,
+            threads: 1,
+            elastic: Elastic::Fixed,
+            inject: Injection::default(),
+            keep_params: false,
+            lr_decay: 0.0,
+            dense_pull_below: 1 << 16,
+        }
+    }
+}
+
+/// Elastic parallelism set by the configuration: the active compute threads of a rank before each
+/// iteration (the pool is built once with the most threads; the others stay parked). Policies may
+/// change it further (Falcon's elastic parallelism).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum Elastic {
+    /// Always `Config::threads`.
+    #[default]
+    Fixed,
+    /// `(rank, from iteration, threads)`: from that iteration on, that rank runs that many threads
+    /// (the latest entry that applies wins; before any, `Config::threads`).
+    Schedule(Vec<(usize, u64, usize)>),
+}
+
+impl Elastic {
+    /// Active threads of `rank` in iteration `it`.
+    pub fn threads(&self, rank: usize, it: u64, default: usize) -> usize {
+        match self {
+            Self::Fixed => default,
+            Self::Schedule(s) => s
+                .iter()
+                .filter(|&&(r, from, _)| r == rank && from <= it)
+                .max_by_key(|e| e.1)
+                .map_or(default, |e| e.2),
+        }
+    }
+}
+
+/// Checks what [`train`] would refuse in `cfg` for a world of `world` ranks training on `rows`
+/// rows, before anything is started or written: settings out of range, batches that cannot be
+/// planned, schemes that cannot run with this many ranks, straggler patterns naming ranks that do
+/// not exist.
+pub fn check(cfg: &Config, world: usize, rows: usize) -> Result<Plan, TrainError> {
+    let setting = |setting, accepted: &str, got: String| TrainError::Setting {
+        setting,
+        accepted: accepted.into(),
+        got,
+    };
+    if cfg.threads == 0 {
+        return Err(setting("threads", "at least 1", cfg.threads.to_string()));
+    }
+    if cfg.grain == 0 {
+        return Err(setting("grain", "at least 1", cfg.grain.to_string()));
+    }
+    if !(cfg.steal_fraction > 0.0 && cfg.steal_fraction <= 1.0) {
+        return Err(setting("the steal fraction", "in (0, 1]", cfg.steal_fraction.to_string()));
+    }
+    let plan = Plan::new(rows, cfg.batch, world, cfg.chunk, cfg.seed)?;
+    // A rank's chunks of an iteration must fit a queue word (LB-BSP may give one rank all).
+    if plan.batch().div_ceil(plan.chunk()) > MAX_CHUNKS as usize {
+        return Err(setting(
+            "chunks per batch (batch / chunk)",
+            &format!("at most {MAX_CHUNKS}"),
+            plan.batch().div_ceil(plan.chunk()).to_string(),
+        ));
+    }
+    cfg.scheme.scheme.validate(world)?;
+    if let Pattern::Persistent { ranks, .. } = &cfg.inject.pattern {
+        if let Some(&rank) = ranks.iter().find(|&&r| r >= world) {
+            return Err(TrainError::NoSuchRank { pattern: cfg.inject.pattern.to_string(), rank, world });
+        }
+    }
+    Ok(plan)
+}
+
+/// Trains `model` on this rank (collective: every rank calls it with the same model and
+/// configuration). `metrics`, if given, receives one JSON line per iteration; `progress` is called
+/// on rank 0 after every iteration.
+pub fn train<M: Model>(
+    t: &Transport,
+    model: &M,
+    cfg: &Config,
+    pool: &RankPool,
+    metrics: Option<(&mut dyn Write, &str)>,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<Report, TrainError> {
+    let plan = check(cfg, t.world_size(), model.rows())?;
+    run::Run::run(run::Run::start(t, model, cfg, plan, pool)?, metrics, progress)
+}

@@ -1,0 +1,426 @@
+//! A run on one rank: its windows and buffers ([`Run`]), and the iteration loop ([`Run::train`])
+//! with one method per phase.
+
+use std::io::Write;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use peregrine_transport::{ReduceOp, ShardMap, Transport, Window};
+
+use super::compute::Slot;
+use super::evals::Evals;
+use super::metrics::TOTALS;
+use super::{Config, IterRecord, Progress, RankTotals, Report, TrainError};
+use crate::clocks::Clocks;
+use crate::inject::Disruptor;
+use crate::model::{Delta, KeySet, Model};
+use crate::plan::Plan;
+use crate::pool::RankPool;
+use crate::queue::{self, ChunkQueues};
+use crate::scheme::{Policy, Setup, View};
+use crate::words;
+
+/// A training run on this rank: the windows, buffers and counters the phases share. Its
+/// threads see it by shared reference; the policy is kept beside it, changed between phases.
+pub(super) struct Run<'a, M: Model> {
+    pub t: &'a Transport,
+    pub model: &'a M,
+    pub cfg: &'a Config,
+    pub plan: Plan,
+    pub pool: &'a RankPool,
+    pub params: Window<f32>,
+    pub queues: ChunkQueues,
+    pub clocks: Clocks,
+    /// On rank 0: `[evaluations requested, ranks finished]`.
+    pub control: Window<u64>,
+    pub slots: Vec<Mutex<Slot<M::Work>>>,
+    pub rank: usize,
+    pub world: usize,
+    /// This iteration's injected delay factor (f64 bits).
+    pub delay: AtomicU64,
+    /// Whether ranks take over chunks (the policy's answer).
+    pub steal: bool,
+    /// Every rank's chunk completion rate in its current iteration (chunks per second, f64 bits),
+    /// published only when the policy reads them.
+    pub rates: Window<u64>,
+    pub publish_rates: bool,
+    /// Chunks this rank computed in its current iteration.
+    pub iter_chunks: AtomicU64,
+    /// Nanoseconds this rank's threads spent in chunks (compute and injected delay) in its current
+    /// iteration: the policy's speed measure (the iteration's wall time would count dispatch and
+    /// other fixed costs, which make a rank with fewer rows look slower).
+    pub iter_busy: AtomicU64,
+    /// When the current iteration's compute began.
+    pub iter_start: Mutex<Instant>,
+    /// This rank's chunks of the current iteration (global chunk numbers).
+    pub own: Mutex<Range<usize>>,
+    pub disruptor: Option<Disruptor>,
+}
+
+/// What the rank's main thread carries from iteration to iteration: buffers and running sums.
+struct Local {
+    delta: Delta,
+    ranges: Vec<Range<usize>>,
+    data: Vec<f32>,
+    keys: KeySet,
+    /// The rank's copy of the parameters it reads (all of them for dense models).
+    replica: Vec<f32>,
+    totals: RankTotals,
+    samples: u64,
+    ev: Evals,
+}
+
+impl<'a, M: Model> Run<'a, M> {
+    /// Collective: allocates the windows, writes this rank's shard of the initial model and
+    /// builds the policy.
+    pub(super) fn start(
+        t: &'a Transport,
+        model: &'a M,
+        cfg: &'a Config,
+        plan: Plan,
+        pool: &'a RankPool,
+    ) -> Result<(Self, Box<dyn Policy>), TrainError> {
+        pool.set_active(cfg.threads);
+        let map = ShardMap::balanced(model.layout().params, t.world_size());
+        let params: Window<f32> = t.alloc_window("parameters", &map)?;
+        // Each rank writes the initial values of its own shard.
+        let mine = map.range(t.rank());
+        let mut init = vec![0.0f32; mine.len()];
+        model.init(cfg.seed, mine.clone(), &mut init);
+        params.put(mine.start, &init)?;
+        params.flush_all()?;
+        drop(init);
+        let slots = (0..pool.max_threads()).map(|_| Mutex::new(Slot::new(model.work(cfg.chunk)))).collect();
+        let policy = cfg.scheme.scheme.policy(&Setup { t, cfg, plan: &plan })?;
+        let run = Run {
+            t,
+            model,
+            cfg,
+            plan,
+            pool,
+            params,
+            queues: ChunkQueues::new(t)?,
+            clocks: Clocks::new(t)?,
+            control: t.alloc_window(
+                "control",
+                &ShardMap::from_lens((0..t.world_size()).map(|r| if r == 0 { 2 } else { 0 })),
+            )?,
+            slots,
+            rank: t.rank(),
+            world: t.world_size(),
+            delay: AtomicU64::new(0),
+            steal: policy.takes_over(),
+            rates: t.alloc_window("chunk rates", &ShardMap::from_lens(vec![1; t.world_size()]))?,
+            publish_rates: policy.reads_rates(),
+            iter_chunks: AtomicU64::new(0),
+            iter_busy: AtomicU64::new(0),
+            iter_start: Mutex::new(Instant::now()),
+            own: Mutex::new(0..0),
+            disruptor: cfg.inject.disruptor(t.rank(), &pool.placement().cpus, pool.max_threads()),
+        };
+        t.barrier()?;
+        Ok((run, policy))
+    }
+
+    /// The world as the policy sees it.
+    pub(super) fn view(&self) -> Live<'_> {
+        Live {
+            queues: &self.queues,
+            clocks: &self.clocks,
+            rates: &self.rates,
+            rank: self.rank,
+            world: self.world,
+        }
+    }
+
+    /// The iterations of this rank, then the final evaluation and the report (collective).
+    fn train(
+        &self,
+        policy: &mut dyn Policy,
+        mut metrics: Option<(&mut dyn Write, &str)>,
+        progress: &mut dyn FnMut(&Progress),
+    ) -> Result<Report, TrainError> {
+        let mut me = Local::new(self);
+        let mut next = 0;
+        while next < self.cfg.iterations {
+            let it = policy.begin(&self.view(), next)?;
+            if it >= self.cfg.iterations {
+                break;
+            }
+            next = it + 1;
+            let mut rec = self.open(policy, &me, it)?;
+            let Local { keys, ranges, data, replica, .. } = &mut me;
+            self.pull_into(it, keys, ranges, data, replica, &mut rec)?;
+            let computing = self.compute_phase(policy, &mut me.ev, &me.replica, it, &mut rec)?;
+            self.push(policy, &mut me, it, computing, &mut rec)?;
+            if !policy.ready(&self.view(), it)? {
+                rec.wait +=
+                    self.wait_serving(&mut me.ev, || Ok(policy.ready(&self.view(), it)?))?.as_secs_f64();
+            }
+            self.close(policy, &mut me, rec, &mut metrics, progress)?;
+            if me.ev.to_target.is_some() {
+                break;
+            }
+        }
+        self.finish(policy, me)
+    }
+
+    /// Opens iteration `it`: active threads, the injected delay, this rank's chunks, announced and
+    /// queued. Returns the iteration's record.
+    fn open(&self, policy: &mut dyn Policy, me: &Local, it: u64) -> Result<IterRecord, TrainError> {
+        let cfg = self.cfg;
+        let planned = cfg.elastic.threads(self.rank, it, cfg.inject.threads(self.rank, cfg.threads));
+        self.pool.set_active(policy.threads(planned));
+        let delay = cfg.inject.delay(self.rank, it);
+        self.delay.store(delay.to_bits(), Ordering::Relaxed);
+        let rec = IterRecord {
+            rank: self.rank,
+            iter: it,
+            start: me.ev.train_time(),
+            threads: self.pool.active(),
+            delay,
+            ..Default::default()
+        };
+        let view = self.view();
+        let part = policy.chunks(&view, it, &self.plan)?;
+        let n_chunks = part.len() as u32;
+        *self.own.lock().expect("own chunks") = part;
+        policy.open(&view, it)?;
+        let tag = queue::tag(it);
+        self.clocks.start(tag, n_chunks)?;
+        self.queues.fill(tag, n_chunks)?;
+        Ok(rec)
+    }
+
+    /// Computes iteration `it`: own chunks, chunks taken over, and lining up if the policy says
+    /// so. Returns when the compute began.
+    fn compute_phase(
+        &self,
+        policy: &dyn Policy,
+        ev: &mut Evals,
+        replica: &[f32],
+        it: u64,
+        rec: &mut IterRecord,
+    ) -> Result<Instant, TrainError> {
+        let c1 = Instant::now();
+        self.iter_chunks.store(0, Ordering::Relaxed);
+        self.iter_busy.store(0, Ordering::Relaxed);
+        *self.iter_start.lock().expect("iteration start") = c1;
+        self.compute(policy, it, replica, true)?;
+        // How long one chunk takes a thread of this rank (a copy of a late rank's chunk is made
+        // only after waiting that long for it).
+        let own_done = c1.elapsed();
+        let per_chunk = own_done.mul_f64(self.pool.active() as f64)
+            / self.iter_chunks.load(Ordering::Relaxed).max(1) as u32;
+        let (mut helped, mut paused) = (Duration::ZERO, Duration::ZERO);
+        // Without taking over or copies, nobody reads parameters after its pull: no need to line up.
+        if policy.line_up() {
+            let tag = queue::tag(it);
+            let w = crate::clocks::wait_until(|| -> Result<bool, TrainError> {
+                paused += self.serve_evals(ev)?;
+                // Once an evaluation says stop, nobody waits for anyone any more.
+                if ev.to_target.is_some() || self.clocks.all_done(tag)? {
+                    return Ok(true);
+                }
+                let h = Instant::now();
+                if self.steal && self.stealable(tag)? {
+                    self.compute(policy, it, replica, false)?;
+                } else if policy.copy_due(
+                    &self.view(),
+                    it,
+                    c1.elapsed() >= own_done + helped + paused + per_chunk,
+                )? {
+                    self.clone_chunks(policy, it, replica)?;
+                } else {
+                    return Ok(false);
+                }
+                helped += h.elapsed();
+                Ok(false)
+            })?;
+            rec.wait += w.saturating_sub(helped + paused).as_secs_f64();
+        }
+        rec.compute += (c1.elapsed().saturating_sub(paused).as_secs_f64() - rec.wait).max(0.0);
+        Ok(c1)
+    }
+
+    /// Pushes this rank's update of `it` as the policy admits it, and ticks the clock.
+    fn push(
+        &self,
+        policy: &mut dyn Policy,
+        me: &mut Local,
+        it: u64,
+        computing: Instant,
+        rec: &mut IterRecord,
+    ) -> Result<(), TrainError> {
+        let c2 = Instant::now();
+        let view = self.view();
+        let admit = policy.admit(&view, it, computing.elapsed(), rec)?;
+        let batch_rows = self.plan.batch_rows(it).len();
+        let epoch = it as f64 / self.plan.iters_per_epoch() as f64;
+        let scale = self.model.scale(batch_rows) / (1.0 + self.cfg.lr_decay * epoch) as f32 * admit.scale;
+        self.drain(scale, &mut me.delta, rec);
+        if admit.apply && !me.delta.is_empty() {
+            self.push_delta(&mut me.delta, &mut me.ranges, &mut me.data)?;
+        }
+        self.params.flush_all()?;
+        policy.before_tick(&view, it, Duration::from_nanos(self.iter_busy.load(Ordering::Relaxed)), rec)?;
+        self.clocks.tick()?;
+        policy.after_tick(it, admit.apply)?;
+        rec.comm += c2.elapsed().as_secs_f64();
+        me.samples += batch_rows as u64;
+        Ok(())
+    }
+
+    /// Closes the iteration: its record to the policy, the totals and the metrics; then the
+    /// evaluations rank 0 asks for, and rank 0's progress display.
+    fn close(
+        &self,
+        policy: &mut dyn Policy,
+        me: &mut Local,
+        mut rec: IterRecord,
+        metrics: &mut Option<(&mut dyn Write, &str)>,
+        progress: &mut dyn FnMut(&Progress),
+    ) -> Result<(), TrainError> {
+        rec.loss /= rec.rows.max(1) as f64;
+        rec.disrupted = self.disruptor.as_ref().is_some_and(Disruptor::active);
+        policy.end(&rec);
+        rec.add_to(&mut me.totals);
+        if let Some((w, path)) = metrics.as_mut() {
+            rec.write(*w, path)?;
+        }
+        let done = rec.iter + 1;
+        me.ev.iters = done;
+        // Evaluate when rank 0 asks (the last evaluation comes after the loop, once every push has
+        // landed).
+        let cfg = self.cfg;
+        if self.rank == 0 && cfg.eval_every > 0 && done % cfg.eval_every == 0 && done < cfg.iterations {
+            self.control.fetch_add(0, 1)?;
+        }
+        self.serve_evals(&mut me.ev)?;
+        if self.rank == 0 {
+            progress(&Progress {
+                iter: done,
+                iterations: cfg.iterations,
+                samples: me.samples,
+                seconds: me.ev.train_time(),
+                batch_loss: rec.loss,
+                eval: me.ev.points.last().copied(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Done: keeps joining the evaluations rank 0 asks for until every rank is done (rank 0 asks
+    /// for none after it is), then evaluates the final model once every push has landed (each
+    /// rank flushed before the barrier), and reports.
+    fn finish(&self, policy: &dyn Policy, mut me: Local) -> Result<Report, TrainError> {
+        self.control.fetch_add(1, 1)?;
+        crate::clocks::wait_until(|| -> Result<bool, TrainError> {
+            self.serve_evals(&mut me.ev)?;
+            Ok(self.control.load(1)? == self.world as u64)
+        })?;
+        self.serve_evals(&mut me.ev)?;
+        self.t.barrier()?;
+        self.evaluate(&mut me.ev)?;
+        // The slowest rank's times; the most iterations any rank ran (ranks differ under SSP/ASP
+        // and when a target stops them).
+        let ev = me.ev;
+        let mut most = [ev.train_time(), ev.time.as_secs_f64(), ev.iters as f64];
+        self.t.allreduce(&mut most, ReduceOp::Max)?;
+        policy.totals(&mut me.totals);
+        let mut all = vec![0.0f64; self.world * TOTALS];
+        all[self.rank * TOTALS..(self.rank + 1) * TOTALS].copy_from_slice(&me.totals.to_array());
+        self.t.allreduce(&mut all, ReduceOp::Sum)?;
+        let per_rank: Vec<RankTotals> = all.chunks(TOTALS).map(RankTotals::from_array).collect();
+        Ok(Report {
+            model: self.model.name().into(),
+            scheme: self.cfg.scheme.scheme.to_string(),
+            ranks: self.world,
+            iterations: most[2] as u64,
+            samples: per_rank.iter().map(|r| r.rows).sum(),
+            train_seconds: most[0],
+            eval_seconds: most[1],
+            evals: ev.points,
+            metric: self.model.metric().name().into(),
+            target_loss: self.cfg.target_loss,
+            time_to_target: ev.to_target,
+            per_rank,
+            params: self.cfg.keep_params.then_some(ev.params),
+        })
+    }
+
+    /// Collective: frees every window, the policy's too.
+    fn free(self, policy: Box<dyn Policy>) -> Result<(), TrainError> {
+        self.t.barrier()?;
+        self.params.free()?;
+        self.queues.free()?;
+        self.clocks.free()?;
+        self.control.free()?;
+        self.rates.free()?;
+        policy.free()?;
+        Ok(())
+    }
+}
+
+impl<'a, M: Model> Run<'a, M> {
+    /// Trains, then frees the windows (whether training succeeded or not).
+    pub(super) fn run(
+        (run, mut policy): (Self, Box<dyn Policy>),
+        metrics: Option<(&mut dyn Write, &str)>,
+        progress: &mut dyn FnMut(&Progress),
+    ) -> Result<Report, TrainError> {
+        let result = run.train(&mut *policy, metrics, progress);
+        run.free(policy)?;
+        result
+    }
+}
+
+impl Local {
+    fn new<M: Model>(run: &Run<'_, M>) -> Self {
+        let layout = run.model.layout();
+        let mut replica = vec![0.0f32; layout.params];
+        run.pool.bind_memory(&mut replica);
+        Self {
+            delta: Delta::new(layout),
+            ranges: Vec::new(),
+            data: Vec::new(),
+            keys: KeySet::new(layout.keys()),
+            replica,
+            totals: RankTotals::default(),
+            samples: 0,
+            ev: Evals::new(layout.params),
+        }
+    }
+}
+
+/// The world read live from the windows: each read one atomic one-sided load.
+pub(super) struct Live<'r> {
+    queues: &'r ChunkQueues,
+    clocks: &'r Clocks,
+    rates: &'r Window<u64>,
+    rank: usize,
+    world: usize,
+}
+
+impl View for Live<'_> {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world(&self) -> usize {
+        self.world
+    }
+    fn clock(&self, rank: usize) -> crate::scheme::Result<u64> {
+        self.clocks.clock(rank)
+    }
+    fn queue(&self, rank: usize) -> crate::scheme::Result<words::Queue> {
+        self.queues.peek(rank)
+    }
+    fn progress(&self, rank: usize) -> crate::scheme::Result<words::Progress> {
+        self.clocks.progress(rank)
+    }
+    fn rate(&self, rank: usize) -> crate::scheme::Result<f64> {
+        Ok(f64::from_bits(self.rates.load(rank)?))
+    }
+}

@@ -1,0 +1,662 @@
+//! Synchronization schemes and straggler mitigations as **policies**: the engine
+//! ([`crate::engine`]) is the mechanism (windows, queues, the pool, pulls and pushes, waits) and
+//! asks a [`Policy`] at named points of every iteration what to do; each scheme is one file that
+//! owns its state and windows. `README.md` in this folder lists the hooks in the order an
+//! iteration calls them, and which scheme uses which.
+//!
+//! A scheme is named on the command line and in configuration files as `name[:arguments]`
+//! (`ssp:3`, `backup:1`, `falcon:slack:2`); [`Scheme`] is that name parsed once, by the
+//! [registry](FAMILIES) of scheme files, and checked against the world it is to run in
+//! ([`Scheme::validate`]) before anything is written. [`SchemeSpec`] adds whether ranks take over
+//! each other's chunks (`bsp+steal` in an experiment's list).
+//!
+//! Policies decide from a [`View`] of the world: the ranks' clocks, queue words, progress words
+//! and published chunk rates. In a run the view reads the windows one-sidedly as a decision needs
+//! them; in tests it is a hand-made [`Snapshot`], so that every decision rule is a deterministic
+//! unit test.
+
+use std::fmt;
+use std::ops::Range;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use peregrine_transport::Transport;
+
+use crate::engine::{Config, IterRecord, RankTotals};
+use crate::plan::Plan;
+use crate::words::{self, Progress, Queue};
+
+mod backup;
+mod dynsgd;
+mod falcon;
+mod flexrr;
+pub mod lbbsp;
+mod speculative;
+mod staleness;
+
+/// Failures of window operations inside a policy.
+pub(crate) type Result<T> = std::result::Result<T, peregrine_transport::Error>;
+
+/// Every scheme file's entry: the registry. A new scheme is a new file with its `FAMILY` and one
+/// line here.
+const FAMILIES: &[Family] = &[
+    staleness::FAMILY,
+    dynsgd::FAMILY,
+    backup::FAMILY,
+    lbbsp::FAMILY,
+    speculative::FAMILY,
+    flexrr::FAMILY,
+    falcon::FAMILY,
+];
+
+/// A scheme file's entry in the registry.
+pub(crate) struct Family {
+    /// The forms it accepts, for the error that lists them (`ssp[:<staleness>]`).
+    pub forms: &'static str,
+    /// Parses a lower-case scheme name: `None` if the name is not this family's.
+    pub parse: fn(&str) -> Option<std::result::Result<Arc<dyn Kind>, SchemeError>>,
+}
+
+/// A scheme with its arguments, parsed: what a scheme file makes of its name.
+pub(crate) trait Kind: fmt::Debug + fmt::Display + Send + Sync {
+    /// Whether the scheme can run in a world of `ranks` ranks; the error names the scheme and the
+    /// range it accepts.
+    fn validate(&self, _ranks: usize) -> std::result::Result<(), SchemeError> {
+        Ok(())
+    }
+
+    /// This rank's policy for a run (collective: every rank builds its own, and policies that
+    /// own windows allocate them here).
+    fn policy(&self, setup: &Setup<'_>) -> Result<Box<dyn Policy>>;
+}
+
+/// What a policy is built from.
+pub(crate) struct Setup<'a> {
+    /// The world.
+    pub t: &'a Transport,
+    /// The run's configuration.
+    pub cfg: &'a Config,
+    /// The run's batches and chunks.
+    pub plan: &'a Plan,
+}
+
+impl Setup<'_> {
+    /// Whether the user asked for chunks to be taken over.
+    pub fn steal(&self) -> bool {
+        self.cfg.scheme.steal
+    }
+}
+
+/// Errors of scheme names and of schemes that cannot run in a world.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SchemeError {
+    /// No scheme has this name.
+    #[error("unknown scheme `{name}`: expected {forms}")]
+    Unknown {
+        /// The name given.
+        name: String,
+        /// Every accepted form.
+        forms: String,
+    },
+    /// An argument of a scheme is not what it accepts.
+    #[error("scheme `{name}`: {what} must be {accepted}, as in {example}")]
+    Argument {
+        /// The name given.
+        name: String,
+        /// The argument.
+        what: &'static str,
+        /// What it accepts.
+        accepted: &'static str,
+        /// An accepted form.
+        example: &'static str,
+    },
+    /// The scheme cannot run with this many ranks.
+    #[error("scheme `{scheme}` cannot run with {ranks} rank{}: {accepted}", if *ranks == 1 { "" } else { "s" })]
+    World {
+        /// The scheme.
+        scheme: String,
+        /// The ranks of the world.
+        ranks: usize,
+        /// What it accepts.
+        accepted: String,
+    },
+}
+
+impl SchemeError {
+    /// An argument error for scheme `name`.
+    pub(crate) fn argument(
+        name: &str,
+        what: &'static str,
+        accepted: &'static str,
+        example: &'static str,
+    ) -> Self {
+        Self::Argument { name: name.into(), what, accepted, example }
+    }
+}
+
+/// Parses a staleness bound argument of scheme `name` (`ssp:3`).
+pub(crate) fn bound(name: &str, arg: &str, example: &'static str) -> std::result::Result<u64, SchemeError> {
+    arg.parse().map_err(|_| {
+        SchemeError::argument(
+            name,
+            "the staleness bound",
+            "a whole number of iterations (0 or more)",
+            example,
+        )
+    })
+}
+
+/// A synchronization scheme or straggler mitigation, parsed from its name.
+#[derive(Clone, Debug)]
+pub struct Scheme(Arc<dyn Kind>);
+
+impl Scheme {
+    /// BSP, the reference every experiment compares with.
+    pub fn bsp() -> Self {
+        Self(Arc::new(staleness::Bound::Bsp))
+    }
+
+    /// Checks that the scheme can run in a world of `ranks` ranks (before anything is started or
+    /// written): the error names the scheme and the accepted range.
+    pub fn validate(&self, ranks: usize) -> std::result::Result<(), SchemeError> {
+        self.0.validate(ranks)
+    }
+
+    /// Every accepted form, for help texts.
+    pub fn forms() -> String {
+        let forms: Vec<&str> = FAMILIES.iter().map(|f| f.forms).collect();
+        match forms.split_last() {
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => String::new(),
+        }
+    }
+
+    pub(crate) fn policy(&self, setup: &Setup<'_>) -> Result<Box<dyn Policy>> {
+        self.0.policy(setup)
+    }
+}
+
+impl fmt::Display for Scheme {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// Schemes are equal when their canonical names are (`ssp` and `ssp:3` are one scheme).
+impl PartialEq for Scheme {
+    fn eq(&self, other: &Self) -> bool {
+        self.to_string() == other.to_string()
+    }
+}
+
+impl Eq for Scheme {}
+
+impl FromStr for Scheme {
+    type Err = SchemeError;
+
+    fn from_str(s: &str) -> std::result::Result<Self, SchemeError> {
+        let lower = s.trim().to_ascii_lowercase();
+        for f in FAMILIES {
+            if let Some(parsed) = (f.parse)(&lower) {
+                return parsed.map(Scheme);
+            }
+        }
+        Err(SchemeError::Unknown { name: s.into(), forms: Self::forms() })
+    }
+}
+
+impl serde::Serialize for Scheme {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Scheme {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A scheme and whether ranks take over each other's queued chunks: `scheme[+steal]` in an
+/// experiment's list (`bsp+steal`); `peregrine train` takes over unless `--no-steal`. Backup
+/// workers and LB-BSP never take over (dropping late updates, or resizing the shares, is their
+/// answer to stragglers); FlexRR and Falcon always do (taking over is their mechanism).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SchemeSpec {
+    /// The scheme.
+    pub scheme: Scheme,
+    /// Whether chunks may be taken over.
+    pub steal: bool,
+}
+
+impl SchemeSpec {
+    /// `scheme`, taking over chunks if `steal`.
+    pub fn new(scheme: Scheme, steal: bool) -> Self {
+        Self { scheme, steal }
+    }
+
+    /// BSP without taking over: Ideal's scheme in the experiment.
+    pub fn reference() -> Self {
+        Self::new(Scheme::bsp(), false)
+    }
+}
+
+impl Default for SchemeSpec {
+    fn default() -> Self {
+        Self::new(Scheme::bsp(), true)
+    }
+}
+
+impl fmt::Display for SchemeSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.scheme, if self.steal { "+steal" } else { "" })
+    }
+}
+
+impl FromStr for SchemeSpec {
+    type Err = SchemeError;
+
+    /// `scheme[+steal]`: without the suffix, no taking over.
+    fn from_str(s: &str) -> std::result::Result<Self, SchemeError> {
+        let t = s.trim();
+        match t.strip_suffix("+steal") {
+            Some(name) => Ok(Self::new(name.parse()?, true)),
+            None => Ok(Self::new(t.parse()?, false)),
+        }
+    }
+}
+
+impl serde::Serialize for SchemeSpec {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for SchemeSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// The world as a policy sees it: every rank's words, read when a decision needs them.
+pub(crate) trait View {
+    /// This rank.
+    fn rank(&self) -> usize;
+    /// Ranks in the world.
+    fn world(&self) -> usize;
+    /// `rank`'s clock: iterations whose update it has pushed.
+    fn clock(&self, rank: usize) -> Result<u64>;
+    /// `rank`'s chunk queue.
+    fn queue(&self, rank: usize) -> Result<Queue>;
+    /// `rank`'s progress word (its current iteration's chunks, and how many are done).
+    fn progress(&self, rank: usize) -> Result<Progress>;
+    /// `rank`'s published chunk rate in its current iteration (chunks per second; 0: none yet).
+    fn rate(&self, rank: usize) -> Result<f64>;
+
+    /// The slowest clock.
+    fn min_clock(&self) -> Result<u64> {
+        let mut m = u64::MAX;
+        for r in 0..self.world() {
+            m = m.min(self.clock(r)?);
+        }
+        Ok(m)
+    }
+
+    /// The sum of all clocks: updates pushed so far by everyone (the parameters' version).
+    fn version(&self) -> Result<u64> {
+        let mut s = 0;
+        for r in 0..self.world() {
+            s += self.clock(r)?;
+        }
+        Ok(s)
+    }
+
+    /// The other ranks.
+    fn others(&self) -> Box<dyn Iterator<Item = usize>> {
+        let me = self.rank();
+        Box::new((0..self.world()).filter(move |&r| r != me))
+    }
+}
+
+/// A hand-made view: every word given (tests of decision rules).
+#[cfg(test)]
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Snapshot {
+    pub rank: usize,
+    pub clocks: Vec<u64>,
+    pub queues: Vec<Queue>,
+    pub progress: Vec<Progress>,
+    pub rates: Vec<f64>,
+}
+
+#[cfg(test)]
+impl Snapshot {
+    /// `world` ranks seen from `rank`, every word zero.
+    pub fn new(rank: usize, world: usize) -> Self {
+        Self {
+            rank,
+            clocks: vec![0; world],
+            queues: vec![Queue::default(); world],
+            progress: vec![Progress::default(); world],
+            rates: vec![0.0; world],
+        }
+    }
+}
+
+#[cfg(test)]
+impl View for Snapshot {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world(&self) -> usize {
+        self.clocks.len()
+    }
+    fn clock(&self, rank: usize) -> Result<u64> {
+        Ok(self.clocks[rank])
+    }
+    fn queue(&self, rank: usize) -> Result<Queue> {
+        Ok(self.queues[rank])
+    }
+    fn progress(&self, rank: usize) -> Result<Progress> {
+        Ok(self.progress[rank])
+    }
+    fn rate(&self, rank: usize) -> Result<f64> {
+        Ok(self.rates[rank])
+    }
+}
+
+/// How much of a victim's queue a thief takes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Share {
+    /// The configured steal fraction (`--steal-fraction`, half by default).
+    Configured,
+    /// This fraction of what is left.
+    Fraction(f64),
+}
+
+/// Chunks to take over: from whom and how many.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Take {
+    /// The victim.
+    pub rank: usize,
+    /// Its share.
+    pub share: Share,
+}
+
+/// How a rank's threads run the own chunks they take from its queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OwnChunks {
+    /// Compute them and count them done: nobody else computes them.
+    Whole,
+    /// Claim each before computing it; a chunk already claimed (a copy won) is skipped.
+    ClaimFirst,
+    /// Compute each as a copy into its own buffers and apply it only if it claims the chunk
+    /// first (another rank may be computing a copy of it).
+    AsCopies,
+}
+
+/// Whether and how this rank's update of an iteration is applied.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Admit {
+    /// Push the update.
+    pub apply: bool,
+    /// Factor on the update (on top of the model's step and the learning-rate decay).
+    pub scale: f32,
+}
+
+impl Admit {
+    /// Applied as computed.
+    pub const FULL: Self = Self { apply: true, scale: 1.0 };
+}
+
+/// The hooks a scheme answers, in the order an iteration calls them (see `README.md`). Hooks
+/// that take `&mut self` run on the rank's main thread between phases; `&self` hooks may run on
+/// any of its compute threads at once.
+pub(crate) trait Policy: Send + Sync {
+    /// Whether ranks take over each other's queued chunks (fixed for the run).
+    fn takes_over(&self) -> bool;
+
+    /// Whether the policy reads the ranks' chunk rates (the engine publishes them only then).
+    fn reads_rates(&self) -> bool {
+        false
+    }
+
+    /// `begin`: the iteration this rank runs, `next` being the one after its last (a late rank
+    /// may skip ahead).
+    fn begin(&mut self, _view: &dyn View, next: u64) -> Result<u64> {
+        Ok(next)
+    }
+
+    /// `threads`: the active compute threads of this iteration, `planned` being what the
+    /// configuration and the injected pattern give.
+    fn threads(&mut self, planned: usize) -> usize {
+        planned
+    }
+
+    /// `chunks`: this rank's chunks of iteration `it` (global chunk numbers).
+    fn chunks(&mut self, view: &dyn View, it: u64, plan: &Plan) -> Result<Range<usize>> {
+        Ok(plan.part(it, view.rank()))
+    }
+
+    /// `open`: the iteration's chunks are decided; called before they are announced and queued
+    /// and before the pull.
+    fn open(&mut self, _view: &dyn View, _it: u64) -> Result<()> {
+        Ok(())
+    }
+
+    /// `own_chunks`: how the next own chunks taken from the queue are run.
+    fn own_chunks(&self, _view: &dyn View) -> Result<OwnChunks> {
+        Ok(OwnChunks::Whole)
+    }
+
+    /// Claims `owner`'s chunk `chunk` of the iteration tagged `tag`: true for the first caller
+    /// only (under [`OwnChunks::ClaimFirst`] and [`OwnChunks::AsCopies`]).
+    fn claim(&self, _owner: usize, _tag: u16, _chunk: u32) -> Result<bool> {
+        Ok(true)
+    }
+
+    /// Whether `owner`'s chunk `chunk` of the iteration tagged `tag` can no longer be claimed.
+    fn settled(&self, _owner: usize, _tag: u16, _chunk: u32) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// `after_own_chunk`: after each take of own chunks, ranks to take chunks from at once,
+    /// before this rank's own remaining ones (rapid reassignment).
+    fn after_own_chunk(&self, _view: &dyn View, _it: u64, _out: &mut Vec<Take>) -> Result<()> {
+        Ok(())
+    }
+
+    /// `victim`: out of own chunks, whom to take over from (a rank with queued chunks of an
+    /// iteration not ahead of `it`), and how many.
+    fn victim(&self, view: &dyn View, it: u64) -> Result<Option<Take>> {
+        Ok(most_left(view, it, |_| true)?.map(|rank| Take { rank, share: Share::Configured }))
+    }
+
+    /// `line_up`: whether the rank, done computing, waits until every rank's chunks of the
+    /// iteration are done before pushing (helping with queued ones), so that nobody reads the
+    /// iteration's parameters after someone changed them.
+    fn line_up(&self) -> bool {
+        false
+    }
+
+    /// While lining up, `waited` long enough: whether to copy chunks still running elsewhere.
+    fn copy_due(&self, _view: &dyn View, _it: u64, _waited: bool) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// A chunk `(owner, chunk)` still running elsewhere for one of this rank's threads to copy
+    /// (marked, so that no other thread of this rank copies it too).
+    fn copy(&self, _view: &dyn View, _it: u64) -> Result<Option<(usize, u32)>> {
+        Ok(None)
+    }
+
+    /// `admit`: whether and how this rank's update of `it` is applied, after `compute` of
+    /// computing; the policy's metrics go into `rec`.
+    fn admit(
+        &mut self,
+        _view: &dyn View,
+        _it: u64,
+        _compute: Duration,
+        _rec: &mut IterRecord,
+    ) -> Result<Admit> {
+        Ok(Admit::FULL)
+    }
+
+    /// `before_tick`: the update is pushed and flushed, the clock not yet ticked. `busy` is the
+    /// time this rank's threads spent in chunks.
+    fn before_tick(
+        &mut self,
+        _view: &dyn View,
+        _it: u64,
+        _busy: Duration,
+        _rec: &mut IterRecord,
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    /// `after_tick`: the clock ticked; `applied` says whether the update was pushed.
+    fn after_tick(&mut self, _it: u64, _applied: bool) -> Result<()> {
+        Ok(())
+    }
+
+    /// `ready`: whether this rank may start the iteration after `it`.
+    fn ready(&self, view: &dyn View, it: u64) -> Result<bool>;
+
+    /// `end`: the iteration's record is complete.
+    fn end(&mut self, _rec: &IterRecord) {}
+
+    /// The policy's share of this rank's totals.
+    fn totals(&self, _totals: &mut RankTotals) {}
+
+    /// Collective: frees the policy's windows.
+    fn free(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The rank other than this one with the most chunks queued in an iteration not ahead of `it`,
+/// among those `eligible` says.
+pub(crate) fn most_left(view: &dyn View, it: u64, eligible: impl Fn(usize) -> bool) -> Result<Option<usize>> {
+    let mut best: Option<(usize, u32)> = None;
+    for r in view.others().filter(|&r| eligible(r)) {
+        let q = view.queue(r)?;
+        if q.left() == 0 || words::ahead(q.tag, it) {
+            continue;
+        }
+        if best.is_none_or(|(_, left)| q.left() > left) {
+            best = Some((r, q.left()));
+        }
+    }
+    Ok(best.map(|(r, _)| r))
+}
+
+/// Parses `name[:arg]` forms: `Some(arg)` after `prefix:` when `s` starts with it.
+pub(crate) fn arg<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
+    s.strip_prefix(prefix)?.strip_prefix(':')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scheme_parses_and_prints_its_canonical_name() {
+        for (given, canonical) in [
+            ("bsp", "bsp"),
+            ("ASP", "asp"),
+            ("ssp:5", "ssp:5"),
+            ("ssp", "ssp:3"),
+            ("dynsgd", "dynsgd"),
+            ("dynsgd:2", "dynsgd:2"),
+            ("backup:1", "backup:1"),
+            ("backup-dynamic", "backup-dynamic"),
+            ("dbw", "backup-dynamic"),
+            ("falcon", "falcon"),
+            ("epsp", "falcon"),
+            ("falcon:enforced", "falcon"),
+            ("falcon:slack", "falcon:slack:2"),
+            ("falcon:slack:4", "falcon:slack:4"),
+            ("flexrr", "flexrr:3"),
+            ("flexrr:1", "flexrr:1"),
+            ("speculative", "speculative"),
+            ("clone", "speculative"),
+            ("lb-bsp", "lb-bsp"),
+            ("lb-bsp:arx", "lb-bsp"),
+            ("lb-bsp:ma", "lb-bsp:ma"),
+        ] {
+            let got: Scheme = given.parse().unwrap_or_else(|e| panic!("{given}: {e}"));
+            assert_eq!(got.to_string(), canonical, "{given}");
+            assert_eq!(canonical.parse::<Scheme>().expect("round trip"), got);
+        }
+        assert_eq!(Scheme::bsp(), "bsp".parse().expect("bsp"));
+        assert_ne!(Scheme::bsp(), "ssp:0".parse().expect("ssp:0"));
+    }
+
+    #[test]
+    fn bad_names_say_what_is_accepted() {
+        let e = "ssp:x".parse::<Scheme>().expect_err("bad bound").to_string();
+        assert!(e.contains("whole number") && e.contains("ssp:3"), "{e}");
+        for bad in ["ssp:-1", "flexrr:x", "falcon:slack:-1", "dynsgd:1.5", "backup:x", "backup:-1"] {
+            let e = bad.parse::<Scheme>().expect_err(bad).to_string();
+            assert!(e.contains(bad) && e.contains("must be"), "{bad}: {e}");
+        }
+        for unknown in ["bulk", "speculative:3", "falcon:lazy", "lb-bsp:narx", "backup"] {
+            let e = unknown.parse::<Scheme>().expect_err(unknown).to_string();
+            assert!(e.contains("unknown scheme") || e.contains("must be"), "{unknown}: {e}");
+        }
+        let e = "bulk".parse::<Scheme>().expect_err("unknown").to_string();
+        for form in ["bsp", "ssp[:<staleness>]", "backup:<b>", "falcon[:enforced|:slack[:<staleness>]]"] {
+            assert!(e.contains(form), "{e} lacks {form}");
+        }
+    }
+
+    #[test]
+    fn specs_parse_the_steal_suffix() {
+        let s: SchemeSpec = "ssp:2+steal".parse().expect("spec");
+        assert_eq!((s.scheme.to_string().as_str(), s.steal), ("ssp:2", true));
+        let s: SchemeSpec = "bsp".parse().expect("spec");
+        assert_eq!(s, SchemeSpec::reference());
+        assert_eq!(s.to_string(), "bsp");
+        assert_eq!("bsp+steal".parse::<SchemeSpec>().expect("spec").to_string(), "bsp+steal");
+        assert!("bulk+steal".parse::<SchemeSpec>().is_err());
+    }
+
+    #[test]
+    fn impossible_worlds_are_refused_with_the_range() {
+        let e = "backup:2".parse::<Scheme>().expect("backup:2").validate(2).expect_err("b = ranks");
+        let text = e.to_string();
+        assert!(
+            text.contains("backup:2") && text.contains("2 ranks") && text.contains("at most 1"),
+            "{text}"
+        );
+        assert!("backup:1".parse::<Scheme>().expect("backup:1").validate(2).is_ok());
+        assert!("backup:1".parse::<Scheme>().expect("backup:1").validate(1).is_err());
+        assert!("backup:0".parse::<Scheme>().expect("backup:0").validate(1).is_ok());
+        for ok in
+            ["bsp", "ssp:2", "asp", "dynsgd", "lb-bsp", "speculative", "flexrr:2", "falcon", "backup-dynamic"]
+        {
+            assert!(ok.parse::<Scheme>().expect(ok).validate(1).is_ok(), "{ok} on one rank");
+        }
+    }
+
+    #[test]
+    fn the_most_left_victim_skips_ranks_ahead_and_itself() {
+        let mut v = Snapshot::new(0, 4);
+        v.queues = vec![
+            Queue { tag: 5, head: 0, tail: 40 }, // itself: never
+            Queue { tag: 5, head: 2, tail: 6 },  // 4 left
+            Queue { tag: 6, head: 0, tail: 9 },  // 9 left, but of iteration 6: ahead of 5
+            Queue { tag: 4, head: 1, tail: 8 },  // 7 left, of iteration 4: behind, eligible
+        ];
+        assert_eq!(most_left(&v, 5, |_| true).expect("view"), Some(3));
+        assert_eq!(most_left(&v, 5, |r| r != 3).expect("view"), Some(1));
+        assert_eq!(most_left(&v, 6, |_| true).expect("view"), Some(2), "from iteration 6, 6 is not ahead");
+        v.queues[1].head = 6;
+        v.queues[3].head = 8;
+        assert_eq!(most_left(&v, 5, |_| true).expect("view"), None);
+    }
+}

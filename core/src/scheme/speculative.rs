@@ -1,0 +1,302 @@
+//! Speculative execution (task cloning, as MapReduce's backup tasks and LATE) over BSP: once a
+//! rank has done its chunks and waited as long as one of its chunks takes, its idle threads also
+//! compute copies of chunks still running on ranks slower than [`SPECULATE_BELOW`] of its chunk
+//! rate; whichever copy finishes first claims the chunk in a window bitmap and only its result is
+//! applied (the other copy is dropped, an injected delay of the late copy cut short). Ranks that
+//! are not slow claim their chunks before computing them, so they pay nothing for copies. With
+//! taking over (`speculative+steal`) queued chunks are taken over too; without it only running
+//! chunks are copied, as in MapReduce.
+//!
+//! The claim bitmap: per rank, one bit per chunk of its current iteration, 48 chunks to a word
+//! tagged with the iteration ([`crate::words::ClaimWord`]). A chunk's result is applied only by
+//! whoever sets its bit (a compare-and-swap), so exactly once however many copies run; a word
+//! tagged with another iteration claims nothing (a copy that finishes after its iteration is over
+//! is dropped).
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use peregrine_transport::{ShardMap, Transport, Window};
+
+use super::staleness::Bound;
+use super::{Family, Kind, OwnChunks, Policy, Result, SchemeError, Setup, View};
+use crate::words::{self, ClaimWord, CLAIM_BITS};
+
+pub(crate) const FAMILY: Family = Family { forms: "speculative", parse };
+
+fn parse(s: &str) -> Option<std::result::Result<Arc<dyn Kind>, SchemeError>> {
+    matches!(s, "speculative" | "clone").then(|| Ok(Arc::new(Speculative) as Arc<dyn Kind>))
+}
+
+/// Speculative execution copies chunks only of ranks whose chunk rate is below this fraction of
+/// the copying rank's (LATE's "slow task" threshold in spirit: speculate on the slow, not on
+/// everyone still running). Chunk rates of on-time ranks with short chunks (MF's take ~75 us
+/// here) differ by a quarter from noise alone; 0.6 leaves that out and still copies a rank at
+/// half speed.
+pub(crate) const SPECULATE_BELOW: f64 = 0.6;
+
+/// Speculative execution (no arguments).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Speculative;
+
+impl fmt::Display for Speculative {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("speculative")
+    }
+}
+
+impl Kind for Speculative {
+    fn policy(&self, setup: &Setup<'_>) -> Result<Box<dyn Policy>> {
+        // A rank owns at most this many chunks of an iteration.
+        let most = setup.plan.batch().div_ceil(setup.plan.chunk()).div_ceil(setup.t.world_size());
+        Ok(Box::new(Copies {
+            claims: Claims::new(setup.t, most)?,
+            cloning: Mutex::new(Vec::new()),
+            steal: setup.steal(),
+            tag: 0,
+        }))
+    }
+}
+
+/// Whether a rank at chunk rate `theirs` is slow enough, next to a copier at `mine`, for its
+/// chunks to be copied (an unknown rate, 0, is never copied).
+pub(crate) fn copies_from(mine: f64, theirs: f64) -> bool {
+    theirs > 0.0 && theirs < SPECULATE_BELOW * mine
+}
+
+/// The policy: claims, and the copies this rank's threads are computing.
+struct Copies {
+    claims: Claims,
+    /// `(rank, chunk)` copies this rank's threads are computing.
+    cloning: Mutex<Vec<(usize, u32)>>,
+    steal: bool,
+    /// The current iteration's tag.
+    tag: u16,
+}
+
+impl Copies {
+    /// [`candidate`], skipping chunks settled or being copied by a thread of this rank; marked as
+    /// being copied if `mark`.
+    fn pick(&self, view: &dyn View, mark: bool) -> Result<Option<(usize, u32)>> {
+        candidate(view, self.tag, |v, c| {
+            if self.cloning.lock().expect("cloning").contains(&(v, c))
+                || self.claims.settled(v, self.tag, c)?
+            {
+                return Ok(true);
+            }
+            let mut cloning = self.cloning.lock().expect("cloning");
+            if cloning.contains(&(v, c)) {
+                return Ok(true);
+            }
+            if mark {
+                cloning.push((v, c));
+            }
+            Ok(false)
+        })
+    }
+}
+
+/// The chunk to copy next: the first one handed out to a thread (below its queue's head) of the
+/// iteration tagged `tag` that `skip` does not rule out, on the first other rank slow enough to
+/// copy ([`copies_from`]). A copy of an on-time rank's chunk mostly loses, and a copy in real
+/// compute cannot be cut short, so it would delay this rank's push.
+pub(crate) fn candidate(
+    view: &dyn View,
+    tag: u16,
+    mut skip: impl FnMut(usize, u32) -> Result<bool>,
+) -> Result<Option<(usize, u32)>> {
+    let mine = view.rate(view.rank())?;
+    for v in view.others() {
+        let q = view.queue(v)?;
+        if q.tag != tag || !copies_from(mine, view.rate(v)?) {
+            continue;
+        }
+        for c in 0..q.head {
+            if !skip(v, c)? {
+                return Ok(Some((v, c)));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Whether a rank at chunk rate `mine` may have its chunks copied, the fastest other rank being
+/// at `fastest` (the rule copiers apply, [`copies_from`]).
+pub(crate) fn copyable(mine: f64, fastest: f64) -> bool {
+    mine > 0.0 && copies_from(fastest, mine)
+}
+
+impl Policy for Copies {
+    fn takes_over(&self) -> bool {
+        self.steal
+    }
+
+    fn reads_rates(&self) -> bool {
+        true
+    }
+
+    fn open(&mut self, view: &dyn View, it: u64) -> Result<()> {
+        self.tag = words::tag(it);
+        self.claims.reset(view.rank(), self.tag)?;
+        self.cloning.lock().expect("cloning").clear();
+        Ok(())
+    }
+
+    /// A rank slow enough to be copied computes each chunk as a copy that claims it at the end;
+    /// others claim theirs before computing them, so nobody copies them.
+    fn own_chunks(&self, view: &dyn View) -> Result<OwnChunks> {
+        let mut fastest = 0.0f64;
+        for v in view.others() {
+            fastest = fastest.max(view.rate(v)?);
+        }
+        Ok(if copyable(view.rate(view.rank())?, fastest) {
+            OwnChunks::AsCopies
+        } else {
+            OwnChunks::ClaimFirst
+        })
+    }
+
+    fn claim(&self, owner: usize, tag: u16, chunk: u32) -> Result<bool> {
+        self.claims.claim(owner, tag, chunk)
+    }
+
+    fn settled(&self, owner: usize, tag: u16, chunk: u32) -> Result<bool> {
+        self.claims.settled(owner, tag, chunk)
+    }
+
+    fn line_up(&self) -> bool {
+        true
+    }
+
+    fn copy_due(&self, view: &dyn View, _it: u64, waited: bool) -> Result<bool> {
+        Ok(waited && self.pick(view, false)?.is_some())
+    }
+
+    fn copy(&self, view: &dyn View, _it: u64) -> Result<Option<(usize, u32)>> {
+        self.pick(view, true)
+    }
+
+    fn ready(&self, view: &dyn View, it: u64) -> Result<bool> {
+        Bound::Bsp.ready(view, it)
+    }
+
+    fn free(self: Box<Self>) -> Result<()> {
+        self.claims.window.free()
+    }
+}
+
+/// The claim bitmap (see the module's documentation).
+struct Claims {
+    window: Window<u64>,
+    per_rank: usize,
+}
+
+impl Claims {
+    /// Collective: words for `max_chunks` chunks per rank.
+    fn new(t: &Transport, max_chunks: usize) -> Result<Self> {
+        let per_rank = max_chunks.div_ceil(CLAIM_BITS as usize).max(1);
+        let window = t.alloc_window("chunk claims", &ShardMap::from_lens(vec![per_rank; t.world_size()]))?;
+        Ok(Self { window, per_rank })
+    }
+
+    fn at(&self, rank: usize, chunk: u32) -> (usize, u64) {
+        (rank * self.per_rank + (chunk / CLAIM_BITS) as usize, 1 << (chunk % CLAIM_BITS))
+    }
+
+    /// Opens this rank's words for the iteration tagged `tag`, nothing claimed (before its queue
+    /// is filled, so nobody sees the iteration's chunks with stale claims).
+    fn reset(&self, rank: usize, tag: u16) -> Result<()> {
+        for i in rank * self.per_rank..(rank + 1) * self.per_rank {
+            self.window.swap(i, ClaimWord { tag, bits: 0 }.pack())?;
+        }
+        Ok(())
+    }
+
+    /// Claims `rank`'s chunk `chunk` of iteration `tag`: true for the first caller only.
+    fn claim(&self, rank: usize, tag: u16, chunk: u32) -> Result<bool> {
+        let (i, bit) = self.at(rank, chunk);
+        let mut cur = self.window.load(i)?;
+        loop {
+            let w = ClaimWord::unpack(cur);
+            if w.tag != tag || w.bits & bit != 0 {
+                return Ok(false);
+            }
+            let prev = self.window.compare_and_swap(i, cur, ClaimWord { tag, bits: w.bits | bit }.pack())?;
+            if prev == cur {
+                return Ok(true);
+            }
+            cur = prev;
+        }
+    }
+
+    /// Whether `rank`'s chunk `chunk` of iteration `tag` can no longer be claimed.
+    fn settled(&self, rank: usize, tag: u16, chunk: u32) -> Result<bool> {
+        let (i, bit) = self.at(rank, chunk);
+        let w = ClaimWord::unpack(self.window.load(i)?);
+        Ok(w.tag != tag || w.bits & bit != 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheme::Snapshot;
+    use crate::words::Queue;
+
+    #[test]
+    fn only_ranks_below_the_threshold_are_copied() {
+        // A copier at 100 chunks/s copies a rank below 60: 59 yes, 60 and 80 no, 0 (no rate yet)
+        // no.
+        assert!(copies_from(100.0, 59.0));
+        assert!(!copies_from(100.0, 60.0));
+        assert!(!copies_from(100.0, 80.0));
+        assert!(!copies_from(100.0, 0.0));
+        // A rank at 50 with the fastest other at 100 computes its chunks as copies; at 70 it
+        // claims them first; with no rate of its own yet, too.
+        assert!(copyable(50.0, 100.0));
+        assert!(!copyable(70.0, 100.0));
+        assert!(!copyable(0.0, 100.0));
+    }
+
+    #[test]
+    fn the_copy_is_a_handed_out_chunk_of_a_slow_rank_in_this_iteration() {
+        // Seen from rank 0 at 100 chunks/s: rank 1 (90/s) is on time; rank 2 (30/s) has handed
+        // chunks 0..3 to its threads (3..10 still queued); rank 3 (10/s) is in another iteration.
+        let mut v = Snapshot::new(0, 4);
+        v.rates = vec![100.0, 90.0, 30.0, 10.0];
+        v.queues[1] = Queue { tag: 7, head: 5, tail: 10 };
+        v.queues[2] = Queue { tag: 7, head: 3, tail: 10 };
+        v.queues[3] = Queue { tag: 6, head: 5, tail: 10 };
+        let none = |_, _| Ok(false);
+        assert_eq!(candidate(&v, 7, none).expect("view"), Some((2, 0)));
+        // Chunks 0 and 1 settled or being copied: chunk 2; all three: nothing (queued chunks
+        // are for taking over, not copying).
+        assert_eq!(candidate(&v, 7, |_, c| Ok(c < 2)).expect("view"), Some((2, 2)));
+        assert_eq!(candidate(&v, 7, |_, c| Ok(c < 3)).expect("view"), None);
+        // In iteration 6 only rank 3 is there to copy.
+        assert_eq!(candidate(&v, 6, none).expect("view"), Some((3, 0)));
+        // With no rate of its own yet, a rank copies nothing.
+        v.rates[0] = 0.0;
+        assert_eq!(candidate(&v, 7, none).expect("view"), None);
+    }
+
+    #[test]
+    fn claims_go_to_the_first_caller_of_the_iteration() {
+        peregrine_transport::run_local(1, |t| -> Result<()> {
+            let c = Claims::new(&t, 100)?;
+            c.reset(0, 4)?;
+            assert!(!c.settled(0, 4, 50)?);
+            assert!(c.claim(0, 4, 50)?);
+            assert!(!c.claim(0, 4, 50)?, "claimed twice");
+            assert!(c.settled(0, 4, 50)?);
+            assert!(!c.claim(0, 5, 51)?, "a word of iteration 4 claims nothing of 5");
+            assert!(c.settled(0, 3, 1)?, "another iteration's chunk is settled");
+            c.reset(0, 5)?;
+            assert!(c.claim(0, 5, 50)?, "a new iteration starts unclaimed");
+            c.window.free()
+        })
+        .expect("world")
+        .into_iter()
+        .for_each(|r| r.expect("rank"));
+    }
+}
