@@ -293,17 +293,22 @@ impl fmt::Display for Pattern {
     }
 }
 
+/// A straggler pattern that cannot be parsed: the message names the pattern and what is wrong.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PatternError(String);
+
 impl FromStr for Pattern {
-    type Err = String;
+    type Err = PatternError;
 
     /// `NAME[:key=value,...]`, list values separated by `/` (see the module docs).
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, PatternError> {
         let (name, args) = s.split_once(':').unwrap_or((s, ""));
         let mut kv = Vec::new();
         for part in args.split(',').filter(|p| !p.trim().is_empty()) {
             let (k, v) = part
                 .split_once('=')
-                .ok_or_else(|| format!("straggler pattern `{s}`: `{part}` is not key=value"))?;
+                .ok_or_else(|| PatternError(format!("straggler pattern `{s}`: `{part}` is not key=value")))?;
             kv.push((k.trim(), v.trim()));
         }
         let known: &[&str] = match name {
@@ -314,59 +319,63 @@ impl FromStr for Pattern {
             "persistent" => &["rank", "speed", "threads"],
             "heterogeneous" => &["speed", "threads"],
             _ => {
-                return Err(format!(
+                return Err(PatternError(format!(
                     "unknown straggler pattern `{name}`: expected ideal, slow-worker, disrupted, power-law, \
                      persistent or heterogeneous"
-                ))
+                )))
             }
         };
         if let Some((k, _)) = kv.iter().find(|(k, _)| !known.contains(k)) {
-            return Err(format!(
+            return Err(PatternError(format!(
                 "straggler pattern `{name}`: unknown key `{k}` (keys: {})",
                 known.join(", ")
-            ));
+            )));
         }
         let get = |k: &str| kv.iter().find(|(key, _)| *key == k).map(|(_, v)| *v);
-        let num = |k: &str, default: Option<f64>| -> Result<f64, String> {
+        let num = |k: &str, default: Option<f64>| -> Result<f64, PatternError> {
             match get(k) {
-                Some(v) => v
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|x| x.is_finite())
-                    .ok_or_else(|| format!("straggler pattern `{name}`: {k}={v} is not a number")),
-                None => default.ok_or_else(|| format!("straggler pattern `{name}` needs {k}=...")),
+                Some(v) => v.parse::<f64>().ok().filter(|x| x.is_finite()).ok_or_else(|| {
+                    PatternError(format!("straggler pattern `{name}`: {k}={v} is not a number"))
+                }),
+                None => {
+                    default.ok_or_else(|| PatternError(format!("straggler pattern `{name}` needs {k}=...")))
+                }
             }
         };
-        let list = |k: &str| -> Result<Vec<f64>, String> {
+        let list = |k: &str| -> Result<Vec<f64>, PatternError> {
             get(k).map_or(Ok(Vec::new()), |v| {
                 v.split('/')
                     .map(|x| {
                         x.trim().parse::<f64>().map_err(|_| {
-                            format!("straggler pattern `{name}`: {k}={v}: `{x}` is not a number")
+                            PatternError(format!(
+                                "straggler pattern `{name}`: {k}={v}: `{x}` is not a number"
+                            ))
                         })
                     })
                     .collect()
             })
         };
-        let count = |x: f64, what: &str| -> Result<usize, String> {
+        let count = |x: f64, what: &str| -> Result<usize, PatternError> {
             if x >= 0.0 && x.fract() == 0.0 {
                 Ok(x as usize)
             } else {
-                Err(format!("straggler pattern `{name}`: {what} must be whole numbers, got {x}"))
+                Err(PatternError(format!(
+                    "straggler pattern `{name}`: {what} must be whole numbers, got {x}"
+                )))
             }
         };
         let prob = |p: f64| {
             if (0.0..=1.0).contains(&p) {
                 Ok(p)
             } else {
-                Err(format!("straggler pattern `{name}`: p={p} is not a probability"))
+                Err(PatternError(format!("straggler pattern `{name}`: p={p} is not a probability")))
             }
         };
         let speed_ok = |v: f64| {
             if v > 0.0 && v <= 1.0 {
                 Ok(v)
             } else {
-                Err(format!("straggler pattern `{name}`: speed {v} must be in (0, 1]"))
+                Err(PatternError(format!("straggler pattern `{name}`: speed {v} must be in (0, 1]")))
             }
         };
         Ok(match name {
@@ -378,7 +387,9 @@ impl FromStr for Pattern {
                 let period = num("period", Some(1.0))?;
                 let intensity = num("intensity", Some(100.0))?;
                 if period <= 0.0 || intensity <= 0.0 {
-                    return Err(format!("straggler pattern `{name}`: period and intensity must be positive"));
+                    return Err(PatternError(format!(
+                        "straggler pattern `{name}`: period and intensity must be positive"
+                    )));
                 }
                 Self::Disrupted {
                     p: prob(num("p", None)?)?,
@@ -389,9 +400,9 @@ impl FromStr for Pattern {
             "power-law" => {
                 let alpha = num("alpha", None)?;
                 if alpha <= 2.0 {
-                    return Err(format!(
+                    return Err(PatternError(format!(
                         "straggler pattern `{name}`: alpha={alpha} must be above 2 (finite mean delay)"
-                    ));
+                    )));
                 }
                 Self::PowerLaw { alpha }
             }
@@ -399,13 +410,15 @@ impl FromStr for Pattern {
                 let ranks =
                     list("rank")?.into_iter().map(|r| count(r, "ranks")).collect::<Result<Vec<_>, _>>()?;
                 if ranks.is_empty() {
-                    return Err(format!("straggler pattern `{name}` needs rank=R[/R...]"));
+                    return Err(PatternError(format!("straggler pattern `{name}` needs rank=R[/R...]")));
                 }
                 let threads = get("threads")
                     .map(|_| num("threads", None).and_then(|t| count(t, "threads")))
                     .transpose()?;
                 if threads == Some(0) {
-                    return Err(format!("straggler pattern `{name}`: threads must be at least 1"));
+                    return Err(PatternError(format!(
+                        "straggler pattern `{name}`: threads must be at least 1"
+                    )));
                 }
                 let speed = if get("speed").is_none() && threads.is_some() {
                     1.0
@@ -421,9 +434,9 @@ impl FromStr for Pattern {
                     .map(|t| count(t, "threads"))
                     .collect::<Result<Vec<_>, _>>()?;
                 if speeds.is_empty() || threads.contains(&0) {
-                    return Err(format!(
+                    return Err(PatternError(format!(
                         "straggler pattern `{name}` needs speed=S[/S...] (and threads of at least 1)"
-                    ));
+                    )));
                 }
                 Self::Heterogeneous { speeds, threads }
             }
@@ -471,7 +484,7 @@ mod tests {
             ("disrupted:p=0.1,period=0", "must be positive"),
             ("slow-worker:p", "is not key=value"),
         ] {
-            let e = s.parse::<Pattern>().expect_err(s);
+            let e = s.parse::<Pattern>().expect_err(s).to_string();
             assert!(e.contains(what), "{s}: {e}");
         }
     }

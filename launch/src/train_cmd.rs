@@ -295,8 +295,8 @@ impl Resolved {
     }
 }
 
-fn usage(s: impl Into<String>) -> AppError {
-    AppError::Usage(s.into())
+fn usage(s: impl std::fmt::Display) -> AppError {
+    AppError::Usage(s.to_string())
 }
 
 /// Reads a TOML file of type `T`; errors name the file, line and column.
@@ -472,8 +472,8 @@ impl Resolved {
     }
 }
 
-fn data_err(detail: String) -> AppError {
-    AppError::Data { what: "train".into(), detail }
+fn data_err(e: peregrine_core::model::ModelError) -> AppError {
+    AppError::Data { what: "train".into(), detail: e.to_string() }
 }
 
 fn train_err(e: TrainError) -> AppError {
@@ -502,8 +502,7 @@ fn go<M: Model>(
     dir: &Path,
     model: &M,
 ) -> Result<Report, AppError> {
-    let plan = Plan::new(model.rows(), r.batch, t.world_size(), r.chunk, r.seed)
-        .map_err(|e| usage(e.to_string()))?;
+    let plan = Plan::new(model.rows(), r.batch, t.world_size(), r.chunk, r.seed).map_err(usage)?;
     if let Some(e) = epochs {
         r.iterations = ((e * plan.iters_per_epoch() as f64).ceil() as u64).max(1);
     }

@@ -12,7 +12,7 @@ use std::path::Path;
 use peregrine_kernels::data::{Dataset, Kind, Ratings};
 use peregrine_kernels::mf;
 
-use super::{Built, Delta, EvalSums, KeySet, Layout, Metric, Model, Sets};
+use super::{Built, Delta, EvalSums, KeySet, Layout, Metric, Model, ModelError, Sets};
 
 /// Matrix factorization with L2-regularised squared error.
 #[derive(Debug)]
@@ -40,7 +40,7 @@ impl Mf {
     pub fn new(train: &Path, eval: Option<&Path>, k: usize, lr: f32, l2: f32) -> Built<Self> {
         let data = Sets::open(train, eval, Kind::Ratings)?;
         if k == 0 {
-            return Err("matrix factorization needs rank k >= 1".into());
+            return Err(ModelError::Unfit("matrix factorization needs rank k >= 1".into()));
         }
         let t = data.train.ratings().expect("kind checked");
         let (mut users, mut items) = (t.n_users, t.n_items);

@@ -7,7 +7,7 @@ use std::path::Path;
 use peregrine_kernels::data::{Dataset, DenseRows, Kind};
 use peregrine_kernels::mlp::{self, Matmul};
 
-use super::{Built, Delta, EvalSums, KeySet, Layout, Metric, Model, Sets};
+use super::{Built, Delta, EvalSums, KeySet, Layout, Metric, Model, ModelError, Sets};
 
 /// The MLP.
 #[derive(Debug)]
@@ -37,9 +37,9 @@ impl Mlp {
         let data = Sets::open(train, eval, Kind::Dense)?;
         let (cols, classes) = super::dense_shape(&data)?;
         if classes < 2 || hidden.contains(&0) {
-            return Err(format!(
+            return Err(ModelError::Unfit(format!(
                 "an MLP needs 2 or more classes ({classes}) and no empty hidden layer ({hidden:?})"
-            ));
+            )));
         }
         let dims: Vec<usize> = std::iter::once(cols).chain(hidden.iter().copied()).chain([classes]).collect();
         let mut offsets = Vec::new();

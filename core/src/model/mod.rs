@@ -292,16 +292,50 @@ pub fn uniform(seed: u64, index: usize, a: f32) -> f32 {
     (2.0 * u - 1.0) * a
 }
 
+/// Why a model cannot be built on its data.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ModelError {
+    /// A dataset cannot be opened.
+    #[error("{what}: {source}")]
+    Open {
+        /// Which set ("training set", "evaluation set").
+        what: &'static str,
+        /// What failed.
+        source: peregrine_kernels::data::DataError,
+    },
+    /// A dataset holds another kind of data than the model needs.
+    #[error("{what} {}: holds {holds} data, this model needs {needs} data", path.display())]
+    Kind {
+        /// Which set.
+        what: &'static str,
+        /// Its file.
+        path: std::path::PathBuf,
+        /// The kind it holds.
+        holds: &'static str,
+        /// The kind the model needs.
+        needs: &'static str,
+    },
+    /// The evaluation set's shape does not match the training set's.
+    #[error("evaluation set {}: {eval}, the training set {train}", path.display())]
+    Shape {
+        /// The evaluation set's file.
+        path: std::path::PathBuf,
+        /// Its shape.
+        eval: String,
+        /// The training set's.
+        train: String,
+    },
+    /// The data or a setting does not fit the model.
+    #[error("{0}")]
+    Unfit(String),
+}
+
 /// A dataset opened for training, checked to be of `kind`.
-pub(crate) fn open(path: &std::path::Path, kind: Kind, what: &str) -> Result<Dataset, String> {
-    let d = Dataset::open(path).map_err(|e| format!("{what}: {e}"))?;
+pub(crate) fn open(path: &std::path::Path, kind: Kind, what: &'static str) -> Built<Dataset> {
+    let d = Dataset::open(path).map_err(|source| ModelError::Open { what, source })?;
     if d.kind() != kind {
-        return Err(format!(
-            "{what} {}: holds {} data, this model needs {} data",
-            path.display(),
-            d.kind().name(),
-            kind.name()
-        ));
+        return Err(ModelError::Kind { what, path: path.into(), holds: d.kind().name(), needs: kind.name() });
     }
     Ok(d)
 }
@@ -339,32 +373,31 @@ pub(crate) fn dense_shape(sets: &Sets) -> Built<(usize, usize)> {
     let (cols, classes) = (h.cols as usize, h.classes as usize);
     if let Some(e) = sets.given_eval() {
         if (e.header().cols as usize, e.header().classes as usize) != (cols, classes) {
-            return Err(format!(
-                "evaluation set {} is {} columns x {} classes, the training set {cols} x {classes}",
-                e.path().display(),
-                e.header().cols,
-                e.header().classes
-            ));
+            return Err(ModelError::Shape {
+                path: e.path().into(),
+                eval: format!("is {} columns x {} classes", e.header().cols, e.header().classes),
+                train: format!("{cols} x {classes}"),
+            });
         }
     }
     Ok((cols, classes))
 }
 
 /// Checks that an evaluation set matches the training set's columns.
-pub(crate) fn same_cols(train: &Dataset, eval: &Dataset) -> Result<(), String> {
+pub(crate) fn same_cols(train: &Dataset, eval: &Dataset) -> Built<()> {
     let (a, b) = (train.header().cols, eval.header().cols);
     if b > a {
-        return Err(format!(
-            "evaluation set {} has {b} columns, the training set {} has {a}",
-            eval.path().display(),
-            train.path().display()
-        ));
+        return Err(ModelError::Shape {
+            path: eval.path().into(),
+            eval: format!("has {b} columns"),
+            train: format!("{} has {a}", train.path().display()),
+        });
     }
     Ok(())
 }
 
 /// Errors a model constructor reports.
-pub(crate) type Built<T> = Result<T, String>;
+pub type Built<T> = Result<T, ModelError>;
 
 #[cfg(test)]
 mod tests {

@@ -6,7 +6,7 @@ use std::path::Path;
 use peregrine_kernels::data::{Dataset, DenseRows, Kind};
 use peregrine_kernels::softmax;
 
-use super::{Built, Delta, EvalSums, KeySet, Layout, Metric, Model, Sets};
+use super::{Built, Delta, EvalSums, KeySet, Layout, Metric, Model, ModelError, Sets};
 
 /// Softmax regression, cross-entropy loss.
 #[derive(Debug)]
@@ -31,10 +31,10 @@ impl Softmax {
         let data = Sets::open(train, eval, Kind::Dense)?;
         let (cols, classes) = super::dense_shape(&data)?;
         if classes < 2 {
-            return Err(format!(
+            return Err(ModelError::Unfit(format!(
                 "training set {}: {classes} class(es), softmax needs 2 or more",
                 data.train.path().display()
-            ));
+            )));
         }
         Ok(Self { data, lr, cols, classes })
     }

@@ -19,13 +19,13 @@ use std::time::Duration;
 
 use peregrine_transport::{ShardMap, Transport, Window};
 
-use super::{arg, Admit, Family, Kind, Policy, Result, SchemeError, Setup, View};
+use super::{arg, Admit, Family, Kind, Parsed, Policy, Result, SchemeError, Setup, View};
 use crate::engine::IterRecord;
 use crate::words::{Arrivals, ARRIVAL_TAG_MASK, MAX_ARRIVALS};
 
 pub(crate) const FAMILY: Family = Family { forms: "backup:<b>, backup-dynamic", parse };
 
-fn parse(s: &str) -> Option<std::result::Result<Arc<dyn Kind>, SchemeError>> {
+fn parse(s: &str) -> Option<Parsed> {
     let b = match s {
         "backup-dynamic" | "dbw" => Ok(Backups { fixed: None }),
         _ => arg(s, "backup")?.parse().map(|b| Backups { fixed: Some(b) }).map_err(|_| {

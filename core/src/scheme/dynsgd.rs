@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::staleness::Bound;
-use super::{arg, bound, Admit, Family, Kind, Policy, Result, Setup, View};
+use super::{arg, bound, Admit, Family, Kind, Parsed, Policy, Result, Setup, View};
 use crate::engine::IterRecord;
 
 pub(crate) const FAMILY: Family = Family { forms: "dynsgd[:<staleness>]", parse };
 
-fn parse(s: &str) -> Option<std::result::Result<Arc<dyn Kind>, super::SchemeError>> {
+fn parse(s: &str) -> Option<Parsed> {
     let d = match s {
         "dynsgd" => Ok(DynSgd { bound: None }),
         _ => bound(s, arg(s, "dynsgd")?, "dynsgd:2").map(|b| DynSgd { bound: Some(b) }),

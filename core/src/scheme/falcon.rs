@@ -18,7 +18,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::staleness::Bound;
-use super::{arg, bound, Family, Kind, Policy, Result, SchemeError, Setup, Share, Take, View};
+use super::{arg, bound, Family, Kind, Parsed, Policy, Result, Setup, Share, Take, View};
 use crate::engine::IterRecord;
 use crate::words;
 
@@ -33,7 +33,7 @@ pub(crate) const SHRINK_BELOW: f64 = 0.6;
 /// of the best seen.
 pub(crate) const GROW_ABOVE: f64 = 0.9;
 
-fn parse(s: &str) -> Option<std::result::Result<Arc<dyn Kind>, SchemeError>> {
+fn parse(s: &str) -> Option<Parsed> {
     let f = match s {
         "falcon" | "epsp" | "falcon:enforced" => Ok(Falcon { slack: None }),
         "falcon:slack" => Ok(Falcon { slack: Some(DEFAULT_SLACK) }),

@@ -11,7 +11,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::staleness::Bound;
-use super::{arg, bound, most_left, Family, Kind, Policy, Result, SchemeError, Setup, Share, Take, View};
+use super::{arg, bound, most_left, Family, Kind, Parsed, Policy, Result, Setup, Share, Take, View};
 
 pub(crate) const FAMILY: Family = Family { forms: "flexrr[:<staleness>]", parse };
 
@@ -22,7 +22,7 @@ pub(crate) const HELPER_GROUP: usize = 4;
 /// How far behind (in iterations) a group member must be to have chunks reassigned.
 pub(crate) const LAG: f64 = 0.25;
 
-fn parse(s: &str) -> Option<std::result::Result<Arc<dyn Kind>, SchemeError>> {
+fn parse(s: &str) -> Option<Parsed> {
     let b = match s {
         "flexrr" => Ok(DEFAULT_BOUND),
         _ => bound(s, arg(s, "flexrr")?, "flexrr:2"),

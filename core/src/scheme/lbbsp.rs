@@ -25,13 +25,13 @@ use std::time::Duration;
 use peregrine_transport::{ShardMap, Window};
 
 use super::staleness::Bound;
-use super::{Family, Kind, Policy, Result, SchemeError, Setup, View};
+use super::{Family, Kind, Parsed, Policy, Result, Setup, View};
 use crate::engine::{IterRecord, RankTotals};
 use crate::plan::Plan;
 
 pub(crate) const FAMILY: Family = Family { forms: "lb-bsp[:arx|:ma]", parse };
 
-fn parse(s: &str) -> Option<std::result::Result<Arc<dyn Kind>, SchemeError>> {
+fn parse(s: &str) -> Option<Parsed> {
     let p = match s {
         "lb-bsp" | "lb-bsp:arx" => Predictor::Arx,
         "lb-bsp:ma" => Predictor::MovingAverage,

@@ -55,8 +55,11 @@ pub(crate) struct Family {
     /// The forms it accepts, for the error that lists them (`ssp[:<staleness>]`).
     pub forms: &'static str,
     /// Parses a lower-case scheme name: `None` if the name is not this family's.
-    pub parse: fn(&str) -> Option<std::result::Result<Arc<dyn Kind>, SchemeError>>,
+    pub parse: fn(&str) -> Option<Parsed>,
 }
+
+/// What a family makes of a name that is its own: the scheme, or why its arguments are wrong.
+pub(crate) type Parsed = std::result::Result<Arc<dyn Kind>, SchemeError>;
 
 /// A scheme with its arguments, parsed: what a scheme file makes of its name.
 pub(crate) trait Kind: fmt::Debug + fmt::Display + Send + Sync {

@@ -19,12 +19,12 @@ use std::sync::{Arc, Mutex};
 use peregrine_transport::{ShardMap, Transport, Window};
 
 use super::staleness::Bound;
-use super::{Family, Kind, OwnChunks, Policy, Result, SchemeError, Setup, View};
+use super::{Family, Kind, OwnChunks, Parsed, Policy, Result, Setup, View};
 use crate::words::{self, ClaimWord, CLAIM_BITS};
 
 pub(crate) const FAMILY: Family = Family { forms: "speculative", parse };
 
-fn parse(s: &str) -> Option<std::result::Result<Arc<dyn Kind>, SchemeError>> {
+fn parse(s: &str) -> Option<Parsed> {
     matches!(s, "speculative" | "clone").then(|| Ok(Arc::new(Speculative) as Arc<dyn Kind>))
 }
 

@@ -10,14 +10,14 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::{arg, bound, Family, Kind, Policy, Result, Setup, View};
+use super::{arg, bound, Family, Kind, Parsed, Policy, Result, Setup, View};
 
 pub(crate) const FAMILY: Family = Family { forms: "bsp, asp, ssp[:<staleness>]", parse };
 
 /// SSP's staleness bound when none is given (`ssp` is `ssp:3`).
 pub(crate) const DEFAULT_SSP_BOUND: u64 = 3;
 
-fn parse(s: &str) -> Option<std::result::Result<Arc<dyn Kind>, super::SchemeError>> {
+fn parse(s: &str) -> Option<Parsed> {
     let b = match s {
         "bsp" => Ok(Bound::Bsp),
         "asp" => Ok(Bound::Asp),
