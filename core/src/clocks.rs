@@ -96,6 +96,13 @@ impl Clocks {
     }
 }
 
+/// Polls spun before yielding the core.
+const SPIN_POLLS: u32 = 64;
+/// Polls (spun or yielded) before sleeping between polls.
+const YIELD_POLLS: u32 = 4096;
+/// The sleep between polls after that.
+const POLL_SLEEP: Duration = Duration::from_micros(50);
+
 /// Polls `ready` until it says yes: a short spin, then yielding the core (ranks may share cores),
 /// then short sleeps. Returns the time spent.
 pub fn wait_until<E>(
@@ -105,12 +112,12 @@ pub fn wait_until<E>(
     let mut polls = 0u32;
     while !ready()? {
         polls += 1;
-        if polls < 64 {
+        if polls < SPIN_POLLS {
             std::hint::spin_loop();
-        } else if polls < 4096 {
+        } else if polls < YIELD_POLLS {
             std::thread::yield_now();
         } else {
-            std::thread::sleep(Duration::from_micros(50));
+            std::thread::sleep(POLL_SLEEP);
         }
     }
     Ok(t0.elapsed())

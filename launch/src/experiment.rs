@@ -227,6 +227,12 @@ fn rank(
     out: &Path,
     runs: usize,
 ) -> Result<Vec<Row>, AppError> {
+    // Every scheme must run in this world: refused before any run writes anything.
+    for s in &f.schemes {
+        s.scheme
+            .validate(t.world_size())
+            .map_err(|e| AppError::Usage(format!("{}: {e}", a.config.display())))?;
+    }
     let mut rows = Vec::new();
     let mut k = 0;
     for (wname, w) in &f.workloads {

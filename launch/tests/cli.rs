@@ -319,6 +319,10 @@ fn train_config_file_errors_name_file_line_and_column() {
     std::fs::write(&cfg, "model = \"svm\"\n").expect("write");
     let (_, stderr) = text(&peregrine(&["train", "--config", &cfg.to_string_lossy()]));
     assert!(stderr.contains("bad.toml:1:9") && stderr.contains("unknown variant `svm`"), "{stderr}");
+    // Scheme names are parsed where they are read.
+    std::fs::write(&cfg, "model = \"lr\"\nscheme = \"ssp:soon\"\n").expect("write");
+    let (_, stderr) = text(&peregrine(&["train", "--config", &cfg.to_string_lossy()]));
+    assert!(stderr.contains("bad.toml:2:10") && stderr.contains("whole number"), "{stderr}");
     // A relative data path is relative to the file.
     std::fs::write(&cfg, "model = \"lr\"\ndata = \"sparse.pgd\"\niterations = 2\n").expect("write");
     let out = peregrine(&[
@@ -592,6 +596,7 @@ fn experiment_config_errors_are_clear() {
         ("schemes = [\"bsp\"]\npatterns = [\"snail\"]\n[workloads.lr]\nmodel = \"lr\"\ndata = \"D\"\ntarget-loss = 1\n", "unknown straggler pattern"),
         ("schemes = [\"bsp\"]\npatterns = [\"ideal\"]\n[workloads.lr]\nmodel = \"lr\"\ndata = \"D\"\ntarget-loss = 1\nscheme = \"asp\"\n", "the experiment sets those"),
         ("schemes = [\"bsp\"]\npatterns = [\"ideal\"]\nrepeats = 3\n", "unknown field `repeats`"),
+        ("schemes = [\"backup:1\"]\npatterns = [\"ideal\"]\n[workloads.lr]\nmodel = \"lr\"\ndata = \"D\"\ntarget-loss = 1\n", "cannot run with 1 rank"),
     ] {
         std::fs::write(&cfg, format!("name = \"x\"\n{}", body.replace('D', &data))).expect("write");
         let out = peregrine(&["experiment", &cfg.to_string_lossy(), "--ranks", "1"]);

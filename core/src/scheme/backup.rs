@@ -98,7 +98,7 @@ impl Policy for BackupPolicy {
         Ok(match self.counters.arrive(it)? {
             Arrival::Late => {
                 rec.dropped = true;
-                Admit { apply: false, scale: 0.0 }
+                Admit { apply: false, scale: 1.0 }
             }
             // The first k updates stand for all N: each is scaled to N / k.
             Arrival::InTime { k } => Admit { apply: true, scale: in_time_scale(self.counters.world, k) },

@@ -170,6 +170,8 @@ const FORGET: f64 = 0.98;
 /// bounds the gain.
 const MAX_TRACE: f64 = 1000.0;
 const WINDOW: usize = 5;
+/// The ARX prediction stays within this factor of the last speed.
+const MAX_JUMP: f64 = 4.0;
 
 /// One rank's speed history and predictor state.
 #[derive(Clone, Debug)]
@@ -223,7 +225,7 @@ impl History {
             Predictor::Arx => {
                 let y: f64 = self.theta.iter().zip(&x).map(|(t, v)| t * v).sum();
                 // A wild extrapolation is worse than none.
-                y.clamp(0.25 * s, 4.0 * s)
+                y.clamp(s / MAX_JUMP, MAX_JUMP * s)
             }
         };
         predicted * self.scale
@@ -258,6 +260,9 @@ impl History {
     }
 }
 
+/// How old the node's loads may be before they are read again.
+const LOADS_MAX_AGE: Duration = Duration::from_millis(200);
+
 /// The node's loads, read again at most every 200 ms: reading /proc/meminfo costs tens of
 /// microseconds, a noticeable share of a short iteration, and a 1-minute load average does not
 /// move faster.
@@ -270,7 +275,7 @@ impl Loads {
     /// `(cpu, memory)` as [`loads`] reads them, at most 200 ms old.
     pub fn get(&mut self) -> (f64, f64) {
         match self.last {
-            Some((at, v)) if at.elapsed() < std::time::Duration::from_millis(200) => v,
+            Some((at, v)) if at.elapsed() < LOADS_MAX_AGE => v,
             _ => {
                 let v = loads();
                 self.last = Some((std::time::Instant::now(), v));

@@ -210,19 +210,6 @@ impl FromStr for Scheme {
     }
 }
 
-impl serde::Serialize for Scheme {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for Scheme {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
-
 /// A scheme and whether ranks take over each other's queued chunks: `scheme[+steal]` in an
 /// experiment's list (`bsp+steal`); `peregrine train` takes over unless `--no-steal`. Backup
 /// workers and LB-BSP never take over (dropping late updates, or resizing the shares, is their
@@ -272,18 +259,26 @@ impl FromStr for SchemeSpec {
     }
 }
 
-impl serde::Serialize for SchemeSpec {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
+/// Serialized as their names (configuration files, `config.toml`, results): a name that does not
+/// parse is an error at its place in the file.
+macro_rules! serde_as_name {
+    ($($t:ty),*) => {$(
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    )*};
 }
 
-impl<'de> serde::Deserialize<'de> for SchemeSpec {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
+serde_as_name!(Scheme, SchemeSpec);
 
 /// The world as a policy sees it: every rank's words, read when a decision needs them.
 pub(crate) trait View {

@@ -528,24 +528,9 @@ impl<T: Elem> MpiWindow<T> {
     }
 
     pub(crate) fn fetch_add(&self, index: usize, value: T) -> Result<T> {
-        let (target, offset) = self.locate(index, 1).ok_or_else(|| self.out_of_range(index, 1))?;
-        let mut result = T::default();
-        // SAFETY: live window; one element at a valid displacement of `target`'s shard; `value` and
-        // `result` outlive the local completion below.
-        let rc = unsafe {
-            ffi::MPI_Fetch_and_op(
-                (&value as *const T).cast(),
-                (&mut result as *mut T).cast(),
-                T::mpi_datatype(),
-                target as c_int,
-                offset as ffi::MPI_Aint,
-                ffi::RSMPI_SUM,
-                self.win,
-            )
-        };
-        self.check("MPI_Fetch_and_op", rc)?;
-        self.complete_local(Touched::one(target))?;
-        Ok(result)
+        // SAFETY: a constant handle exported by rsmpi's shim, never written.
+        let op = unsafe { ffi::RSMPI_SUM };
+        self.fetch_op(index, value, op, "MPI_Fetch_and_op")
     }
 
     /// `MPI_Fetch_and_op` of `value` with `op` on element `index`: the previous value.
