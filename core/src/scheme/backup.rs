@@ -269,8 +269,13 @@ mod tests {
 
     #[test]
     fn the_dynamic_choice_leaves_out_the_slow_tail() {
+        // Equal times: all four (4 / 100 beats 2 / 100 and 3 / 100).
         assert_eq!(best_k(&mut [100, 100, 100, 100]), 4);
+        // Sorted 100, 105, 110, 400: k = 2 gives 2 / 105 = 0.019, k = 3 gives 3 / 110 = 0.027,
+        // k = 4 gives 4 / 400 = 0.010: wait for three, one backup.
         assert_eq!(best_k(&mut [100, 110, 105, 400]), 3);
+        // One fast rank and three slow: k = 2 (2 / 900 = 0.0022) loses to k = 4 (4 / 1100 =
+        // 0.0036), and k may not go below half the ranks.
         assert_eq!(best_k(&mut [100, 900, 1000, 1100]), 4);
         assert_eq!(best_k(&mut [100, 1000, 1000, 1000]), 4);
         assert_eq!(best_k(&mut [100, 0, 100]), 3);
