@@ -12,10 +12,9 @@ use std::path::{Path, PathBuf};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use peregrine_kernels::data::{gen, libsvm, Dataset};
 
-fn scratch() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("peregrine-bench-data-{}", std::process::id()));
-    std::fs::create_dir_all(&d).expect("scratch dir");
-    d
+/// A scratch directory, removed when the benchmark ends.
+fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("peregrine-bench-data-").tempdir().expect("scratch dir")
 }
 
 /// Adult as uncompressed LIBSVM text (3.4 MB), written once.
@@ -28,8 +27,9 @@ fn adult_text(dir: &Path) -> PathBuf {
 }
 
 fn conversion(c: &mut Criterion) {
-    let dir = scratch();
-    let input = adult_text(&dir);
+    let dir_tmp = scratch();
+    let dir = dir_tmp.path();
+    let input = adult_text(dir);
     let bytes = std::fs::metadata(&input).expect("stat").len();
     let out = dir.join("adult.prg");
     let mut g = c.benchmark_group("convert");
@@ -42,7 +42,8 @@ fn conversion(c: &mut Criterion) {
 }
 
 fn open(c: &mut Criterion) {
-    let dir = scratch();
+    let dir_tmp = scratch();
+    let dir = dir_tmp.path();
     let small = dir.join("small.prg");
     let large = dir.join("large.prg");
     gen::dense(&gen::DenseSpec { rows: 2_000, cols: 784, classes: 10, noise: 0.1, seed: 1 }, &small)
@@ -54,7 +55,6 @@ fn open(c: &mut Criterion) {
         g.bench_function(name, |b| b.iter(|| Dataset::open(black_box(p)).expect("open").rows()));
     }
     g.finish();
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 criterion_group!(benches, conversion, open);

@@ -125,8 +125,9 @@ mod mpi {
 
     #[test]
     fn train_under_mpirun() {
-        let d = super::scratch("train-mpi");
-        let data = super::train_data(&d);
+        let d_tmp = super::scratch("train-mpi");
+        let d = d_tmp.path();
+        let data = super::train_data(d);
         let run = d.join("run");
         for scheme in [
             "bsp",
@@ -179,16 +180,15 @@ mod mpi {
     }
 }
 
-fn scratch(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("peregrine-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("scratch dir");
-    d
+/// A scratch directory, removed when the test ends (passed or failed).
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("peregrine-cli-{name}-")).tempdir().expect("scratch dir")
 }
 
 #[test]
 fn data_convert_info_and_gen() {
-    let d = scratch("data");
+    let d_tmp = scratch("data");
+    let d = d_tmp.path();
     let input = d.join("in.svm");
     std::fs::write(&input, "+1 1:0.5 4:1\n-1 2:2\n").expect("write");
     let out = d.join("in.prg");
@@ -220,7 +220,8 @@ fn data_convert_info_and_gen() {
 
 #[test]
 fn bad_data_is_a_clear_error_and_leaves_nothing_behind() {
-    let d = scratch("bad-data");
+    let d_tmp = scratch("bad-data");
+    let d = d_tmp.path();
     let input = d.join("bad.svm");
     std::fs::write(&input, "+1 1:1\n-1 3:1 2:1\n").expect("write");
     let out = d.join("bad.prg");
@@ -229,7 +230,7 @@ fn bad_data_is_a_clear_error_and_leaves_nothing_behind() {
     assert_eq!(o.status.code(), Some(1));
     let (_, stderr) = text(&o);
     assert!(stderr.contains(&format!("{}:2:8: expected an index above 3", input.display())), "{stderr}");
-    assert_eq!(std::fs::read_dir(&d).expect("list").count(), 1, "only the input is left");
+    assert_eq!(std::fs::read_dir(d).expect("list").count(), 1, "only the input is left");
 
     let o = peregrine(&["data", "info", &s(&input)]);
     assert_eq!(o.status.code(), Some(1));
@@ -250,8 +251,9 @@ fn train_data(dir: &std::path::Path) -> String {
 
 #[test]
 fn train_writes_its_run_directory() {
-    let d = scratch("train-run");
-    let data = train_data(&d);
+    let d_tmp = scratch("train-run");
+    let d = d_tmp.path();
+    let data = train_data(d);
     let run = d.join("run");
     let out = peregrine(&[
         "train",
@@ -308,8 +310,9 @@ fn train_writes_its_run_directory() {
 
 #[test]
 fn train_config_file_errors_name_file_line_and_column() {
-    let d = scratch("train-config");
-    let data = train_data(&d);
+    let d_tmp = scratch("train-config");
+    let d = d_tmp.path();
+    let data = train_data(d);
     let cfg = d.join("bad.toml");
     std::fs::write(&cfg, format!("model = \"lr\"\ndata = \"{data}\"\nbatchsize = 64\n")).expect("write");
     let out = peregrine(&["train", "--config", &cfg.to_string_lossy()]);
@@ -340,8 +343,9 @@ fn train_config_file_errors_name_file_line_and_column() {
 
 #[test]
 fn train_bad_input_is_a_clear_error() {
-    let d = scratch("train-bad");
-    let data = train_data(&d);
+    let d_tmp = scratch("train-bad");
+    let d = d_tmp.path();
+    let data = train_data(d);
     let cases: &[(&[&str], i32, &str)] = &[
         (&["train", "--data", &data], 2, "no model"),
         (&["train", "--model", "lr"], 2, "no training data"),
@@ -411,9 +415,10 @@ fn train_bad_input_is_a_clear_error() {
         ),
         (&["train", "--model", "lr", "--data", &data, "--threads", "100000"], 2, "at most 1024"),
     ];
-    let d = scratch("train-bad-cwd");
+    let d_tmp = scratch("train-bad-cwd");
+    let d = d_tmp.path();
     for (args, code, what) in cases {
-        let out = peregrine_in(&d, args);
+        let out = peregrine_in(d, args);
         let (_, stderr) = text(&out);
         assert_eq!(out.status.code(), Some(*code), "{args:?}: {stderr}");
         assert!(stderr.contains(what), "{args:?}: expected `{what}` in {stderr}");
@@ -425,7 +430,8 @@ fn train_bad_input_is_a_clear_error() {
 
 #[test]
 fn train_divergence_is_an_error() {
-    let d = scratch("train-div");
+    let d_tmp = scratch("train-div");
+    let d = d_tmp.path();
     let data = d.join("ratings.pgd").to_string_lossy().into_owned();
     assert!(peregrine(&[
         "data",
@@ -464,8 +470,9 @@ fn train_divergence_is_an_error() {
 
 #[test]
 fn every_shipped_config_runs() {
-    let d = scratch("configs");
-    let sparse = train_data(&d);
+    let d_tmp = scratch("configs");
+    let d = d_tmp.path();
+    let sparse = train_data(d);
     let dense = d.join("dense.pgd").to_string_lossy().into_owned();
     assert!(peregrine(&[
         "data",
@@ -543,8 +550,9 @@ fn every_shipped_config_runs() {
 
 #[test]
 fn experiment_writes_tables_and_plots() {
-    let d = scratch("experiment");
-    let data = train_data(&d);
+    let d_tmp = scratch("experiment");
+    let d = d_tmp.path();
+    let data = train_data(d);
     let cfg = d.join("exp.toml");
     std::fs::write(
         &cfg,
@@ -587,8 +595,9 @@ fn experiment_writes_tables_and_plots() {
 
 #[test]
 fn experiment_config_errors_are_clear() {
-    let d = scratch("experiment-bad");
-    let data = train_data(&d);
+    let d_tmp = scratch("experiment-bad");
+    let d = d_tmp.path();
+    let data = train_data(d);
     let cfg = d.join("bad.toml");
     for (body, what) in [
         ("schemes = [\"bsp\"]\npatterns = [\"ideal\"]\n[workloads.lr]\nmodel = \"lr\"\ndata = \"D\"\n", "needs a target-loss"),

@@ -6,7 +6,7 @@
 //! Needs a running Slurm whose `SLURM_CONF` is in the environment (`scripts/slurm-local.sh start`
 //! starts a single-node one on loopback; `scripts/test.sh` does it before running these tests).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -43,12 +43,9 @@ fn text(out: &Output) -> String {
     format!("{}\n--- stderr\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
 }
 
-/// A fresh directory for one test.
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("peregrine-slurm-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("create scratch dir");
-    d
+/// A fresh directory for one test (the jobs run as root, as the test does), removed when it ends.
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("peregrine-slurm-{name}-")).tempdir().expect("scratch dir")
 }
 
 fn job_field(id: &str, field: &str) -> String {
@@ -150,8 +147,9 @@ fn srun_singletons_are_detected() {
 #[test]
 fn an_sbatch_job_runs_4_ranks_and_records_them() {
     slurm_up();
-    let dir = scratch("sbatch");
-    let id = submit(&dir, &["conformance", "--tickets", "5000", "--rounds", "20"]);
+    let dir_tmp = scratch("sbatch");
+    let dir = dir_tmp.path();
+    let id = submit(dir, &["conformance", "--tickets", "5000", "--rounds", "20"]);
     let output = dir.join(format!("ptest-{id}.out"));
     wait_for(
         &id,
@@ -175,8 +173,9 @@ fn an_sbatch_job_runs_4_ranks_and_records_them() {
 #[test]
 fn a_job_warned_before_its_time_limit_saves_requeues_and_resumes() {
     slurm_up();
-    let dir = scratch("requeue");
-    let id = submit(&dir, &["conformance", "--tickets", "2000", "--repeat", "300"]);
+    let dir_tmp = scratch("requeue");
+    let dir = dir_tmp.path();
+    let id = submit(dir, &["conformance", "--tickets", "2000", "--repeat", "300"]);
     let output = dir.join(format!("ptest-{id}.out"));
     // Once it is well under way, send what Slurm sends before the time limit.
     wait_for(

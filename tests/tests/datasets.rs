@@ -20,16 +20,14 @@ fn repo_data(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("data").join(name)
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("peregrine-datasets-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("scratch dir");
-    d
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("peregrine-datasets-{name}-")).tempdir().expect("scratch dir")
 }
 
 #[test]
 fn adult() {
-    let d = scratch("adult");
+    let d_tmp = scratch("adult");
+    let d = d_tmp.path();
     let out = d.join("adult.prg");
     let c = libsvm::convert(&repo_data("adult.libsvm.gz"), &out, None).expect("convert adult");
     assert_eq!((c.rows, c.cols, c.nnz), (48_842, 122, 683_788));
@@ -43,7 +41,8 @@ fn adult() {
 
 #[test]
 fn heart_scale() {
-    let d = scratch("heart");
+    let d_tmp = scratch("heart");
+    let d = d_tmp.path();
     let out = d.join("heart.prg");
     let c = libsvm::convert(&repo_data("heart_scale"), &out, None).expect("convert heart_scale");
     assert_eq!((c.rows, c.cols), (270, 13));
@@ -67,7 +66,8 @@ fn fashion_mnist_dir() -> PathBuf {
 #[test]
 fn fashion_mnist() {
     let dir = fashion_mnist_dir();
-    let d = scratch("fmnist");
+    let d_tmp = scratch("fmnist");
+    let d = d_tmp.path();
     for (split, n) in [("train", 60_000), ("t10k", 10_000)] {
         let out = d.join(format!("{split}.prg"));
         idx::convert(
@@ -100,7 +100,8 @@ fn movielens_path() -> PathBuf {
 #[test]
 fn movielens_100k() {
     let path = movielens_path();
-    let d = scratch("ml100k");
+    let d_tmp = scratch("ml100k");
+    let d = d_tmp.path();
     let out = d.join("ml.prg");
     ratings::convert(Path::new(&path), &out).expect("convert MovieLens");
     let ds = Dataset::open(&out).expect("open");
@@ -132,7 +133,8 @@ fn epochs(rows: usize, batch: usize, epochs: u64) -> u64 {
 
 #[test]
 fn lr_on_adult_reaches_log_loss_0_345() {
-    let data = scratch("adult-lr").join("adult.prg");
+    let d_tmp = scratch("adult-lr");
+    let data = d_tmp.path().join("adult.prg");
     libsvm::convert(&repo_data("adult.libsvm.gz"), &data, None).expect("convert adult");
     let cfg = Config { batch: 4096, chunk: 512, iterations: epochs(48_842, 4096, 20), ..Config::default() };
     let r = train_2_ranks(|| LogReg::new(&data, None, 2.0).expect("model"), &cfg);
@@ -141,9 +143,11 @@ fn lr_on_adult_reaches_log_loss_0_345() {
     assert!(e.loss <= 0.345, "training log-loss {} after 20 epochs", e.loss);
 }
 
-fn fashion_mnist_files(name: &str) -> (PathBuf, PathBuf) {
+/// Fashion-MNIST converted into a scratch directory (removed when the returned guard drops).
+fn fashion_mnist_files(name: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
     let dir = fashion_mnist_dir();
-    let d = scratch(name);
+    let d_tmp = scratch(name);
+    let d = d_tmp.path();
     let (train, test) = (d.join("train.prg"), d.join("test.prg"));
     for (split, out) in [("train", &train), ("t10k", &test)] {
         idx::convert(
@@ -153,12 +157,12 @@ fn fashion_mnist_files(name: &str) -> (PathBuf, PathBuf) {
         )
         .expect("convert Fashion-MNIST");
     }
-    (train, test)
+    (d_tmp, train, test)
 }
 
 #[test]
 fn softmax_on_fashion_mnist_reaches_83_percent() {
-    let (train, test) = fashion_mnist_files("fm-softmax");
+    let (_scratch, train, test) = fashion_mnist_files("fm-softmax");
     let cfg = Config {
         batch: 256,
         chunk: 64,
@@ -173,7 +177,7 @@ fn softmax_on_fashion_mnist_reaches_83_percent() {
 
 #[test]
 fn mlp_on_fashion_mnist_reaches_86_percent() {
-    let (train, test) = fashion_mnist_files("fm-mlp");
+    let (_scratch, train, test) = fashion_mnist_files("fm-mlp");
     let cfg = Config {
         batch: 128,
         chunk: 64,
@@ -188,7 +192,8 @@ fn mlp_on_fashion_mnist_reaches_86_percent() {
 
 #[test]
 fn mf_on_movielens_reaches_rmse_0_93() {
-    let d = scratch("ml-mf");
+    let d_tmp = scratch("ml-mf");
+    let d = d_tmp.path();
     let (all, train, test) = (d.join("ml.prg"), d.join("train.prg"), d.join("test.prg"));
     ratings::convert(&movielens_path(), &all).expect("convert MovieLens");
     split::split(&all, &train, &test, 0.1, 1).expect("90/10 split");

@@ -96,8 +96,8 @@ fn training_exactly_once_on_4_ranks() {
 fn bsp_model_is_the_same_over_mpi_and_local() {
     use peregrine_kernels::data::gen::{self, SparseSpec};
     use peregrine_tests::training::{distance, final_params, BSP_TOLERANCE};
-    let dir = std::env::temp_dir().join(format!("peregrine-mpi-params-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch");
+    let scratch = tempfile::Builder::new().prefix("peregrine-mpi-params-").tempdir().expect("scratch");
+    let dir = scratch.path();
     let data = dir.join("sparse.pgd");
     gen::sparse(&SparseSpec { rows: 3000, cols: 400, nnz_per_row: 12, zipf: 1.1, seed: 2 }, &data)
         .expect("gen");

@@ -55,10 +55,8 @@ fn every_chunk_once_under_asp() {
     check_exactly_once(scheme("asp"));
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("peregrine-training-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).expect("scratch dir");
-    d
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("peregrine-training-{name}-")).tempdir().expect("scratch dir")
 }
 
 /// Trains the model `make` builds with 1, 2 and 4 ranks; the models must agree.
@@ -87,13 +85,15 @@ fn sparse_data(dir: &Path) -> PathBuf {
 
 #[test]
 fn bsp_lr_is_the_same_for_1_2_4_ranks() {
-    let data = sparse_data(&scratch("lr"));
+    let tmp = scratch("lr");
+    let data = sparse_data(tmp.path());
     same_model_for_every_world(|| LogReg::new(&data, None, 0.5).expect("model"), 30);
 }
 
 #[test]
 fn bsp_mf_is_the_same_for_1_2_4_ranks() {
-    let p = scratch("mf").join("ratings.pgd");
+    let tmp = scratch("mf");
+    let p = tmp.path().join("ratings.pgd");
     gen::ratings(&RatingsSpec { rows: 6000, users: 200, items: 150, rank: 4, noise: 0.1, seed: 3 }, &p)
         .expect("gen");
     same_model_for_every_world(|| Mf::new(&p, None, 8, 0.01, 0.05).expect("model"), 20);
@@ -101,7 +101,8 @@ fn bsp_mf_is_the_same_for_1_2_4_ranks() {
 
 #[test]
 fn bsp_mlp_is_the_same_for_1_2_4_ranks() {
-    let p = scratch("mlp").join("dense.pgd");
+    let tmp = scratch("mlp");
+    let p = tmp.path().join("dense.pgd");
     gen::dense(&DenseSpec { rows: 3000, cols: 20, classes: 4, noise: 0.3, seed: 4 }, &p).expect("gen");
     same_model_for_every_world(|| Mlp::new(&p, None, &[16], 0.1).expect("model"), 20);
 }
@@ -283,7 +284,8 @@ fn speculative_copies_of_a_slow_ranks_chunks_win() {
 
 /// LR on 3 ranks (rank 0 at half speed) under `scheme` against BSP on 1 rank: the same model.
 fn gives_the_bsp_model(scheme: Scheme) {
-    let data = sparse_data(&scratch(&scheme.to_string().replace(':', "-")));
+    let tmp = scratch(&scheme.to_string().replace(':', "-"));
+    let data = sparse_data(tmp.path());
     let make = || LogReg::new(&data, None, 0.5).expect("model");
     let one = run_local(1, |t| final_params(&t, &make(), 30)).expect("world").remove(0).expect("1 rank");
     for (r, p) in run_local(3, |t| final_params_with(&t, &make(), 30, scheme.clone()))

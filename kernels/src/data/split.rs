@@ -99,15 +99,15 @@ mod tests {
     use super::*;
     use crate::data::gen::{self, DenseSpec, RatingsSpec, SparseSpec};
 
-    fn tmp(name: &str) -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("peregrine-split-{}-{name}", std::process::id()));
-        std::fs::create_dir_all(&d).expect("tmp dir");
-        d
+    /// A scratch directory, removed when the test ends.
+    fn tmp(name: &str) -> tempfile::TempDir {
+        tempfile::Builder::new().prefix(&format!("peregrine-split-{name}-")).tempdir().expect("tmp dir")
     }
 
     #[test]
     fn every_row_lands_on_exactly_one_side() {
-        let dir = tmp("rows");
+        let dir_tmp = tmp("rows");
+        let dir = dir_tmp.path();
         let src = dir.join("r.pgd");
         gen::ratings(&RatingsSpec { rows: 1000, users: 50, items: 40, rank: 3, noise: 0.1, seed: 3 }, &src)
             .expect("gen");
@@ -133,7 +133,8 @@ mod tests {
 
     #[test]
     fn sparse_and_dense_rows_move_whole() {
-        let dir = tmp("kinds");
+        let dir_tmp = tmp("kinds");
+        let dir = dir_tmp.path();
         let (s, d) = (dir.join("s.pgd"), dir.join("d.pgd"));
         gen::sparse(&SparseSpec { rows: 300, cols: 50, nnz_per_row: 5, zipf: 1.1, seed: 1 }, &s)
             .expect("gen");
@@ -161,7 +162,8 @@ mod tests {
 
     #[test]
     fn bad_fractions_are_errors() {
-        let dir = tmp("bad");
+        let dir_tmp = tmp("bad");
+        let dir = dir_tmp.path();
         let src = dir.join("r.pgd");
         gen::ratings(&RatingsSpec { rows: 10, users: 5, items: 4, rank: 2, noise: 0.1, seed: 3 }, &src)
             .expect("gen");

@@ -2,12 +2,9 @@ use std::path::{Path, PathBuf};
 
 use super::*;
 
-/// A scratch directory for one test.
-fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("peregrine-data-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("scratch dir");
-    d
+/// A scratch directory for one test, removed when it ends (passed or failed).
+fn dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("peregrine-data-{name}-")).tempdir().expect("scratch dir")
 }
 
 fn write(d: &Path, name: &str, text: &str) -> PathBuf {
@@ -25,8 +22,9 @@ fn no_leftovers(d: &Path, keep: &[&str]) {
 
 #[test]
 fn libsvm_round_trip() {
-    let d = dir("libsvm");
-    let input = write(&d, "in.txt", "+1 1:0.5 3:2\n-1 2:1 # comment\n\n0 4:-1.5e2\n1\n");
+    let d_tmp = dir("libsvm");
+    let d = d_tmp.path();
+    let input = write(d, "in.txt", "+1 1:0.5 3:2\n-1 2:1 # comment\n\n0 4:-1.5e2\n1\n");
     let out = d.join("out.prg");
     let c = libsvm::convert(&input, &out, None).expect("convert");
     assert_eq!(c, Converted { rows: 4, cols: 4, nnz: 4, input_bytes: 44 });
@@ -43,12 +41,13 @@ fn libsvm_round_trip() {
         (&[2u64, 3, 4][..], &[1u32, 3][..], &[0.0f32, 0.0][..])
     );
     assert!(ds.sparse().is_ok() && ds.dense().is_err());
-    no_leftovers(&d, &["in.txt", "out.prg"]);
+    no_leftovers(d, &["in.txt", "out.prg"]);
 }
 
 #[test]
 fn libsvm_errors_name_line_and_column() {
-    let d = dir("libsvm-bad");
+    let d_tmp = dir("libsvm-bad");
+    let d = d_tmp.path();
     let cases: &[(&str, u64, u64, &str)] = &[
         ("+1 1:1\nx 1:1\n", 2, 1, "a label"),
         ("+1 0:1\n", 1, 4, "1-based"),
@@ -61,7 +60,7 @@ fn libsvm_errors_name_line_and_column() {
         ("+1 a:1\n", 1, 4, "a feature index"),
     ];
     for (i, (text, line, column, expected)) in cases.iter().enumerate() {
-        let input = write(&d, &format!("bad{i}.txt"), text);
+        let input = write(d, &format!("bad{i}.txt"), text);
         let out = d.join(format!("bad{i}.prg"));
         match libsvm::convert(&input, &out, None) {
             Err(DataError::Parse { line: l, column: c, expected: e, .. }) => {
@@ -72,16 +71,17 @@ fn libsvm_errors_name_line_and_column() {
         }
         assert!(!out.exists(), "a failed conversion left {}", out.display());
     }
-    let err = libsvm::convert(&write(&d, "x.txt", "+1 9:1\n"), &d.join("x.prg"), Some(4))
+    let err = libsvm::convert(&write(d, "x.txt", "+1 9:1\n"), &d.join("x.prg"), Some(4))
         .expect_err("beyond --features");
     assert!(err.to_string().contains("beyond --features 4"), "{err}");
 }
 
 #[test]
 fn ratings_with_header_and_separators() {
-    let d = dir("ratings");
+    let d_tmp = dir("ratings");
+    let d = d_tmp.path();
     let input = write(
-        &d,
+        d,
         "r.txt",
         "user_id:token\titem_id:token\trating:float\n1\t2\t3.5\t881250949\n3::1::5\n2,2,1\n0 0 4\n",
     );
@@ -95,12 +95,12 @@ fn ratings_with_header_and_separators() {
         (&[1u32, 3, 2, 0][..], &[2u32, 1, 2, 0][..], &[3.5f32, 5.0, 1.0, 4.0][..])
     );
     assert_eq!((r.n_users, r.n_items), (4, 3));
-    let bad = write(&d, "bad.txt", "1 2 3\n1 x 3\n");
+    let bad = write(d, "bad.txt", "1 2 3\n1 x 3\n");
     match ratings::convert(&bad, &d.join("bad.prg")) {
         Err(DataError::Parse { line: 2, column: 3, .. }) => {}
         other => panic!("{other:?}"),
     }
-    let short = write(&d, "short.txt", "1 2\n");
+    let short = write(d, "short.txt", "1 2\n");
     assert!(matches!(ratings::convert(&short, &d.join("s.prg")), Err(DataError::Parse { line: 1, .. })));
 }
 
@@ -126,8 +126,9 @@ fn idx_files(d: &Path, n: u32, magic: u32, labels: &[u8]) -> (PathBuf, PathBuf) 
 #[test]
 fn idx_plain_and_gzipped() {
     use std::io::Write;
-    let d = dir("idx");
-    let (pi, pl) = idx_files(&d, 3, 0x803, &[0, 2, 1]);
+    let d_tmp = dir("idx");
+    let d = d_tmp.path();
+    let (pi, pl) = idx_files(d, 3, 0x803, &[0, 2, 1]);
     // Gzip the labels: detected by content.
     let raw = std::fs::read(&pl).expect("read");
     let gz = d.join("lab.idx.gz");
@@ -146,15 +147,15 @@ fn idx_plain_and_gzipped() {
     assert_eq!(m.features[1], 17.0 / 255.0);
     assert_eq!(m.rows(2..3).features, &m.features[8..12]);
 
-    let (pi, pl) = idx_files(&d, 3, 0x801, &[0, 2, 1]);
+    let (pi, pl) = idx_files(d, 3, 0x801, &[0, 2, 1]);
     let e = idx::convert(&pi, &pl, &d.join("x.prg")).expect_err("wrong magic");
     assert!(e.to_string().contains("wrong IDX magic"), "{e}");
-    let (pi, pl) = idx_files(&d, 3, 0x803, &[0, 2]);
+    let (pi, pl) = idx_files(d, 3, 0x803, &[0, 2]);
     assert!(idx::convert(&pi, &pl, &d.join("x.prg"))
         .expect_err("count")
         .to_string()
         .contains("3 images but"));
-    let (pi, pl) = idx_files(&d, 3, 0x803, &[0, 2, 1]);
+    let (pi, pl) = idx_files(d, 3, 0x803, &[0, 2, 1]);
     let mut img = std::fs::read(&pi).expect("read");
     img.truncate(img.len() - 1);
     std::fs::write(&pi, img).expect("write");
@@ -164,8 +165,9 @@ fn idx_plain_and_gzipped() {
 
 #[test]
 fn corrupt_files_are_refused() {
-    let d = dir("corrupt");
-    let input = write(&d, "in.txt", "+1 1:1 2:1\n-1 2:3\n");
+    let d_tmp = dir("corrupt");
+    let d = d_tmp.path();
+    let input = write(d, "in.txt", "+1 1:1 2:1\n-1 2:3\n");
     let out = d.join("ok.prg");
     libsvm::convert(&input, &out, None).expect("convert");
     let good = std::fs::read(&out).expect("read");
@@ -192,7 +194,8 @@ fn corrupt_files_are_refused() {
 
 #[test]
 fn generators_are_seeded_and_hold_their_truth() {
-    let d = dir("gen");
+    let d_tmp = dir("gen");
+    let d = d_tmp.path();
     let s = gen::SparseSpec { rows: 500, cols: 1000, nnz_per_row: 10, zipf: 1.1, seed: 7 };
     gen::sparse(&s, &d.join("a.prg")).expect("gen");
     gen::sparse(&s, &d.join("b.prg")).expect("gen");
