@@ -30,16 +30,17 @@ pub enum PlanError {
         /// Chunk rows.
         chunk: usize,
     },
-    /// A rank's part of a batch does not fit a queue.
+    /// A batch's chunks do not fit one queue (schemes that size shares, like LB-BSP, may give one
+    /// rank all of them).
     #[error(
-        "a rank's part of a batch of {batch} rows is {most} chunks of {chunk}; at most {} fit a queue: raise the chunk size",
+        "a batch of {batch} rows is {chunks} chunks of {chunk}; at most {} fit a rank's queue: raise the chunk size",
         crate::queue::MAX_CHUNKS
     )]
     TooManyChunks {
         /// Batch rows.
         batch: usize,
-        /// Chunks of the largest part.
-        most: usize,
+        /// Chunks of a batch.
+        chunks: usize,
         /// Chunk rows.
         chunk: usize,
     },
@@ -60,7 +61,7 @@ impl Plan {
     /// `world` ranks and chunks of `chunk` rows.
     ///
     /// # Errors
-    /// If a count is zero or a rank's part would need more chunks than a queue holds.
+    /// If a count is zero or a batch has more chunks than one rank's queue holds.
     pub fn new(rows: usize, batch: usize, world: usize, chunk: usize, seed: u64) -> Result<Self, PlanError> {
         if rows == 0 {
             return Err(PlanError::NoRows);
@@ -69,9 +70,9 @@ impl Plan {
             return Err(PlanError::Zero { batch, world, chunk });
         }
         let batch = batch.min(rows);
-        let most = batch.div_ceil(chunk).div_ceil(world);
-        if most > crate::queue::MAX_CHUNKS as usize {
-            return Err(PlanError::TooManyChunks { batch, most, chunk });
+        let chunks = batch.div_ceil(chunk);
+        if chunks > crate::queue::MAX_CHUNKS as usize {
+            return Err(PlanError::TooManyChunks { batch, chunks, chunk });
         }
         Ok(Self { rows, batch, world, chunk, seed })
     }

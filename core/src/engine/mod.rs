@@ -38,7 +38,6 @@ use crate::inject::{Injection, Pattern};
 use crate::model::Model;
 use crate::plan::{Plan, PlanError};
 use crate::pool::RankPool;
-use crate::queue::MAX_CHUNKS;
 use crate::scheme::{SchemeError, SchemeSpec};
 
 mod comm;
@@ -198,7 +197,7 @@ impl Elastic {
 
 /// Checks what [`train`] would refuse in `cfg` for a world of `world` ranks training on `rows`
 /// rows, before anything is started or written: settings out of range, batches that cannot be
-/// planned, schemes that cannot run with this many ranks, straggler patterns naming ranks that do
+/// planned (or whose chunks would not fit one rank's queue), schemes that cannot run with this many ranks, straggler patterns naming ranks that do
 /// not exist.
 pub fn check(cfg: &Config, world: usize, rows: usize) -> Result<Plan, TrainError> {
     let setting = |setting, accepted: &str, got: String| TrainError::Setting {
@@ -216,14 +215,6 @@ pub fn check(cfg: &Config, world: usize, rows: usize) -> Result<Plan, TrainError
         return Err(setting("the steal fraction", "in (0, 1]", cfg.steal_fraction.to_string()));
     }
     let plan = Plan::new(rows, cfg.batch, world, cfg.chunk, cfg.seed)?;
-    // A rank's chunks of an iteration must fit a queue word (LB-BSP may give one rank all).
-    if plan.batch().div_ceil(plan.chunk()) > MAX_CHUNKS as usize {
-        return Err(setting(
-            "chunks per batch (batch / chunk)",
-            &format!("at most {MAX_CHUNKS}"),
-            plan.batch().div_ceil(plan.chunk()).to_string(),
-        ));
-    }
     cfg.scheme.scheme.validate(world)?;
     if let Pattern::Persistent { ranks, .. } = &cfg.inject.pattern {
         if let Some(&rank) = ranks.iter().find(|&&r| r >= world) {
@@ -245,5 +236,9 @@ pub fn train<M: Model>(
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<Report, TrainError> {
     let plan = check(cfg, t.world_size(), model.rows())?;
-    run::Run::run(run::Run::start(t, model, cfg, plan, pool)?, metrics, progress)
+    let (run, mut policy) = run::Run::start(t, model, cfg, plan, pool)?;
+    let result = run.train(&mut *policy, metrics, progress);
+    // The windows are freed (collectively) whether training succeeded or not.
+    run.free(policy)?;
+    result
 }

@@ -136,7 +136,7 @@ impl<'a, M: Model> Run<'a, M> {
     }
 
     /// The iterations of this rank, then the final evaluation and the report (collective).
-    fn train(
+    pub(super) fn train(
         &self,
         policy: &mut dyn Policy,
         mut metrics: Option<(&mut dyn Write, &str)>,
@@ -352,7 +352,7 @@ impl<'a, M: Model> Run<'a, M> {
     }
 
     /// Collective: frees every window, the policy's too.
-    fn free(self, policy: Box<dyn Policy>) -> Result<(), TrainError> {
+    pub(super) fn free(self, policy: Box<dyn Policy>) -> Result<(), TrainError> {
         self.t.barrier()?;
         self.params.free()?;
         self.queues.free()?;
@@ -361,19 +361,6 @@ impl<'a, M: Model> Run<'a, M> {
         self.rates.free()?;
         policy.free()?;
         Ok(())
-    }
-}
-
-impl<'a, M: Model> Run<'a, M> {
-    /// Trains, then frees the windows (whether training succeeded or not).
-    pub(super) fn run(
-        (run, mut policy): (Self, Box<dyn Policy>),
-        metrics: Option<(&mut dyn Write, &str)>,
-        progress: &mut dyn FnMut(&Progress),
-    ) -> Result<Report, TrainError> {
-        let result = run.train(&mut *policy, metrics, progress);
-        run.free(policy)?;
-        result
     }
 }
 

@@ -18,9 +18,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::staleness::Bound;
-use super::{arg, bound, Family, Kind, Parsed, Policy, Result, Setup, Share, Take, View};
+use super::{arg, bound, latest, Family, Kind, Parsed, Policy, Result, Setup, Share, Take, View};
 use crate::engine::IterRecord;
-use crate::words;
+use crate::words::Queue;
 
 pub(crate) const FAMILY: Family = Family { forms: "falcon[:enforced|:slack[:<staleness>]]", parse };
 
@@ -122,18 +122,8 @@ impl Policy for Epsp {
 
     /// The rank projected to finish last, and the share that equalizes both finish times.
     fn victim(&self, view: &dyn View, it: u64) -> Result<Option<Take>> {
-        let mut best: Option<(usize, f64)> = None;
-        for r in view.others() {
-            let q = view.queue(r)?;
-            if q.left() == 0 || words::ahead(q.tag, it) {
-                continue;
-            }
-            let finish = projected_finish(q.left(), view.rate(r)?);
-            if best.is_none_or(|(_, f)| finish > f) {
-                best = Some((r, finish));
-            }
-        }
-        let Some((rank, _)) = best else { return Ok(None) };
+        let finish = |r, q: Queue| Ok(projected_finish(q.left(), view.rate(r)?));
+        let Some(rank) = latest(view, it, |_| true, finish)? else { return Ok(None) };
         Ok(Some(Take { rank, share: transfer_share(view.rate(view.rank())?, view.rate(rank)?) }))
     }
 
@@ -158,7 +148,7 @@ impl Policy for Epsp {
 mod tests {
     use super::*;
     use crate::scheme::Snapshot;
-    use crate::words::Queue;
+    use crate::words;
 
     #[test]
     fn the_victim_is_the_rank_projected_to_finish_last() {

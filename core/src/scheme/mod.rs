@@ -312,12 +312,12 @@ pub(crate) trait View {
         }
         Ok(s)
     }
+}
 
-    /// The other ranks.
-    fn others(&self) -> Box<dyn Iterator<Item = usize>> {
-        let me = self.rank();
-        Box::new((0..self.world()).filter(move |&r| r != me))
-    }
+/// The ranks other than `view`'s own.
+pub(crate) fn others(view: &dyn View) -> impl Iterator<Item = usize> {
+    let me = view.rank();
+    (0..view.world()).filter(move |&r| r != me)
 }
 
 /// A hand-made view: every word given (tests of decision rules).
@@ -539,14 +539,26 @@ pub(crate) trait Policy: Send + Sync {
 /// The rank other than this one with the most chunks queued in an iteration not ahead of `it`,
 /// among those `eligible` says.
 pub(crate) fn most_left(view: &dyn View, it: u64, eligible: impl Fn(usize) -> bool) -> Result<Option<usize>> {
-    let mut best: Option<(usize, u32)> = None;
-    for r in view.others().filter(|&r| eligible(r)) {
+    latest(view, it, eligible, |_, q| Ok(f64::from(q.left())))
+}
+
+/// The rank other than this one, among those `eligible` says, with chunks queued in an iteration
+/// not ahead of `it` and the largest `score` (ties: the lowest rank).
+pub(crate) fn latest(
+    view: &dyn View,
+    it: u64,
+    eligible: impl Fn(usize) -> bool,
+    score: impl Fn(usize, Queue) -> Result<f64>,
+) -> Result<Option<usize>> {
+    let mut best: Option<(usize, f64)> = None;
+    for r in others(view).filter(|&r| eligible(r)) {
         let q = view.queue(r)?;
         if q.left() == 0 || words::ahead(q.tag, it) {
             continue;
         }
-        if best.is_none_or(|(_, left)| q.left() > left) {
-            best = Some((r, q.left()));
+        let s = score(r, q)?;
+        if best.is_none_or(|(_, b)| s > b) {
+            best = Some((r, s));
         }
     }
     Ok(best.map(|(r, _)| r))

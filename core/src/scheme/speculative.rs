@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use peregrine_transport::{ShardMap, Transport, Window};
 
 use super::staleness::Bound;
-use super::{Family, Kind, OwnChunks, Parsed, Policy, Result, Setup, View};
+use super::{others, Family, Kind, OwnChunks, Parsed, Policy, Result, Setup, View};
 use crate::words::{self, ClaimWord, CLAIM_BITS};
 
 pub(crate) const FAMILY: Family = Family { forms: "speculative", parse };
@@ -106,7 +106,7 @@ pub(crate) fn candidate(
     mut skip: impl FnMut(usize, u32) -> Result<bool>,
 ) -> Result<Option<(usize, u32)>> {
     let mine = view.rate(view.rank())?;
-    for v in view.others() {
+    for v in others(view) {
         let q = view.queue(v)?;
         if q.tag != tag || !copies_from(mine, view.rate(v)?) {
             continue;
@@ -146,7 +146,7 @@ impl Policy for Copies {
     /// others claim theirs before computing them, so nobody copies them.
     fn own_chunks(&self, view: &dyn View) -> Result<OwnChunks> {
         let mut fastest = 0.0f64;
-        for v in view.others() {
+        for v in others(view) {
             fastest = fastest.max(view.rate(v)?);
         }
         Ok(if copyable(view.rate(view.rank())?, fastest) {

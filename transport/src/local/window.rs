@@ -177,32 +177,30 @@ impl<T: Elem> LocalWindow<T> {
         Ok(())
     }
 
-    pub(crate) fn fetch_add(&self, index: usize, value: T) -> Result<T> {
+    /// Runs the atomic `op` on global element `index`, ordered after this rank's outstanding
+    /// writes to its owner (as MPI orders atomics after earlier operations), under the owner's
+    /// lock for elements whose atomics are emulated.
+    fn atomic<R>(&self, index: usize, op: impl FnOnce(&T::Atomic) -> R) -> Result<R> {
         let (target, offset) = self.map.owner(index).ok_or_else(|| self.out_of_range(index, 1))?;
         self.apply(Some(target), true);
         let _held = T::LOCKED_ADD.then(|| lock(&self.locks[target]));
-        Ok(T::atomic_fetch_add(&self.shards[target][offset], value))
+        Ok(op(&self.shards[target][offset]))
+    }
+
+    pub(crate) fn fetch_add(&self, index: usize, value: T) -> Result<T> {
+        self.atomic(index, |a| T::atomic_fetch_add(a, value))
     }
 
     pub(crate) fn load(&self, index: usize) -> Result<T> {
-        let (target, offset) = self.map.owner(index).ok_or_else(|| self.out_of_range(index, 1))?;
-        self.apply(Some(target), true);
-        let _held = T::LOCKED_ADD.then(|| lock(&self.locks[target]));
-        Ok(T::atomic_load_acquire(&self.shards[target][offset]))
+        self.atomic(index, T::atomic_load_acquire)
     }
 
     pub(crate) fn swap(&self, index: usize, value: T) -> Result<T> {
-        let (target, offset) = self.map.owner(index).ok_or_else(|| self.out_of_range(index, 1))?;
-        self.apply(Some(target), true);
-        let _held = T::LOCKED_ADD.then(|| lock(&self.locks[target]));
-        Ok(T::atomic_swap(&self.shards[target][offset], value))
+        self.atomic(index, |a| T::atomic_swap(a, value))
     }
 
     pub(crate) fn compare_and_swap(&self, index: usize, current: T, new: T) -> Result<T> {
-        let (target, offset) = self.map.owner(index).ok_or_else(|| self.out_of_range(index, 1))?;
-        self.apply(Some(target), true);
-        let _held = T::LOCKED_ADD.then(|| lock(&self.locks[target]));
-        Ok(T::atomic_compare_swap(&self.shards[target][offset], current, new))
+        self.atomic(index, |a| T::atomic_compare_swap(a, current, new))
     }
 
     pub(crate) fn flush(&self, target: usize) -> Result<()> {
