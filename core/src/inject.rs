@@ -181,6 +181,21 @@ impl Injection {
         }
     }
 
+    /// How much slower `rank`'s chunks run at `at` seconds after the start under a disruptor (the
+    /// simulator's account of [`Injection::disruptor`]): `(w + b) / w` while it burns, `w` being
+    /// the rank's `workers` threads sharing their cores with `b` busy threads; 1 otherwise. The
+    /// same draw per `(seed, rank, period)` decides when it burns.
+    pub fn slowdown(&self, rank: usize, at: f64, workers: usize) -> f64 {
+        let Pattern::Disrupted { p, period, intensity } = self.pattern else { return 1.0 };
+        let k = (at.max(0.0) / period.as_secs_f64().max(1e-9)) as u64;
+        if unit(self.seed, rank as u64, k, 4) < p {
+            let w = workers.max(1) as f64;
+            (w + ((intensity / 100.0) * w).ceil().max(1.0)) / w
+        } else {
+            1.0
+        }
+    }
+
     /// Starts this rank's disruptor, if the pattern has one: busy threads on `cpus` (empty: let
     /// the OS place them), `workers` being the rank's thread count. Stops when dropped.
     pub fn disruptor(&self, rank: usize, cpus: &[usize], workers: usize) -> Option<Disruptor> {

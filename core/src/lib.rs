@@ -15,7 +15,9 @@
 //! - [`words`]: the layouts of the packed words ranks update one-sidedly;
 //! - [`pool`]: a rank's pinned compute threads with an adjustable active count;
 //! - [`inject`]: seeded straggler injection (slow worker, disrupted machine, power law,
-//!   persistent, heterogeneous).
+//!   persistent, heterogeneous);
+//! - [`sim`]: a discrete-event simulator that runs the same policies at thousands of ranks in
+//!   virtual time.
 #![warn(missing_docs)]
 
 pub mod clocks;
@@ -26,6 +28,7 @@ pub mod plan;
 pub mod pool;
 pub mod queue;
 pub mod scheme;
+pub mod sim;
 pub mod words;
 
 pub use engine::{train, Config, Report, TrainError};

@@ -195,7 +195,7 @@ pub struct Progress {
 
 impl IterRecord {
     /// Adds this iteration to `totals`.
-    pub(super) fn add_to(&self, totals: &mut RankTotals) {
+    pub(crate) fn add_to(&self, totals: &mut RankTotals) {
         totals.compute += self.compute;
         totals.comm += self.comm;
         totals.wait += self.wait;

@@ -93,7 +93,7 @@ impl<'a, M: Model> Run<'a, M> {
         params.flush_all()?;
         drop(init);
         let slots = (0..pool.max_threads()).map(|_| Mutex::new(Slot::new(model.work(cfg.chunk)))).collect();
-        let policy = cfg.scheme.scheme.policy(&Setup { t, cfg, plan: &plan })?;
+        let policy = cfg.scheme.scheme.policy(&Setup { t, cfg, plan: &plan, simulated: false })?;
         let run = Run {
             t,
             model,

@@ -61,7 +61,7 @@ impl Kind for LbBsp {
         Ok(Box::new(Balanced {
             preds: t.alloc_window("speed predictions", &ShardMap::from_lens(vec![2; t.world_size()]))?,
             history: History::new(self.predictor),
-            loads: Loads::default(),
+            loads: (!setup.simulated).then(Loads::default),
             last: 0.0,
             error: 0.0,
             predictions: 0,
@@ -76,7 +76,8 @@ struct Balanced {
     /// Every rank's predicted speed (f64 bits) for iterations of either parity.
     preds: Window<u64>,
     history: History,
-    loads: Loads,
+    /// The node's loads (none in a simulated world).
+    loads: Option<Loads>,
     /// This rank's last prediction (0: none yet).
     last: f64,
     /// Sum over iterations of `|predicted - measured| / measured`, and the iterations summed.
@@ -114,7 +115,7 @@ impl Policy for Balanced {
         // given no rows (all its chunks went to others) learned nothing: its prediction stands.
         let speed = measured_speed(rec.rows, rec.threads, busy);
         if speed > 0.0 {
-            let (cpu, mem) = self.loads.get();
+            let (cpu, mem) = self.loads.as_mut().map_or((0.0, 0.0), Loads::get);
             rec.speed = speed;
             if self.last > 0.0 {
                 self.error += (self.last - speed).abs() / speed;

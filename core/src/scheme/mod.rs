@@ -82,6 +82,9 @@ pub(crate) struct Setup<'a> {
     pub cfg: &'a Config,
     /// The run's batches and chunks.
     pub plan: &'a Plan,
+    /// Whether the world is simulated ([`crate::sim`]): the node this process runs on is not the
+    /// rank's, so its loads (LB-BSP's exogenous inputs) are not read.
+    pub simulated: bool,
 }
 
 impl Setup<'_> {
@@ -478,6 +481,12 @@ pub(crate) trait Policy: Send + Sync {
     /// iteration are done before pushing (helping with queued ones), so that nobody reads the
     /// iteration's parameters after someone changed them.
     fn line_up(&self) -> bool {
+        false
+    }
+
+    /// Whether the policy ever copies chunks running elsewhere ([`copy_due`](Self::copy_due)):
+    /// fixed for the run (the simulator polls for copies only then).
+    fn copies(&self) -> bool {
         false
     }
 

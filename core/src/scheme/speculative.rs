@@ -168,6 +168,10 @@ impl Policy for Copies {
         true
     }
 
+    fn copies(&self) -> bool {
+        true
+    }
+
     fn copy_due(&self, view: &dyn View, _it: u64, waited: bool) -> Result<bool> {
         Ok(waited && self.pick(view, false)?.is_some())
     }

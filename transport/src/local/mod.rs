@@ -17,6 +17,12 @@
 //! Collectives go through one mutex and condition variable per world. A rank whose [`LocalRank`]
 //! is dropped (it returned, failed or panicked) has left the world: peers waiting in, or later
 //! entering, a collective get [`Error::PeerExited`] instead of hanging.
+//!
+//! A **serial** world ([`serial_world`]) is driven by one thread that acts for every rank in turn
+//! (a simulator stepping thousands of ranks in virtual time): nothing in it may block, so a
+//! barrier returns at once (the driver orders the ranks' steps itself), a rank's `k`-th window
+//! allocation attaches to the world's `k`-th window (made by the first rank to ask for it), and
+//! the collectives that exchange data (`allreduce`, `broadcast`) are errors.
 
 use std::any::Any;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -34,7 +40,19 @@ struct World {
     wake: Condvar,
     /// One mailbox per rank for collectives: filled, then a barrier, then read, then a barrier.
     slots: Mutex<Vec<Option<Box<dyn Any + Send>>>>,
+    /// A serial world's windows, if this is one.
+    serial: Option<Mutex<Serial>>,
 }
+
+/// The windows of a serial world, in allocation order, and how many each rank has allocated.
+#[derive(Debug, Default)]
+struct Serial {
+    windows: Vec<Box<dyn Any + Send>>,
+    allocated: Vec<usize>,
+}
+
+/// What every rank's view of one window shares: its layout, element type, shards and locks.
+type Shared<T> = (ShardMap, crate::ElemKind, Arc<[Arc<[<T as Elem>::Atomic]>]>, Arc<[Arc<std::sync::Mutex<()>>]>);
 
 #[derive(Debug)]
 struct SyncState {
@@ -52,6 +70,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl World {
     fn barrier(&self, rank: usize, op: &'static str) -> Result<()> {
+        if self.serial.is_some() {
+            return Ok(());
+        }
         let mut s = lock(&self.sync);
         if let Some(peer) = s.exited {
             return Err(ErrorKind::PeerExited { rank, peer, op }.into());
@@ -82,6 +103,15 @@ impl World {
         op: &'static str,
         value: V,
     ) -> Result<Vec<V>> {
+        if self.serial.is_some() {
+            return Err(ErrorKind::CollectiveMismatch {
+                rank,
+                op,
+                detail: "a serial world (one thread acting for every rank) cannot exchange data in a collective"
+                    .into(),
+            }
+            .into());
+        }
         lock(&self.slots)[rank] = Some(Box::new(value));
         self.barrier(rank, op)?;
         let all: Option<Vec<V>> = lock(&self.slots)
@@ -119,6 +149,17 @@ impl Drop for LocalRank {
 ///
 /// Each rank is meant to run on its own thread (see [`crate::run_local`]).
 pub fn world(world_size: usize) -> Result<Vec<LocalRank>> {
+    make(world_size, false)
+}
+
+/// Creates a serial world of `world_size` ranks, all driven by the calling thread (see the module
+/// docs): barriers return at once, windows are allocated by the first rank to ask, and
+/// `allreduce` and `broadcast` are errors.
+pub fn serial_world(world_size: usize) -> Result<Vec<LocalRank>> {
+    make(world_size, true)
+}
+
+fn make(world_size: usize, serial: bool) -> Result<Vec<LocalRank>> {
     if world_size == 0 {
         return Err(ErrorKind::EmptyWorld(world_size).into());
     }
@@ -126,7 +167,8 @@ pub fn world(world_size: usize) -> Result<Vec<LocalRank>> {
         size: world_size,
         sync: Mutex::new(SyncState { arrived: 0, generation: 0, exited: None }),
         wake: Condvar::new(),
-        slots: Mutex::new((0..world_size).map(|_| None).collect()),
+        slots: Mutex::new(if serial { Vec::new() } else { (0..world_size).map(|_| None).collect() }),
+        serial: serial.then(|| Mutex::new(Serial { windows: Vec::new(), allocated: vec![0; world_size] })),
     });
     Ok((0..world_size).map(|rank| LocalRank { world: world.clone(), rank }).collect())
 }
@@ -200,6 +242,9 @@ impl LocalRank {
 
     pub(crate) fn alloc_window<T: Elem>(&self, name: &str, map: &ShardMap) -> Result<LocalWindow<T>> {
         self.check_map(map)?;
+        if let Some(serial) = &self.world.serial {
+            return self.attach(serial, name, map);
+        }
         // Each rank allocates (and so first-touches) its own shard, then all exchange them along
         // with what they asked for, so that a mismatch is reported on every rank.
         let shard: Arc<[T::Atomic]> =
@@ -227,8 +272,34 @@ impl LocalRank {
             }
             .into());
         }
-        let (shards, locks) = all.into_iter().map(|(_, _, s, l)| (s, l)).unzip();
-        Ok(LocalWindow::new(self.world.clone(), self.rank, name, map.clone(), shards, locks))
+        let (shards, locks): (Vec<_>, Vec<_>) = all.into_iter().map(|(_, _, s, l)| (s, l)).unzip();
+        Ok(LocalWindow::new(self.world.clone(), self.rank, name, map.clone(), shards.into(), locks.into()))
+    }
+
+    /// A serial world's allocation: this rank's next window, made now if no rank has asked for
+    /// it yet.
+    fn attach<T: Elem>(&self, serial: &Mutex<Serial>, name: &str, map: &ShardMap) -> Result<LocalWindow<T>> {
+        let mut s = lock(serial);
+        let k = s.allocated[self.rank];
+        s.allocated[self.rank] += 1;
+        if k == s.windows.len() {
+            let shards: Arc<[Arc<[T::Atomic]>]> = (0..map.parts())
+                .map(|r| (0..map.len_of(r)).map(|_| T::atomic_new(T::default())).collect())
+                .collect();
+            let locks: Arc<[_]> = (0..map.parts()).map(|_| Arc::new(std::sync::Mutex::new(()))).collect();
+            s.windows.push(Box::new((map.clone(), T::KIND, shards, locks)));
+        }
+        let Some((m, _, shards, locks)) =
+            s.windows[k].downcast_ref::<Shared<T>>().filter(|(m, kind, _, _)| m == map && *kind == T::KIND)
+        else {
+            return Err(ErrorKind::WindowMismatch {
+                rank: self.rank,
+                window: name.to_owned(),
+                detail: format!("its allocation number {k} differs from the first rank's ({} x {})", map.total(), T::NAME),
+            }
+            .into());
+        };
+        Ok(LocalWindow::new(self.world.clone(), self.rank, name, m.clone(), shards.clone(), locks.clone()))
     }
 
     fn check_rank(&self, what: &'static str, target: usize) -> Result<()> {
@@ -351,6 +422,32 @@ mod tests {
             })
         });
         assert!(caught.is_err(), "the panic of rank 0 is resumed by run_local");
+    }
+
+    #[test]
+    fn a_serial_world_is_driven_by_one_thread() {
+        let ranks: Vec<crate::Transport> =
+            super::serial_world(3).expect("world").into_iter().map(crate::Transport::Local).collect();
+        let map = ShardMap::from_lens([1, 1, 1]);
+        // Each rank's first allocation is one window; a barrier does not block.
+        let w: Vec<Window<u64>> = ranks.iter().map(|t| t.alloc_window("w", &map)).collect::<Result<_, _>>().expect("alloc");
+        ranks[0].barrier().expect("barrier returns at once");
+        assert_eq!(w[0].fetch_add(2, 5).expect("add"), 0);
+        assert_eq!(w[2].load(2).expect("load"), 5, "rank 2 sees rank 0's atomic on its shard");
+        w[1].put(0, &[7]).expect("put");
+        assert_eq!(w[0].load(0).expect("load"), 0, "a put is not visible before its flush");
+        w[1].flush(0).expect("flush");
+        assert_eq!(w[0].load(0).expect("load"), 7);
+        // The second allocation differs between ranks: an error naming the window.
+        let a: Window<u64> = ranks[0].alloc_window("v", &ShardMap::from_lens([2, 0, 0])).expect("first");
+        let e = ranks[1].alloc_window::<u64>("v", &ShardMap::from_lens([1, 1, 0])).expect_err("mismatch");
+        assert!(matches!(e.kind(), ErrorKind::WindowMismatch { rank: 1, .. }), "{e}");
+        let e = ranks[0].allreduce(&mut [1u64], crate::ReduceOp::Sum).expect_err("no exchange");
+        assert!(e.to_string().contains("serial world"), "{e}");
+        a.free().expect("free");
+        for w in w {
+            w.free().expect("free");
+        }
     }
 
     #[test]

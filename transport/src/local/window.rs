@@ -12,13 +12,15 @@ pub struct LocalWindow<T: Elem> {
     rank: usize,
     name: String,
     map: ShardMap,
-    /// Every rank's shard; index = rank.
-    shards: Vec<Arc<[T::Atomic]>>,
+    /// Every rank's shard; index = rank. Shared by every rank's view of the window (one list per
+    /// window, not one per rank: a serial world of thousands of ranks would otherwise hold
+    /// ranks^2 pointers per window).
+    shards: Arc<[Arc<[T::Atomic]>]>,
     /// Per shard, the accumulate lock of element types whose atomic add is a compare-and-swap
     /// loop (floats): accumulates and atomics on the shard hold it and add with a plain load and
     /// store, as MPI's shared-memory one-sided component does. Under contention, a CAS per
     /// element made a 100k-element accumulate from two ranks about 10x slower.
-    locks: Vec<Arc<Mutex<()>>>,
+    locks: Arc<[Arc<Mutex<()>>]>,
     /// Writes issued by this rank and not yet complete at their target.
     pending: Mutex<Pending<T>>,
 }
@@ -46,8 +48,8 @@ impl<T: Elem> LocalWindow<T> {
         rank: usize,
         name: &str,
         map: ShardMap,
-        shards: Vec<Arc<[T::Atomic]>>,
-        locks: Vec<Arc<Mutex<()>>>,
+        shards: Arc<[Arc<[T::Atomic]>]>,
+        locks: Arc<[Arc<Mutex<()>>]>,
     ) -> Self {
         Self {
             world,
@@ -257,6 +259,7 @@ impl<T: Elem> LocalWindow<T> {
     pub(crate) fn free(self) -> Result<()> {
         self.complete(None);
         // Collective, as MPI_Win_free: nobody's memory goes away while a peer may still use it.
+        // (In a serial world the shards live as long as any rank's view of them.)
         self.world.barrier(self.rank, "window free")
     }
 }

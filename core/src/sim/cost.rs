@@ -1,0 +1,280 @@
+//! What things cost in the simulated world: communication by an alpha-beta model per operation,
+//! compute per chunk from a model (constant, a measured distribution, or replayed per rank and
+//! iteration).
+
+use std::fmt;
+use std::str::FromStr;
+
+use super::events::Nanos;
+use crate::plan::mix;
+
+/// One kind of link: what one operation costs over it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Link {
+    /// Seconds from issuing a read (get) to its data: paid once per batch of pipelined reads or
+    /// writes (one flush).
+    pub latency: f64,
+    /// Seconds of one atomic operation (fetch-and-op, compare-and-swap, atomic load): a round trip
+    /// each, never pipelined.
+    pub atomic: f64,
+    /// Bytes per second of one rank's transfers over the link.
+    pub bandwidth: f64,
+}
+
+/// The simulated network: links within a node and between nodes, and how ranks fill nodes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Network {
+    /// Between ranks of one node.
+    pub intra: Link,
+    /// Between ranks of different nodes.
+    pub inter: Link,
+    /// Ranks per node (rank `r` is on node `r / ranks_per_node`).
+    pub ranks_per_node: usize,
+}
+
+/// Named link figures (`--intra`, `--inter`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preset {
+    /// The local backend (ranks as threads) on the development machine: `peregrine bench rma
+    /// --ranks 2`, 2-core Zen 3, 2026-11-23 (8 B get/atomic ~0.05 us, large accumulate ~3.6 GB/s).
+    Local,
+    /// OpenMPI's shared-memory one-sided component on one node: the README's `mpirun -n 2
+    /// peregrine bench rma` table (8 B get 0.025 us, fetch_add 0.025 us, 1 MiB get 17 GB/s).
+    Shm,
+    /// InfiniBand HDR (200 Gb/s) with RDMA one-sided operations (OpenMPI + UCX): typical
+    /// published OSU figures (osu_get_latency ~1.5 us, osu_fop_latency ~2.5 us, osu_get_bw
+    /// ~23 GB/s); not measured here.
+    Ib,
+    /// 25 Gb Ethernet, one-sided operations over TCP (emulated by messages, `osc=pt2pt` or UCX
+    /// over TCP): ~25 us latency, ~40 us per atomic round trip, ~2.8 GB/s; typical figures, not
+    /// measured here.
+    Ethernet,
+}
+
+impl Preset {
+    /// The link.
+    pub fn link(self) -> Link {
+        match self {
+            Self::Local => Link { latency: 0.05e-6, atomic: 0.05e-6, bandwidth: 3.6e9 },
+            Self::Shm => Link { latency: 0.025e-6, atomic: 0.025e-6, bandwidth: 17e9 },
+            Self::Ib => Link { latency: 1.5e-6, atomic: 2.5e-6, bandwidth: 23e9 },
+            Self::Ethernet => Link { latency: 25e-6, atomic: 40e-6, bandwidth: 2.8e9 },
+        }
+    }
+}
+
+impl fmt::Display for Preset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Local => "local",
+            Self::Shm => "shm",
+            Self::Ib => "ib",
+            Self::Ethernet => "ethernet",
+        })
+    }
+}
+
+impl FromStr for Preset {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "local" => Ok(Self::Local),
+            "shm" => Ok(Self::Shm),
+            "ib" | "infiniband" => Ok(Self::Ib),
+            "ethernet" | "eth" | "tcp" => Ok(Self::Ethernet),
+            _ => Err(format!("unknown link `{s}`: expected local, shm, ib or ethernet")),
+        }
+    }
+}
+
+impl Default for Network {
+    /// One rank per node (a rank's threads fill its node), nodes joined by InfiniBand.
+    fn default() -> Self {
+        Self { intra: Preset::Shm.link(), inter: Preset::Ib.link(), ranks_per_node: 1 }
+    }
+}
+
+/// Seconds to nanoseconds, rounded (costs are summed as integers, so sums are exact).
+pub fn nanos(seconds: f64) -> Nanos {
+    (seconds.max(0.0) * 1e9).round() as Nanos
+}
+
+impl Network {
+    /// The node of `rank`.
+    pub fn node(&self, rank: usize) -> usize {
+        rank / self.ranks_per_node.max(1)
+    }
+
+    /// The link from `a` to `b`.
+    pub fn link(&self, a: usize, b: usize) -> &Link {
+        if self.node(a) == self.node(b) {
+            &self.intra
+        } else {
+            &self.inter
+        }
+    }
+
+    /// One pipelined transfer of `params` f32 values sharded evenly over `world` ranks, by
+    /// `rank` from or to every shard (a dense pull, or a push and its flush): one latency of the
+    /// slowest link used, plus each link's bytes over its bandwidth.
+    pub fn transfer(&self, rank: usize, world: usize, params: usize) -> Nanos {
+        let world = world.max(1);
+        let per_node = self.ranks_per_node.max(1).min(world);
+        // Shards on this rank's node (its own included) and elsewhere.
+        let node_start = self.node(rank) * per_node;
+        let local_ranks = (world.min(node_start + per_node) - node_start.min(world)).max(1);
+        let bytes = |ranks: usize| (params as f64 * 4.0) * ranks as f64 / world as f64;
+        let (li, le) = (local_ranks, world - local_ranks);
+        let mut s = 0.0;
+        if params > 0 {
+            s += if le > 0 { self.inter.latency } else { self.intra.latency };
+            s += bytes(li) / self.intra.bandwidth + if le > 0 { bytes(le) / self.inter.bandwidth } else { 0.0 };
+        }
+        nanos(s)
+    }
+
+    /// One atomic operation by `from` on a word of `to`.
+    pub fn atomic(&self, from: usize, to: usize) -> Nanos {
+        nanos(self.link(from, to).atomic)
+    }
+
+    /// The mean cost of one atomic operation by `rank` on a word of a rank chosen at random (reads
+    /// of many ranks' words: clocks, queues, rates).
+    pub fn mean_atomic(&self, world: usize) -> f64 {
+        if world <= 1 {
+            return self.intra.atomic;
+        }
+        let per_node = self.ranks_per_node.max(1).min(world);
+        let near = (per_node - 1) as f64 / (world - 1) as f64;
+        near * self.intra.atomic + (1.0 - near) * self.inter.atomic
+    }
+}
+
+/// What one chunk costs a thread to compute, before the injected stragglers.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ComputeModel {
+    /// Every chunk takes this many seconds.
+    Constant(f64),
+    /// Chunk seconds drawn from these measured ones, by a hash of the chunk (iteration, batch
+    /// chunk), so that every scheme meets the same costs.
+    Samples(Vec<f64>),
+    /// Per rank and iteration, as measured in a real run.
+    Replay(Replay),
+}
+
+/// A real run's measured costs, per rank and iteration (missing ones: the rank's median).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Replay {
+    /// `per_rank[r][it]`: seconds.
+    pub per_rank: Vec<Vec<Option<Measured>>>,
+    /// Per rank, the median of each field.
+    pub median: Vec<Measured>,
+}
+
+/// One rank's measured costs in one iteration.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Measured {
+    /// Seconds a thread spent per chunk, the injected delay taken out.
+    pub chunk: f64,
+    /// Seconds pulling and pushing.
+    pub comm: f64,
+    /// Seconds of the iteration outside compute, communication and waits (opening, closing,
+    /// writing metrics).
+    pub overhead: f64,
+}
+
+impl Replay {
+    /// Builds the medians from `per_rank`.
+    pub fn new(per_rank: Vec<Vec<Option<Measured>>>) -> Self {
+        let median = per_rank
+            .iter()
+            .map(|its| {
+                let field = |f: fn(&Measured) -> f64| {
+                    let mut v: Vec<f64> = its.iter().flatten().map(f).collect();
+                    v.sort_by(f64::total_cmp);
+                    v.get(v.len() / 2).copied().unwrap_or(0.0)
+                };
+                Measured { chunk: field(|m| m.chunk), comm: field(|m| m.comm), overhead: field(|m| m.overhead) }
+            })
+            .collect();
+        Self { per_rank, median }
+    }
+
+    /// `rank`'s costs in iteration `it`.
+    pub fn get(&self, rank: usize, it: u64) -> Measured {
+        let r = rank % self.per_rank.len().max(1);
+        self.per_rank
+            .get(r)
+            .and_then(|its| its.get(it as usize).copied().flatten())
+            .or_else(|| self.median.get(r).copied())
+            .unwrap_or_default()
+    }
+}
+
+impl ComputeModel {
+    /// Seconds for one thread of `rank` (in its iteration `it`) to compute chunk `chunk` of
+    /// iteration `chunk_it`'s batch.
+    pub fn chunk(&self, rank: usize, it: u64, chunk_it: u64, chunk: usize) -> f64 {
+        match self {
+            Self::Constant(s) => *s,
+            Self::Samples(v) if v.is_empty() => 0.0,
+            Self::Samples(v) => v[(mix(chunk_it.wrapping_mul(0x9E37_79B9) ^ mix(chunk as u64)) % v.len() as u64) as usize],
+            Self::Replay(r) => r.get(rank, it).chunk,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(per_node: usize) -> Network {
+        Network {
+            intra: Link { latency: 1e-6, atomic: 2e-6, bandwidth: 1e9 },
+            inter: Link { latency: 10e-6, atomic: 20e-6, bandwidth: 1e8 },
+            ranks_per_node: per_node,
+        }
+    }
+
+    #[test]
+    fn a_transfer_is_one_latency_plus_bytes_over_bandwidth() {
+        // 1M floats over 4 ranks, 2 per node: rank 0 has 2 shards (2 MB) near and 2 MB far.
+        let n = net(2);
+        let s = 10e-6 + 2e6 / 1e9 + 2e6 / 1e8;
+        assert_eq!(n.transfer(0, 4, 1_000_000), nanos(s));
+        // All on one node: the near link only.
+        assert_eq!(net(4).transfer(3, 4, 1_000_000), nanos(1e-6 + 4e6 / 1e9));
+        // Nothing to move costs nothing.
+        assert_eq!(n.transfer(0, 4, 0), 0);
+        // A last node that is not full: rank 4 of 5 is alone on node 2.
+        assert_eq!(n.transfer(4, 5, 1_000_000), nanos(10e-6 + 0.8e6 / 1e9 + 3.2e6 / 1e8));
+    }
+
+    #[test]
+    fn atomics_cost_the_link_they_cross() {
+        let n = net(2);
+        assert_eq!(n.atomic(0, 1), 2_000);
+        assert_eq!(n.atomic(1, 2), 20_000);
+        // 5 ranks, 2 per node: 1 of the 4 others is near.
+        assert!((n.mean_atomic(5) - (0.25 * 2e-6 + 0.75 * 20e-6)).abs() < 1e-15);
+        assert_eq!(n.mean_atomic(1), 2e-6);
+    }
+
+    #[test]
+    fn compute_models_give_the_same_cost_to_the_same_chunk() {
+        let m = ComputeModel::Samples(vec![1.0, 2.0, 3.0, 4.0]);
+        let a = m.chunk(0, 7, 7, 11);
+        assert_eq!(a, m.chunk(5, 9, 7, 11), "the chunk, not who computes it, picks the sample");
+        let drawn: std::collections::BTreeSet<u64> = (0..200).map(|c| m.chunk(0, 0, 0, c) as u64).collect();
+        assert_eq!(drawn.len(), 4, "every sample is drawn");
+        let r = Replay::new(vec![vec![
+            Some(Measured { chunk: 1.0, comm: 0.1, overhead: 0.0 }),
+            None,
+            Some(Measured { chunk: 3.0, comm: 0.3, overhead: 0.0 }),
+        ]]);
+        let m = ComputeModel::Replay(r);
+        assert_eq!(m.chunk(0, 0, 0, 0), 1.0);
+        assert_eq!(m.chunk(0, 1, 1, 0), 3.0, "a missing iteration: the rank's median");
+        assert_eq!(m.chunk(0, 99, 99, 0), 3.0);
+    }
+}

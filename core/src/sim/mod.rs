@@ -1,0 +1,292 @@
+//! A discrete-event simulator of training runs at any scale, driving **the same policies** the
+//! engine runs ([`crate::scheme`]): which scheme to pick for a cluster of 8 to 4,096 ranks,
+//! before booking it.
+//!
+//! One process plays every rank in virtual time (integer nanoseconds). Each rank has its own
+//! [`Policy`](crate::scheme) built exactly as in a run (collectively, on a *serial* world of the
+//! local transport: its windows are real windows, all driven by this thread), and the simulator
+//! asks it at the same hooks as the engine, in the same order; the mechanism around them (chunk
+//! queues, progress words, clocks, threads taking chunks, taking over, lining up, copies, pushes,
+//! waits) is mirrored phase by phase from `crate::engine` (see `world.rs`).
+//!
+//! ## What is modelled
+//! - **Compute**: a thread computes a chunk in a time from a [`ComputeModel`] (constant, drawn
+//!   from measured times by the chunk's identity, or replayed per rank and iteration from a real
+//!   run), times the injected straggler pattern applied as the engine applies it: the delay factor
+//!   of `(seed, rank, iteration)` after each chunk ([`crate::inject::Injection::delay`]), thread
+//!   counts ([`crate::inject::Injection::threads`]) and a disruptor's share of the cores
+//!   ([`crate::inject::Injection::slowdown`]). A rank's threads run in parallel without
+//!   interfering (no memory-bandwidth contention).
+//! - **Communication**, alpha-beta per operation ([`Network`]): a dense pull or push of the model
+//!   is one latency plus each link's bytes over its bandwidth; each atomic (taking chunks,
+//!   counting them done, the clock tick) one round trip of its link; every word a policy reads
+//!   through its view (clocks, queues, progress, rates) one atomic at the mean link cost, charged
+//!   to the thread or phase that read it. A rank waiting for `ready` resumes one poll (its reads)
+//!   after the condition became true.
+//! - **Fixed costs** per rank and iteration outside compute, communication and waits (opening,
+//!   closing, metrics): a constant, or replayed.
+//!
+//! ## What is not
+//! - Convergence: the simulator computes no model. Time to target is the time at which rank 0
+//!   completes the number of iterations a real run needed ([`SimConfig::target_iterations`]), so
+//!   it is as good as that number is for the scheme and its staleness; a scheme that needs more
+//!   iterations to converge must be given its own count.
+//! - Evaluations (a real run pauses for them and excludes them from training time), network
+//!   contention in switches, operations on the policies' own windows (backup counters, LB-BSP's
+//!   predictions, speculation's claims: free here), polling costs beyond one poll per wake, the
+//!   node's load as LB-BSP's ARX reads it (zero here), and sparse models' per-chunk pulls.
+
+pub mod cost;
+mod events;
+mod world;
+
+use std::time::Instant;
+
+use peregrine_transport::Transport;
+use serde::Serialize;
+
+pub use cost::{ComputeModel, Link, Measured, Network, Preset, Replay};
+pub use events::{EventQueue, Nanos};
+
+use crate::engine::{Config, IterRecord, RankTotals, TrainError};
+use crate::scheme::Setup;
+
+/// A simulated run.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// The run's configuration, as `peregrine train` would use it (scheme, batch, chunk, grain,
+    /// iterations, threads, straggler pattern, seeds). Its `threads` is every rank's pool size.
+    pub cfg: Config,
+    /// Ranks.
+    pub ranks: usize,
+    /// Training rows (the batch plan's epoch).
+    pub rows: usize,
+    /// Model parameters (f32) pulled and pushed whole by every rank every iteration.
+    pub params: usize,
+    /// What a chunk costs a thread.
+    pub compute: ComputeModel,
+    /// What communication costs.
+    pub net: Network,
+    /// Fixed seconds per rank and iteration outside compute, communication and waits (replayed
+    /// runs use their measured ones instead).
+    pub overhead: f64,
+    /// Iterations a real run needed to reach its target: time to target is when rank 0 completes
+    /// that many.
+    pub target_iterations: Option<u64>,
+}
+
+impl SimConfig {
+    /// Threads of every rank's pool (the most any iteration may use).
+    pub fn max_threads(&self) -> usize {
+        self.cfg.threads.max(1)
+    }
+}
+
+/// Errors of a simulation.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SimError {
+    /// The configuration is refused as `peregrine train` would refuse it.
+    #[error(transparent)]
+    Train(#[from] TrainError),
+    /// A policy's window operation failed.
+    #[error("simulated world: {0}")]
+    Transport(#[from] peregrine_transport::Error),
+    /// No event is left but ranks have not finished (a policy that never lets them go on).
+    #[error(
+        "the simulation stalled: {ranks} ranks never finished (rank {rank} in iteration {iteration}, phase {phase})"
+    )]
+    Stalled {
+        /// Ranks not finished.
+        ranks: usize,
+        /// The first of them.
+        rank: usize,
+        /// Its iteration.
+        iteration: u64,
+        /// Where it is.
+        phase: String,
+    },
+}
+
+/// What a simulated run reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct SimReport {
+    /// The scheme, as `scheme[+steal]`.
+    pub scheme: String,
+    /// Ranks.
+    pub ranks: usize,
+    /// Threads per rank (the pool's size).
+    pub threads: usize,
+    /// The most iterations any rank ran.
+    pub iterations: u64,
+    /// Simulated seconds until the last rank finished.
+    pub seconds: f64,
+    /// `seconds / iterations`.
+    pub per_iteration: f64,
+    /// Simulated seconds until rank 0 completed the target's iterations.
+    pub time_to_target: Option<f64>,
+    /// Per-rank totals (compute, comm and wait seconds, chunks own and taken, ...).
+    pub per_rank: Vec<RankTotals>,
+    /// Events processed.
+    pub events: u64,
+    /// Wall-clock seconds the simulation took.
+    pub wall_seconds: f64,
+}
+
+impl SimReport {
+    /// Seconds all ranks spent waiting, over all their seconds.
+    pub fn wait_share(&self) -> f64 {
+        let (wait, all) = self
+            .per_rank
+            .iter()
+            .fold((0.0, 0.0), |(w, a), r| (w + r.wait, a + r.compute + r.comm + r.wait));
+        if all > 0.0 {
+            wait / all
+        } else {
+            0.0
+        }
+    }
+
+    /// Chunks taken over, all ranks together.
+    pub fn taken(&self) -> u64 {
+        self.per_rank.iter().map(|r| r.taken).sum()
+    }
+}
+
+/// Simulates `s`; `records`, if given, receives every rank's record of every iteration (as a
+/// run's metrics files hold them), in virtual-time order.
+pub fn simulate<'a>(s: &'a SimConfig, records: Option<&'a mut dyn FnMut(&IterRecord)>) -> Result<SimReport, SimError> {
+    let plan = crate::engine::check(&s.cfg, s.ranks, s.rows)?;
+    let wall = Instant::now();
+    let world: Vec<Transport> =
+        peregrine_transport::local::serial_world(s.ranks)?.into_iter().map(Transport::Local).collect();
+    let mut policies = Vec::with_capacity(s.ranks);
+    for t in &world {
+        policies.push(s.cfg.scheme.scheme.policy(&Setup { t, cfg: &s.cfg, plan: &plan, simulated: true })?);
+    }
+    let mut sim = world::Sim::new(s, plan, policies, records);
+    let end = sim.run()?;
+    let iterations = sim.most_iterations;
+    let seconds = end as f64 * 1e-9;
+    let report = SimReport {
+        scheme: s.cfg.scheme.to_string(),
+        ranks: s.ranks,
+        threads: s.max_threads(),
+        iterations,
+        seconds,
+        per_iteration: if iterations > 0 { seconds / iterations as f64 } else { 0.0 },
+        time_to_target: sim.to_target.map(|t| t as f64 * 1e-9),
+        per_rank: sim.totals(),
+        events: sim.events(),
+        wall_seconds: 0.0,
+    };
+    sim.free()?;
+    Ok(SimReport { wall_seconds: wall.elapsed().as_secs_f64(), ..report })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inject::{Injection, Pattern};
+    use crate::scheme::SchemeSpec;
+
+    pub(super) fn config(scheme: &str, ranks: usize, threads: usize, pattern: Pattern) -> SimConfig {
+        let chunks_per_rank = 3 * threads;
+        let cfg = Config {
+            scheme: scheme.parse::<SchemeSpec>().expect("scheme"),
+            batch: 8 * chunks_per_rank * ranks,
+            chunk: 8,
+            iterations: 20,
+            threads,
+            inject: Injection { pattern, seed: 3 },
+            ..Config::default()
+        };
+        SimConfig {
+            rows: cfg.batch * 20,
+            cfg,
+            ranks,
+            params: 100_000,
+            compute: ComputeModel::Constant(100e-6),
+            net: Network {
+                intra: Link { latency: 1e-6, atomic: 0.0, bandwidth: 10e9 },
+                inter: Link { latency: 5e-6, atomic: 0.0, bandwidth: 2e9 },
+                ranks_per_node: 2,
+            },
+            overhead: 0.0,
+            target_iterations: None,
+        }
+    }
+
+    #[test]
+    fn bsp_without_stragglers_is_iterations_times_compute_and_communication() {
+        let s = config("bsp", 4, 2, Pattern::Ideal);
+        let r = simulate(&s, None).expect("simulation");
+        // Each thread computes 3 chunks of 100 us; the pull and the push each move 400 KB, 200 KB
+        // of it over the node's link and 200 KB to the other node.
+        let transfer = s.net.transfer(0, 4, 100_000);
+        assert_eq!(transfer, cost::nanos(5e-6 + 200e3 / 10e9 + 200e3 / 2e9));
+        let per_iteration = 3 * 100_000 + 2 * transfer;
+        assert_eq!(r.iterations, 20);
+        assert_eq!(cost::nanos(r.seconds), 20 * per_iteration, "{r:?}");
+        for t in &r.per_rank {
+            assert_eq!(cost::nanos(t.compute), 20 * 300_000);
+            assert_eq!(cost::nanos(t.comm), 20 * 2 * transfer);
+            assert_eq!(t.wait, 0.0);
+            assert_eq!((t.own, t.taken, t.rows), (20 * 6, 0, 20 * 6 * 8));
+        }
+    }
+
+    #[test]
+    fn a_slow_rank_holds_bsp_back_and_taking_over_wins_most_of_it_back() {
+        let slow = Pattern::Persistent { ranks: vec![0], speed: 0.5, threads: None };
+        let ideal = simulate(&config("bsp", 8, 2, Pattern::Ideal), None).expect("ideal").seconds;
+        let bsp = simulate(&config("bsp", 8, 2, slow.clone()), None).expect("bsp");
+        let steal = simulate(&config("bsp+steal", 8, 2, slow), None).expect("bsp+steal");
+        // Without taking over, every iteration waits for rank 0's doubled compute: 600 us of
+        // chunks instead of 300 (plus the same communication).
+        let comm = 20.0 * 2.0 * s_transfer();
+        assert!(((bsp.seconds - comm) / (ideal - comm) - 2.0).abs() < 1e-6, "{} vs {}", bsp.seconds, ideal);
+        assert!(bsp.per_rank[1].wait > 0.0 && bsp.per_rank[0].wait == 0.0);
+        // With it: rank 0's 2 threads take chunks 0-1 (done at 200 us) and 2-3 (at 400 us);
+        // the fast ranks are through their 6 own chunks at 300 us, when rank 0 has chunks 4 and 5
+        // queued: the first thief takes half (one), the next the other, both done at 400 us.
+        assert_eq!(steal.taken(), 20 * 2);
+        assert_eq!(cost::nanos(steal.seconds), 20 * (400_000 + cost::nanos(2.0 * s_transfer())));
+        // Every chunk is computed exactly once.
+        let rows: u64 = steal.per_rank.iter().map(|r| r.rows).sum();
+        assert_eq!(rows, 20 * (8 * 6 * 8) as u64);
+    }
+
+    fn s_transfer() -> f64 {
+        let s = config("bsp", 8, 2, Pattern::Ideal);
+        s.net.transfer(0, 8, s.params) as f64 * 1e-9
+    }
+
+    #[test]
+    fn every_scheme_runs_under_every_pattern() {
+        let patterns = [
+            "slow-worker:p=0.2,max=3",
+            "power-law:alpha=4",
+            "persistent:rank=1,speed=0.25",
+            "heterogeneous:speed=1/0.5,threads=4/2",
+            "disrupted:p=0.5,period=0.001,intensity=200",
+        ];
+        let schemes = [
+            "bsp", "bsp+steal", "ssp:2+steal", "asp+steal", "dynsgd", "backup:2", "backup-dynamic", "lb-bsp",
+            "lb-bsp:ma", "speculative", "flexrr:2", "falcon", "falcon:slack:2",
+        ];
+        for p in patterns {
+            for name in schemes {
+                let s = config(name, 16, 4, p.parse().expect("pattern"));
+                let r = simulate(&s, None).unwrap_or_else(|e| panic!("{name} under {p}: {e}"));
+                assert_eq!(r.iterations, 20, "{name} under {p}");
+                assert!(r.seconds > 0.0 && r.per_rank.len() == 16);
+                if !name.starts_with("backup") {
+                    // Chunks applied exactly once: the batch's rows, every iteration.
+                    let rows: u64 = r.per_rank.iter().map(|t| t.rows).sum();
+                    assert_eq!(rows, 20 * s.cfg.batch as u64, "{name} under {p}");
+                }
+            }
+        }
+    }
+}

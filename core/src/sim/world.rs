@@ -1,0 +1,945 @@
+//! The simulated world: every rank's words, threads and phases, stepped event by event in virtual
+//! time, asking each rank's [`Policy`] at the same hooks as the engine does
+//! (`crate::engine::run` and `crate::engine::compute` are the mechanism this mirrors, phase for
+//! phase).
+
+use std::cell::Cell;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Range;
+use std::time::Duration;
+
+use super::cost::{nanos, ComputeModel};
+use super::events::{EventQueue, Nanos};
+use super::{SimConfig, SimError};
+use crate::engine::{IterRecord, RankTotals};
+use crate::plan::Plan;
+use crate::scheme::{OwnChunks, Policy, Share, Take, View};
+use crate::words::{self, Progress, Queue};
+
+/// Every rank's one-sided words (clocks, queues, progress, rates), with the sums the simulator
+/// keeps beside them so that global questions cost O(1): the slowest clock and how many ranks
+/// are at it, the sum of clocks, chunks queued per iteration, ranks whose iteration is done.
+pub(super) struct Words {
+    world: usize,
+    clocks: Vec<u64>,
+    min: u64,
+    at_min: usize,
+    version: u64,
+    queues: Vec<Queue>,
+    /// The iteration each queue belongs to.
+    qit: Vec<u64>,
+    /// Chunks queued, per iteration (no zero entries).
+    queued: BTreeMap<u64, u64>,
+    progress: Vec<Progress>,
+    /// The iteration each progress word belongs to (`None`: none announced yet).
+    pit: Vec<Option<u64>>,
+    /// Per iteration, ranks whose progress word is that iteration's with every chunk done.
+    complete: HashMap<u64, usize>,
+    rates: Vec<f64>,
+}
+
+impl Words {
+    fn new(world: usize) -> Self {
+        Self {
+            world,
+            clocks: vec![0; world],
+            min: 0,
+            at_min: world,
+            version: 0,
+            queues: vec![Queue::default(); world],
+            qit: vec![0; world],
+            queued: BTreeMap::new(),
+            progress: vec![Progress::unpack(Progress::NONE); world],
+            pit: vec![None; world],
+            complete: HashMap::new(),
+            rates: vec![0.0; world],
+        }
+    }
+
+    fn tick(&mut self, r: usize) {
+        self.clocks[r] += 1;
+        self.version += 1;
+        if self.clocks[r] == self.min + 1 {
+            self.at_min -= 1;
+            if self.at_min == 0 {
+                self.min += 1;
+                self.at_min = self.clocks.iter().filter(|&&c| c == self.min).count();
+            }
+        }
+    }
+
+    fn unqueue(&mut self, it: u64, n: u32) {
+        if n == 0 {
+            return;
+        }
+        if let Some(c) = self.queued.get_mut(&it) {
+            *c -= u64::from(n);
+            if *c == 0 {
+                self.queued.remove(&it);
+            }
+        }
+    }
+
+    /// Announces and queues `r`'s `n` chunks of `it`.
+    fn open(&mut self, r: usize, it: u64, n: u32) {
+        let tag = words::tag(it);
+        let old = self.queues[r];
+        self.unqueue(self.qit[r], old.left());
+        self.queues[r] = Queue { tag, head: 0, tail: n };
+        self.qit[r] = it;
+        if n > 0 {
+            *self.queued.entry(it).or_default() += u64::from(n);
+        }
+        if let Some(p) = self.pit[r] {
+            if self.progress[r].done >= self.progress[r].total {
+                *self.complete.entry(p).or_default() -= 1;
+            }
+        }
+        self.progress[r] = Progress { tag, total: n, done: 0 };
+        self.pit[r] = Some(it);
+        if n == 0 {
+            *self.complete.entry(it).or_default() += 1;
+        }
+    }
+
+    /// Takes up to `max` chunks from the head of `r`'s own queue.
+    fn take_own(&mut self, r: usize, max: u32) -> Option<Range<u32>> {
+        let q = &mut self.queues[r];
+        let n = q.left().min(max);
+        if n == 0 {
+            return None;
+        }
+        let got = q.head..q.head + n;
+        q.head += n;
+        let it = self.qit[r];
+        self.unqueue(it, n);
+        Some(got)
+    }
+
+    /// Takes `fraction` of `victim`'s queued chunks (at least one) from its tail, as
+    /// [`crate::queue::ChunkQueues::steal`] does.
+    fn steal(&mut self, victim: usize, fraction: f64) -> Option<(u16, Range<u32>)> {
+        let q = &mut self.queues[victim];
+        let left = q.left();
+        let n = ((f64::from(left) * fraction).ceil() as u32).clamp(1, u32::MAX).min(left);
+        if n == 0 {
+            return None;
+        }
+        q.tail -= n;
+        let got = (q.tag, q.tail..q.tail + n);
+        let it = self.qit[victim];
+        self.unqueue(it, n);
+        Some(got)
+    }
+
+    /// Counts `n` more of `r`'s chunks done; returns the iteration it completed, if it did.
+    fn done(&mut self, r: usize, n: u32) -> Option<u64> {
+        let p = &mut self.progress[r];
+        let before = p.done >= p.total;
+        p.done += n;
+        let it = self.pit[r]?;
+        if !before && p.done >= p.total {
+            let c = self.complete.entry(it).or_default();
+            *c += 1;
+            return (*c == self.world).then_some(it);
+        }
+        None
+    }
+
+    fn all_done(&self, it: u64) -> bool {
+        self.complete.get(&it) == Some(&self.world)
+    }
+
+    /// Whether a rank other than `r` has chunks of `it` queued.
+    fn stealable(&self, r: usize, it: u64) -> bool {
+        let mine = if self.qit[r] == it { u64::from(self.queues[r].left()) } else { 0 };
+        self.queued.get(&it).is_some_and(|&c| c > mine)
+    }
+
+    /// Whether any rank has chunks queued of an iteration not after `it`.
+    fn any_queued(&self, it: u64) -> bool {
+        self.queued.range(..=it).next().is_some()
+    }
+}
+
+/// The world as rank `rank`'s policy sees it, counting the words it reads (each an atomic
+/// one-sided load in a real run, which the simulator charges).
+pub(super) struct SimView<'w> {
+    w: &'w Words,
+    rank: usize,
+    reads: Cell<u64>,
+}
+
+impl<'w> SimView<'w> {
+    fn new(w: &'w Words, rank: usize) -> Self {
+        Self { w, rank, reads: Cell::new(0) }
+    }
+
+    fn read(&self, n: usize) {
+        self.reads.set(self.reads.get() + n as u64);
+    }
+}
+
+impl View for SimView<'_> {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world(&self) -> usize {
+        self.w.world
+    }
+    fn clock(&self, rank: usize) -> crate::scheme::Result<u64> {
+        self.read(1);
+        Ok(self.w.clocks[rank])
+    }
+    fn queue(&self, rank: usize) -> crate::scheme::Result<Queue> {
+        self.read(1);
+        Ok(self.w.queues[rank])
+    }
+    fn progress(&self, rank: usize) -> crate::scheme::Result<Progress> {
+        self.read(1);
+        Ok(self.w.progress[rank])
+    }
+    fn rate(&self, rank: usize) -> crate::scheme::Result<f64> {
+        self.read(1);
+        Ok(self.w.rates[rank])
+    }
+    /// Every clock is read (as the engine's view does), answered from the running minimum.
+    fn min_clock(&self) -> crate::scheme::Result<u64> {
+        self.read(self.w.world);
+        Ok(self.w.min)
+    }
+    fn version(&self) -> crate::scheme::Result<u64> {
+        self.read(self.w.world);
+        Ok(self.w.version)
+    }
+}
+
+/// What a thread is computing.
+#[derive(Clone, Debug)]
+enum Item {
+    /// Own chunks, counted done at the end.
+    Whole(Range<u32>),
+    /// One own chunk claimed before it started.
+    Claimed(u32),
+    /// One own chunk computed as a copy: applied if it claims the chunk at the end.
+    OwnCopy(u32),
+    /// Chunks taken over from `victim`'s iteration `vit`.
+    Help { victim: usize, vit: u64, chunks: Range<u32>, reassigned: bool },
+    /// A copy of `owner`'s chunk, while lining up.
+    Copy { owner: usize, chunk: u32 },
+}
+
+/// One compute thread of a rank.
+#[derive(Clone, Debug, Default)]
+struct Thread {
+    item: Option<Item>,
+    /// Bumped when the thread's end event is replaced (a copy's delay cut short).
+    gen: u64,
+    started: Nanos,
+    /// When the item's compute (before its injected delay) ends, and when it ends.
+    compute_end: Nanos,
+    end: Nanos,
+    /// The own chunks taken and not yet started (`ClaimFirst`, `AsCopies`), or the last take.
+    own: Option<(Range<u32>, OwnChunks)>,
+    /// Reassignments to take before the rank's own next chunks.
+    takes: VecDeque<Take>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Start,
+    Pull,
+    Compute,
+    /// Done computing, lining up: waiting for the iteration to be done everywhere.
+    LineWait,
+    /// Lining up, threads taking over chunks or copying.
+    LineHelp { copies: bool },
+    Push,
+    Wait,
+    Done,
+}
+
+struct Rank {
+    it: u64,
+    next: u64,
+    phase: Phase,
+    active: usize,
+    delay: f64,
+    own_start: usize,
+    threads: Vec<Thread>,
+    busy_threads: usize,
+    c1: Nanos,
+    own_done: Nanos,
+    per_chunk: Nanos,
+    lined_at: Nanos,
+    helped: Nanos,
+    help_start: Nanos,
+    line_wait: Nanos,
+    wait_since: Nanos,
+    iter_chunks: u64,
+    busy: Nanos,
+    applied: bool,
+    rec: IterRecord,
+    totals: RankTotals,
+    finished: Nanos,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Ev {
+    Open(usize),
+    Compute(usize),
+    Thread(usize, usize, u64),
+    Pushed(usize),
+    Check(usize),
+}
+
+/// A simulation in progress.
+pub(super) struct Sim<'a> {
+    s: &'a SimConfig,
+    plan: Plan,
+    q: EventQueue<Ev>,
+    w: Words,
+    ranks: Vec<Rank>,
+    policies: Vec<Box<dyn Policy>>,
+    steal: bool,
+    rates: bool,
+    copies: bool,
+    /// Ranks waiting for `ready`, by iteration.
+    waiting: BTreeMap<u64, Vec<usize>>,
+    /// Ranks lining up with nothing to do, by iteration.
+    lined: HashMap<u64, Vec<usize>>,
+    /// Copies running, by chunk `(owner, chunk)`: `(rank, thread)`.
+    copying: HashMap<(usize, u32), Vec<(usize, usize)>>,
+    /// Seconds of one read of a word of a random rank.
+    read_cost: f64,
+    pub(super) to_target: Option<Nanos>,
+    pub(super) most_iterations: u64,
+    records: Option<&'a mut dyn FnMut(&IterRecord)>,
+}
+
+type R<T> = Result<T, SimError>;
+
+impl<'a> Sim<'a> {
+    pub(super) fn new(
+        s: &'a SimConfig,
+        plan: Plan,
+        policies: Vec<Box<dyn Policy>>,
+        records: Option<&'a mut dyn FnMut(&IterRecord)>,
+    ) -> Self {
+        let n = s.ranks;
+        let steal = policies.first().is_some_and(|p| p.takes_over());
+        let rates = policies.first().is_some_and(|p| p.reads_rates());
+        let copies = policies.first().is_some_and(|p| p.copies());
+        let ranks = (0..n)
+            .map(|_| Rank {
+                it: 0,
+                next: 0,
+                phase: Phase::Start,
+                active: 1,
+                delay: 0.0,
+                own_start: 0,
+                threads: vec![Thread::default(); s.max_threads()],
+                busy_threads: 0,
+                c1: 0,
+                own_done: 0,
+                per_chunk: 0,
+                lined_at: 0,
+                helped: 0,
+                help_start: 0,
+                line_wait: 0,
+                wait_since: 0,
+                iter_chunks: 0,
+                busy: 0,
+                applied: true,
+                rec: IterRecord::default(),
+                totals: RankTotals::default(),
+                finished: 0,
+            })
+            .collect();
+        let mut q = EventQueue::default();
+        for r in 0..n {
+            q.push(0, Ev::Open(r));
+        }
+        Self {
+            read_cost: s.net.mean_atomic(n),
+            s,
+            plan,
+            q,
+            w: Words::new(n),
+            ranks,
+            policies,
+            steal,
+            rates,
+            copies,
+            waiting: BTreeMap::new(),
+            lined: HashMap::new(),
+            copying: HashMap::new(),
+            to_target: None,
+            most_iterations: 0,
+            records,
+        }
+    }
+
+    /// Runs every event; returns the time the last rank finished.
+    pub(super) fn run(&mut self) -> R<Nanos> {
+        while let Some((t, ev)) = self.q.pop() {
+            match ev {
+                Ev::Open(r) => self.open(r, t)?,
+                Ev::Compute(r) => self.compute(r, t)?,
+                Ev::Thread(r, th, gen) => {
+                    if self.ranks[r].threads[th].gen == gen {
+                        self.thread_done(r, th, t)?;
+                    }
+                }
+                Ev::Pushed(r) => self.pushed(r, t)?,
+                Ev::Check(r) => {
+                    if self.ranks[r].phase == Phase::LineWait {
+                        self.line_up(r, t)?;
+                    }
+                }
+            }
+        }
+        let stuck: Vec<usize> = (0..self.ranks.len()).filter(|&r| self.ranks[r].phase != Phase::Done).collect();
+        if let Some(&r) = stuck.first() {
+            return Err(SimError::Stalled {
+                ranks: stuck.len(),
+                rank: r,
+                iteration: self.ranks[r].it,
+                phase: format!("{:?}", self.ranks[r].phase),
+            });
+        }
+        Ok(self.ranks.iter().map(|r| r.finished).max().unwrap_or(0))
+    }
+
+    /// Events processed.
+    pub(super) fn events(&self) -> u64 {
+        self.q.popped()
+    }
+
+    /// Every rank's totals, each policy's share included.
+    pub(super) fn totals(&self) -> Vec<RankTotals> {
+        self.ranks
+            .iter()
+            .zip(&self.policies)
+            .map(|(r, p)| {
+                let mut t = r.totals;
+                p.totals(&mut t);
+                t
+            })
+            .collect()
+    }
+
+    /// Frees the policies (their windows).
+    pub(super) fn free(self) -> R<()> {
+        for p in self.policies {
+            p.free()?;
+        }
+        Ok(())
+    }
+
+    /// The cost of `reads` reads of random ranks' words.
+    fn reads(&self, reads: u64) -> Nanos {
+        nanos(reads as f64 * self.read_cost)
+    }
+
+    fn transfer_cost(&self, r: usize, it: u64) -> Nanos {
+        match &self.s.compute {
+            ComputeModel::Replay(m) => nanos(m.get(r, it).comm / 2.0),
+            _ => self.s.net.transfer(r, self.s.ranks, self.s.params),
+        }
+    }
+
+    fn overhead(&self, r: usize, it: u64) -> Nanos {
+        match &self.s.compute {
+            ComputeModel::Replay(m) => nanos(m.get(r, it).overhead),
+            _ => nanos(self.s.overhead),
+        }
+    }
+
+    /// Opens `r`'s next iteration (hooks `begin`, `threads`, `chunks`, `open`), announced and
+    /// queued; the pull follows.
+    fn open(&mut self, r: usize, t: Nanos) -> R<()> {
+        let cfg = &self.s.cfg;
+        let view = SimView::new(&self.w, r);
+        let next = self.ranks[r].next;
+        let it = if next < cfg.iterations { self.policies[r].begin(&view, next)? } else { next };
+        if it >= cfg.iterations {
+            let rk = &mut self.ranks[r];
+            rk.phase = Phase::Done;
+            rk.finished = t;
+            return Ok(());
+        }
+        let planned = cfg.elastic.threads(r, it, cfg.inject.threads(r, cfg.threads));
+        let active = self.policies[r].threads(planned).clamp(1, self.s.max_threads());
+        let delay = cfg.inject.delay(r, it);
+        let part = self.policies[r].chunks(&view, it, &self.plan)?;
+        self.policies[r].open(&view, it)?;
+        let reads = view.reads.get();
+        let n = part.len() as u32;
+        self.w.open(r, it, n);
+        let rk = &mut self.ranks[r];
+        rk.it = it;
+        rk.next = it + 1;
+        rk.active = active;
+        rk.delay = delay;
+        rk.own_start = part.start;
+        rk.phase = Phase::Pull;
+        rk.rec = IterRecord { rank: r, iter: it, start: t as f64 * 1e-9, threads: active, delay, ..Default::default() };
+        // Announcing and filling the queue: two atomics on the rank's own words.
+        let cost = self.reads(reads) + 2 * self.s.net.atomic(r, r) + self.transfer_cost(r, it);
+        self.ranks[r].rec.comm += cost as f64 * 1e-9;
+        self.q.push(t + cost, Ev::Compute(r));
+        if n > 0 && self.steal {
+            self.wake_lined(it, t)?;
+        }
+        if n == 0 && self.w.all_done(it) {
+            self.wake_lined(it, t)?;
+        }
+        Ok(())
+    }
+
+    /// The pull is done: the active threads start on the rank's chunks.
+    fn compute(&mut self, r: usize, t: Nanos) -> R<()> {
+        let rk = &mut self.ranks[r];
+        rk.phase = Phase::Compute;
+        rk.c1 = t;
+        rk.iter_chunks = 0;
+        rk.busy = 0;
+        rk.busy_threads = 0;
+        self.start_threads(r, t, false)
+    }
+
+    /// Starts every active thread of `r` on its next item (copies if `copies`); if none found
+    /// anything, the round is over at once.
+    fn start_threads(&mut self, r: usize, t: Nanos, copies: bool) -> R<()> {
+        for th in 0..self.ranks[r].active {
+            if self.dispatch(r, th, t, copies)? {
+                self.ranks[r].busy_threads += 1;
+            }
+        }
+        if self.ranks[r].busy_threads == 0 {
+            self.round_over(r, t)?;
+        }
+        Ok(())
+    }
+
+    /// Finds thread `th` of `r` its next item and starts it; false if there is none.
+    fn dispatch(&mut self, r: usize, th: usize, t: Nanos, copies: bool) -> R<bool> {
+        if copies {
+            return self.dispatch_copy(r, th, t);
+        }
+        let it = self.ranks[r].it;
+        let tag = words::tag(it);
+        let mut extra: Nanos = 0;
+        loop {
+            // Own chunks taken and not yet started, one at a time; when the take is done, the
+            // policy's reassignments.
+            if let Some((range, mode)) = self.ranks[r].threads[th].own.clone() {
+                if range.start < range.end {
+                    let c = range.start;
+                    self.ranks[r].threads[th].own = Some((c + 1..range.end, mode));
+                    if self.policies[r].settled(r, tag, c)? {
+                        continue;
+                    }
+                    if mode == OwnChunks::ClaimFirst {
+                        extra += self.s.net.atomic(r, r);
+                        if self.policies[r].claim(r, tag, c)? {
+                            return self.start(r, th, t + extra, Item::Claimed(c), &[(r, it, c)]);
+                        }
+                        continue;
+                    }
+                    return self.start(r, th, t + extra, Item::OwnCopy(c), &[(r, it, c)]);
+                }
+                self.ranks[r].threads[th].own = None;
+                let view = SimView::new(&self.w, r);
+                let mut takes = Vec::new();
+                self.policies[r].after_own_chunk(&view, it, &mut takes)?;
+                extra += self.reads(view.reads.get());
+                self.ranks[r].threads[th].takes.extend(takes);
+                continue;
+            }
+            if let Some(take) = self.ranks[r].threads[th].takes.pop_front() {
+                extra += self.s.net.atomic(r, take.rank);
+                if let Some(item) = self.take(it, take, true) {
+                    let chunks = Self::chunks_of(&item);
+                    return self.start(r, th, t + extra, item, &chunks);
+                }
+                continue;
+            }
+            extra += self.s.net.atomic(r, r);
+            if let Some(range) = self.w.take_own(r, self.s.cfg.grain) {
+                let view = SimView::new(&self.w, r);
+                let mode = self.policies[r].own_chunks(&view)?;
+                extra += self.reads(view.reads.get());
+                if mode == OwnChunks::Whole {
+                    self.ranks[r].threads[th].own = Some((range.end..range.end, mode));
+                    let chunks: Vec<_> = range.clone().map(|c| (r, it, c)).collect();
+                    return self.start(r, th, t + extra, Item::Whole(range), &chunks);
+                }
+                self.ranks[r].threads[th].own = Some((range, mode));
+                continue;
+            }
+            // Out of own chunks: take over from the victim the policy names (it names only ranks
+            // with chunks queued, so none is asked for when nothing is queued anywhere).
+            if self.steal && self.w.any_queued(it) {
+                for _ in 0..self.w.world {
+                    let view = SimView::new(&self.w, r);
+                    let victim = self.policies[r].victim(&view, it)?;
+                    extra += self.reads(view.reads.get());
+                    let Some(take) = victim else { break };
+                    extra += self.s.net.atomic(r, take.rank);
+                    if let Some(item) = self.take(it, take, false) {
+                        let chunks = Self::chunks_of(&item);
+                        return self.start(r, th, t + extra, item, &chunks);
+                    }
+                }
+            }
+            return Ok(false);
+        }
+    }
+
+    /// A copy for thread `th` of `r` while lining up, as long as the policy names one.
+    fn dispatch_copy(&mut self, r: usize, th: usize, t: Nanos) -> R<bool> {
+        let it = self.ranks[r].it;
+        let tag = words::tag(it);
+        let mut extra = 0;
+        loop {
+            let view = SimView::new(&self.w, r);
+            let pick = self.policies[r].copy(&view, it)?;
+            extra += self.reads(view.reads.get());
+            let Some((owner, chunk)) = pick else { return Ok(false) };
+            if self.policies[r].settled(owner, tag, chunk)? {
+                continue;
+            }
+            return self.start(r, th, t + extra, Item::Copy { owner, chunk }, &[(owner, it, chunk)]);
+        }
+    }
+
+    /// Takes the chunks `take` names from its victim's queue, for a rank in iteration `it`.
+    fn take(&mut self, it: u64, take: Take, reassigned: bool) -> Option<Item> {
+        let fraction = match take.share {
+            Share::Configured => self.s.cfg.steal_fraction,
+            Share::Fraction(f) => f,
+        };
+        let (g, chunks) = self.w.steal(take.rank, fraction)?;
+        Some(Item::Help { victim: take.rank, vit: words::untag(g, it), chunks, reassigned })
+    }
+
+    /// The chunks `(owner, owner's iteration, chunk)` of a take-over.
+    fn chunks_of(item: &Item) -> Vec<(usize, u64, u32)> {
+        match item {
+            Item::Help { victim, vit, chunks, .. } => chunks.clone().map(|c| (*victim, *vit, c)).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Starts `item` on thread `th` of `r` at `t`: its chunks' compute, then the injected delay.
+    fn start(&mut self, r: usize, th: usize, t: Nanos, item: Item, chunks: &[(usize, u64, u32)]) -> R<bool> {
+        let rk = &self.ranks[r];
+        let slowdown = match &self.s.compute {
+            ComputeModel::Replay(_) => 1.0,
+            _ => self.s.cfg.inject.slowdown(r, t as f64 * 1e-9, self.s.max_threads()),
+        };
+        let mut compute = 0.0;
+        for &(owner, cit, c) in chunks {
+            let g = self.global_chunk(owner, cit, c);
+            compute += self.s.compute.chunk(r, rk.it, cit, g);
+        }
+        let compute = nanos(compute * slowdown);
+        let delay = nanos(compute as f64 * 1e-9 * rk.delay);
+        if let Item::OwnCopy(c) | Item::Copy { chunk: c, .. } = item {
+            let owner = if let Item::Copy { owner, .. } = item { owner } else { r };
+            self.copying.entry((owner, c)).or_default().push((r, th));
+        }
+        let thread = &mut self.ranks[r].threads[th];
+        thread.gen += 1;
+        thread.item = Some(item);
+        thread.started = t;
+        thread.compute_end = t + compute;
+        thread.end = t + compute + delay;
+        self.q.push(thread.end, Ev::Thread(r, th, thread.gen));
+        Ok(true)
+    }
+
+    /// The batch chunk number of `owner`'s chunk `c` of iteration `it`.
+    fn global_chunk(&self, owner: usize, it: u64, c: u32) -> usize {
+        if owner < self.ranks.len() && self.ranks[owner].it == it {
+            self.ranks[owner].own_start + c as usize
+        } else {
+            self.plan.part(it, owner).start + c as usize
+        }
+    }
+
+    /// Thread `th` of `r` finished its item at `t`.
+    fn thread_done(&mut self, r: usize, th: usize, t: Nanos) -> R<()> {
+        let Some(item) = self.ranks[r].threads[th].item.take() else { return Ok(()) };
+        let it = self.ranks[r].it;
+        let tag = words::tag(it);
+        let started = self.ranks[r].threads[th].started;
+        let mut completed = Vec::new();
+        let n = match &item {
+            Item::Whole(range) => {
+                let n = range.end - range.start;
+                self.count_rows(r, r, it, range.clone());
+                self.ranks[r].rec.own += u64::from(n);
+                completed.extend(self.w.done(r, n));
+                n
+            }
+            &Item::Claimed(c) => {
+                self.count_rows(r, r, it, c..c + 1);
+                self.ranks[r].rec.own += 1;
+                completed.extend(self.w.done(r, 1));
+                1
+            }
+            &Item::OwnCopy(c) => {
+                self.unmark(r, c, r, th);
+                if self.policies[r].claim(r, tag, c)? {
+                    self.count_rows(r, r, it, c..c + 1);
+                    self.ranks[r].rec.own += 1;
+                    completed.extend(self.w.done(r, 1));
+                    self.settle(r, c, t);
+                } else {
+                    self.ranks[r].rec.discarded += 1;
+                }
+                1
+            }
+            Item::Help { victim, vit, chunks, reassigned } => {
+                let n = chunks.end - chunks.start;
+                self.count_rows(r, *victim, *vit, chunks.clone());
+                self.ranks[r].rec.taken += u64::from(n);
+                if *reassigned {
+                    self.ranks[r].rec.reassigned += u64::from(n);
+                }
+                completed.extend(self.w.done(*victim, n));
+                n
+            }
+            &Item::Copy { owner, chunk } => {
+                self.unmark(owner, chunk, r, th);
+                if self.policies[r].claim(owner, tag, chunk)? {
+                    self.count_rows(r, owner, it, chunk..chunk + 1);
+                    self.ranks[r].rec.cloned += 1;
+                    completed.extend(self.w.done(owner, 1));
+                    self.settle(owner, chunk, t);
+                } else {
+                    self.ranks[r].rec.discarded += 1;
+                }
+                1
+            }
+        };
+        let rk = &mut self.ranks[r];
+        rk.iter_chunks += u64::from(n);
+        rk.busy += t - started;
+        if self.rates {
+            let since = (t - rk.c1).max(1) as f64 * 1e-9;
+            self.w.rates[r] = rk.iter_chunks as f64 / since;
+        }
+        for done in completed {
+            self.wake_lined(done, t)?;
+        }
+        let copies = matches!(self.ranks[r].phase, Phase::LineHelp { copies: true });
+        if !self.dispatch(r, th, t, copies)? {
+            self.ranks[r].busy_threads -= 1;
+            if self.ranks[r].busy_threads == 0 {
+                self.round_over(r, t)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Rows of `owner`'s chunks `chunks` of `it`, computed by `r`.
+    fn count_rows(&mut self, r: usize, owner: usize, it: u64, chunks: Range<u32>) {
+        let rows: usize = chunks.map(|c| self.plan.global_chunk_rows(it, self.global_chunk(owner, it, c)).len()).sum();
+        self.ranks[r].rec.rows += rows as u64;
+    }
+
+    fn unmark(&mut self, owner: usize, chunk: u32, r: usize, th: usize) {
+        if let Some(v) = self.copying.get_mut(&(owner, chunk)) {
+            v.retain(|&x| x != (r, th));
+            if v.is_empty() {
+                self.copying.remove(&(owner, chunk));
+            }
+        }
+    }
+
+    /// `owner`'s chunk `chunk` was claimed at `t`: the other copies' injected delays stop there
+    /// (their compute cannot be cut short).
+    fn settle(&mut self, owner: usize, chunk: u32, t: Nanos) {
+        let Some(others) = self.copying.get(&(owner, chunk)).cloned() else { return };
+        for (r, th) in others {
+            let thread = &mut self.ranks[r].threads[th];
+            let at = thread.compute_end.max(t);
+            if at < thread.end {
+                thread.end = at;
+                thread.gen += 1;
+                self.q.push(at, Ev::Thread(r, th, thread.gen));
+            }
+        }
+    }
+
+    /// Every busy thread of `r` is idle: the compute phase, or a round of lining up, is over.
+    fn round_over(&mut self, r: usize, t: Nanos) -> R<()> {
+        let rk = &mut self.ranks[r];
+        match rk.phase {
+            Phase::Compute => {
+                rk.own_done = t - rk.c1;
+                rk.per_chunk = rk.own_done * rk.active as u64 / rk.iter_chunks.max(1);
+                if self.policies[r].line_up() {
+                    rk.lined_at = t;
+                    rk.helped = 0;
+                    rk.line_wait = 0;
+                    rk.phase = Phase::LineWait;
+                    self.line_up(r, t)
+                } else {
+                    self.push(r, t)
+                }
+            }
+            Phase::LineHelp { .. } => {
+                rk.helped += t - rk.help_start;
+                rk.phase = Phase::LineWait;
+                self.line_up(r, t)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Lining up: pushes once the iteration is done everywhere; meanwhile takes over queued
+    /// chunks or copies running ones, or waits.
+    fn line_up(&mut self, r: usize, t: Nanos) -> R<()> {
+        let it = self.ranks[r].it;
+        if self.w.all_done(it) {
+            let rk = &mut self.ranks[r];
+            rk.line_wait = (t - rk.lined_at).saturating_sub(rk.helped);
+            rk.rec.wait += rk.line_wait as f64 * 1e-9;
+            return self.push(r, t);
+        }
+        if self.steal && self.w.stealable(r, it) {
+            let rk = &mut self.ranks[r];
+            rk.phase = Phase::LineHelp { copies: false };
+            rk.help_start = t;
+            return self.start_threads(r, t, false);
+        }
+        if self.copies {
+            let rk = &self.ranks[r];
+            let due_at = rk.c1 + rk.own_done + rk.helped + rk.per_chunk;
+            let view = SimView::new(&self.w, r);
+            if self.policies[r].copy_due(&view, it, t >= due_at)? {
+                let rk = &mut self.ranks[r];
+                rk.phase = Phase::LineHelp { copies: true };
+                rk.help_start = t;
+                return self.start_threads(r, t, true);
+            }
+            // Polled again: copies become due with time and with the others' rates.
+            let poll = (rk.per_chunk / 2).max(5_000);
+            self.q.push(due_at.max(t + poll), Ev::Check(r));
+        }
+        self.ranks[r].phase = Phase::LineWait;
+        self.lined.entry(it).or_default().push(r);
+        Ok(())
+    }
+
+    /// Ranks lining up for `it` look again (its chunks are all done, or some were queued).
+    fn wake_lined(&mut self, it: u64, t: Nanos) -> R<()> {
+        let Some(ranks) = self.lined.remove(&it) else { return Ok(()) };
+        for r in ranks {
+            if self.ranks[r].phase == Phase::LineWait && self.ranks[r].it == it {
+                self.line_up(r, t)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Hook `admit`, then the push (if applied) and its flush.
+    fn push(&mut self, r: usize, t: Nanos) -> R<()> {
+        let it = self.ranks[r].it;
+        let rk = &mut self.ranks[r];
+        rk.phase = Phase::Push;
+        let computing = t - rk.c1;
+        rk.rec.compute += ((computing - rk.line_wait.min(computing)) as f64 * 1e-9).max(0.0);
+        let view = SimView::new(&self.w, r);
+        let admit = self.policies[r].admit(&view, it, Duration::from_nanos(computing), &mut self.ranks[r].rec)?;
+        let mut cost = self.reads(view.reads.get());
+        if admit.apply && self.ranks[r].rec.rows > 0 {
+            cost += self.transfer_cost(r, it);
+        }
+        self.ranks[r].applied = admit.apply;
+        self.ranks[r].rec.comm += cost as f64 * 1e-9;
+        self.q.push(t + cost, Ev::Pushed(r));
+        Ok(())
+    }
+
+    /// Pushed and flushed: hooks `before_tick`, the tick, `after_tick`; then `ready`.
+    fn pushed(&mut self, r: usize, t: Nanos) -> R<()> {
+        let it = self.ranks[r].it;
+        let view = SimView::new(&self.w, r);
+        let busy = Duration::from_nanos(self.ranks[r].busy);
+        self.policies[r].before_tick(&view, it, busy, &mut self.ranks[r].rec)?;
+        let mut cost = self.reads(view.reads.get());
+        self.w.tick(r);
+        cost += self.s.net.atomic(r, r);
+        let applied = self.ranks[r].applied;
+        self.policies[r].after_tick(it, applied)?;
+        let view = SimView::new(&self.w, r);
+        let ready = self.policies[r].ready(&view, it)?;
+        cost += self.reads(view.reads.get());
+        if ready {
+            self.close(r, t + cost);
+        } else {
+            let rk = &mut self.ranks[r];
+            rk.phase = Phase::Wait;
+            rk.wait_since = t + cost;
+            self.waiting.entry(it).or_default().push(r);
+        }
+        self.check_waiters(t)
+    }
+
+    /// Ranks waiting for `ready`, by iteration, lowest first: every policy's `ready` is monotone
+    /// in the iteration (if a rank may start after `it`, so may one after an earlier one), so the
+    /// first group still not ready ends the look. Each rank's own policy decides for it; each
+    /// resumes after one more poll (its reads).
+    fn check_waiters(&mut self, t: Nanos) -> R<()> {
+        while let Some((&it, group)) = self.waiting.first_key_value() {
+            let rep = group[0];
+            let view = SimView::new(&self.w, rep);
+            if !self.policies[rep].ready(&view, it)? {
+                break;
+            }
+            let group = self.waiting.remove(&it).unwrap_or_default();
+            let mut keep = Vec::new();
+            for r in group {
+                let view = SimView::new(&self.w, r);
+                if self.policies[r].ready(&view, it)? {
+                    let at = t.max(self.ranks[r].wait_since) + self.reads(view.reads.get());
+                    let rk = &mut self.ranks[r];
+                    rk.rec.wait += (at - rk.wait_since) as f64 * 1e-9;
+                    self.close(r, at);
+                } else {
+                    keep.push(r);
+                }
+            }
+            if !keep.is_empty() {
+                self.waiting.insert(it, keep);
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The iteration is over at `at`: hook `end`, the record, and the next iteration after the
+    /// rank's fixed costs.
+    fn close(&mut self, r: usize, at: Nanos) {
+        let it = self.ranks[r].it;
+        let rec = std::mem::take(&mut self.ranks[r].rec);
+        self.policies[r].end(&rec);
+        rec.add_to(&mut self.ranks[r].totals);
+        if let Some(f) = self.records.as_mut() {
+            f(&rec);
+        }
+        self.most_iterations = self.most_iterations.max(it + 1);
+        if r == 0 && self.to_target.is_none() && self.s.target_iterations == Some(it + 1) {
+            self.to_target = Some(at);
+        }
+        self.ranks[r].phase = Phase::Start;
+        let overhead = self.overhead(r, it);
+        self.q.push(at + overhead, Ev::Open(r));
+    }
+}
