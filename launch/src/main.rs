@@ -9,6 +9,7 @@ mod experiment;
 mod meta;
 mod plots;
 mod preempt;
+mod sim_cmd;
 mod slurm_cmd;
 mod train_cmd;
 mod world;
@@ -56,6 +57,9 @@ enum Command {
     /// Run the straggler experiment: schemes x straggler patterns x workloads x seeds, with tables
     /// and plots (see `peregrine experiment --help`).
     Experiment(Box<experiment::ExperimentArgs>),
+    /// Simulate a cluster: the schemes' own policies at up to thousands of ranks in virtual time,
+    /// or a real run replayed (see `peregrine simulate --help`).
+    Simulate(Box<sim_cmd::SimArgs>),
     /// Run the transport conformance suite on every rank; exit 0 iff every case passes everywhere.
     ///
     /// Cases: collectives; uneven shards and ranges that cross them; every rank accumulating into
@@ -141,6 +145,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Train(a) => train_cmd::run(*a),
         Command::Experiment(a) => experiment::run(*a),
+        Command::Simulate(a) => sim_cmd::run(*a),
         Command::Conformance(a) => conformance_cmd(&a),
         Command::Bench(BenchCommand::Rma(a)) => rma_cmd(&a),
         Command::Slurm(c) => slurm_cmd::run(c),

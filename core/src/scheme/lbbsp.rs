@@ -331,16 +331,56 @@ pub(crate) fn split_weighted(chunks: usize, speeds: &[f64], r: usize) -> std::op
     // Every rank keeps at least one chunk (when there are enough): a rank given none would never
     // measure its speed again, and a low estimate would stick.
     let floor = usize::from(chunks >= n);
-    let mut best = vec![floor; n];
-    for _ in 0..chunks - floor * n {
-        let k = (0..n)
-            .min_by(|&a, &b| ((best[a] + 1) as f64 / s[a]).total_cmp(&((best[b] + 1) as f64 / s[b])))
-            .expect("at least one rank");
-        best[k] += 1;
-    }
+    let best = fill(chunks, &s, floor);
     let counts = if makespan(&best) < (1.0 - MIN_GAIN) * makespan(&even) { best } else { even };
     let start: usize = counts[..r].iter().sum();
     start..start + counts[r]
+}
+
+/// Water-filling: `floor` chunks each, then each further chunk to the rank that would finish it
+/// first (`(count + 1) / speed` smallest, ties to the lowest rank), until `chunks` are given.
+/// Starts from a proportional share known not to exceed the result (see below) and fills the
+/// rest from a heap: O(n log n) instead of O(chunks x n), which at 4,096 ranks and 65,536 chunks
+/// was 268 M steps per rank and iteration.
+fn fill(chunks: usize, s: &[f64], floor: usize) -> Vec<usize> {
+    use std::cmp::Reverse;
+    let n = s.len();
+    let total: f64 = s.iter().sum();
+    let spare = chunks - floor * n;
+    // The greedy's last value `l` satisfies chunks <= n floor + l total, and every rank gets at
+    // least ceil(l s_k) - 1 >= floor(spare s_k / total) - 1 chunks: a lower bound to start from.
+    let mut counts: Vec<usize> = s
+        .iter()
+        .map(|&v| floor.max(((spare as f64 * v / total).floor() as usize).saturating_sub(1)))
+        .collect();
+    let mut given: usize = counts.iter().sum();
+    if given > chunks {
+        counts = vec![floor; n];
+        given = floor * n;
+    }
+    /// `(count + 1) / speed` of rank `k`, ordered as f64 by total order, then by rank.
+    #[derive(PartialEq)]
+    struct Next(f64, usize);
+    impl Eq for Next {}
+    impl PartialOrd for Next {
+        fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+            Some(self.cmp(o))
+        }
+    }
+    impl Ord for Next {
+        fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+            self.0.total_cmp(&o.0).then(self.1.cmp(&o.1))
+        }
+    }
+    let mut heap: std::collections::BinaryHeap<Reverse<Next>> =
+        (0..n).map(|k| Reverse(Next((counts[k] + 1) as f64 / s[k], k))).collect();
+    while given < chunks {
+        let Some(Reverse(Next(_, k))) = heap.pop() else { break };
+        counts[k] += 1;
+        given += 1;
+        heap.push(Reverse(Next((counts[k] + 1) as f64 / s[k], k)));
+    }
+    counts
 }
 
 #[cfg(test)]
@@ -353,6 +393,39 @@ mod tests {
         // 0.15 s of its own time, 2000 rows per second each, 4000 together.
         assert_eq!(measured_speed(600, 2, Duration::from_millis(300)), 4000.0);
         assert_eq!(measured_speed(0, 2, Duration::from_millis(300)), 0.0, "no rows, no measure");
+    }
+
+    /// The water-filling as first written: one chunk at a time over every rank.
+    fn fill_slowly(chunks: usize, s: &[f64], floor: usize) -> Vec<usize> {
+        let n = s.len();
+        let mut best = vec![floor; n];
+        for _ in 0..chunks - floor * n {
+            let k = (0..n)
+                .min_by(|&a, &b| ((best[a] + 1) as f64 / s[a]).total_cmp(&((best[b] + 1) as f64 / s[b])))
+                .expect("at least one rank");
+            best[k] += 1;
+        }
+        best
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_fast_fill_is_the_one_chunk_at_a_time_fill(
+            speeds in proptest::collection::vec(prop_oneof_speed(), 1..40),
+            extra in 0usize..500,
+        ) {
+            let n = speeds.len();
+            for floor in [0, 1] {
+                let chunks = floor * n + extra;
+                proptest::prop_assert_eq!(fill(chunks, &speeds, floor), fill_slowly(chunks, &speeds, floor));
+            }
+        }
+    }
+
+    /// Speeds with ties (small integers) and without.
+    fn prop_oneof_speed() -> impl proptest::strategy::Strategy<Value = f64> {
+        use proptest::strategy::Strategy;
+        proptest::prop_oneof![(1u32..5).prop_map(f64::from), 0.01f64..100.0]
     }
 
     #[test]

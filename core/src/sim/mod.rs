@@ -31,9 +31,11 @@
 //!   completes the number of iterations a real run needed ([`SimConfig::target_iterations`]), so
 //!   it is as good as that number is for the scheme and its staleness; a scheme that needs more
 //!   iterations to converge must be given its own count.
+//!   Operations on the policies' own windows (backup counters, LB-BSP's predictions,
+//!   speculation's claims) are counted by the serial world and charged the same way, to the
+//!   rank's next step.
 //! - Evaluations (a real run pauses for them and excludes them from training time), network
-//!   contention in switches, operations on the policies' own windows (backup counters, LB-BSP's
-//!   predictions, speculation's claims: free here), polling costs beyond one poll per wake, the
+//!   contention in switches, polling costs beyond one poll per wake, the
 //!   node's load as LB-BSP's ARX reads it (zero here), and sparse models' per-chunk pulls.
 
 pub mod cost;
@@ -162,9 +164,12 @@ pub fn simulate<'a>(s: &'a SimConfig, records: Option<&'a mut dyn FnMut(&IterRec
         peregrine_transport::local::serial_world(s.ranks)?.into_iter().map(Transport::Local).collect();
     let mut policies = Vec::with_capacity(s.ranks);
     for t in &world {
+        if let Transport::Local(l) = t {
+            l.take_ops(); // building the policy is not part of the run
+        }
         policies.push(s.cfg.scheme.scheme.policy(&Setup { t, cfg: &s.cfg, plan: &plan, simulated: true })?);
     }
-    let mut sim = world::Sim::new(s, plan, policies, records);
+    let mut sim = world::Sim::new(s, plan, world, policies, records);
     let end = sim.run()?;
     let iterations = sim.most_iterations;
     let seconds = end as f64 * 1e-9;

@@ -11,6 +11,8 @@ use std::time::Duration;
 use super::cost::{nanos, ComputeModel};
 use super::events::{EventQueue, Nanos};
 use super::{SimConfig, SimError};
+use peregrine_transport::Transport;
+
 use crate::engine::{IterRecord, RankTotals};
 use crate::plan::Plan;
 use crate::scheme::{OwnChunks, Policy, Share, Take, View};
@@ -301,6 +303,8 @@ pub(super) struct Sim<'a> {
     w: Words,
     ranks: Vec<Rank>,
     policies: Vec<Box<dyn Policy>>,
+    /// The serial world the policies' windows live in (it counts their operations).
+    world: Vec<Transport>,
     steal: bool,
     rates: bool,
     copies: bool,
@@ -323,6 +327,7 @@ impl<'a> Sim<'a> {
     pub(super) fn new(
         s: &'a SimConfig,
         plan: Plan,
+        world: Vec<Transport>,
         policies: Vec<Box<dyn Policy>>,
         records: Option<&'a mut dyn FnMut(&IterRecord)>,
     ) -> Self {
@@ -368,6 +373,7 @@ impl<'a> Sim<'a> {
             w: Words::new(n),
             ranks,
             policies,
+            world,
             steal,
             rates,
             copies,
@@ -437,9 +443,15 @@ impl<'a> Sim<'a> {
         Ok(())
     }
 
-    /// The cost of `reads` reads of random ranks' words.
-    fn reads(&self, reads: u64) -> Nanos {
-        nanos(reads as f64 * self.read_cost)
+    /// The cost of `reads` reads of random ranks' words by `r`, and of the operations `r`'s policy
+    /// issued on its own windows since the last charge (each an atomic of a random rank).
+    fn charge(&self, r: usize, reads: u64) -> Nanos {
+        let ops = match &self.world[r] {
+            Transport::Local(l) => l.take_ops(),
+            #[allow(unreachable_patterns)]
+            _ => 0,
+        };
+        nanos((reads + ops) as f64 * self.read_cost)
     }
 
     fn transfer_cost(&self, r: usize, it: u64) -> Nanos {
@@ -486,7 +498,7 @@ impl<'a> Sim<'a> {
         rk.phase = Phase::Pull;
         rk.rec = IterRecord { rank: r, iter: it, start: t as f64 * 1e-9, threads: active, delay, ..Default::default() };
         // Announcing and filling the queue: two atomics on the rank's own words.
-        let cost = self.reads(reads) + 2 * self.s.net.atomic(r, r) + self.transfer_cost(r, it);
+        let cost = self.charge(r, reads) + 2 * self.s.net.atomic(r, r) + self.transfer_cost(r, it);
         self.ranks[r].rec.comm += cost as f64 * 1e-9;
         self.q.push(t + cost, Ev::Compute(r));
         if n > 0 && self.steal {
@@ -554,7 +566,7 @@ impl<'a> Sim<'a> {
                 let view = SimView::new(&self.w, r);
                 let mut takes = Vec::new();
                 self.policies[r].after_own_chunk(&view, it, &mut takes)?;
-                extra += self.reads(view.reads.get());
+                extra += self.charge(r, view.reads.get());
                 self.ranks[r].threads[th].takes.extend(takes);
                 continue;
             }
@@ -570,7 +582,7 @@ impl<'a> Sim<'a> {
             if let Some(range) = self.w.take_own(r, self.s.cfg.grain) {
                 let view = SimView::new(&self.w, r);
                 let mode = self.policies[r].own_chunks(&view)?;
-                extra += self.reads(view.reads.get());
+                extra += self.charge(r, view.reads.get());
                 if mode == OwnChunks::Whole {
                     self.ranks[r].threads[th].own = Some((range.end..range.end, mode));
                     let chunks: Vec<_> = range.clone().map(|c| (r, it, c)).collect();
@@ -585,7 +597,7 @@ impl<'a> Sim<'a> {
                 for _ in 0..self.w.world {
                     let view = SimView::new(&self.w, r);
                     let victim = self.policies[r].victim(&view, it)?;
-                    extra += self.reads(view.reads.get());
+                    extra += self.charge(r, view.reads.get());
                     let Some(take) = victim else { break };
                     extra += self.s.net.atomic(r, take.rank);
                     if let Some(item) = self.take(it, take, false) {
@@ -606,7 +618,7 @@ impl<'a> Sim<'a> {
         loop {
             let view = SimView::new(&self.w, r);
             let pick = self.policies[r].copy(&view, it)?;
-            extra += self.reads(view.reads.get());
+            extra += self.charge(r, view.reads.get());
             let Some((owner, chunk)) = pick else { return Ok(false) };
             if self.policies[r].settled(owner, tag, chunk)? {
                 continue;
@@ -857,7 +869,7 @@ impl<'a> Sim<'a> {
         rk.rec.compute += ((computing - rk.line_wait.min(computing)) as f64 * 1e-9).max(0.0);
         let view = SimView::new(&self.w, r);
         let admit = self.policies[r].admit(&view, it, Duration::from_nanos(computing), &mut self.ranks[r].rec)?;
-        let mut cost = self.reads(view.reads.get());
+        let mut cost = self.charge(r, view.reads.get());
         if admit.apply && self.ranks[r].rec.rows > 0 {
             cost += self.transfer_cost(r, it);
         }
@@ -873,14 +885,14 @@ impl<'a> Sim<'a> {
         let view = SimView::new(&self.w, r);
         let busy = Duration::from_nanos(self.ranks[r].busy);
         self.policies[r].before_tick(&view, it, busy, &mut self.ranks[r].rec)?;
-        let mut cost = self.reads(view.reads.get());
+        let mut cost = self.charge(r, view.reads.get());
         self.w.tick(r);
         cost += self.s.net.atomic(r, r);
         let applied = self.ranks[r].applied;
         self.policies[r].after_tick(it, applied)?;
         let view = SimView::new(&self.w, r);
         let ready = self.policies[r].ready(&view, it)?;
-        cost += self.reads(view.reads.get());
+        cost += self.charge(r, view.reads.get());
         if ready {
             self.close(r, t + cost);
         } else {
@@ -908,7 +920,7 @@ impl<'a> Sim<'a> {
             for r in group {
                 let view = SimView::new(&self.w, r);
                 if self.policies[r].ready(&view, it)? {
-                    let at = t.max(self.ranks[r].wait_since) + self.reads(view.reads.get());
+                    let at = t.max(self.ranks[r].wait_since) + self.charge(r, view.reads.get());
                     let rk = &mut self.ranks[r];
                     rk.rec.wait += (at - rk.wait_since) as f64 * 1e-9;
                     self.close(r, at);

@@ -42,6 +42,8 @@ struct World {
     slots: Mutex<Vec<Option<Box<dyn Any + Send>>>>,
     /// A serial world's windows, if this is one.
     serial: Option<Mutex<Serial>>,
+    /// A serial world's window operations per rank (a simulator charges them).
+    ops: Option<Vec<std::sync::atomic::AtomicU64>>,
 }
 
 /// The windows of a serial world, in allocation order, and how many each rank has allocated.
@@ -49,6 +51,16 @@ struct World {
 struct Serial {
     windows: Vec<Box<dyn Any + Send>>,
     allocated: Vec<usize>,
+}
+
+impl World {
+    /// Counts one window operation (a get, a write, an atomic) by `rank`, in a serial world.
+    #[inline]
+    pub(super) fn count(&self, rank: usize) {
+        if let Some(ops) = &self.ops {
+            ops[rank].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 /// What every rank's view of one window shares: its layout, element type, shards and locks.
@@ -169,6 +181,7 @@ fn make(world_size: usize, serial: bool) -> Result<Vec<LocalRank>> {
         wake: Condvar::new(),
         slots: Mutex::new(if serial { Vec::new() } else { (0..world_size).map(|_| None).collect() }),
         serial: serial.then(|| Mutex::new(Serial { windows: Vec::new(), allocated: vec![0; world_size] })),
+        ops: serial.then(|| (0..world_size).map(|_| std::sync::atomic::AtomicU64::new(0)).collect()),
     });
     Ok((0..world_size).map(|rank| LocalRank { world: world.clone(), rank }).collect())
 }
@@ -182,6 +195,12 @@ impl LocalRank {
     /// Number of ranks.
     pub fn world_size(&self) -> usize {
         self.world.size
+    }
+
+    /// In a serial world, the window operations (gets, writes, atomics) this rank issued since
+    /// the last call; 0 elsewhere.
+    pub fn take_ops(&self) -> u64 {
+        self.world.ops.as_ref().map_or(0, |o| o[self.rank].swap(0, std::sync::atomic::Ordering::Relaxed))
     }
 
     pub(crate) fn barrier(&self) -> Result<()> {

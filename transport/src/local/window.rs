@@ -102,6 +102,7 @@ impl<T: Elem> LocalWindow<T> {
     }
 
     pub(crate) fn get(&self, start: usize, out: &mut [T]) -> Result<()> {
+        self.world.count(self.rank);
         if let Some((rank, offset)) = self.map.locate(start, out.len()) {
             let src = &self.shards[rank][offset..offset + out.len()];
             for (o, a) in out.iter_mut().zip(src) {
@@ -157,6 +158,7 @@ impl<T: Elem> LocalWindow<T> {
         accumulate: bool,
         mut touched: Touched,
     ) -> Result<Touched> {
+        self.world.count(self.rank);
         let pieces =
             self.map.pieces(start, data.len()).ok_or_else(|| self.out_of_range(start, data.len()))?;
         let mut pending = lock(&self.pending);
@@ -183,6 +185,7 @@ impl<T: Elem> LocalWindow<T> {
     /// writes to its owner (as MPI orders atomics after earlier operations), under the owner's
     /// lock for elements whose atomics are emulated.
     fn atomic<R>(&self, index: usize, op: impl FnOnce(&T::Atomic) -> R) -> Result<R> {
+        self.world.count(self.rank);
         let (target, offset) = self.map.owner(index).ok_or_else(|| self.out_of_range(index, 1))?;
         self.apply(Some(target), true);
         let _held = T::LOCKED_ADD.then(|| lock(&self.locks[target]));

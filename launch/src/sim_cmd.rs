@@ -1,0 +1,426 @@
+//! `peregrine simulate`: the schemes' own policies at any scale in virtual time
+//! ([`peregrine_core::sim`]), and replays of real runs to check the simulator against them.
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use peregrine_core::engine::{Config, Elastic};
+use peregrine_core::inject::Injection;
+use peregrine_core::sim::{self, ComputeModel, Measured, Network, Preset, Replay, SimConfig, SimReport};
+use peregrine_core::SchemeSpec;
+use serde_json::Value;
+
+use crate::world::AppError;
+
+/// Parameters of the MLP 784-128-10 (the main job's model): the default model size.
+const MLP_PARAMS: usize = 784 * 128 + 128 + 128 * 10 + 10;
+
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  \
+    peregrine simulate --ranks 512 --threads 16 --straggler persistent:rank=0,speed=0.5 \\\n      \
+    --scheme bsp --scheme bsp+steal --scheme flexrr --scheme falcon\n  \
+    peregrine simulate --ranks 4096 --threads 16 --iterations 1000 --scheme bsp+steal   # scale\n  \
+    peregrine simulate --replay runs/mlp-bsp-1795424116   # a real run again, in simulation\n\n\
+    What is modelled and what is not: see the README's \"Simulating a cluster\".")]
+pub struct SimArgs {
+    /// Re-run a real run's configuration in simulation with that run's measured per-chunk,
+    /// communication and fixed costs (from its metrics), and compare: prints `measured <s> s,
+    /// simulated <s> s, ratio <r>` for time per iteration and, if the run had a target, time to
+    /// target. Every other option is ignored.
+    #[arg(long, value_name = "RUN_DIR")]
+    replay: Option<PathBuf>,
+    /// Schemes to compare, `name[+steal]` (repeat the flag); each is run next to Ideal (BSP, no
+    /// straggler). Default: bsp, bsp+steal, ssp:3+steal, backup-dynamic, lb-bsp, flexrr, falcon,
+    /// falcon:slack:2.
+    #[arg(long, value_name = "SCHEME")]
+    scheme: Vec<SchemeSpec>,
+    /// Ranks.
+    #[arg(long, default_value_t = 64, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    ranks: usize,
+    /// Compute threads per rank.
+    #[arg(long, default_value_t = 8, value_name = "T", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    threads: usize,
+    /// Iterations.
+    #[arg(long, default_value_t = 1000, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..))]
+    iterations: u64,
+    /// Rows per chunk.
+    #[arg(long, default_value_t = 64, value_name = "ROWS")]
+    chunk: usize,
+    /// Global batch rows (default: 4 chunks per thread of every rank).
+    #[arg(long, value_name = "ROWS")]
+    batch: Option<usize>,
+    /// Training rows (default: 100 batches).
+    #[arg(long, value_name = "ROWS")]
+    rows: Option<usize>,
+    /// Chunks a thread takes from its own queue at a time.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    grain: u32,
+    /// Fraction of a victim's queued chunks taken at once.
+    #[arg(long, default_value_t = 0.5, value_name = "F")]
+    steal_fraction: f64,
+    /// Injected stragglers, as for `train` (ideal, slow-worker, disrupted, power-law, persistent,
+    /// heterogeneous).
+    #[arg(long, default_value = "ideal", value_name = "PATTERN")]
+    straggler: String,
+    /// Seed of the batch order and of the straggler pattern.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Seconds a thread takes per chunk (default 200 us: an MLP 784-128-10 chunk of 64 rows on
+    /// one core of the development machine is 150-250 us).
+    #[arg(long, default_value_t = 200e-6, value_name = "SECONDS", conflicts_with = "chunk_times_from")]
+    chunk_time: f64,
+    /// Draw chunk times from a real run's measured ones (its metrics), by the chunk's identity.
+    #[arg(long, value_name = "RUN_DIR")]
+    chunk_times_from: Option<PathBuf>,
+    /// Model parameters (f32) every rank pulls and pushes per iteration (default: the MLP
+    /// 784-128-10's 101,770).
+    #[arg(long, default_value_t = MLP_PARAMS, value_name = "N")]
+    params: usize,
+    /// Fixed seconds per rank and iteration outside compute, communication and waits.
+    #[arg(long, default_value_t = 0.0, value_name = "SECONDS")]
+    overhead: f64,
+    /// Ranks per node (the rest of the world is reached over the inter-node link).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    ranks_per_node: usize,
+    /// Link within a node: local (ranks as threads), shm (MPI shared memory), ib, ethernet.
+    #[arg(long, default_value = "shm", value_name = "LINK")]
+    intra: Preset,
+    /// Link between nodes: ib (InfiniBand HDR), ethernet (25 GbE), shm, local.
+    #[arg(long, default_value = "ib", value_name = "LINK")]
+    inter: Preset,
+    /// Override the inter-node latency (seconds).
+    #[arg(long, value_name = "SECONDS")]
+    inter_latency: Option<f64>,
+    /// Override the inter-node atomic round trip (seconds).
+    #[arg(long, value_name = "SECONDS")]
+    inter_atomic: Option<f64>,
+    /// Override the inter-node bandwidth (bytes per second).
+    #[arg(long, value_name = "BYTES_PER_S")]
+    inter_bandwidth: Option<f64>,
+    /// Iterations a real run needed to reach its target: time to target is when rank 0 has
+    /// completed that many.
+    #[arg(long, value_name = "N")]
+    target_iterations: Option<u64>,
+    /// Write every report as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+fn usage(s: impl std::fmt::Display) -> AppError {
+    AppError::Usage(s.to_string())
+}
+
+/// The schemes compared by default.
+pub(crate) const DEFAULT_SCHEMES: [&str; 8] =
+    ["bsp", "bsp+steal", "ssp:3+steal", "backup-dynamic", "lb-bsp", "flexrr", "falcon", "falcon:slack:2"];
+
+pub fn run(a: SimArgs) -> Result<(), AppError> {
+    if let Some(dir) = &a.replay {
+        return replay_cmd(dir, a.json.as_deref());
+    }
+    let base = forward(&a)?;
+    let schemes = if a.scheme.is_empty() {
+        DEFAULT_SCHEMES.iter().map(|s| s.parse().map_err(usage)).collect::<Result<Vec<SchemeSpec>, _>>()?
+    } else {
+        a.scheme.clone()
+    };
+    for s in &schemes {
+        s.scheme.validate(a.ranks).map_err(usage)?;
+    }
+    println!(
+        "simulated: {} ranks x {} threads, {} iterations of {} chunks of {} rows, {}; {} per node, intra {}, inter {}",
+        a.ranks,
+        a.threads,
+        a.iterations,
+        base.cfg.batch.div_ceil(base.cfg.chunk),
+        base.cfg.chunk,
+        a.straggler,
+        a.ranks_per_node,
+        a.intra,
+        a.inter
+    );
+    let mut reports = Vec::new();
+    let ideal = SimConfig {
+        cfg: Config { scheme: SchemeSpec::reference(), inject: Injection::default(), ..base.cfg.clone() },
+        ..base.clone()
+    };
+    let r = sim::simulate(&ideal, None).map_err(|e| AppError::Train(e.to_string()))?;
+    println!(
+        "{:<24} {:>12} {:>9} {:>7} {:>10} {:>11} {:>9} {:>10}",
+        "scheme", "s/iteration", "vs ideal", "wait %", "taken", "to target s", "wall s", "events"
+    );
+    let ideal_s = r.per_iteration;
+    print_row("ideal (bsp, no straggler)", &r, ideal_s);
+    reports.push(("ideal".to_string(), r));
+    for s in schemes {
+        let c = SimConfig { cfg: Config { scheme: s.clone(), ..base.cfg.clone() }, ..base.clone() };
+        let r = sim::simulate(&c, None).map_err(|e| AppError::Train(format!("{s}: {e}")))?;
+        print_row(&s.to_string(), &r, ideal_s);
+        reports.push((s.to_string(), r));
+    }
+    if let Some(path) = &a.json {
+        write_json(path, &serde_json::json!(reports.iter().map(|(n, r)| serde_json::json!({"name": n, "report": r})).collect::<Vec<_>>()))?;
+    }
+    Ok(())
+}
+
+fn print_row(name: &str, r: &SimReport, ideal: f64) {
+    println!(
+        "{:<24} {:>12.6} {:>8.2}x {:>6.1}% {:>10} {:>11} {:>9.2} {:>10}",
+        name,
+        r.per_iteration,
+        if ideal > 0.0 { r.per_iteration / ideal } else { 0.0 },
+        100.0 * r.wait_share(),
+        r.taken(),
+        r.time_to_target.map_or("-".into(), |t| format!("{t:.3}")),
+        r.wall_seconds,
+        r.events
+    );
+}
+
+fn write_json(path: &Path, v: &Value) -> Result<(), AppError> {
+    let text = serde_json::to_string_pretty(v).map_err(|e| AppError::Train(e.to_string()))?;
+    std::fs::write(path, text).map_err(|source| AppError::Io { what: format!("writing {}", path.display()), source })
+}
+
+/// The simulated run the options describe (scheme: BSP; the caller sets it).
+pub(crate) fn forward(a: &SimArgs) -> Result<SimConfig, AppError> {
+    let pattern = a.straggler.parse().map_err(usage)?;
+    let batch = a.batch.unwrap_or(4 * a.threads * a.ranks * a.chunk);
+    let compute = match &a.chunk_times_from {
+        Some(dir) => ComputeModel::Samples(measured_chunks(dir)?),
+        None if a.chunk_time > 0.0 && a.chunk_time.is_finite() => ComputeModel::Constant(a.chunk_time),
+        None => return Err(usage(format!("--chunk-time must be a positive number of seconds, got {}", a.chunk_time))),
+    };
+    let mut net = Network { intra: a.intra.link(), inter: a.inter.link(), ranks_per_node: a.ranks_per_node.max(1) };
+    if let Some(v) = a.inter_latency {
+        net.inter.latency = v;
+    }
+    if let Some(v) = a.inter_atomic {
+        net.inter.atomic = v;
+    }
+    if let Some(v) = a.inter_bandwidth {
+        net.inter.bandwidth = v;
+    }
+    if !(net.inter.bandwidth > 0.0 && net.inter.latency >= 0.0 && net.inter.atomic >= 0.0) {
+        return Err(usage("the inter-node link needs a positive bandwidth and non-negative latencies"));
+    }
+    Ok(SimConfig {
+        cfg: Config {
+            scheme: SchemeSpec::reference(),
+            batch,
+            chunk: a.chunk,
+            grain: a.grain,
+            iterations: a.iterations,
+            steal_fraction: a.steal_fraction,
+            seed: a.seed,
+            threads: a.threads,
+            elastic: Elastic::Fixed,
+            inject: Injection { pattern, seed: a.seed },
+            ..Config::default()
+        },
+        ranks: a.ranks,
+        rows: a.rows.unwrap_or(batch * 100),
+        params: a.params,
+        compute,
+        net,
+        overhead: a.overhead,
+        target_iterations: a.target_iterations,
+    })
+}
+
+/// A real run's directory, read back.
+pub(crate) struct RunDir {
+    /// Its configuration and measured costs as a simulation.
+    pub sim: SimConfig,
+    /// Measured seconds per iteration (training seconds over iterations).
+    pub per_iteration: f64,
+    /// Measured seconds to the target, if it had one and reached it.
+    pub to_target: Option<f64>,
+    /// Whether the dataset's rows were known (else the plan assumes no short batch).
+    pub rows_known: bool,
+}
+
+fn bad(dir: &Path, what: &str, detail: impl std::fmt::Display) -> AppError {
+    AppError::Data { what: format!("{}/{what}", dir.display()), detail: detail.to_string() }
+}
+
+fn read(dir: &Path, name: &str) -> Result<String, AppError> {
+    let p = dir.join(name);
+    std::fs::read_to_string(&p).map_err(|source| AppError::Io { what: format!("reading {}", p.display()), source })
+}
+
+/// Every rank's metric lines: `[rank][line]`.
+fn metric_lines(dir: &Path, ranks: usize) -> Result<Vec<Vec<Value>>, AppError> {
+    (0..ranks)
+        .map(|r| {
+            let name = format!("metrics/rank-{r}.jsonl");
+            read(dir, &name)?
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| !l.trim().is_empty())
+                .map(|(i, l)| serde_json::from_str(l).map_err(|e| bad(dir, &format!("{name}:{}", i + 1), e)))
+                .collect()
+        })
+        .collect()
+}
+
+fn num(v: &Value, key: &str) -> f64 {
+    v.get(key).and_then(Value::as_f64).unwrap_or(0.0)
+}
+
+/// A record's measured costs; `next_start` is the start of the rank's next iteration.
+fn measured(rec: &Value, next_start: Option<f64>) -> Option<Measured> {
+    let chunks = ["own", "taken", "cloned", "discarded"].iter().map(|k| num(rec, k)).sum::<f64>();
+    let (compute, comm, wait) = (num(rec, "compute"), num(rec, "comm"), num(rec, "wait"));
+    if chunks <= 0.0 || compute <= 0.0 {
+        return None;
+    }
+    let chunk = compute * num(rec, "threads").max(1.0) / chunks / (1.0 + num(rec, "delay"));
+    let overhead = next_start.map_or(0.0, |n| (n - num(rec, "start") - compute - comm - wait).max(0.0));
+    Some(Measured { chunk, comm, overhead })
+}
+
+/// The measured chunk times of a run (every rank, every iteration).
+fn measured_chunks(dir: &Path) -> Result<Vec<f64>, AppError> {
+    let summary: Value = serde_json::from_str(&read(dir, "summary.json")?).map_err(|e| bad(dir, "summary.json", e))?;
+    let ranks = summary.get("ranks").and_then(Value::as_u64).ok_or_else(|| bad(dir, "summary.json", "no `ranks`"))?;
+    let lines = metric_lines(dir, ranks as usize)?;
+    let v: Vec<f64> = lines.iter().flatten().filter_map(|r| measured(r, None)).map(|m| m.chunk).collect();
+    if v.is_empty() {
+        return Err(bad(dir, "metrics", "no iteration with computed chunks"));
+    }
+    Ok(v)
+}
+
+/// Reads a run directory as a replay.
+pub(crate) fn read_run(dir: &Path) -> Result<RunDir, AppError> {
+    let cfg: toml::Table = read(dir, "config.toml")?.parse().map_err(|e| bad(dir, "config.toml", e))?;
+    let summary: Value = serde_json::from_str(&read(dir, "summary.json")?).map_err(|e| bad(dir, "summary.json", e))?;
+    let key = |k: &str| cfg.get(k).ok_or_else(|| bad(dir, "config.toml", format!("no `{k}`")));
+    let int = |k: &str| -> Result<u64, AppError> {
+        key(k)?.as_integer().and_then(|v| u64::try_from(v).ok()).ok_or_else(|| bad(dir, "config.toml", format!("`{k}` is not a count")))
+    };
+    let text = |k: &str| -> Result<String, AppError> {
+        key(k)?.as_str().map(str::to_owned).ok_or_else(|| bad(dir, "config.toml", format!("`{k}` is not a string")))
+    };
+    let scheme = SchemeSpec::new(
+        text("scheme")?.parse().map_err(|e| bad(dir, "config.toml", e))?,
+        key("steal")?.as_bool().unwrap_or(true),
+    );
+    let ranks = summary.get("ranks").and_then(Value::as_u64).ok_or_else(|| bad(dir, "summary.json", "no `ranks`"))? as usize;
+    let iterations = summary.get("iterations").and_then(Value::as_u64).unwrap_or(0);
+    let train = num(&summary, "train_seconds");
+    let (batch, chunk, seed) = (int("batch")? as usize, int("chunk")? as usize, int("seed")?);
+    let pattern = text("straggler")?.parse().map_err(|e| bad(dir, "config.toml", e))?;
+    // The dataset's rows (the plan's epoch): the data path as written, or next to the run.
+    let data = PathBuf::from(text("data")?);
+    let rows = [data.clone(), dir.join("..").join(&data), dir.join("../..").join(&data)]
+        .iter()
+        .find_map(|p| peregrine_kernels::data::Dataset::open(p).ok().map(|d| d.rows()));
+    let lines = metric_lines(dir, ranks)?;
+    let per_rank = lines
+        .iter()
+        .map(|recs| {
+            let mut its: Vec<Option<Measured>> = Vec::new();
+            for (i, rec) in recs.iter().enumerate() {
+                let it = num(rec, "iter") as usize;
+                if its.len() <= it {
+                    its.resize(it + 1, None);
+                }
+                its[it] = measured(rec, recs.get(i + 1).map(|n| num(n, "start")));
+            }
+            its
+        })
+        .collect();
+    let target = summary.get("target_loss").and_then(Value::as_f64);
+    let evals = summary.get("evals").and_then(Value::as_array).cloned().unwrap_or_default();
+    let target_iterations = target.and_then(|g| {
+        evals.iter().find(|e| num(e, "loss") <= g).map(|e| num(e, "iter") as u64)
+    });
+    let sim = SimConfig {
+        cfg: Config {
+            scheme,
+            batch,
+            chunk,
+            grain: int("grain")? as u32,
+            iterations,
+            steal_fraction: key("steal-fraction")?.as_float().unwrap_or(0.5),
+            seed,
+            threads: int("threads")? as usize,
+            elastic: Elastic::Fixed,
+            inject: Injection { pattern, seed },
+            ..Config::default()
+        },
+        ranks,
+        rows: rows.unwrap_or(batch.saturating_mul(iterations.max(1) as usize)),
+        params: 0,
+        compute: ComputeModel::Replay(Replay::new(per_rank)),
+        net: Network { intra: Preset::Local.link(), inter: Preset::Local.link(), ranks_per_node: ranks },
+        overhead: 0.0,
+        target_iterations,
+    };
+    Ok(RunDir {
+        sim,
+        per_iteration: if iterations > 0 { train / iterations as f64 } else { 0.0 },
+        to_target: summary.get("time_to_target").and_then(Value::as_f64),
+        rows_known: rows.is_some(),
+    })
+}
+
+/// What a replay found: measured and simulated time per iteration and to target.
+#[derive(Clone, Debug, serde::Serialize)]
+pub(crate) struct Replayed {
+    pub scheme: String,
+    pub ranks: usize,
+    pub straggler: String,
+    pub measured: f64,
+    pub simulated: f64,
+    pub measured_to_target: Option<f64>,
+    pub simulated_to_target: Option<f64>,
+}
+
+pub(crate) fn replay(dir: &Path) -> Result<Replayed, AppError> {
+    let run = read_run(dir)?;
+    let r = sim::simulate(&run.sim, None).map_err(|e| AppError::Train(format!("replaying {}: {e}", dir.display())))?;
+    Ok(Replayed {
+        scheme: run.sim.cfg.scheme.to_string(),
+        ranks: run.sim.ranks,
+        straggler: run.sim.cfg.inject.pattern.to_string(),
+        measured: run.per_iteration,
+        simulated: r.per_iteration,
+        measured_to_target: run.to_target,
+        simulated_to_target: r.time_to_target,
+    })
+}
+
+fn replay_cmd(dir: &Path, json: Option<&Path>) -> Result<(), AppError> {
+    let run = read_run(dir)?;
+    if !run.rows_known {
+        eprintln!("note: the run's dataset was not found: its plan is taken to have no short batch");
+    }
+    let r = replay(dir)?;
+    println!(
+        "replay of {}: {}, {} ranks x {} threads, {} iterations, {}",
+        dir.display(),
+        r.scheme,
+        r.ranks,
+        run.sim.cfg.threads,
+        run.sim.cfg.iterations,
+        r.straggler
+    );
+    println!("time per iteration: {}", compare(r.measured, r.simulated));
+    if let (Some(m), Some(s)) = (r.measured_to_target, r.simulated_to_target) {
+        println!("time to target: {}", compare(m, s));
+    }
+    if let Some(path) = json {
+        write_json(path, &serde_json::to_value(&r).map_err(|e| AppError::Train(e.to_string()))?)?;
+    }
+    Ok(())
+}
+
+/// `measured <s> s, simulated <s> s, ratio <r>`.
+pub(crate) fn compare(measured: f64, simulated: f64) -> String {
+    let ratio = if measured > 0.0 { simulated / measured } else { f64::NAN };
+    format!("measured {measured:.6} s, simulated {simulated:.6} s, ratio {ratio:.3}")
+}
