@@ -19,6 +19,12 @@
 //! that plain BSP, SSP and ASP are the literature's). `bsp` and `ideal` are added when missing:
 //! they make the reference every ratio is taken against. Each workload starts with one unrecorded
 //! warm-up run. Under MPI every rank runs the same sequence of runs; rank 0 writes the results.
+//!
+//! With `mode = "simulate"` the runs are simulated ([`peregrine_core::sim`], as by `peregrine
+//! simulate`): `ranks` and `threads` are lists, every pair is a workload (`512x16`), and the
+//! `[simulate]` table takes `peregrine simulate`'s options (`chunk-time`, `iterations`,
+//! `target-iterations`, `inter`, ...); no `[workloads]`. The same tables and plots are written
+//! (loss curves excepted: nothing is trained).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -29,8 +35,12 @@ use peregrine_core::inject::Pattern;
 use peregrine_core::{Report, SchemeSpec};
 use serde::{Deserialize, Serialize};
 
+use clap::Parser as _;
+use peregrine_core::sim::{self, SimConfig, SimReport};
+
 use crate::plots::{self, Series};
 use crate::preempt::write_atomically;
+use crate::sim_cmd;
 use crate::train_cmd::{self, read_toml, RunOpts, TrainFile};
 use crate::world::{run_world, AppError, RunContext, WorldArgs};
 
@@ -69,9 +79,43 @@ struct ExperimentFile {
     seeds: Vec<u64>,
     schemes: Vec<SchemeSpec>,
     patterns: Vec<String>,
-    /// Ranks for the local backend (the launcher decides under MPI).
-    ranks: Option<usize>,
+    /// `train` (default) or `simulate`.
+    #[serde(default)]
+    mode: Mode,
+    /// Ranks for the local backend (the launcher decides under MPI); a list when simulating.
+    ranks: Option<Counts>,
+    /// Threads per rank, when simulating.
+    threads: Option<Counts>,
+    /// `peregrine simulate`'s options, when simulating.
+    simulate: Option<toml::Table>,
+    #[serde(default)]
     workloads: BTreeMap<String, TrainFile>,
+}
+
+/// Whether the experiment trains or simulates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Mode {
+    #[default]
+    Train,
+    Simulate,
+}
+
+/// One count or a list of them.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+enum Counts {
+    One(usize),
+    Many(Vec<usize>),
+}
+
+impl Counts {
+    fn list(&self) -> Vec<usize> {
+        match self {
+            Self::One(n) => vec![*n],
+            Self::Many(v) => v.clone(),
+        }
+    }
 }
 
 fn one_seed() -> Vec<u64> {
@@ -143,6 +187,40 @@ impl Row {
     }
 }
 
+impl Row {
+    /// A simulated run's row (no loss: nothing is trained).
+    fn simulated(
+        workload: &str,
+        pattern: &str,
+        scheme: &SchemeSpec,
+        seed: u64,
+        c: &SimConfig,
+        r: &SimReport,
+    ) -> Self {
+        let capacity = c.cfg.inject.pattern.capacity(r.ranks, Some(r.threads));
+        Row {
+            workload: workload.into(),
+            pattern: pattern.into(),
+            scheme: scheme.clone(),
+            seed,
+            time_to_target: r.time_to_target,
+            train_seconds: r.seconds,
+            iterations: r.iterations,
+            seconds_per_iteration: r.per_iteration,
+            waste_seconds: r.per_rank.iter().map(|p| p.wait).sum(),
+            final_loss: f64::NAN,
+            metric: String::new(),
+            metric_value: f64::NAN,
+            samples: r.per_rank.iter().map(|p| p.rows).sum(),
+            chunks_taken: r.taken(),
+            bound: 1.0 / capacity,
+            prediction_error: 0.0,
+            predicts: false,
+            curve: Vec::new(),
+        }
+    }
+}
+
 /// When the evaluation loss crossed `target`, interpolated linearly between the last evaluation
 /// above it and the first at or below it: evaluations come every `eval-every` iterations, and
 /// the time of the first one below the target alone would add up to that much quantization
@@ -176,6 +254,25 @@ pub fn run(a: ExperimentArgs) -> Result<(), AppError> {
     if !f.patterns.iter().any(|p| p == "ideal") {
         f.patterns.insert(0, "ideal".into());
     }
+    if f.mode == Mode::Simulate {
+        return simulate(&a, &f);
+    }
+    if f.simulate.is_some() || f.threads.is_some() {
+        return Err(AppError::Usage(format!(
+            "{}: `simulate` and `threads` are for mode = \"simulate\"",
+            a.config.display()
+        )));
+    }
+    let ranks = match &f.ranks {
+        None => None,
+        Some(Counts::One(n)) => Some(*n),
+        Some(Counts::Many(_)) => {
+            return Err(AppError::Usage(format!(
+                "{}: `ranks` is one number when training (a list only with mode = \"simulate\")",
+                a.config.display()
+            )))
+        }
+    };
     if f.workloads.is_empty() || f.seeds.is_empty() {
         return Err(AppError::Usage(format!("{}: no workloads or no seeds", a.config.display())));
     }
@@ -209,13 +306,92 @@ pub fn run(a: ExperimentArgs) -> Result<(), AppError> {
         );
         return Ok(());
     }
-    run_world(&a.world, f.ranks.unwrap_or(2), |t, ctx| {
+    run_world(&a.world, ranks.unwrap_or(2), |t, ctx| {
         let rows = rank(t, ctx, &a, &f, &base, &out, runs)?;
         if t.rank() == 0 {
             write_results(&out, &rows, !a.no_plots)?;
         }
         Ok(())
     })
+}
+
+/// `mode = "simulate"`: every (ranks, threads) pair x pattern x scheme x seed, simulated.
+fn simulate(a: &ExperimentArgs, f: &ExperimentFile) -> Result<(), AppError> {
+    let bad = |what: String| AppError::Usage(format!("{}: {what}", a.config.display()));
+    if !f.workloads.is_empty() {
+        return Err(bad("mode = \"simulate\" takes no [workloads] (ranks and threads make them)".into()));
+    }
+    let ranks = f.ranks.as_ref().map_or_else(|| vec![8, 64, 512], Counts::list);
+    let threads = f.threads.as_ref().map_or_else(|| vec![8], Counts::list);
+    if ranks.is_empty()
+        || threads.is_empty()
+        || f.seeds.is_empty()
+        || ranks.contains(&0)
+        || threads.contains(&0)
+    {
+        return Err(bad("ranks, threads and seeds must be non-empty lists of positive numbers".into()));
+    }
+    // `peregrine simulate`'s own parser and defaults, from the [simulate] table.
+    let mut argv = vec!["simulate".to_string()];
+    for (k, v) in f.simulate.iter().flatten() {
+        let value = match v {
+            toml::Value::String(s) => s.clone(),
+            toml::Value::Integer(_) | toml::Value::Float(_) | toml::Value::Boolean(_) => v.to_string(),
+            _ => return Err(bad(format!("[simulate] {k}: a string, number or boolean"))),
+        };
+        if ["ranks", "threads", "scheme", "straggler", "seed", "replay", "json"].contains(&k.as_str()) {
+            return Err(bad(format!(
+                "[simulate] {k}: set by the experiment (ranks, threads, schemes, patterns, seeds)"
+            )));
+        }
+        argv.extend([format!("--{k}"), value]);
+    }
+    let base_args =
+        SimCli::try_parse_from(&argv).map_err(|e| bad(format!("[simulate]: {}", e.to_string().trim())))?.a;
+    for &n in &ranks {
+        for s in &f.schemes {
+            s.scheme.validate(n).map_err(|e| bad(e.to_string()))?;
+        }
+    }
+    let out =
+        a.out.clone().unwrap_or_else(|| PathBuf::from("runs").join(format!("experiment-{}", slug(&f.name))));
+    let runs = ranks.len() * threads.len() * f.patterns.len() * f.schemes.len() * f.seeds.len();
+    if a.dry_run {
+        println!("{}: {runs} simulated runs into {}", a.config.display(), out.display());
+        return Ok(());
+    }
+    let mut rows = Vec::new();
+    let mut k = 0;
+    for &n in &ranks {
+        for &t in &threads {
+            let workload = format!("{n}x{t}");
+            for &seed in &f.seeds {
+                for pattern in &f.patterns {
+                    for scheme in &f.schemes {
+                        k += 1;
+                        let cfg = sim_cmd::experiment_run(&base_args, n, t, scheme, pattern, seed)?;
+                        let r = sim::simulate(&cfg, None).map_err(|e| {
+                            AppError::Train(format!("{workload} | {pattern} | {scheme}: {e}"))
+                        })?;
+                        let row = Row::simulated(&workload, pattern, scheme, seed, &cfg, &r);
+                        println!(
+                            "[{k}/{runs}] {workload} | {pattern} | {scheme} | seed {seed}: {:.6} s/iteration | waste {:.3} s | simulated in {:.2} s",
+                            row.seconds_per_iteration, row.waste_seconds, r.wall_seconds
+                        );
+                        rows.push(row);
+                    }
+                }
+            }
+        }
+    }
+    write_results(&out, &rows, !a.no_plots)
+}
+
+/// `peregrine simulate`'s options, parsed alone.
+#[derive(clap::Parser)]
+struct SimCli {
+    #[command(flatten)]
+    a: sim_cmd::SimArgs,
 }
 
 fn rank(
@@ -561,6 +737,9 @@ fn draw(out: &Path, rows: &[Row], summary: &[Summary]) -> Result<(), AppError> {
             .filter(|r| r.workload == w && r.pattern == p && r.seed == first_seed)
             .map(|r| Series { name: r.scheme.to_string(), points: r.curve.clone() })
             .collect();
+        if series.iter().all(|s| s.points.is_empty()) {
+            continue; // simulated: no loss curves
+        }
         plots::lines(
             &name("loss"),
             &format!("{w}, {p}: loss against wall time"),

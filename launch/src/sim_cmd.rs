@@ -159,7 +159,13 @@ pub fn run(a: SimArgs) -> Result<(), AppError> {
         reports.push((s.to_string(), r));
     }
     if let Some(path) = &a.json {
-        write_json(path, &serde_json::json!(reports.iter().map(|(n, r)| serde_json::json!({"name": n, "report": r})).collect::<Vec<_>>()))?;
+        write_json(
+            path,
+            &serde_json::json!(reports
+                .iter()
+                .map(|(n, r)| serde_json::json!({"name": n, "report": r}))
+                .collect::<Vec<_>>()),
+        )?;
     }
     Ok(())
 }
@@ -180,7 +186,8 @@ fn print_row(name: &str, r: &SimReport, ideal: f64) {
 
 fn write_json(path: &Path, v: &Value) -> Result<(), AppError> {
     let text = serde_json::to_string_pretty(v).map_err(|e| AppError::Train(e.to_string()))?;
-    std::fs::write(path, text).map_err(|source| AppError::Io { what: format!("writing {}", path.display()), source })
+    std::fs::write(path, text)
+        .map_err(|source| AppError::Io { what: format!("writing {}", path.display()), source })
 }
 
 /// The simulated run the options describe (scheme: BSP; the caller sets it).
@@ -190,9 +197,15 @@ pub(crate) fn forward(a: &SimArgs) -> Result<SimConfig, AppError> {
     let compute = match &a.chunk_times_from {
         Some(dir) => ComputeModel::Samples(measured_chunks(dir)?),
         None if a.chunk_time > 0.0 && a.chunk_time.is_finite() => ComputeModel::Constant(a.chunk_time),
-        None => return Err(usage(format!("--chunk-time must be a positive number of seconds, got {}", a.chunk_time))),
+        None => {
+            return Err(usage(format!(
+                "--chunk-time must be a positive number of seconds, got {}",
+                a.chunk_time
+            )))
+        }
     };
-    let mut net = Network { intra: a.intra.link(), inter: a.inter.link(), ranks_per_node: a.ranks_per_node.max(1) };
+    let mut net =
+        Network { intra: a.intra.link(), inter: a.inter.link(), ranks_per_node: a.ranks_per_node.max(1) };
     if let Some(v) = a.inter_latency {
         net.inter.latency = v;
     }
@@ -229,6 +242,32 @@ pub(crate) fn forward(a: &SimArgs) -> Result<SimConfig, AppError> {
     })
 }
 
+/// One run of a simulated experiment: `base`'s options with the experiment's world, scheme,
+/// pattern and seed.
+pub(crate) fn experiment_run(
+    base: &SimArgs,
+    ranks: usize,
+    threads: usize,
+    scheme: &SchemeSpec,
+    pattern: &str,
+    seed: u64,
+) -> Result<SimConfig, AppError> {
+    let a = SimArgs {
+        ranks,
+        threads,
+        straggler: pattern.into(),
+        seed,
+        scheme: Vec::new(),
+        replay: None,
+        json: None,
+        chunk_times_from: base.chunk_times_from.clone(),
+        ..*base
+    };
+    let mut c = forward(&a)?;
+    c.cfg.scheme = scheme.clone();
+    Ok(c)
+}
+
 /// A real run's directory, read back.
 pub(crate) struct RunDir {
     /// Its configuration and measured costs as a simulation.
@@ -247,7 +286,8 @@ fn bad(dir: &Path, what: &str, detail: impl std::fmt::Display) -> AppError {
 
 fn read(dir: &Path, name: &str) -> Result<String, AppError> {
     let p = dir.join(name);
-    std::fs::read_to_string(&p).map_err(|source| AppError::Io { what: format!("reading {}", p.display()), source })
+    std::fs::read_to_string(&p)
+        .map_err(|source| AppError::Io { what: format!("reading {}", p.display()), source })
 }
 
 /// Every rank's metric lines: `[rank][line]`.
@@ -273,20 +313,29 @@ fn num(v: &Value, key: &str) -> f64 {
 fn measured(rec: &Value, next_start: Option<f64>) -> Option<Measured> {
     let chunks = ["own", "taken", "cloned", "discarded"].iter().map(|k| num(rec, k)).sum::<f64>();
     let (compute, comm, wait) = (num(rec, "compute"), num(rec, "comm"), num(rec, "wait"));
-    if chunks <= 0.0 || compute <= 0.0 {
-        return None;
-    }
-    let chunk = compute * num(rec, "threads").max(1.0) / chunks / (1.0 + num(rec, "delay"));
+    let chunk = if chunks > 0.0 && compute > 0.0 {
+        compute * num(rec, "threads").max(1.0) / chunks / (1.0 + num(rec, "delay"))
+    } else {
+        f64::NAN // no chunk computed: the rank's median stands in
+    };
     let overhead = next_start.map_or(0.0, |n| (n - num(rec, "start") - compute - comm - wait).max(0.0));
     Some(Measured { chunk, comm, overhead })
 }
 
 /// The measured chunk times of a run (every rank, every iteration).
 fn measured_chunks(dir: &Path) -> Result<Vec<f64>, AppError> {
-    let summary: Value = serde_json::from_str(&read(dir, "summary.json")?).map_err(|e| bad(dir, "summary.json", e))?;
-    let ranks = summary.get("ranks").and_then(Value::as_u64).ok_or_else(|| bad(dir, "summary.json", "no `ranks`"))?;
+    let summary: Value =
+        serde_json::from_str(&read(dir, "summary.json")?).map_err(|e| bad(dir, "summary.json", e))?;
+    let ranks =
+        summary.get("ranks").and_then(Value::as_u64).ok_or_else(|| bad(dir, "summary.json", "no `ranks`"))?;
     let lines = metric_lines(dir, ranks as usize)?;
-    let v: Vec<f64> = lines.iter().flatten().filter_map(|r| measured(r, None)).map(|m| m.chunk).collect();
+    let v: Vec<f64> = lines
+        .iter()
+        .flatten()
+        .filter_map(|r| measured(r, None))
+        .map(|m| m.chunk)
+        .filter(|c| !c.is_nan())
+        .collect();
     if v.is_empty() {
         return Err(bad(dir, "metrics", "no iteration with computed chunks"));
     }
@@ -296,19 +345,28 @@ fn measured_chunks(dir: &Path) -> Result<Vec<f64>, AppError> {
 /// Reads a run directory as a replay.
 pub(crate) fn read_run(dir: &Path) -> Result<RunDir, AppError> {
     let cfg: toml::Table = read(dir, "config.toml")?.parse().map_err(|e| bad(dir, "config.toml", e))?;
-    let summary: Value = serde_json::from_str(&read(dir, "summary.json")?).map_err(|e| bad(dir, "summary.json", e))?;
+    let summary: Value =
+        serde_json::from_str(&read(dir, "summary.json")?).map_err(|e| bad(dir, "summary.json", e))?;
     let key = |k: &str| cfg.get(k).ok_or_else(|| bad(dir, "config.toml", format!("no `{k}`")));
     let int = |k: &str| -> Result<u64, AppError> {
-        key(k)?.as_integer().and_then(|v| u64::try_from(v).ok()).ok_or_else(|| bad(dir, "config.toml", format!("`{k}` is not a count")))
+        key(k)?
+            .as_integer()
+            .and_then(|v| u64::try_from(v).ok())
+            .ok_or_else(|| bad(dir, "config.toml", format!("`{k}` is not a count")))
     };
     let text = |k: &str| -> Result<String, AppError> {
-        key(k)?.as_str().map(str::to_owned).ok_or_else(|| bad(dir, "config.toml", format!("`{k}` is not a string")))
+        key(k)?
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| bad(dir, "config.toml", format!("`{k}` is not a string")))
     };
     let scheme = SchemeSpec::new(
         text("scheme")?.parse().map_err(|e| bad(dir, "config.toml", e))?,
         key("steal")?.as_bool().unwrap_or(true),
     );
-    let ranks = summary.get("ranks").and_then(Value::as_u64).ok_or_else(|| bad(dir, "summary.json", "no `ranks`"))? as usize;
+    let ranks =
+        summary.get("ranks").and_then(Value::as_u64).ok_or_else(|| bad(dir, "summary.json", "no `ranks`"))?
+            as usize;
     let iterations = summary.get("iterations").and_then(Value::as_u64).unwrap_or(0);
     let train = num(&summary, "train_seconds");
     let (batch, chunk, seed) = (int("batch")? as usize, int("chunk")? as usize, int("seed")?);
@@ -335,9 +393,8 @@ pub(crate) fn read_run(dir: &Path) -> Result<RunDir, AppError> {
         .collect();
     let target = summary.get("target_loss").and_then(Value::as_f64);
     let evals = summary.get("evals").and_then(Value::as_array).cloned().unwrap_or_default();
-    let target_iterations = target.and_then(|g| {
-        evals.iter().find(|e| num(e, "loss") <= g).map(|e| num(e, "iter") as u64)
-    });
+    let target_iterations =
+        target.and_then(|g| evals.iter().find(|e| num(e, "loss") <= g).map(|e| num(e, "iter") as u64));
     let sim = SimConfig {
         cfg: Config {
             scheme,
@@ -382,7 +439,8 @@ pub(crate) struct Replayed {
 
 pub(crate) fn replay(dir: &Path) -> Result<Replayed, AppError> {
     let run = read_run(dir)?;
-    let r = sim::simulate(&run.sim, None).map_err(|e| AppError::Train(format!("replaying {}: {e}", dir.display())))?;
+    let r = sim::simulate(&run.sim, None)
+        .map_err(|e| AppError::Train(format!("replaying {}: {e}", dir.display())))?;
     Ok(Replayed {
         scheme: run.sim.cfg.scheme.to_string(),
         ranks: run.sim.ranks,

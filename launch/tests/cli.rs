@@ -613,3 +613,150 @@ fn experiment_config_errors_are_clear() {
         assert!(!out.status.success() && stderr.contains(what), "{what}: {stderr}");
     }
 }
+
+/// `measured <m> s, simulated <s> s, ratio <r>` from a replay's line starting with `what`.
+fn replayed(stdout: &str, what: &str) -> (f64, f64, f64) {
+    let line =
+        stdout.lines().find(|l| l.starts_with(what)).unwrap_or_else(|| panic!("no `{what}`:\n{stdout}"));
+    let nums: Vec<f64> =
+        line.split(|c: char| !(c.is_ascii_digit() || c == '.')).filter_map(|w| w.parse().ok()).collect();
+    assert_eq!(nums.len(), 3, "{line}");
+    (nums[0], nums[1], nums[2])
+}
+
+#[test]
+fn simulate_replays_a_real_run() {
+    let d_tmp = scratch("simulate-replay");
+    let d = d_tmp.path();
+    let data = train_data(d);
+    let run = d.join("run");
+    let out = peregrine(&[
+        "train",
+        "--ranks",
+        "2",
+        "--model",
+        "lr",
+        "--data",
+        &data,
+        "--batch",
+        "800",
+        "--chunk",
+        "25",
+        "--iterations",
+        "60",
+        "--eval-every",
+        "5",
+        "--target-loss",
+        "0.69",
+        "--threads",
+        "1",
+        "--straggler",
+        "persistent:rank=0,speed=0.5",
+        "--run-dir",
+        &run.to_string_lossy(),
+        "--quiet",
+    ]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    let out = peregrine(&["simulate", "--replay", &run.to_string_lossy()]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("bsp+steal, 2 ranks x 1 threads"), "{stdout}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).expect("summary"))
+            .expect("json");
+    let measured =
+        summary["train_seconds"].as_f64().expect("seconds") / summary["iterations"].as_f64().expect("n");
+    let (m, s, r) = replayed(&stdout, "time per iteration:");
+    assert!((m - measured).abs() <= 1e-6 * measured.max(1.0) + 5e-7, "{m} vs {measured}");
+    assert!((r - s / m).abs() < 2e-3, "{stdout}");
+    // The replay re-creates waits and taking over from measured chunk times: not exact, but not
+    // far on 2 ranks (the README's table has the figures).
+    assert!(r > 0.5 && r < 2.0, "{stdout}");
+    if summary["time_to_target"].as_f64().is_some() {
+        let (_, _, r) = replayed(&stdout, "time to target:");
+        assert!(r > 0.5 && r < 2.0, "{stdout}");
+    }
+    // A run directory that is not one.
+    let out = peregrine(&["simulate", "--replay", &d.to_string_lossy()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).1.contains("config.toml"), "{:?}", text(&out));
+}
+
+#[test]
+fn simulate_compares_schemes_at_scale() {
+    let out = peregrine(&[
+        "simulate",
+        "--ranks",
+        "256",
+        "--threads",
+        "4",
+        "--iterations",
+        "20",
+        "--straggler",
+        "persistent:rank=0,speed=0.25",
+        "--scheme",
+        "bsp",
+        "--scheme",
+        "bsp+steal",
+        "--scheme",
+        "backup:8",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("simulated: 256 ranks x 4 threads, 20 iterations"), "{stdout}");
+    let row = |name: &str| -> Vec<String> {
+        let l =
+            stdout.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name}:\n{stdout}"));
+        l.split_whitespace().map(str::to_owned).collect()
+    };
+    assert_eq!(row("ideal (bsp, no straggler)")[5], "1.00x");
+    // One rank at a quarter speed: plain BSP waits for it every iteration.
+    let bsp: f64 = row("bsp ")[1].parse().expect("s/iteration");
+    let ideal: f64 = row("ideal")[4].parse().expect("s/iteration");
+    assert!(bsp > 2.0 * ideal, "{stdout}");
+    for bad in [
+        &["simulate", "--ranks", "0"][..],
+        &["simulate", "--scheme", "bulk"],
+        &["simulate", "--intra", "carrier-pigeon"],
+    ] {
+        let out = peregrine(bad);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {:?}", text(&out));
+    }
+    let out = peregrine(&["simulate", "--ranks", "4", "--scheme", "backup:4"]);
+    assert_eq!(out.status.code(), Some(2), "{:?}", text(&out));
+    assert!(text(&out).1.contains("backup:4"), "{:?}", text(&out));
+}
+
+#[test]
+fn experiment_simulates_worlds_and_writes_tables_and_plots() {
+    let d_tmp = scratch("experiment-sim");
+    let d = d_tmp.path();
+    let cfg = d.join("sim.toml");
+    std::fs::write(
+        &cfg,
+        "name = \"sim\"\nmode = \"simulate\"\nschemes = [\"bsp+steal\", \"flexrr:2\"]\n\
+         patterns = [\"persistent:rank=0,speed=0.5\"]\nranks = [8, 64]\nthreads = [1, 4]\n\
+         [simulate]\niterations = 30\nchunk-time = 1e-4\ntarget-iterations = 25\ninter = \"ethernet\"\n",
+    )
+    .expect("write");
+    let out = d.join("out");
+    let run = peregrine(&["experiment", &cfg.to_string_lossy(), "--out", &out.to_string_lossy()]);
+    let (stdout, stderr) = text(&run);
+    assert!(run.status.success(), "{stdout}\n{stderr}");
+    // bsp and ideal added: 2 x 2 worlds x 2 patterns x 3 schemes.
+    assert!(stdout.contains("[24/24]"), "{stdout}");
+    let summary = std::fs::read_to_string(out.join("summary.csv")).expect("summary.csv");
+    let ideal = summary.lines().find(|l| l.starts_with("64x4,\"ideal\",bsp,")).expect("the ideal row");
+    assert!(ideal.contains(",1.0000,"), "Ideal relative to itself: {ideal}");
+    for what in ["time-per-iteration", "waste"] {
+        let png = std::fs::read(out.join(format!("plots/8x1-persistent_rank_0_speed_0_5-{what}.png")))
+            .expect("png");
+        assert!(png.starts_with(b"\x89PNG"), "{what}");
+    }
+    assert!(!out.join("plots/8x1-ideal-loss.png").exists(), "nothing trained, no loss curve");
+    std::fs::write(&cfg, "name = \"sim\"\nmode = \"simulate\"\nschemes = [\"bsp\"]\npatterns = [\"ideal\"]\n[simulate]\nranks = 4\n")
+        .expect("write");
+    let run = peregrine(&["experiment", &cfg.to_string_lossy(), "--out", &out.to_string_lossy()]);
+    assert_eq!(run.status.code(), Some(2), "{:?}", text(&run));
+    assert!(text(&run).1.contains("[simulate] ranks"), "{:?}", text(&run));
+}

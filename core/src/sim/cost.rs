@@ -128,7 +128,8 @@ impl Network {
         let mut s = 0.0;
         if params > 0 {
             s += if le > 0 { self.inter.latency } else { self.intra.latency };
-            s += bytes(li) / self.intra.bandwidth + if le > 0 { bytes(le) / self.inter.bandwidth } else { 0.0 };
+            s += bytes(li) / self.intra.bandwidth
+                + if le > 0 { bytes(le) / self.inter.bandwidth } else { 0.0 };
         }
         nanos(s)
     }
@@ -174,7 +175,8 @@ pub struct Replay {
 /// One rank's measured costs in one iteration.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Measured {
-    /// Seconds a thread spent per chunk, the injected delay taken out.
+    /// Seconds a thread spent per chunk, the injected delay taken out (NaN: the rank computed no
+    /// chunk in that iteration; its median stands in).
     pub chunk: f64,
     /// Seconds pulling and pushing.
     pub comm: f64,
@@ -190,11 +192,15 @@ impl Replay {
             .iter()
             .map(|its| {
                 let field = |f: fn(&Measured) -> f64| {
-                    let mut v: Vec<f64> = its.iter().flatten().map(f).collect();
+                    let mut v: Vec<f64> = its.iter().flatten().map(f).filter(|x| !x.is_nan()).collect();
                     v.sort_by(f64::total_cmp);
                     v.get(v.len() / 2).copied().unwrap_or(0.0)
                 };
-                Measured { chunk: field(|m| m.chunk), comm: field(|m| m.comm), overhead: field(|m| m.overhead) }
+                Measured {
+                    chunk: field(|m| m.chunk),
+                    comm: field(|m| m.comm),
+                    overhead: field(|m| m.overhead),
+                }
             })
             .collect();
         Self { per_rank, median }
@@ -203,11 +209,12 @@ impl Replay {
     /// `rank`'s costs in iteration `it`.
     pub fn get(&self, rank: usize, it: u64) -> Measured {
         let r = rank % self.per_rank.len().max(1);
-        self.per_rank
-            .get(r)
-            .and_then(|its| its.get(it as usize).copied().flatten())
-            .or_else(|| self.median.get(r).copied())
-            .unwrap_or_default()
+        let median = self.median.get(r).copied().unwrap_or_default();
+        match self.per_rank.get(r).and_then(|its| its.get(it as usize).copied().flatten()) {
+            Some(m) if m.chunk.is_nan() => Measured { chunk: median.chunk, ..m },
+            Some(m) => m,
+            None => median,
+        }
     }
 }
 
@@ -218,7 +225,9 @@ impl ComputeModel {
         match self {
             Self::Constant(s) => *s,
             Self::Samples(v) if v.is_empty() => 0.0,
-            Self::Samples(v) => v[(mix(chunk_it.wrapping_mul(0x9E37_79B9) ^ mix(chunk as u64)) % v.len() as u64) as usize],
+            Self::Samples(v) => {
+                v[(mix(chunk_it.wrapping_mul(0x9E37_79B9) ^ mix(chunk as u64)) % v.len() as u64) as usize]
+            }
             Self::Replay(r) => r.get(rank, it).chunk,
         }
     }
@@ -271,7 +280,9 @@ mod tests {
             Some(Measured { chunk: 1.0, comm: 0.1, overhead: 0.0 }),
             None,
             Some(Measured { chunk: 3.0, comm: 0.3, overhead: 0.0 }),
+            Some(Measured { chunk: f64::NAN, comm: 0.5, overhead: 0.0 }),
         ]]);
+        assert_eq!(r.get(0, 3), Measured { chunk: 3.0, comm: 0.5, overhead: 0.0 }, "no chunk: its median");
         let m = ComputeModel::Replay(r);
         assert_eq!(m.chunk(0, 0, 0, 0), 1.0);
         assert_eq!(m.chunk(0, 1, 1, 0), 3.0, "a missing iteration: the rank's median");

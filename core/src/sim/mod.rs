@@ -138,10 +138,8 @@ pub struct SimReport {
 impl SimReport {
     /// Seconds all ranks spent waiting, over all their seconds.
     pub fn wait_share(&self) -> f64 {
-        let (wait, all) = self
-            .per_rank
-            .iter()
-            .fold((0.0, 0.0), |(w, a), r| (w + r.wait, a + r.compute + r.comm + r.wait));
+        let (wait, all) =
+            self.per_rank.iter().fold((0.0, 0.0), |(w, a), r| (w + r.wait, a + r.compute + r.comm + r.wait));
         if all > 0.0 {
             wait / all
         } else {
@@ -157,7 +155,10 @@ impl SimReport {
 
 /// Simulates `s`; `records`, if given, receives every rank's record of every iteration (as a
 /// run's metrics files hold them), in virtual-time order.
-pub fn simulate<'a>(s: &'a SimConfig, records: Option<&'a mut dyn FnMut(&IterRecord)>) -> Result<SimReport, SimError> {
+pub fn simulate<'a>(
+    s: &'a SimConfig,
+    records: Option<&'a mut dyn FnMut(&IterRecord)>,
+) -> Result<SimReport, SimError> {
     let plan = crate::engine::check(&s.cfg, s.ranks, s.rows)?;
     let wall = Instant::now();
     let world: Vec<Transport> =
@@ -277,8 +278,19 @@ mod tests {
             "disrupted:p=0.5,period=0.001,intensity=200",
         ];
         let schemes = [
-            "bsp", "bsp+steal", "ssp:2+steal", "asp+steal", "dynsgd", "backup:2", "backup-dynamic", "lb-bsp",
-            "lb-bsp:ma", "speculative", "flexrr:2", "falcon", "falcon:slack:2",
+            "bsp",
+            "bsp+steal",
+            "ssp:2+steal",
+            "asp+steal",
+            "dynsgd",
+            "backup:2",
+            "backup-dynamic",
+            "lb-bsp",
+            "lb-bsp:ma",
+            "speculative",
+            "flexrr:2",
+            "falcon",
+            "falcon:slack:2",
         ];
         for p in patterns {
             for name in schemes {

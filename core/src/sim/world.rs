@@ -255,7 +255,9 @@ enum Phase {
     /// Done computing, lining up: waiting for the iteration to be done everywhere.
     LineWait,
     /// Lining up, threads taking over chunks or copying.
-    LineHelp { copies: bool },
+    LineHelp {
+        copies: bool,
+    },
     Push,
     Wait,
     Done,
@@ -405,7 +407,8 @@ impl<'a> Sim<'a> {
                 }
             }
         }
-        let stuck: Vec<usize> = (0..self.ranks.len()).filter(|&r| self.ranks[r].phase != Phase::Done).collect();
+        let stuck: Vec<usize> =
+            (0..self.ranks.len()).filter(|&r| self.ranks[r].phase != Phase::Done).collect();
         if let Some(&r) = stuck.first() {
             return Err(SimError::Stalled {
                 ranks: stuck.len(),
@@ -475,7 +478,8 @@ impl<'a> Sim<'a> {
         let view = SimView::new(&self.w, r);
         let next = self.ranks[r].next;
         let it = if next < cfg.iterations { self.policies[r].begin(&view, next)? } else { next };
-        if it >= cfg.iterations {
+        // Once the target is reached every rank stops (a real run's evaluation says so to all).
+        if it >= cfg.iterations || self.to_target.is_some() {
             let rk = &mut self.ranks[r];
             rk.phase = Phase::Done;
             rk.finished = t;
@@ -496,7 +500,14 @@ impl<'a> Sim<'a> {
         rk.delay = delay;
         rk.own_start = part.start;
         rk.phase = Phase::Pull;
-        rk.rec = IterRecord { rank: r, iter: it, start: t as f64 * 1e-9, threads: active, delay, ..Default::default() };
+        rk.rec = IterRecord {
+            rank: r,
+            iter: it,
+            start: t as f64 * 1e-9,
+            threads: active,
+            delay,
+            ..Default::default()
+        };
         // Announcing and filling the queue: two atomics on the rank's own words.
         let cost = self.charge(r, reads) + 2 * self.s.net.atomic(r, r) + self.transfer_cost(r, it);
         self.ranks[r].rec.comm += cost as f64 * 1e-9;
@@ -760,7 +771,8 @@ impl<'a> Sim<'a> {
 
     /// Rows of `owner`'s chunks `chunks` of `it`, computed by `r`.
     fn count_rows(&mut self, r: usize, owner: usize, it: u64, chunks: Range<u32>) {
-        let rows: usize = chunks.map(|c| self.plan.global_chunk_rows(it, self.global_chunk(owner, it, c)).len()).sum();
+        let rows: usize =
+            chunks.map(|c| self.plan.global_chunk_rows(it, self.global_chunk(owner, it, c)).len()).sum();
         self.ranks[r].rec.rows += rows as u64;
     }
 
@@ -818,7 +830,7 @@ impl<'a> Sim<'a> {
     /// chunks or copies running ones, or waits.
     fn line_up(&mut self, r: usize, t: Nanos) -> R<()> {
         let it = self.ranks[r].it;
-        if self.w.all_done(it) {
+        if self.w.all_done(it) || self.to_target.is_some() {
             let rk = &mut self.ranks[r];
             rk.line_wait = (t - rk.lined_at).saturating_sub(rk.helped);
             rk.rec.wait += rk.line_wait as f64 * 1e-9;
@@ -868,7 +880,8 @@ impl<'a> Sim<'a> {
         let computing = t - rk.c1;
         rk.rec.compute += ((computing - rk.line_wait.min(computing)) as f64 * 1e-9).max(0.0);
         let view = SimView::new(&self.w, r);
-        let admit = self.policies[r].admit(&view, it, Duration::from_nanos(computing), &mut self.ranks[r].rec)?;
+        let admit =
+            self.policies[r].admit(&view, it, Duration::from_nanos(computing), &mut self.ranks[r].rec)?;
         let mut cost = self.charge(r, view.reads.get());
         if admit.apply && self.ranks[r].rec.rows > 0 {
             cost += self.transfer_cost(r, it);
@@ -893,7 +906,8 @@ impl<'a> Sim<'a> {
         let view = SimView::new(&self.w, r);
         let ready = self.policies[r].ready(&view, it)?;
         cost += self.charge(r, view.reads.get());
-        if ready {
+        // Once the target is reached nobody waits for anyone any more.
+        if ready || self.to_target.is_some() {
             self.close(r, t + cost);
         } else {
             let rk = &mut self.ranks[r];
@@ -949,6 +963,19 @@ impl<'a> Sim<'a> {
         self.most_iterations = self.most_iterations.max(it + 1);
         if r == 0 && self.to_target.is_none() && self.s.target_iterations == Some(it + 1) {
             self.to_target = Some(at);
+            // Ranks lining up look again (and push), ranks waiting for others stop waiting.
+            for (_, lined) in std::mem::take(&mut self.lined) {
+                for w in lined {
+                    self.q.push(at, Ev::Check(w));
+                }
+            }
+            for (_, group) in std::mem::take(&mut self.waiting) {
+                for w in group {
+                    let rk = &mut self.ranks[w];
+                    rk.rec.wait += at.saturating_sub(rk.wait_since) as f64 * 1e-9;
+                    self.close(w, at.max(self.ranks[w].wait_since));
+                }
+            }
         }
         self.ranks[r].phase = Phase::Start;
         let overhead = self.overhead(r, it);

@@ -64,7 +64,8 @@ impl World {
 }
 
 /// What every rank's view of one window shares: its layout, element type, shards and locks.
-type Shared<T> = (ShardMap, crate::ElemKind, Arc<[Arc<[<T as Elem>::Atomic]>]>, Arc<[Arc<std::sync::Mutex<()>>]>);
+type Shared<T> =
+    (ShardMap, crate::ElemKind, Arc<[Arc<[<T as Elem>::Atomic]>]>, Arc<[Arc<std::sync::Mutex<()>>]>);
 
 #[derive(Debug)]
 struct SyncState {
@@ -119,8 +120,9 @@ impl World {
             return Err(ErrorKind::CollectiveMismatch {
                 rank,
                 op,
-                detail: "a serial world (one thread acting for every rank) cannot exchange data in a collective"
-                    .into(),
+                detail:
+                    "a serial world (one thread acting for every rank) cannot exchange data in a collective"
+                        .into(),
             }
             .into());
         }
@@ -314,7 +316,11 @@ impl LocalRank {
             return Err(ErrorKind::WindowMismatch {
                 rank: self.rank,
                 window: name.to_owned(),
-                detail: format!("its allocation number {k} differs from the first rank's ({} x {})", map.total(), T::NAME),
+                detail: format!(
+                    "its allocation number {k} differs from the first rank's ({} x {})",
+                    map.total(),
+                    T::NAME
+                ),
             }
             .into());
         };
@@ -449,7 +455,8 @@ mod tests {
             super::serial_world(3).expect("world").into_iter().map(crate::Transport::Local).collect();
         let map = ShardMap::from_lens([1, 1, 1]);
         // Each rank's first allocation is one window; a barrier does not block.
-        let w: Vec<Window<u64>> = ranks.iter().map(|t| t.alloc_window("w", &map)).collect::<Result<_, _>>().expect("alloc");
+        let w: Vec<Window<u64>> =
+            ranks.iter().map(|t| t.alloc_window("w", &map)).collect::<Result<_, _>>().expect("alloc");
         ranks[0].barrier().expect("barrier returns at once");
         assert_eq!(w[0].fetch_add(2, 5).expect("add"), 0);
         assert_eq!(w[2].load(2).expect("load"), 5, "rank 2 sees rank 0's atomic on its shard");
