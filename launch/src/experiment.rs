@@ -357,7 +357,15 @@ fn simulate(a: &ExperimentArgs, f: &ExperimentFile) -> Result<(), AppError> {
         a.out.clone().unwrap_or_else(|| PathBuf::from("runs").join(format!("experiment-{}", slug(&f.name))));
     let runs = ranks.len() * threads.len() * f.patterns.len() * f.schemes.len() * f.seeds.len();
     if a.dry_run {
-        println!("{}: {runs} simulated runs into {}", a.config.display(), out.display());
+        println!(
+            "{}: {runs} runs: simulated, {} worlds (ranks {ranks:?} x threads {threads:?}) x {} patterns x {} schemes x {} seeds, into {}",
+            a.config.display(),
+            ranks.len() * threads.len(),
+            f.patterns.len(),
+            f.schemes.len(),
+            f.seeds.len(),
+            out.display()
+        );
         return Ok(());
     }
     let mut rows = Vec::new();
