@@ -196,6 +196,17 @@ impl Transport {
         Ok(Window { inner })
     }
 
+    /// Window operations (gets, writes, atomics) this rank issued since the last call, counted
+    /// only in a serial world of the local backend ([`local::serial_world`], where a simulator
+    /// charges them); 0 everywhere else.
+    pub fn take_ops(&self) -> u64 {
+        match self {
+            Self::Local(t) => t.take_ops(),
+            #[cfg(feature = "mpi")]
+            Self::Mpi(_) => 0,
+        }
+    }
+
     /// Ends the whole job after a fatal error on this rank: `MPI_Abort` under MPI (so that peers
     /// waiting for this rank do not hang), process exit for the local backend.
     pub fn abort(&self, code: i32) -> ! {

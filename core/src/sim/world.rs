@@ -123,7 +123,7 @@ impl Words {
     fn steal(&mut self, victim: usize, fraction: f64) -> Option<(u16, Range<u32>)> {
         let q = &mut self.queues[victim];
         let left = q.left();
-        let n = ((f64::from(left) * fraction).ceil() as u32).clamp(1, u32::MAX).min(left);
+        let n = ((f64::from(left) * fraction).ceil() as u32).max(1).min(left);
         if n == 0 {
             return None;
         }
@@ -449,12 +449,7 @@ impl<'a> Sim<'a> {
     /// The cost of `reads` reads of random ranks' words by `r`, and of the operations `r`'s policy
     /// issued on its own windows since the last charge (each an atomic of a random rank).
     fn charge(&self, r: usize, reads: u64) -> Nanos {
-        let ops = match &self.world[r] {
-            Transport::Local(l) => l.take_ops(),
-            #[allow(unreachable_patterns)]
-            _ => 0,
-        };
-        nanos((reads + ops) as f64 * self.read_cost)
+        nanos((reads + self.world[r].take_ops()) as f64 * self.read_cost)
     }
 
     fn transfer_cost(&self, r: usize, it: u64) -> Nanos {
@@ -697,7 +692,6 @@ impl<'a> Sim<'a> {
     fn thread_done(&mut self, r: usize, th: usize, t: Nanos) -> R<()> {
         let Some(item) = self.ranks[r].threads[th].item.take() else { return Ok(()) };
         let it = self.ranks[r].it;
-        let tag = words::tag(it);
         let started = self.ranks[r].threads[th].started;
         let mut completed = Vec::new();
         let n = match &item {
@@ -715,15 +709,7 @@ impl<'a> Sim<'a> {
                 1
             }
             &Item::OwnCopy(c) => {
-                self.unmark(r, c, r, th);
-                if self.policies[r].claim(r, tag, c)? {
-                    self.count_rows(r, r, it, c..c + 1);
-                    self.ranks[r].rec.own += 1;
-                    completed.extend(self.w.done(r, 1));
-                    self.settle(r, c, t);
-                } else {
-                    self.ranks[r].rec.discarded += 1;
-                }
+                completed.extend(self.copy_done(r, th, r, c, t)?);
                 1
             }
             Item::Help { victim, vit, chunks, reassigned } => {
@@ -737,15 +723,7 @@ impl<'a> Sim<'a> {
                 n
             }
             &Item::Copy { owner, chunk } => {
-                self.unmark(owner, chunk, r, th);
-                if self.policies[r].claim(owner, tag, chunk)? {
-                    self.count_rows(r, owner, it, chunk..chunk + 1);
-                    self.ranks[r].rec.cloned += 1;
-                    completed.extend(self.w.done(owner, 1));
-                    self.settle(owner, chunk, t);
-                } else {
-                    self.ranks[r].rec.discarded += 1;
-                }
+                completed.extend(self.copy_done(r, th, owner, chunk, t)?);
                 1
             }
         };
@@ -767,6 +745,27 @@ impl<'a> Sim<'a> {
             }
         }
         Ok(())
+    }
+
+    /// A copy of `owner`'s chunk `chunk` (`owner == r`: the rank's own, computed as a copy) ended
+    /// on thread `th` of `r` at `t`: applied if it claims the chunk first (then the other copies'
+    /// delays stop), dropped if not. Returns the iteration the chunk completed, if it did.
+    fn copy_done(&mut self, r: usize, th: usize, owner: usize, chunk: u32, t: Nanos) -> R<Option<u64>> {
+        let it = self.ranks[r].it;
+        self.unmark(owner, chunk, r, th);
+        if !self.policies[r].claim(owner, words::tag(it), chunk)? {
+            self.ranks[r].rec.discarded += 1;
+            return Ok(None);
+        }
+        self.count_rows(r, owner, it, chunk..chunk + 1);
+        if owner == r {
+            self.ranks[r].rec.own += 1;
+        } else {
+            self.ranks[r].rec.cloned += 1;
+        }
+        let completed = self.w.done(owner, 1);
+        self.settle(owner, chunk, t);
+        Ok(completed)
     }
 
     /// Rows of `owner`'s chunks `chunks` of `it`, computed by `r`.
@@ -924,21 +923,16 @@ impl<'a> Sim<'a> {
     /// resumes after one more poll (its reads).
     fn check_waiters(&mut self, t: Nanos) -> R<()> {
         while let Some((&it, group)) = self.waiting.first_key_value() {
+            // The first rank of the group answers for the others: if it may not go on, nor may
+            // they, and the group stays whole.
             let rep = group[0];
-            let view = SimView::new(&self.w, rep);
-            if !self.policies[rep].ready(&view, it)? {
+            if !self.resume(rep, it, t)? {
                 break;
             }
             let group = self.waiting.remove(&it).unwrap_or_default();
             let mut keep = Vec::new();
-            for r in group {
-                let view = SimView::new(&self.w, r);
-                if self.policies[r].ready(&view, it)? {
-                    let at = t.max(self.ranks[r].wait_since) + self.charge(r, view.reads.get());
-                    let rk = &mut self.ranks[r];
-                    rk.rec.wait += (at - rk.wait_since) as f64 * 1e-9;
-                    self.close(r, at);
-                } else {
+            for r in group.into_iter().skip(1) {
+                if !self.resume(r, it, t)? {
                     keep.push(r);
                 }
             }
@@ -948,6 +942,20 @@ impl<'a> Sim<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Asks waiting rank `r`'s policy whether it may go on after `it`; if so, closes its
+    /// iteration one poll (its reads) after `t`.
+    fn resume(&mut self, r: usize, it: u64, t: Nanos) -> R<bool> {
+        let view = SimView::new(&self.w, r);
+        if !self.policies[r].ready(&view, it)? {
+            return Ok(false);
+        }
+        let at = t.max(self.ranks[r].wait_since) + self.charge(r, view.reads.get());
+        let rk = &mut self.ranks[r];
+        rk.rec.wait += (at - rk.wait_since) as f64 * 1e-9;
+        self.close(r, at);
+        Ok(true)
     }
 
     /// The iteration is over at `at`: hook `end`, the record, and the next iteration after the
