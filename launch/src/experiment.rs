@@ -348,9 +348,17 @@ fn simulate(a: &ExperimentArgs, f: &ExperimentFile) -> Result<(), AppError> {
     }
     let base_args =
         SimCli::try_parse_from(&argv).map_err(|e| bad(format!("[simulate]: {}", e.to_string().trim())))?.a;
+    // Every run's configuration is checked before any runs (a world whose batch cannot be planned,
+    // a scheme that cannot run with its ranks, a pattern naming a rank it lacks).
     for &n in &ranks {
-        for s in &f.schemes {
-            s.scheme.validate(n).map_err(|e| bad(e.to_string()))?;
+        for &t in &threads {
+            for pattern in &f.patterns {
+                for s in &f.schemes {
+                    s.scheme.validate(n).map_err(|e| bad(e.to_string()))?;
+                    sim_cmd::experiment_run(&base_args, n, t, s, pattern, f.seeds[0])
+                        .map_err(|e| bad(format!("{n}x{t} | {pattern} | {s}: {e}")))?;
+                }
+            }
         }
     }
     let out =

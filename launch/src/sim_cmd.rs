@@ -44,16 +44,16 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 1000, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..))]
     iterations: u64,
     /// Rows per chunk.
-    #[arg(long, default_value_t = 64, value_name = "ROWS")]
+    #[arg(long, default_value_t = 64, value_name = "ROWS", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     chunk: usize,
     /// Global batch rows (default: 4 chunks per thread of every rank).
-    #[arg(long, value_name = "ROWS")]
+    #[arg(long, value_name = "ROWS", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     batch: Option<usize>,
     /// Training rows (default: 100 batches).
-    #[arg(long, value_name = "ROWS")]
+    #[arg(long, value_name = "ROWS", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     rows: Option<usize>,
     /// Chunks a thread takes from its own queue at a time.
-    #[arg(long, default_value_t = 1, value_name = "N")]
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(1..))]
     grain: u32,
     /// Fraction of a victim's queued chunks taken at once.
     #[arg(long, default_value_t = 0.5, value_name = "F")]
@@ -80,7 +80,7 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 0.0, value_name = "SECONDS")]
     overhead: f64,
     /// Ranks per node (the rest of the world is reached over the inter-node link).
-    #[arg(long, default_value_t = 1, value_name = "N")]
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     ranks_per_node: usize,
     /// Link within a node: local (ranks as threads), shm (MPI shared memory), ib, ethernet.
     #[arg(long, default_value = "shm", value_name = "LINK")]
@@ -144,7 +144,7 @@ pub fn run(a: SimArgs) -> Result<(), AppError> {
         cfg: Config { scheme: SchemeSpec::reference(), inject: Injection::default(), ..base.cfg.clone() },
         ..base.clone()
     };
-    let r = sim::simulate(&ideal, None).map_err(|e| AppError::Train(e.to_string()))?;
+    let r = sim::simulate(&ideal, None).map_err(|e| sim_err("", e))?;
     println!(
         "{:<24} {:>12} {:>9} {:>7} {:>10} {:>11} {:>9} {:>10}",
         "scheme", "s/iteration", "vs ideal", "wait %", "taken", "to target s", "wall s", "events"
@@ -154,7 +154,7 @@ pub fn run(a: SimArgs) -> Result<(), AppError> {
     reports.push(("ideal".to_string(), r));
     for s in schemes {
         let c = SimConfig { cfg: Config { scheme: s.clone(), ..base.cfg.clone() }, ..base.clone() };
-        let r = sim::simulate(&c, None).map_err(|e| AppError::Train(format!("{s}: {e}")))?;
+        let r = sim::simulate(&c, None).map_err(|e| sim_err(format!("{s}: "), e))?;
         print_row(&s.to_string(), &r, ideal_s);
         reports.push((s.to_string(), r));
     }
@@ -218,7 +218,13 @@ pub(crate) fn forward(a: &SimArgs) -> Result<SimConfig, AppError> {
     if !(net.inter.bandwidth > 0.0 && net.inter.latency >= 0.0 && net.inter.atomic >= 0.0) {
         return Err(usage("the inter-node link needs a positive bandwidth and non-negative latencies"));
     }
-    Ok(SimConfig {
+    if !(a.overhead >= 0.0 && a.overhead.is_finite()) {
+        return Err(usage(format!(
+            "--overhead must be a non-negative number of seconds, got {}",
+            a.overhead
+        )));
+    }
+    let c = SimConfig {
         cfg: Config {
             scheme: SchemeSpec::reference(),
             batch,
@@ -239,7 +245,20 @@ pub(crate) fn forward(a: &SimArgs) -> Result<SimConfig, AppError> {
         net,
         overhead: a.overhead,
         target_iterations: a.target_iterations,
-    })
+    };
+    // Refused here as `peregrine train` would refuse it, before anything is printed or run.
+    peregrine_core::engine::check(&c.cfg, c.ranks, c.rows).map_err(usage)?;
+    Ok(c)
+}
+
+/// A simulation's error: the user's to fix (exit 2) or the run's.
+fn sim_err(what: impl std::fmt::Display, e: sim::SimError) -> AppError {
+    let text = format!("{what}{e}");
+    if e.is_usage() {
+        AppError::Usage(text)
+    } else {
+        AppError::Train(text)
+    }
 }
 
 /// One run of a simulated experiment: `base`'s options with the experiment's world, scheme,
@@ -377,20 +396,23 @@ pub(crate) fn read_run(dir: &Path) -> Result<RunDir, AppError> {
         .iter()
         .find_map(|p| peregrine_kernels::data::Dataset::open(p).ok().map(|d| d.rows()));
     let lines = metric_lines(dir, ranks)?;
-    let per_rank = lines
-        .iter()
-        .map(|recs| {
-            let mut its: Vec<Option<Measured>> = Vec::new();
-            for (i, rec) in recs.iter().enumerate() {
-                let it = num(rec, "iter") as usize;
-                if its.len() <= it {
-                    its.resize(it + 1, None);
-                }
-                its[it] = measured(rec, recs.get(i + 1).map(|n| num(n, "start")));
-            }
-            its
-        })
-        .collect();
+    let mut per_rank = Vec::with_capacity(ranks);
+    for (r, recs) in lines.iter().enumerate() {
+        // One slot per iteration of the run: an iteration number beyond it is a damaged file.
+        let mut its: Vec<Option<Measured>> = vec![None; iterations as usize];
+        for (i, rec) in recs.iter().enumerate() {
+            let it =
+                rec.get("iter").and_then(Value::as_u64).filter(|&it| it < iterations).ok_or_else(|| {
+                    bad(
+                        dir,
+                        &format!("metrics/rank-{r}.jsonl:{}", i + 1),
+                        format!("`iter` must be an iteration of the run's {iterations}"),
+                    )
+                })?;
+            its[it as usize] = measured(rec, recs.get(i + 1).map(|n| num(n, "start")));
+        }
+        per_rank.push(its);
+    }
     let target = summary.get("target_loss").and_then(Value::as_f64);
     let evals = summary.get("evals").and_then(Value::as_array).cloned().unwrap_or_default();
     let target_iterations =
@@ -437,8 +459,7 @@ pub(crate) struct Replayed {
     pub simulated_to_target: Option<f64>,
 }
 
-pub(crate) fn replay(dir: &Path) -> Result<Replayed, AppError> {
-    let run = read_run(dir)?;
+pub(crate) fn replay(dir: &Path, run: &RunDir) -> Result<Replayed, AppError> {
     let r = sim::simulate(&run.sim, None)
         .map_err(|e| AppError::Train(format!("replaying {}: {e}", dir.display())))?;
     Ok(Replayed {
@@ -457,7 +478,7 @@ fn replay_cmd(dir: &Path, json: Option<&Path>) -> Result<(), AppError> {
     if !run.rows_known {
         eprintln!("note: the run's dataset was not found: its plan is taken to have no short batch");
     }
-    let r = replay(dir)?;
+    let r = replay(dir, &run)?;
     println!(
         "replay of {}: {}, {} ranks x {} threads, {} iterations, {}",
         dir.display(),

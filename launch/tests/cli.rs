@@ -673,6 +673,18 @@ fn simulate_replays_a_real_run() {
     // of its wait a CPU slice late, which the simulator does not model (seen: a fifth of the
     // measured time per iteration under load): only a broken replay lands outside this range.
     assert!(r > 0.1 && r < 3.0, "{stdout}");
+    // A damaged metrics file: its line named, nothing run.
+    let metrics = run.join("metrics/rank-1.jsonl");
+    let mut lines = std::fs::read_to_string(&metrics).expect("metrics");
+    lines.push_str("{\"iter\": 1000000000000}\n");
+    std::fs::write(&metrics, lines).expect("write");
+    let out = peregrine(&["simulate", "--replay", &run.to_string_lossy()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out).1.contains("metrics/rank-1.jsonl:61: `iter` must be an iteration of the run's 60"),
+        "{:?}",
+        text(&out)
+    );
     // A run directory that is not one.
     let out = peregrine(&["simulate", "--replay", &d.to_string_lossy()]);
     assert_eq!(out.status.code(), Some(1));
@@ -722,6 +734,10 @@ fn simulate_compares_schemes_at_scale() {
         let out = peregrine(bad);
         assert_eq!(out.status.code(), Some(2), "{bad:?}: {:?}", text(&out));
     }
+    let out = peregrine(&["simulate", "--ranks", "8", "--straggler", "persistent:rank=99,speed=0.5"]);
+    assert_eq!(out.status.code(), Some(2), "{:?}", text(&out));
+    assert!(text(&out).1.contains("rank 99 does not exist in a world of 8"), "{:?}", text(&out));
+    assert!(text(&out).0.is_empty(), "refused before anything is printed: {:?}", text(&out));
     let out = peregrine(&["simulate", "--ranks", "4", "--scheme", "backup:4"]);
     assert_eq!(out.status.code(), Some(2), "{:?}", text(&out));
     assert!(text(&out).1.contains("backup:4"), "{:?}", text(&out));

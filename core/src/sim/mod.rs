@@ -110,6 +110,13 @@ pub enum SimError {
     },
 }
 
+impl SimError {
+    /// Whether the error is in the configuration (the user's to fix) rather than the simulation.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::Train(e) if e.is_usage())
+    }
+}
+
 /// What a simulated run reports.
 #[derive(Clone, Debug, Serialize)]
 pub struct SimReport {
@@ -165,10 +172,10 @@ pub fn simulate<'a>(
         peregrine_transport::local::serial_world(s.ranks)?.into_iter().map(Transport::Local).collect();
     let mut policies = Vec::with_capacity(s.ranks);
     for t in &world {
-        if let Transport::Local(l) = t {
-            l.take_ops(); // building the policy is not part of the run
-        }
         policies.push(s.cfg.scheme.scheme.policy(&Setup { t, cfg: &s.cfg, plan: &plan, simulated: true })?);
+    }
+    for t in &world {
+        t.take_ops(); // building the policies is not part of the run
     }
     let mut sim = world::Sim::new(s, plan, world, policies, records);
     let end = sim.run()?;
