@@ -498,8 +498,29 @@ fn replay_cmd(dir: &Path, json: Option<&Path>) -> Result<(), AppError> {
     Ok(())
 }
 
-/// `measured <s> s, simulated <s> s, ratio <r>`.
+/// `measured <s> s, simulated <s> s, ratio <r>`; seconds to four significant digits, so that
+/// a sub-millisecond iteration is not rounded to a figure the ratio does not match.
 pub(crate) fn compare(measured: f64, simulated: f64) -> String {
     let ratio = if measured > 0.0 { simulated / measured } else { f64::NAN };
-    format!("measured {measured:.6} s, simulated {simulated:.6} s, ratio {ratio:.3}")
+    format!("measured {} s, simulated {} s, ratio {ratio:.3}", significant(measured), significant(simulated))
+}
+
+/// `v` in plain decimal notation with four significant digits (at least three decimals).
+fn significant(v: f64) -> String {
+    let decimals = if v.is_finite() && v > 0.0 { (3 - v.log10().floor() as i32).clamp(3, 12) } else { 3 };
+    format!("{v:.*}", decimals as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_keep_four_significant_digits() {
+        assert_eq!(significant(0.000309123), "0.0003091");
+        assert_eq!(significant(12.34567), "12.346");
+        assert_eq!(significant(1234.5), "1234.500");
+        assert_eq!(significant(0.0), "0.000");
+        assert_eq!(compare(0.0003, 0.00027), "measured 0.0003000 s, simulated 0.0002700 s, ratio 0.900");
+    }
 }

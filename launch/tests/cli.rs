@@ -666,7 +666,8 @@ fn simulate_replays_a_real_run() {
         summary["train_seconds"].as_f64().expect("seconds") / summary["iterations"].as_f64().expect("n");
     let (m, s, r) = replayed(&stdout, "time per iteration:");
     assert!((m - measured).abs() <= 1e-6 * measured.max(1.0) + 5e-7, "{m} vs {measured}");
-    assert!((r - s / m).abs() < 2e-3, "{stdout}");
+    // Seconds are printed to four significant digits and the ratio to three decimals.
+    assert!((r - s / m).abs() <= 2e-3 * r + 1e-3, "{stdout}");
     // The replay re-creates waits and taking over from measured chunk times. The measurement is
     // scripts/sim-validate.sh (nothing else running; the README's table, within 10 % on 2 ranks).
     // Here tests run side by side on shared cores, and a rank that shares its core sees the end
