@@ -54,13 +54,16 @@ impl Clocks {
         self.clocks.load(rank)
     }
 
+    /// Every rank's clock, read in one batch (one round trip, not one per rank).
+    pub fn clocks(&self) -> Result<Vec<u64>> {
+        let mut out = vec![0; self.world];
+        self.clocks.load_range(0, &mut out)?;
+        Ok(out)
+    }
+
     /// The slowest clock.
     pub fn min_clock(&self) -> Result<u64> {
-        let mut m = u64::MAX;
-        for r in 0..self.world {
-            m = m.min(self.clock(r)?);
-        }
-        Ok(m)
+        Ok(self.clocks()?.into_iter().min().unwrap_or(u64::MAX))
     }
 
     /// Announces this rank's iteration tagged `tag` with `chunks` chunks, none done.
@@ -79,14 +82,11 @@ impl Clocks {
     }
 
     /// Whether every rank has started the iteration tagged `tag` and all its chunks are done.
+    /// Every progress word is read in one batch.
     pub fn all_done(&self, tag: u16) -> Result<bool> {
-        for r in 0..self.world {
-            let Progress { tag: g, total, done } = self.progress(r)?;
-            if g != tag || done < total {
-                return Ok(false);
-            }
-        }
-        Ok(true)
+        let mut words = vec![0; self.world];
+        self.progress.load_range(0, &mut words)?;
+        Ok(words.into_iter().map(Progress::unpack).all(|p| p.tag == tag && p.done >= p.total))
     }
 
     /// Collective: frees the windows.

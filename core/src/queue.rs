@@ -44,6 +44,14 @@ impl ChunkQueues {
         Ok(Queue::unpack(self.window.load(rank)?))
     }
 
+    /// The current word of every rank's queue, read in one batch.
+    pub fn peek_all(&self) -> Result<Vec<Queue>> {
+        let n = self.window.len();
+        let mut words = vec![0; n];
+        self.window.load_range(0, &mut words)?;
+        Ok(words.into_iter().map(Queue::unpack).collect())
+    }
+
     /// Chunks left in `rank`'s queue.
     pub fn remaining(&self, rank: usize) -> Result<u32> {
         Ok(self.peek(rank)?.left())

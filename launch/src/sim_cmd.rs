@@ -94,6 +94,10 @@ pub struct SimArgs {
     /// Override the inter-node atomic round trip (seconds).
     #[arg(long, value_name = "SECONDS")]
     inter_atomic: Option<f64>,
+    /// Override the inter-node gap: seconds one more operation adds when issued back to back
+    /// behind others before one completion (a batch reading a word of every rank).
+    #[arg(long, value_name = "SECONDS")]
+    inter_gap: Option<f64>,
     /// Override the inter-node bandwidth (bytes per second).
     #[arg(long, value_name = "BYTES_PER_S")]
     inter_bandwidth: Option<f64>,
@@ -212,10 +216,17 @@ pub(crate) fn forward(a: &SimArgs) -> Result<SimConfig, AppError> {
     if let Some(v) = a.inter_atomic {
         net.inter.atomic = v;
     }
+    if let Some(v) = a.inter_gap {
+        net.inter.gap = v;
+    }
     if let Some(v) = a.inter_bandwidth {
         net.inter.bandwidth = v;
     }
-    if !(net.inter.bandwidth > 0.0 && net.inter.latency >= 0.0 && net.inter.atomic >= 0.0) {
+    if !(net.inter.bandwidth > 0.0
+        && net.inter.latency >= 0.0
+        && net.inter.atomic >= 0.0
+        && net.inter.gap >= 0.0)
+    {
         return Err(usage("the inter-node link needs a positive bandwidth and non-negative latencies"));
     }
     if !(a.overhead >= 0.0 && a.overhead.is_finite()) {

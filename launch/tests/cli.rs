@@ -668,12 +668,31 @@ fn simulate_replays_a_real_run() {
     assert!((m - measured).abs() <= 1e-6 * measured.max(1.0) + 5e-7, "{m} vs {measured}");
     // Seconds are printed to four significant digits and the ratio to three decimals.
     assert!((r - s / m).abs() <= 2e-3 * r + 1e-3, "{stdout}");
-    // The replay re-creates waits and taking over from measured chunk times. The measurement is
-    // scripts/sim-validate.sh (nothing else running; the README's table, within 10 % on 2 ranks).
-    // Here tests run side by side on shared cores, and a rank that shares its core sees the end
-    // of its wait a CPU slice late, which the simulator does not model (seen: a fifth of the
-    // measured time per iteration under load): only a broken replay lands outside this range.
-    assert!(r > 0.1 && r < 3.0, "{stdout}");
+    // How close the replay comes is measured by scripts/sim-validate.sh (nothing else running;
+    // the README's table). Here tests share the cores: a rank whose core is taken waits for a
+    // CPU slice (seen: waits of 8 ms around 0.3 ms of compute), which no replay of chunk times
+    // can see, so the measured side is no reference. What load cannot change: the replay is
+    // deterministic, never slower than three times the measurement (every cost it replays was
+    // measured within it), and at least the run's chunks at the cheapest chunk cost measured,
+    // spread over both ranks (a replay that lost its chunk costs falls below).
+    let again = peregrine(&["simulate", "--replay", &run.to_string_lossy()]);
+    assert_eq!(text(&again).0, stdout, "the replay is not deterministic");
+    assert!(r < 3.0, "{stdout}");
+    let mut cheapest = f64::INFINITY;
+    for rank in 0..2 {
+        let metrics =
+            std::fs::read_to_string(run.join(format!("metrics/rank-{rank}.jsonl"))).expect("metrics");
+        for line in metrics.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).expect("record");
+            let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
+            let chunks = f("own") + f("taken") + f("cloned") + f("discarded");
+            if chunks > 0.0 && f("compute") > 0.0 {
+                cheapest = cheapest.min(f("compute") * f("threads").max(1.0) / chunks / (1.0 + f("delay")));
+            }
+        }
+    }
+    let floor = (4000 / 25) as f64 * cheapest / 2.0;
+    assert!(s >= 0.99 * floor, "simulated {s} s per iteration, below the floor {floor} s:\n{stdout}");
     // A damaged metrics file: its line named, nothing run.
     let metrics = run.join("metrics/rank-1.jsonl");
     let mut lines = std::fs::read_to_string(&metrics).expect("metrics");

@@ -42,5 +42,6 @@ cases! {
     cas_election => "compare-and-swap-election",
     cas_spin_lock => "compare-and-swap-spin-lock",
     swap_chain => "swap-chain-and-load",
+    load_batch => "load-batch-of-every-rank",
     bad_use => "bad-use-is-an-error",
 }

@@ -77,6 +77,7 @@ pub const CASES: &[Case] = &[
     Case { name: "compare-and-swap-election", run: cas_election },
     Case { name: "compare-and-swap-spin-lock", run: cas_spin_lock },
     Case { name: "swap-chain-and-load", run: swap_chain },
+    Case { name: "load-batch-of-every-rank", run: load_batch_everywhere },
     Case { name: "bad-use-is-an-error", run: bad_use },
 ];
 
@@ -318,6 +319,53 @@ fn swap_chain(t: &Transport, p: &Params) -> Outcome {
     Ok(())
 }
 
+/// Every rank counts its own two words up with `fetch_add` (a tenth of `tickets_per_rank`
+/// times) while reading every rank's words in
+/// batches ([`Window::load_batch`], once as one range and once word by word, odd words first):
+/// each word read never goes back (atomic reads of a monotone counter, no torn or stale-then-new
+/// values out of order within a batch's element), and after a barrier every word reads exactly
+/// its final count.
+fn load_batch_everywhere(t: &Transport, p: &Params) -> Outcome {
+    let n = t.world_size();
+    let k = (p.tickets_per_rank / 10).max(1) as u64;
+    let words: Window<u64> = t.alloc_window("words", &ShardMap::from_lens(vec![2; n]))?;
+    let me = t.rank();
+    let odd_then_even: Vec<_> =
+        (0..n).map(|r| 2 * r + 1..2 * r + 2).chain((0..n).map(|r| 2 * r..2 * r + 1)).collect();
+    let reorder = |got: &[u64]| -> Vec<u64> {
+        let mut v = vec![0; 2 * n];
+        for r in 0..n {
+            v[2 * r + 1] = got[r];
+            v[2 * r] = got[n + r];
+        }
+        v
+    };
+    let mut last = vec![0u64; 2 * n];
+    let mut got = vec![0u64; 2 * n];
+    for i in 0..k {
+        words.fetch_add(2 * me, 1)?;
+        words.fetch_add(2 * me + 1, 1)?;
+        let seen = if i % 2 == 0 {
+            words.load_range(0, &mut got)?;
+            got.clone()
+        } else {
+            words.load_batch(&odd_then_even, &mut got)?;
+            reorder(&got)
+        };
+        for (w, (&s, &l)) in seen.iter().zip(&last).enumerate() {
+            ensure!(t, s >= l && s <= k, "round {i}: word {w} read {s} after {l} (counts to {k})");
+        }
+        ensure!(t, seen[2 * me] > i && seen[2 * me + 1] > i, "round {i}: own words read {seen:?}");
+        last = seen;
+    }
+    t.barrier()?;
+    words.load_range(0, &mut got)?;
+    ensure!(t, got.iter().all(|&g| g == k), "after the barrier: {got:?}, expected {k} everywhere");
+    t.barrier()?;
+    words.free()?;
+    Ok(())
+}
+
 /// Rounds of an election: every rank tries `compare_and_swap(0 -> rank + 1)` once on a lock word;
 /// exactly one wins each round, and every rank agrees on who.
 fn cas_election(t: &Transport, p: &Params) -> Outcome {
@@ -430,6 +478,22 @@ fn bad_use(t: &Transport, _: &Params) -> Outcome {
         ),
         "short batch buffer was not LengthMismatch"
     );
+    let words: Window<u64> = t.alloc_window("small words", &ShardMap::balanced(10, n))?;
+    let mut out = [0u64; 4];
+    ensure!(
+        t,
+        matches!(kind(words.load_range(8, &mut out)), Some(ErrorKind::OutOfRange { end: 12, .. })),
+        "load_batch past the end was not OutOfRange"
+    );
+    ensure!(
+        t,
+        matches!(
+            kind(words.load_batch(&[0..2, 3..5], &mut out[..3])),
+            Some(ErrorKind::LengthMismatch { expected: 4, got: 3, .. })
+        ),
+        "short load_batch buffer was not LengthMismatch"
+    );
+    words.free()?;
     ensure!(
         t,
         matches!(kind(w.flush(n)), Some(ErrorKind::NoSuchRank { .. })),

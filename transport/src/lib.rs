@@ -198,12 +198,12 @@ impl Transport {
 
     /// Window operations (gets, writes, atomics) this rank issued since the last call, counted
     /// only in a serial world of the local backend ([`local::serial_world`], where a simulator
-    /// charges them); 0 everywhere else.
-    pub fn take_ops(&self) -> u64 {
+    /// charges them); none everywhere else.
+    pub fn take_ops(&self) -> Ops {
         match self {
             Self::Local(t) => t.take_ops(),
             #[cfg(feature = "mpi")]
-            Self::Mpi(_) => 0,
+            Self::Mpi(_) => Ops::default(),
         }
     }
 
@@ -535,6 +535,16 @@ impl<T: Elem> Drop for WriteScope<'_, '_, T> {
     }
 }
 
+/// Window operations counted by a serial world ([`Transport::take_ops`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ops {
+    /// Operations that each waited for their own completion: a round trip each.
+    pub trips: u64,
+    /// Operations issued back to back behind another before one completion (the rest of a
+    /// [`Window::get_batch`] or [`Window::load_batch`]): no round trip of their own.
+    pub pipelined: u64,
+}
+
 impl Window<u64> {
     /// Atomically reads global element `index` (MPI: `MPI_Fetch_and_op` with `MPI_NO_OP`): the
     /// read of a word that other ranks update atomically (a plain `get` racing with atomics is
@@ -542,6 +552,31 @@ impl Window<u64> {
     pub fn load(&self, index: usize) -> Result<u64> {
         use WindowInner as Inner;
         dispatch!(&self.inner, w => w.load(index))
+    }
+
+    /// Atomically reads elements `start..start + out.len()` into `out`, as
+    /// [`load_batch`](Self::load_batch) does (one batch).
+    pub fn load_range(&self, start: usize, out: &mut [u64]) -> Result<()> {
+        let end = start.checked_add(out.len()).ok_or_else(|| {
+            Error::from(ErrorKind::OutOfRange {
+                rank: self.rank(),
+                window: self.name().to_owned(),
+                start,
+                end: usize::MAX,
+                len: self.len(),
+            })
+        })?;
+        self.load_batch(std::slice::from_ref(&(start..end)), out)
+    }
+
+    /// Atomically reads every element of `ranges`, back to back, into `out` (whose length must
+    /// be the sum of the ranges' lengths): each element as [`load`](Self::load) reads it, all
+    /// issued before one completion, so reading a word of every rank costs one round trip and
+    /// not one per rank. Each element is read atomically; the batch is not one snapshot.
+    pub fn load_batch(&self, ranges: &[Range<usize>], out: &mut [u64]) -> Result<()> {
+        self.check_batch("load_batch", ranges, out.len())?;
+        use WindowInner as Inner;
+        dispatch!(&self.inner, w => w.load_batch(ranges, out))
     }
 
     /// Atomically stores `value` into global element `index` and returns the previous value

@@ -11,7 +11,7 @@ use super::run::Run;
 use super::TrainError;
 use crate::model::{Delta, KeySet, Model};
 use crate::queue;
-use crate::scheme::{OwnChunks, Policy, Share, Take};
+use crate::scheme::{thread_share, OwnChunks, Policy, Share, Take};
 use crate::words;
 
 /// Per-thread state.
@@ -119,11 +119,11 @@ impl<M: Model> Run<'_, M> {
         }
     }
 
+    /// The fraction of a victim's queued chunks one thread takes: the rank's share (configured,
+    /// or the policy's) split over its active threads, since each thread computes what it takes
+    /// alone (a thread taking a rank's share would end up the new straggler).
     fn share(&self, share: Share) -> f64 {
-        match share {
-            Share::Configured => self.cfg.steal_fraction,
-            Share::Fraction(f) => f,
-        }
+        thread_share(share, self.cfg.steal_fraction, self.pool.active())
     }
 
     fn worker(

@@ -382,7 +382,8 @@ impl Local {
     }
 }
 
-/// The world read live from the windows: each read one atomic one-sided load.
+/// The world read live from the windows: each read one atomic one-sided load, a word of every
+/// rank one batch of them.
 pub(super) struct Live<'r> {
     queues: &'r ChunkQueues,
     clocks: &'r Clocks,
@@ -409,5 +410,16 @@ impl View for Live<'_> {
     }
     fn rate(&self, rank: usize) -> crate::scheme::Result<f64> {
         Ok(f64::from_bits(self.rates.load(rank)?))
+    }
+    fn clocks(&self) -> crate::scheme::Result<Vec<u64>> {
+        self.clocks.clocks()
+    }
+    fn queues(&self) -> crate::scheme::Result<Vec<words::Queue>> {
+        self.queues.peek_all()
+    }
+    fn rates(&self) -> crate::scheme::Result<Vec<f64>> {
+        let mut bits = vec![0; self.world];
+        self.rates.load_range(0, &mut bits)?;
+        Ok(bits.into_iter().map(f64::from_bits).collect())
     }
 }

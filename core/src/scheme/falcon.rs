@@ -18,7 +18,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::staleness::Bound;
-use super::{arg, bound, latest, Family, Kind, Parsed, Policy, Result, Setup, Share, Take, View};
+use super::{
+    arg, best_queued, bound, others, Family, Kind, Parsed, Policy, Result, Setup, Share, Take, View,
+};
 use crate::engine::IterRecord;
 use crate::words::Queue;
 
@@ -122,9 +124,13 @@ impl Policy for Epsp {
 
     /// The rank projected to finish last, and the share that equalizes both finish times.
     fn victim(&self, view: &dyn View, it: u64) -> Result<Option<Take>> {
-        let finish = |r, q: Queue| Ok(projected_finish(q.left(), view.rate(r)?));
-        let Some(rank) = latest(view, it, |_| true, finish)? else { return Ok(None) };
-        Ok(Some(Take { rank, share: transfer_share(view.rate(view.rank())?, view.rate(rank)?) }))
+        // Every rank's queue and rate, each in one batch.
+        let (queues, rates) = (view.queues()?, view.rates()?);
+        let finish = |r: usize, q: Queue| Ok(projected_finish(q.left(), rates[r]));
+        let Some(rank) = best_queued(it, others(view).map(|r| (r, queues[r])), finish)? else {
+            return Ok(None);
+        };
+        Ok(Some(Take { rank, share: transfer_share(rates[view.rank()], rates[rank]) }))
     }
 
     fn line_up(&self) -> bool {

@@ -11,7 +11,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::staleness::Bound;
-use super::{arg, bound, most_left, Family, Kind, Parsed, Policy, Result, Setup, Share, Take, View};
+use super::{arg, best_queued, bound, Family, Kind, Parsed, Policy, Result, Setup, Share, Take, View};
 
 pub(crate) const FAMILY: Family = Family { forms: "flexrr[:<staleness>]", parse };
 
@@ -49,8 +49,9 @@ impl Kind for FlexRr {
 }
 
 /// Whether rank `me` helps rank `v` in a world of `world`: `v` is one of the up to
-/// [`HELPER_GROUP`] ranks before `me`, cyclically.
-pub(crate) fn helps(me: usize, v: usize, world: usize) -> bool {
+/// [`HELPER_GROUP`] ranks before `me`, cyclically (the definition [`helped`] enumerates).
+#[cfg(test)]
+fn helps(me: usize, v: usize, world: usize) -> bool {
     let d = (me + world - v) % world;
     d >= 1 && d <= (world - 1).min(HELPER_GROUP)
 }
@@ -89,8 +90,11 @@ impl Policy for Reassign {
     }
 
     fn victim(&self, view: &dyn View, it: u64) -> Result<Option<Take>> {
+        // Only the group's queues are read (a handful of words, however large the world).
         let (me, world) = (view.rank(), view.world());
-        Ok(most_left(view, it, |v| helps(me, v, world))?.map(|rank| Take { rank, share: Share::Configured }))
+        let queues = helped(me, world).map(|v| Ok((v, view.queue(v)?))).collect::<Result<Vec<_>>>()?;
+        let most = best_queued(it, queues.into_iter(), |_, q| Ok(f64::from(q.left())))?;
+        Ok(most.map(|rank| Take { rank, share: Share::Configured }))
     }
 
     fn ready(&self, view: &dyn View, it: u64) -> Result<bool> {

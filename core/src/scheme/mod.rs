@@ -298,22 +298,27 @@ pub(crate) trait View {
     /// `rank`'s published chunk rate in its current iteration (chunks per second; 0: none yet).
     fn rate(&self, rank: usize) -> Result<f64>;
 
+    /// Every rank's clock, read in one batch (one round trip, not one per rank).
+    fn clocks(&self) -> Result<Vec<u64>> {
+        (0..self.world()).map(|r| self.clock(r)).collect()
+    }
+    /// Every rank's chunk queue, read in one batch.
+    fn queues(&self) -> Result<Vec<Queue>> {
+        (0..self.world()).map(|r| self.queue(r)).collect()
+    }
+    /// Every rank's published chunk rate, read in one batch.
+    fn rates(&self) -> Result<Vec<f64>> {
+        (0..self.world()).map(|r| self.rate(r)).collect()
+    }
+
     /// The slowest clock.
     fn min_clock(&self) -> Result<u64> {
-        let mut m = u64::MAX;
-        for r in 0..self.world() {
-            m = m.min(self.clock(r)?);
-        }
-        Ok(m)
+        Ok(self.clocks()?.into_iter().min().unwrap_or(u64::MAX))
     }
 
     /// The sum of all clocks: updates pushed so far by everyone (the parameters' version).
     fn version(&self) -> Result<u64> {
-        let mut s = 0;
-        for r in 0..self.world() {
-            s += self.clock(r)?;
-        }
-        Ok(s)
+        Ok(self.clocks()?.into_iter().sum())
     }
 }
 
@@ -368,6 +373,16 @@ impl View for Snapshot {
     fn rate(&self, rank: usize) -> Result<f64> {
         Ok(self.rates[rank])
     }
+}
+
+/// The fraction of a victim's queued chunks one of a thief's `threads` active threads takes:
+/// the rank's share split over them (each thread computes what it takes alone).
+pub(crate) fn thread_share(share: Share, configured: f64, threads: usize) -> f64 {
+    let rank = match share {
+        Share::Configured => configured,
+        Share::Fraction(f) => f,
+    };
+    rank / threads.max(1) as f64
 }
 
 /// How much of a victim's queue a thief takes.
@@ -474,7 +489,7 @@ pub(crate) trait Policy: Send + Sync {
     /// `victim`: out of own chunks, whom to take over from (a rank with queued chunks of an
     /// iteration not ahead of `it`), and how many.
     fn victim(&self, view: &dyn View, it: u64) -> Result<Option<Take>> {
-        Ok(most_left(view, it, |_| true)?.map(|rank| Take { rank, share: Share::Configured }))
+        Ok(most_left(view, it)?.map(|rank| Take { rank, share: Share::Configured }))
     }
 
     /// `line_up`: whether the rank, done computing, waits until every rank's chunks of the
@@ -545,23 +560,22 @@ pub(crate) trait Policy: Send + Sync {
     }
 }
 
-/// The rank other than this one with the most chunks queued in an iteration not ahead of `it`,
-/// among those `eligible` says.
-pub(crate) fn most_left(view: &dyn View, it: u64, eligible: impl Fn(usize) -> bool) -> Result<Option<usize>> {
-    latest(view, it, eligible, |_, q| Ok(f64::from(q.left())))
+/// The rank other than this one with the most chunks queued in an iteration not ahead of `it`
+/// (every queue read in one batch).
+pub(crate) fn most_left(view: &dyn View, it: u64) -> Result<Option<usize>> {
+    let queues = view.queues()?;
+    best_queued(it, others(view).map(|r| (r, queues[r])), |_, q| Ok(f64::from(q.left())))
 }
 
-/// The rank other than this one, among those `eligible` says, with chunks queued in an iteration
-/// not ahead of `it` and the largest `score` (ties: the lowest rank).
-pub(crate) fn latest(
-    view: &dyn View,
+/// Among `(rank, queue)` pairs, the rank with chunks queued in an iteration not ahead of `it`
+/// and the largest `score` (ties: the first).
+pub(crate) fn best_queued(
     it: u64,
-    eligible: impl Fn(usize) -> bool,
-    score: impl Fn(usize, Queue) -> Result<f64>,
+    queues: impl Iterator<Item = (usize, Queue)>,
+    mut score: impl FnMut(usize, Queue) -> Result<f64>,
 ) -> Result<Option<usize>> {
     let mut best: Option<(usize, f64)> = None;
-    for r in others(view).filter(|&r| eligible(r)) {
-        let q = view.queue(r)?;
+    for (r, q) in queues {
         if q.left() == 0 || words::ahead(q.tag, it) {
             continue;
         }
@@ -671,11 +685,15 @@ mod tests {
             Queue { tag: 6, head: 0, tail: 9 },  // 9 left, but of iteration 6: ahead of 5
             Queue { tag: 4, head: 1, tail: 8 },  // 7 left, of iteration 4: behind, eligible
         ];
-        assert_eq!(most_left(&v, 5, |_| true).expect("view"), Some(3));
-        assert_eq!(most_left(&v, 5, |r| r != 3).expect("view"), Some(1));
-        assert_eq!(most_left(&v, 6, |_| true).expect("view"), Some(2), "from iteration 6, 6 is not ahead");
+        assert_eq!(most_left(&v, 5).expect("view"), Some(3));
+        let among = |ranks: &[usize], it| {
+            best_queued(it, ranks.iter().map(|&r| (r, v.queues[r])), |_, q| Ok(f64::from(q.left())))
+                .expect("view")
+        };
+        assert_eq!(among(&[1, 2], 5), Some(1));
+        assert_eq!(most_left(&v, 6).expect("view"), Some(2), "from iteration 6, 6 is not ahead");
         v.queues[1].head = 6;
         v.queues[3].head = 8;
-        assert_eq!(most_left(&v, 5, |_| true).expect("view"), None);
+        assert_eq!(most_left(&v, 5).expect("view"), None);
     }
 }

@@ -54,6 +54,7 @@ impl Kind for Speculative {
             cloning: Mutex::new(Vec::new()),
             steal: setup.steal(),
             tag: 0,
+            fastest: 0.0,
         }))
     }
 }
@@ -72,48 +73,55 @@ struct Copies {
     steal: bool,
     /// The current iteration's tag.
     tag: u16,
+    /// The fastest other rank's chunk rate as the iteration opened.
+    fastest: f64,
 }
 
 impl Copies {
     /// [`candidate`], skipping chunks settled or being copied by a thread of this rank; marked as
     /// being copied if `mark`.
     fn pick(&self, view: &dyn View, mark: bool) -> Result<Option<(usize, u32)>> {
-        candidate(view, self.tag, |v, c| {
-            if self.cloning.lock().expect("cloning").contains(&(v, c))
-                || self.claims.settled(v, self.tag, c)?
-            {
-                return Ok(true);
-            }
-            let mut cloning = self.cloning.lock().expect("cloning");
-            if cloning.contains(&(v, c)) {
-                return Ok(true);
-            }
-            if mark {
-                cloning.push((v, c));
-            }
-            Ok(false)
-        })
+        // Held across the reads: this rank's threads pick one after another, so no two copy the
+        // same chunk (picks are rare: once per copy, and polls while lining up).
+        let mut cloning = self.cloning.lock().expect("cloning");
+        let got = candidate(view, self.tag, |v, word| self.claims.settled_bits(v, self.tag, word), &cloning)?;
+        if let (Some(p), true) = (got, mark) {
+            cloning.push(p);
+        }
+        Ok(got)
     }
 }
 
 /// The chunk to copy next: the first one handed out to a thread (below its queue's head) of the
-/// iteration tagged `tag` that `skip` does not rule out, on the first other rank slow enough to
+/// iteration tagged `tag`, not settled and not in `busy`, on the first other rank slow enough to
 /// copy ([`copies_from`]). A copy of an on-time rank's chunk mostly loses, and a copy in real
-/// compute cannot be cut short, so it would delay this rank's push.
+/// compute cannot be cut short, so it would delay this rank's push. `settled(rank, word)` gives
+/// the settled chunks of the rank's claim word `word` as bits (chunks `48 * word ..`): one read
+/// per 48 chunks, not one per chunk.
 pub(crate) fn candidate(
     view: &dyn View,
     tag: u16,
-    mut skip: impl FnMut(usize, u32) -> Result<bool>,
+    mut settled: impl FnMut(usize, u32) -> Result<u64>,
+    busy: &[(usize, u32)],
 ) -> Result<Option<(usize, u32)>> {
-    let mine = view.rate(view.rank())?;
+    // Every rank's queue and rate, each in one batch.
+    let (queues, rates) = (view.queues()?, view.rates()?);
+    let mine = rates[view.rank()];
     for v in others(view) {
-        let q = view.queue(v)?;
-        if q.tag != tag || !copies_from(mine, view.rate(v)?) {
+        let q = queues[v];
+        if q.tag != tag || !copies_from(mine, rates[v]) {
             continue;
         }
-        for c in 0..q.head {
-            if !skip(v, c)? {
-                return Ok(Some((v, c)));
+        for word in 0..q.head.div_ceil(CLAIM_BITS) {
+            let first = word * CLAIM_BITS;
+            let handed_out = (1u64 << (q.head - first).min(CLAIM_BITS)) - 1;
+            let mut open = !settled(v, word)? & handed_out;
+            while open != 0 {
+                let c = first + open.trailing_zeros();
+                if !busy.contains(&(v, c)) {
+                    return Ok(Some((v, c)));
+                }
+                open &= open - 1;
             }
         }
     }
@@ -136,6 +144,8 @@ impl Policy for Copies {
     }
 
     fn open(&mut self, view: &dyn View, it: u64) -> Result<()> {
+        let rates = view.rates()?;
+        self.fastest = others(view).map(|v| rates[v]).fold(0.0, f64::max);
         self.tag = words::tag(it);
         self.claims.reset(view.rank(), self.tag)?;
         self.cloning.lock().expect("cloning").clear();
@@ -143,13 +153,11 @@ impl Policy for Copies {
     }
 
     /// A rank slow enough to be copied computes each chunk as a copy that claims it at the end;
-    /// others claim theirs before computing them, so nobody copies them.
+    /// others claim theirs before computing them, so nobody copies them. Its own rate is read
+    /// live; the fastest other's as the iteration opened (one batch per iteration, not one per
+    /// take of own chunks).
     fn own_chunks(&self, view: &dyn View) -> Result<OwnChunks> {
-        let mut fastest = 0.0f64;
-        for v in others(view) {
-            fastest = fastest.max(view.rate(v)?);
-        }
-        Ok(if copyable(view.rate(view.rank())?, fastest) {
+        Ok(if copyable(view.rate(view.rank())?, self.fastest) {
             OwnChunks::AsCopies
         } else {
             OwnChunks::ClaimFirst
@@ -233,6 +241,16 @@ impl Claims {
         }
     }
 
+    /// The chunks of `rank`'s claim word `word` that can no longer be claimed in iteration `tag`,
+    /// as bits (all of them if the word is of another iteration or beyond the rank's words).
+    fn settled_bits(&self, rank: usize, tag: u16, word: u32) -> Result<u64> {
+        if word as usize >= self.per_rank {
+            return Ok(!0);
+        }
+        let w = ClaimWord::unpack(self.window.load(rank * self.per_rank + word as usize)?);
+        Ok(if w.tag == tag { w.bits } else { !0 })
+    }
+
     /// Whether `rank`'s chunk `chunk` of iteration `tag` can no longer be claimed.
     fn settled(&self, rank: usize, tag: u16, chunk: u32) -> Result<bool> {
         let (i, bit) = self.at(rank, chunk);
@@ -271,17 +289,28 @@ mod tests {
         v.queues[1] = Queue { tag: 7, head: 5, tail: 10 };
         v.queues[2] = Queue { tag: 7, head: 3, tail: 10 };
         v.queues[3] = Queue { tag: 6, head: 5, tail: 10 };
-        let none = |_, _| Ok(false);
-        assert_eq!(candidate(&v, 7, none).expect("view"), Some((2, 0)));
-        // Chunks 0 and 1 settled or being copied: chunk 2; all three: nothing (queued chunks
-        // are for taking over, not copying).
-        assert_eq!(candidate(&v, 7, |_, c| Ok(c < 2)).expect("view"), Some((2, 2)));
-        assert_eq!(candidate(&v, 7, |_, c| Ok(c < 3)).expect("view"), None);
+        let none = |_, _| Ok(0);
+        assert_eq!(candidate(&v, 7, none, &[]).expect("view"), Some((2, 0)));
+        // Chunk 0 settled and chunk 1 being copied: chunk 2; all three settled: nothing (queued
+        // chunks are for taking over, not copying).
+        assert_eq!(candidate(&v, 7, |_, _| Ok(0b1), &[(2, 1)]).expect("view"), Some((2, 2)));
+        assert_eq!(candidate(&v, 7, |_, _| Ok(0b111), &[]).expect("view"), None);
+        // Chunks past the first claim word: rank 2 with 100 handed out, the first two words
+        // settled, chunk 96 (the first of the third word) is next.
+        v.queues[2] = Queue { tag: 7, head: 100, tail: 120 };
+        let words_read = std::cell::Cell::new(0);
+        let settled = |_, w: u32| {
+            words_read.set(words_read.get() + 1);
+            Ok(if w < 2 { !0 } else { 0 })
+        };
+        assert_eq!(candidate(&v, 7, settled, &[]).expect("view"), Some((2, 96)));
+        assert_eq!(words_read.get(), 3, "one read per claim word");
+        v.queues[2] = Queue { tag: 7, head: 3, tail: 10 };
         // In iteration 6 only rank 3 is there to copy.
-        assert_eq!(candidate(&v, 6, none).expect("view"), Some((3, 0)));
+        assert_eq!(candidate(&v, 6, none, &[]).expect("view"), Some((3, 0)));
         // With no rate of its own yet, a rank copies nothing.
         v.rates[0] = 0.0;
-        assert_eq!(candidate(&v, 7, none).expect("view"), None);
+        assert_eq!(candidate(&v, 7, none, &[]).expect("view"), None);
     }
 
     #[test]
@@ -293,6 +322,12 @@ mod tests {
             assert!(c.claim(0, 4, 50)?);
             assert!(!c.claim(0, 4, 50)?, "claimed twice");
             assert!(c.settled(0, 4, 50)?);
+            // Chunk 50 is bit 2 of word 1; another iteration's word, or one past the rank's
+            // words, is settled whole.
+            assert_eq!(c.settled_bits(0, 4, 1)?, 1 << 2);
+            assert_eq!(c.settled_bits(0, 4, 0)?, 0);
+            assert_eq!(c.settled_bits(0, 5, 1)?, !0);
+            assert_eq!(c.settled_bits(0, 4, 9)?, !0);
             assert!(!c.claim(0, 5, 51)?, "a word of iteration 4 claims nothing of 5");
             assert!(c.settled(0, 3, 1)?, "another iteration's chunk is settled");
             c.reset(0, 5)?;

@@ -14,9 +14,13 @@ pub struct Link {
     /// Seconds from issuing a read (get) to its data: paid once per batch of pipelined reads or
     /// writes (one flush).
     pub latency: f64,
-    /// Seconds of one atomic operation (fetch-and-op, compare-and-swap, atomic load): a round trip
-    /// each, never pipelined.
+    /// Seconds of one atomic operation (fetch-and-op, compare-and-swap, atomic load) waited for
+    /// on its own: a round trip.
     pub atomic: f64,
+    /// Seconds one more operation adds when issued back to back behind others before one
+    /// completion (LogP's gap: a batch reading a word of every rank costs `atomic + (n - 1) *
+    /// gap`, not `n * atomic`).
+    pub gap: f64,
     /// Bytes per second of one rank's transfers over the link.
     pub bandwidth: f64,
 }
@@ -55,10 +59,10 @@ impl Preset {
     /// The link.
     pub fn link(self) -> Link {
         match self {
-            Self::Local => Link { latency: 0.05e-6, atomic: 0.05e-6, bandwidth: 3.6e9 },
-            Self::Shm => Link { latency: 0.025e-6, atomic: 0.025e-6, bandwidth: 17e9 },
-            Self::Ib => Link { latency: 1.5e-6, atomic: 2.5e-6, bandwidth: 23e9 },
-            Self::Ethernet => Link { latency: 25e-6, atomic: 40e-6, bandwidth: 2.8e9 },
+            Self::Local => Link { latency: 0.05e-6, atomic: 0.05e-6, gap: 0.01e-6, bandwidth: 3.6e9 },
+            Self::Shm => Link { latency: 0.025e-6, atomic: 0.025e-6, gap: 0.02e-6, bandwidth: 17e9 },
+            Self::Ib => Link { latency: 1.5e-6, atomic: 2.5e-6, gap: 0.25e-6, bandwidth: 23e9 },
+            Self::Ethernet => Link { latency: 25e-6, atomic: 40e-6, gap: 2e-6, bandwidth: 2.8e9 },
         }
     }
 }
@@ -148,6 +152,16 @@ impl Network {
         let per_node = self.ranks_per_node.max(1).min(world);
         let near = (per_node - 1) as f64 / (world - 1) as f64;
         near * self.intra.atomic + (1.0 - near) * self.inter.atomic
+    }
+
+    /// The mean gap ([`Link::gap`]) of one more read in a batch reading a word of every rank.
+    pub fn mean_gap(&self, world: usize) -> f64 {
+        if world <= 1 {
+            return self.intra.gap;
+        }
+        let per_node = self.ranks_per_node.max(1).min(world);
+        let near = (per_node - 1) as f64 / (world - 1) as f64;
+        near * self.intra.gap + (1.0 - near) * self.inter.gap
     }
 }
 
@@ -239,8 +253,8 @@ mod tests {
 
     fn net(per_node: usize) -> Network {
         Network {
-            intra: Link { latency: 1e-6, atomic: 2e-6, bandwidth: 1e9 },
-            inter: Link { latency: 10e-6, atomic: 20e-6, bandwidth: 1e8 },
+            intra: Link { latency: 1e-6, atomic: 2e-6, gap: 0.1e-6, bandwidth: 1e9 },
+            inter: Link { latency: 10e-6, atomic: 20e-6, gap: 1e-6, bandwidth: 1e8 },
             ranks_per_node: per_node,
         }
     }

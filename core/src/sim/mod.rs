@@ -221,8 +221,8 @@ mod tests {
             params: 100_000,
             compute: ComputeModel::Constant(100e-6),
             net: Network {
-                intra: Link { latency: 1e-6, atomic: 0.0, bandwidth: 10e9 },
-                inter: Link { latency: 5e-6, atomic: 0.0, bandwidth: 2e9 },
+                intra: Link { latency: 1e-6, atomic: 0.0, gap: 0.0, bandwidth: 10e9 },
+                inter: Link { latency: 5e-6, atomic: 0.0, gap: 0.0, bandwidth: 2e9 },
                 ranks_per_node: 2,
             },
             overhead: 0.0,
@@ -262,7 +262,8 @@ mod tests {
         assert!(bsp.per_rank[1].wait > 0.0 && bsp.per_rank[0].wait == 0.0);
         // With it: rank 0's 2 threads take chunks 0-1 (done at 200 us) and 2-3 (at 400 us);
         // the fast ranks are through their 6 own chunks at 300 us, when rank 0 has chunks 4 and 5
-        // queued: the first thief takes half (one), the next the other, both done at 400 us.
+        // queued: the first thief thread takes a quarter rounded up (its rank's half over its 2
+        // threads: one), the next the other, both done at 400 us.
         assert_eq!(steal.taken(), 20 * 2);
         assert_eq!(cost::nanos(steal.seconds), 20 * (400_000 + cost::nanos(2.0 * s_transfer())));
         // Every chunk is computed exactly once.

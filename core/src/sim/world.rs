@@ -11,11 +11,11 @@ use std::time::Duration;
 use super::cost::{nanos, ComputeModel};
 use super::events::{EventQueue, Nanos};
 use super::{SimConfig, SimError};
-use peregrine_transport::Transport;
+use peregrine_transport::{Ops, Transport};
 
 use crate::engine::{IterRecord, RankTotals};
 use crate::plan::Plan;
-use crate::scheme::{OwnChunks, Policy, Share, Take, View};
+use crate::scheme::{thread_share, OwnChunks, Policy, Take, View};
 use crate::words::{self, Progress, Queue};
 
 /// Every rank's one-sided words (clocks, queues, progress, rates), with the sums the simulator
@@ -169,16 +169,32 @@ impl Words {
 pub(super) struct SimView<'w> {
     w: &'w Words,
     rank: usize,
-    reads: Cell<u64>,
+    ops: Cell<Ops>,
 }
 
 impl<'w> SimView<'w> {
     fn new(w: &'w Words, rank: usize) -> Self {
-        Self { w, rank, reads: Cell::new(0) }
+        Self { w, rank, ops: Cell::new(Ops::default()) }
     }
 
-    fn read(&self, n: usize) {
-        self.reads.set(self.reads.get() + n as u64);
+    /// One word read on its own: a round trip.
+    fn read(&self) {
+        let mut o = self.ops.get();
+        o.trips += 1;
+        self.ops.set(o);
+    }
+
+    /// A word of every rank read in one batch: one round trip, the rest pipelined behind it.
+    fn read_all(&self) {
+        let mut o = self.ops.get();
+        o.trips += 1;
+        o.pipelined += self.w.world as u64 - 1;
+        self.ops.set(o);
+    }
+
+    /// The reads so far.
+    fn ops(&self) -> Ops {
+        self.ops.get()
     }
 }
 
@@ -190,28 +206,41 @@ impl View for SimView<'_> {
         self.w.world
     }
     fn clock(&self, rank: usize) -> crate::scheme::Result<u64> {
-        self.read(1);
+        self.read();
         Ok(self.w.clocks[rank])
     }
     fn queue(&self, rank: usize) -> crate::scheme::Result<Queue> {
-        self.read(1);
+        self.read();
         Ok(self.w.queues[rank])
     }
     fn progress(&self, rank: usize) -> crate::scheme::Result<Progress> {
-        self.read(1);
+        self.read();
         Ok(self.w.progress[rank])
     }
     fn rate(&self, rank: usize) -> crate::scheme::Result<f64> {
-        self.read(1);
+        self.read();
         Ok(self.w.rates[rank])
     }
-    /// Every clock is read (as the engine's view does), answered from the running minimum.
+    fn clocks(&self) -> crate::scheme::Result<Vec<u64>> {
+        self.read_all();
+        Ok(self.w.clocks.clone())
+    }
+    fn queues(&self) -> crate::scheme::Result<Vec<Queue>> {
+        self.read_all();
+        Ok(self.w.queues.clone())
+    }
+    fn rates(&self) -> crate::scheme::Result<Vec<f64>> {
+        self.read_all();
+        Ok(self.w.rates.clone())
+    }
+    /// Every clock is read in one batch (as the engine's view does), answered from the running
+    /// minimum.
     fn min_clock(&self) -> crate::scheme::Result<u64> {
-        self.read(self.w.world);
+        self.read_all();
         Ok(self.w.min)
     }
     fn version(&self) -> crate::scheme::Result<u64> {
-        self.read(self.w.world);
+        self.read_all();
         Ok(self.w.version)
     }
 }
@@ -318,6 +347,8 @@ pub(super) struct Sim<'a> {
     copying: HashMap<(usize, u32), Vec<(usize, usize)>>,
     /// Seconds of one read of a word of a random rank.
     read_cost: f64,
+    /// Seconds of one more read pipelined behind another (a batch reading every rank's word).
+    gap_cost: f64,
     pub(super) to_target: Option<Nanos>,
     pub(super) most_iterations: u64,
     records: Option<&'a mut dyn FnMut(&IterRecord)>,
@@ -369,6 +400,7 @@ impl<'a> Sim<'a> {
         }
         Self {
             read_cost: s.net.mean_atomic(n),
+            gap_cost: s.net.mean_gap(n),
             s,
             plan,
             q,
@@ -448,8 +480,11 @@ impl<'a> Sim<'a> {
 
     /// The cost of `reads` reads of random ranks' words by `r`, and of the operations `r`'s policy
     /// issued on its own windows since the last charge (each an atomic of a random rank).
-    fn charge(&self, r: usize, reads: u64) -> Nanos {
-        nanos((reads + self.world[r].take_ops()) as f64 * self.read_cost)
+    fn charge(&self, r: usize, reads: Ops) -> Nanos {
+        let ops = self.world[r].take_ops();
+        let trips = (reads.trips + ops.trips) as f64;
+        let pipelined = (reads.pipelined + ops.pipelined) as f64;
+        nanos(trips * self.read_cost + pipelined * self.gap_cost)
     }
 
     fn transfer_cost(&self, r: usize, it: u64) -> Nanos {
@@ -485,7 +520,7 @@ impl<'a> Sim<'a> {
         let delay = cfg.inject.delay(r, it);
         let part = self.policies[r].chunks(&view, it, &self.plan)?;
         self.policies[r].open(&view, it)?;
-        let reads = view.reads.get();
+        let reads = view.ops();
         let n = part.len() as u32;
         self.w.open(r, it, n);
         let rk = &mut self.ranks[r];
@@ -572,13 +607,13 @@ impl<'a> Sim<'a> {
                 let view = SimView::new(&self.w, r);
                 let mut takes = Vec::new();
                 self.policies[r].after_own_chunk(&view, it, &mut takes)?;
-                extra += self.charge(r, view.reads.get());
+                extra += self.charge(r, view.ops());
                 self.ranks[r].threads[th].takes.extend(takes);
                 continue;
             }
             if let Some(take) = self.ranks[r].threads[th].takes.pop_front() {
                 extra += self.s.net.atomic(r, take.rank);
-                if let Some(item) = self.take(it, take, true) {
+                if let Some(item) = self.take(r, take, true) {
                     let chunks = Self::chunks_of(&item);
                     return self.start(r, th, t + extra, item, &chunks);
                 }
@@ -588,7 +623,7 @@ impl<'a> Sim<'a> {
             if let Some(range) = self.w.take_own(r, self.s.cfg.grain) {
                 let view = SimView::new(&self.w, r);
                 let mode = self.policies[r].own_chunks(&view)?;
-                extra += self.charge(r, view.reads.get());
+                extra += self.charge(r, view.ops());
                 if mode == OwnChunks::Whole {
                     self.ranks[r].threads[th].own = Some((range.end..range.end, mode));
                     let chunks: Vec<_> = range.clone().map(|c| (r, it, c)).collect();
@@ -603,10 +638,10 @@ impl<'a> Sim<'a> {
                 for _ in 0..self.w.world {
                     let view = SimView::new(&self.w, r);
                     let victim = self.policies[r].victim(&view, it)?;
-                    extra += self.charge(r, view.reads.get());
+                    extra += self.charge(r, view.ops());
                     let Some(take) = victim else { break };
                     extra += self.s.net.atomic(r, take.rank);
-                    if let Some(item) = self.take(it, take, false) {
+                    if let Some(item) = self.take(r, take, false) {
                         let chunks = Self::chunks_of(&item);
                         return self.start(r, th, t + extra, item, &chunks);
                     }
@@ -624,7 +659,7 @@ impl<'a> Sim<'a> {
         loop {
             let view = SimView::new(&self.w, r);
             let pick = self.policies[r].copy(&view, it)?;
-            extra += self.charge(r, view.reads.get());
+            extra += self.charge(r, view.ops());
             let Some((owner, chunk)) = pick else { return Ok(false) };
             if self.policies[r].settled(owner, tag, chunk)? {
                 continue;
@@ -633,12 +668,11 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// Takes the chunks `take` names from its victim's queue, for a rank in iteration `it`.
-    fn take(&mut self, it: u64, take: Take, reassigned: bool) -> Option<Item> {
-        let fraction = match take.share {
-            Share::Configured => self.s.cfg.steal_fraction,
-            Share::Fraction(f) => f,
-        };
+    /// Takes the chunks `take` names from its victim's queue for one thread of `r` (in its current
+    /// iteration).
+    fn take(&mut self, r: usize, take: Take, reassigned: bool) -> Option<Item> {
+        let it = self.ranks[r].it;
+        let fraction = thread_share(take.share, self.s.cfg.steal_fraction, self.ranks[r].active);
         let (g, chunks) = self.w.steal(take.rank, fraction)?;
         Some(Item::Help { victim: take.rank, vit: words::untag(g, it), chunks, reassigned })
     }
@@ -830,6 +864,8 @@ impl<'a> Sim<'a> {
     fn line_up(&mut self, r: usize, t: Nanos) -> R<()> {
         let it = self.ranks[r].it;
         if self.w.all_done(it) || self.to_target.is_some() {
+            // The poll that saw it: every rank's progress word, in one batch.
+            let t = t + self.charge(r, Ops { trips: 1, pipelined: self.s.ranks as u64 - 1 });
             let rk = &mut self.ranks[r];
             rk.line_wait = (t - rk.lined_at).saturating_sub(rk.helped);
             rk.rec.wait += rk.line_wait as f64 * 1e-9;
@@ -881,7 +917,7 @@ impl<'a> Sim<'a> {
         let view = SimView::new(&self.w, r);
         let admit =
             self.policies[r].admit(&view, it, Duration::from_nanos(computing), &mut self.ranks[r].rec)?;
-        let mut cost = self.charge(r, view.reads.get());
+        let mut cost = self.charge(r, view.ops());
         if admit.apply && self.ranks[r].rec.rows > 0 {
             cost += self.transfer_cost(r, it);
         }
@@ -897,14 +933,14 @@ impl<'a> Sim<'a> {
         let view = SimView::new(&self.w, r);
         let busy = Duration::from_nanos(self.ranks[r].busy);
         self.policies[r].before_tick(&view, it, busy, &mut self.ranks[r].rec)?;
-        let mut cost = self.charge(r, view.reads.get());
+        let mut cost = self.charge(r, view.ops());
         self.w.tick(r);
         cost += self.s.net.atomic(r, r);
         let applied = self.ranks[r].applied;
         self.policies[r].after_tick(it, applied)?;
         let view = SimView::new(&self.w, r);
         let ready = self.policies[r].ready(&view, it)?;
-        cost += self.charge(r, view.reads.get());
+        cost += self.charge(r, view.ops());
         // Once the target is reached nobody waits for anyone any more.
         if ready || self.to_target.is_some() {
             self.close(r, t + cost);
@@ -951,7 +987,7 @@ impl<'a> Sim<'a> {
         if !self.policies[r].ready(&view, it)? {
             return Ok(false);
         }
-        let at = t.max(self.ranks[r].wait_since) + self.charge(r, view.reads.get());
+        let at = t.max(self.ranks[r].wait_since) + self.charge(r, view.ops());
         let rk = &mut self.ranks[r];
         rk.rec.wait += (at - rk.wait_since) as f64 * 1e-9;
         self.close(r, at);

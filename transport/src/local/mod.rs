@@ -42,8 +42,9 @@ struct World {
     slots: Mutex<Vec<Option<Box<dyn Any + Send>>>>,
     /// A serial world's windows, if this is one.
     serial: Option<Mutex<Serial>>,
-    /// A serial world's window operations per rank (a simulator charges them).
-    ops: Option<Vec<std::sync::atomic::AtomicU64>>,
+    /// A serial world's window operations per rank (a simulator charges them): round trips,
+    /// and operations pipelined behind one.
+    ops: Option<Vec<[std::sync::atomic::AtomicU64; 2]>>,
 }
 
 /// The windows of a serial world, in allocation order, and how many each rank has allocated.
@@ -57,8 +58,16 @@ impl World {
     /// Counts one window operation (a get, a write, an atomic) by `rank`, in a serial world.
     #[inline]
     pub(super) fn count(&self, rank: usize) {
-        if let Some(ops) = &self.ops {
-            ops[rank].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.count_batch(rank, 1);
+    }
+
+    /// Counts `n` operations by `rank` issued back to back before one completion: one round
+    /// trip, `n - 1` pipelined behind it.
+    #[inline]
+    pub(super) fn count_batch(&self, rank: usize, n: usize) {
+        if let (Some(ops), true) = (&self.ops, n > 0) {
+            ops[rank][0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            ops[rank][1].fetch_add(n as u64 - 1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 }
@@ -183,7 +192,7 @@ fn make(world_size: usize, serial: bool) -> Result<Vec<LocalRank>> {
         wake: Condvar::new(),
         slots: Mutex::new(if serial { Vec::new() } else { (0..world_size).map(|_| None).collect() }),
         serial: serial.then(|| Mutex::new(Serial { windows: Vec::new(), allocated: vec![0; world_size] })),
-        ops: serial.then(|| (0..world_size).map(|_| std::sync::atomic::AtomicU64::new(0)).collect()),
+        ops: serial.then(|| (0..world_size).map(|_| Default::default()).collect()),
     });
     Ok((0..world_size).map(|rank| LocalRank { world: world.clone(), rank }).collect())
 }
@@ -201,8 +210,14 @@ impl LocalRank {
 
     /// In a serial world, the window operations (gets, writes, atomics) this rank issued since
     /// the last call; 0 elsewhere.
-    pub fn take_ops(&self) -> u64 {
-        self.world.ops.as_ref().map_or(0, |o| o[self.rank].swap(0, std::sync::atomic::Ordering::Relaxed))
+    pub fn take_ops(&self) -> crate::Ops {
+        let take = |i: usize| {
+            self.world
+                .ops
+                .as_ref()
+                .map_or(0, |o| o[self.rank][i].swap(0, std::sync::atomic::Ordering::Relaxed))
+        };
+        crate::Ops { trips: take(0), pipelined: take(1) }
     }
 
     pub(crate) fn barrier(&self) -> Result<()> {

@@ -103,6 +103,10 @@ impl<T: Elem> LocalWindow<T> {
 
     pub(crate) fn get(&self, start: usize, out: &mut [T]) -> Result<()> {
         self.world.count(self.rank);
+        self.get_uncounted(start, out)
+    }
+
+    fn get_uncounted(&self, start: usize, out: &mut [T]) -> Result<()> {
         if let Some((rank, offset)) = self.map.locate(start, out.len()) {
             let src = &self.shards[rank][offset..offset + out.len()];
             for (o, a) in out.iter_mut().zip(src) {
@@ -121,10 +125,11 @@ impl<T: Elem> LocalWindow<T> {
     }
 
     pub(crate) fn get_batch(&self, ranges: &[std::ops::Range<usize>], out: &mut [T]) -> Result<()> {
+        self.world.count_batch(self.rank, ranges.len());
         let mut at = 0;
         for r in ranges {
             let len = r.end - r.start;
-            self.get(r.start, &mut out[at..at + len])?;
+            self.get_uncounted(r.start, &mut out[at..at + len])?;
             at += len;
         }
         Ok(())
@@ -186,6 +191,10 @@ impl<T: Elem> LocalWindow<T> {
     /// lock for elements whose atomics are emulated.
     fn atomic<R>(&self, index: usize, op: impl FnOnce(&T::Atomic) -> R) -> Result<R> {
         self.world.count(self.rank);
+        self.atomic_uncounted(index, op)
+    }
+
+    fn atomic_uncounted<R>(&self, index: usize, op: impl FnOnce(&T::Atomic) -> R) -> Result<R> {
         let (target, offset) = self.map.owner(index).ok_or_else(|| self.out_of_range(index, 1))?;
         self.apply(Some(target), true);
         let _held = T::LOCKED_ADD.then(|| lock(&self.locks[target]));
@@ -198,6 +207,16 @@ impl<T: Elem> LocalWindow<T> {
 
     pub(crate) fn load(&self, index: usize) -> Result<T> {
         self.atomic(index, T::atomic_load_acquire)
+    }
+
+    /// Atomic loads of every element of `ranges` into `out`, issued back to back (counted as one
+    /// round trip and the rest pipelined behind it).
+    pub(crate) fn load_batch(&self, ranges: &[std::ops::Range<usize>], out: &mut [T]) -> Result<()> {
+        self.world.count_batch(self.rank, out.len());
+        for (o, index) in out.iter_mut().zip(ranges.iter().flat_map(Clone::clone)) {
+            *o = self.atomic_uncounted(index, T::atomic_load_acquire)?;
+        }
+        Ok(())
     }
 
     pub(crate) fn swap(&self, index: usize, value: T) -> Result<T> {

@@ -562,6 +562,43 @@ impl<T: Elem> MpiWindow<T> {
         self.fetch_op(index, T::default(), op, "MPI_Fetch_and_op(MPI_NO_OP)")
     }
 
+    /// Atomic loads (`MPI_Fetch_and_op` with `MPI_NO_OP`) of every element of `ranges` into
+    /// `out`, all issued before one local completion.
+    pub(crate) fn load_batch(&self, ranges: &[Range<usize>], out: &mut [T]) -> Result<()> {
+        // SAFETY: a constant handle returned by our shim.
+        let op = unsafe { peregrine_mpi_no_op() };
+        let zero = T::default();
+        let mut touched = Touched::NONE;
+        let mut issued = Ok(());
+        for (o, index) in out.iter_mut().zip(ranges.iter().flat_map(Clone::clone)) {
+            let Some((target, offset)) = self.locate(index, 1) else {
+                issued = Err(self.out_of_range(index, 1));
+                break;
+            };
+            // SAFETY: live window; one element at a valid displacement of `target`'s shard;
+            // `zero` and `out` outlive the local completion below, which runs even when a later
+            // issue fails; `op` is a predefined operation handle.
+            let rc = unsafe {
+                ffi::MPI_Fetch_and_op(
+                    (&zero as *const T).cast(),
+                    (o as *mut T).cast(),
+                    T::mpi_datatype(),
+                    target as c_int,
+                    offset as ffi::MPI_Aint,
+                    op,
+                    self.win,
+                )
+            };
+            touched = touched.add(target);
+            if let Err(e) = self.check("MPI_Fetch_and_op(MPI_NO_OP)", rc) {
+                issued = Err(e);
+                break;
+            }
+        }
+        let completed = self.complete_local(touched);
+        issued.and(completed)
+    }
+
     /// Atomic store of `value` into element `index`, returning the previous value
     /// (`MPI_Fetch_and_op` with `MPI_REPLACE`).
     pub(crate) fn swap(&self, index: usize, value: T) -> Result<T> {
