@@ -226,10 +226,9 @@ impl Counters {
         if let Some(b) = self.fixed {
             return Ok(self.world - b);
         }
-        let mut d = Vec::with_capacity(self.world);
-        for r in 0..self.world {
-            d.push(self.times.load(r)?);
-        }
+        // Every rank's time in one batch.
+        let mut d = vec![0; self.world];
+        self.times.load_range(0, &mut d)?;
         Ok(best_k(&mut d))
     }
 

@@ -103,10 +103,14 @@ impl Policy for Balanced {
     }
 
     fn chunks(&mut self, view: &dyn View, it: u64, plan: &Plan) -> Result<Range<usize>> {
+        // Every rank's prediction for this iteration (one of its two words), in one batch.
+        let n = view.world();
+        let slot = (it % 2) as usize;
+        let words: Vec<_> = (0..n).map(|r| 2 * r + slot..2 * r + slot + 1).collect();
+        let mut bits = vec![0; n];
+        self.preds.load_batch(&words, &mut bits)?;
         self.speeds.clear();
-        for r in 0..view.world() {
-            self.speeds.push(f64::from_bits(self.preds.load(2 * r + (it % 2) as usize)?));
-        }
+        self.speeds.extend(bits.into_iter().map(f64::from_bits));
         Ok(split_weighted(plan.batch_chunks(it), &self.speeds, view.rank()))
     }
 

@@ -20,9 +20,12 @@
 //! - **Communication**, alpha-beta per operation ([`Network`]): a dense pull or push of the model
 //!   is one latency plus each link's bytes over its bandwidth; each atomic (taking chunks,
 //!   counting them done, the clock tick) one round trip of its link; every word a policy reads
-//!   through its view (clocks, queues, progress, rates) one atomic at the mean link cost, charged
-//!   to the thread or phase that read it. A rank waiting for `ready` resumes one poll (its reads)
-//!   after the condition became true.
+//!   on its own through its view or its windows one atomic at the mean link cost, and a word of
+//!   every rank read in one batch (clocks, queues, rates, progress: `Window::load_batch`) one
+//!   atomic plus a gap ([`cost::Link::gap`]) per further word, charged to the thread or phase
+//!   that read it. A rank waiting for `ready` resumes one poll (its reads) after the condition
+//!   became true; a rank lining up pushes one batch read of every progress word after the last
+//!   chunk was done.
 //! - **Fixed costs** per rank and iteration outside compute, communication and waits (opening,
 //!   closing, metrics): a constant, or replayed.
 //!
