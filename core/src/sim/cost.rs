@@ -146,22 +146,22 @@ impl Network {
     /// The mean cost of one atomic operation by `rank` on a word of a rank chosen at random (reads
     /// of many ranks' words: clocks, queues, rates).
     pub fn mean_atomic(&self, world: usize) -> f64 {
-        if world <= 1 {
-            return self.intra.atomic;
-        }
-        let per_node = self.ranks_per_node.max(1).min(world);
-        let near = (per_node - 1) as f64 / (world - 1) as f64;
-        near * self.intra.atomic + (1.0 - near) * self.inter.atomic
+        self.mean(world, |l| l.atomic)
     }
 
     /// The mean gap ([`Link::gap`]) of one more read in a batch reading a word of every rank.
     pub fn mean_gap(&self, world: usize) -> f64 {
+        self.mean(world, |l| l.gap)
+    }
+
+    /// `figure` of the link to a rank chosen at random among `world`, on average.
+    fn mean(&self, world: usize, figure: impl Fn(&Link) -> f64) -> f64 {
         if world <= 1 {
-            return self.intra.gap;
+            return figure(&self.intra);
         }
         let per_node = self.ranks_per_node.max(1).min(world);
         let near = (per_node - 1) as f64 / (world - 1) as f64;
-        near * self.intra.gap + (1.0 - near) * self.inter.gap
+        near * figure(&self.intra) + (1.0 - near) * figure(&self.inter)
     }
 }
 
@@ -281,6 +281,9 @@ mod tests {
         // 5 ranks, 2 per node: 1 of the 4 others is near.
         assert!((n.mean_atomic(5) - (0.25 * 2e-6 + 0.75 * 20e-6)).abs() < 1e-15);
         assert_eq!(n.mean_atomic(1), 2e-6);
+        // A batch's further words cost the gap, mixed the same way.
+        assert!((n.mean_gap(5) - (0.25 * 0.1e-6 + 0.75 * 1e-6)).abs() < 1e-15);
+        assert_eq!(n.mean_gap(1), 0.1e-6);
     }
 
     #[test]
