@@ -177,7 +177,8 @@ pub enum ComputeModel {
     Replay(Replay),
 }
 
-/// A real run's measured costs, per rank and iteration (missing ones: the rank's median).
+/// A real run's measured costs, per rank and iteration (missing ones: the rank's median; a rank
+/// with no chunk at all: every rank's median chunk).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Replay {
     /// `per_rank[r][it]`: seconds.
@@ -201,19 +202,24 @@ pub struct Measured {
 
 impl Replay {
     /// Builds the medians from `per_rank`.
+    /// A rank that computed no chunk in the whole run (others took all of its chunks) gets the
+    /// median over every rank's chunks: its own cost is unknown, and none at all would let it
+    /// compute for free in the replay.
     pub fn new(per_rank: Vec<Vec<Option<Measured>>>) -> Self {
+        fn median<'m>(v: impl Iterator<Item = &'m Measured>, f: fn(&Measured) -> f64) -> Option<f64> {
+            let mut v: Vec<f64> = v.map(f).filter(|x| !x.is_nan()).collect();
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied()
+        }
+        let every_chunk = median(per_rank.iter().flatten().flatten(), |m| m.chunk).unwrap_or(0.0);
         let median = per_rank
             .iter()
             .map(|its| {
-                let field = |f: fn(&Measured) -> f64| {
-                    let mut v: Vec<f64> = its.iter().flatten().map(f).filter(|x| !x.is_nan()).collect();
-                    v.sort_by(f64::total_cmp);
-                    v.get(v.len() / 2).copied().unwrap_or(0.0)
-                };
+                let field = |f| median(its.iter().flatten(), f);
                 Measured {
-                    chunk: field(|m| m.chunk),
-                    comm: field(|m| m.comm),
-                    overhead: field(|m| m.overhead),
+                    chunk: field(|m| m.chunk).unwrap_or(every_chunk),
+                    comm: field(|m| m.comm).unwrap_or(0.0),
+                    overhead: field(|m| m.overhead).unwrap_or(0.0),
                 }
             })
             .collect();
@@ -304,5 +310,17 @@ mod tests {
         assert_eq!(m.chunk(0, 0, 0, 0), 1.0);
         assert_eq!(m.chunk(0, 1, 1, 0), 3.0, "a missing iteration: the rank's median");
         assert_eq!(m.chunk(0, 99, 99, 0), 3.0);
+        // A rank that computed no chunk at all: the median over every rank's chunks (2.0 of
+        // 1, 2, 3), not nothing.
+        let r = Replay::new(vec![
+            vec![Some(Measured { chunk: 1.0, ..Measured::default() })],
+            vec![Some(Measured { chunk: f64::NAN, comm: 0.2, overhead: 0.0 }), None],
+            vec![
+                Some(Measured { chunk: 3.0, ..Measured::default() }),
+                Some(Measured { chunk: 2.0, ..Measured::default() }),
+            ],
+        ]);
+        assert_eq!(r.get(1, 0), Measured { chunk: 2.0, comm: 0.2, overhead: 0.0 });
+        assert_eq!(r.get(1, 1).chunk, 2.0);
     }
 }
