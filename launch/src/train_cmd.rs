@@ -125,6 +125,10 @@ pub struct TrainArgs {
     /// Seed of the initial model and of the batch order [default: 1].
     #[arg(long, value_name = "N")]
     seed: Option<u64>,
+    /// LR: no intercept (`p = sigmoid(w . x)`; by default `sigmoid(w . x + b)`). Softmax and MLP
+    /// always have their biases.
+    #[arg(long)]
+    no_intercept: bool,
     /// MF: factor rank [default: 40].
     #[arg(long, value_name = "K")]
     k: Option<usize>,
@@ -169,6 +173,7 @@ pub(crate) struct TrainFile {
     steal: Option<bool>,
     steal_fraction: Option<f64>,
     pub(crate) seed: Option<u64>,
+    intercept: Option<bool>,
     k: Option<usize>,
     l2: Option<f32>,
     hidden: Option<Vec<usize>>,
@@ -201,6 +206,7 @@ impl TrainFile {
             steal: top.steal.or(self.steal),
             steal_fraction: top.steal_fraction.or(self.steal_fraction),
             seed: top.seed.or(self.seed),
+            intercept: top.intercept.or(self.intercept),
             k: top.k.or(self.k),
             l2: top.l2.or(self.l2),
             hidden: top.hidden.or(self.hidden),
@@ -241,6 +247,7 @@ impl TrainArgs {
             steal: self.no_steal.then_some(false),
             steal_fraction: self.steal_fraction,
             seed: self.seed,
+            intercept: self.no_intercept.then_some(false),
             k: self.k,
             l2: self.l2,
             hidden: self.hidden.clone(),
@@ -282,6 +289,7 @@ pub(crate) struct Resolved {
     steal: bool,
     steal_fraction: f64,
     seed: u64,
+    intercept: bool,
     k: usize,
     l2: f32,
     hidden: Vec<usize>,
@@ -381,6 +389,7 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
         steal: f.steal.unwrap_or(true),
         steal_fraction: f.steal_fraction.unwrap_or(0.5),
         seed: f.seed.unwrap_or(1),
+        intercept: f.intercept.unwrap_or(true),
         k: f.k.unwrap_or(40),
         l2: f.l2.unwrap_or(0.05),
         hidden: f.hidden.unwrap_or_else(|| vec![128]),
@@ -443,7 +452,7 @@ pub(crate) fn rank(
     let inject = Injection { pattern: r.straggler.parse().map_err(usage)?, seed: r.seed };
     match r.model {
         ModelKind::Lr => {
-            let m = LogReg::new(&r.data, r.eval.as_deref(), r.lr).map_err(data_err)?;
+            let m = LogReg::new(&r.data, r.eval.as_deref(), r.lr, r.intercept).map_err(data_err)?;
             go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, &dir, &m)
         }
         ModelKind::Softmax => {

@@ -294,6 +294,7 @@ fn train_writes_its_run_directory() {
     }
     let config = std::fs::read_to_string(run.join("config.toml")).expect("config");
     assert!(config.contains("model = \"lr\"") && config.contains("iterations = 24"), "{config}");
+    assert!(config.contains("intercept = true"), "LR has an intercept by default: {config}");
     // The resolved configuration runs again as a config file.
     let again = peregrine(&[
         "train",
@@ -306,6 +307,26 @@ fn train_writes_its_run_directory() {
         &d.join("again").to_string_lossy(),
     ]);
     assert!(again.status.success(), "{:?}", text(&again));
+    // Without the intercept: one parameter less, and the choice recorded.
+    let none = d.join("none");
+    let out = peregrine(&[
+        "train",
+        "--ranks",
+        "1",
+        "--model",
+        "lr",
+        "--data",
+        &data,
+        "--iterations",
+        "2",
+        "--no-intercept",
+        "-q",
+        "--run-dir",
+        &none.to_string_lossy(),
+    ]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    let config = std::fs::read_to_string(none.join("config.toml")).expect("config");
+    assert!(config.contains("intercept = false"), "{config}");
 }
 
 #[test]

@@ -137,7 +137,7 @@ fn lr_on_adult_reaches_log_loss_0_345() {
     let data = d_tmp.path().join("adult.prg");
     libsvm::convert(&repo_data("adult.libsvm.gz"), &data, None).expect("convert adult");
     let cfg = Config { batch: 4096, chunk: 512, iterations: epochs(48_842, 4096, 20), ..Config::default() };
-    let r = train_2_ranks(|| LogReg::new(&data, None, 2.0).expect("model"), &cfg);
+    let r = train_2_ranks(|| LogReg::new(&data, None, 2.0, true).expect("model"), &cfg);
     let e = r.last_eval().expect("evaluated");
     // scikit-learn's optimum (L2, C=1) is 0.3396; the target is 0.345.
     assert!(e.loss <= 0.345, "training log-loss {} after 20 epochs", e.loss);

@@ -101,7 +101,7 @@ fn bsp_model_is_the_same_over_mpi_and_local() {
     let data = dir.join("sparse.pgd");
     gen::sparse(&SparseSpec { rows: 3000, cols: 400, nnz_per_row: 12, zipf: 1.1, seed: 2 }, &data)
         .expect("gen");
-    let model = peregrine_core::model::lr::LogReg::new(&data, None, 0.5).expect("model");
+    let model = peregrine_core::model::lr::LogReg::new(&data, None, 0.5, true).expect("model");
     let local = peregrine_transport::run_local(1, |t| final_params(&t, &model, 30))
         .expect("world")
         .remove(0)

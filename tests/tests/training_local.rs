@@ -87,7 +87,38 @@ fn sparse_data(dir: &Path) -> PathBuf {
 fn bsp_lr_is_the_same_for_1_2_4_ranks() {
     let tmp = scratch("lr");
     let data = sparse_data(tmp.path());
-    same_model_for_every_world(|| LogReg::new(&data, None, 0.5).expect("model"), 30);
+    same_model_for_every_world(|| LogReg::new(&data, None, 0.5, true).expect("model"), 30);
+}
+
+/// Labels unrelated to the features, one row in five positive: the best model is the base rate
+/// alone, `b = logit(0.2) = -1.386`, which only the intercept can express (the noise features'
+/// weights, about as often positive as negative, cannot).
+#[test]
+fn lr_intercept_learns_the_base_rate() {
+    let tmp = scratch("intercept");
+    let text = tmp.path().join("noise.svm");
+    let mut body = String::new();
+    for i in 0..4000u64 {
+        let y = u8::from(i % 5 == 0);
+        let (a, b) = (peregrine_core::plan::mix(i) % 50, peregrine_core::plan::mix(i ^ 0xABCD) % 50 + 50);
+        let v = if peregrine_core::plan::mix(i * 3) % 2 == 0 { 1.0 } else { -1.0 };
+        body.push_str(&format!("{y} {}:{v} {}:{}\n", a + 1, b + 1, -v));
+    }
+    std::fs::write(&text, body).expect("write");
+    let data = tmp.path().join("noise.pgd");
+    peregrine_kernels::data::libsvm::convert(&text, &data, None).expect("convert");
+    let p = run_local(1, |t| final_params(&t, &LogReg::new(&data, None, 0.5, true).expect("model"), 600))
+        .expect("world")
+        .remove(0)
+        .expect("train");
+    assert_eq!(p.len(), 101, "100 feature weights and the intercept");
+    let b = f64::from(p[100]);
+    assert!((b - (0.2f64 / 0.8).ln()).abs() < 0.15, "intercept {b}, base rate logit -1.386");
+    let none = run_local(1, |t| final_params(&t, &LogReg::new(&data, None, 0.5, false).expect("model"), 10))
+        .expect("world")
+        .remove(0)
+        .expect("train");
+    assert_eq!(none.len(), 100, "no intercept, no extra parameter");
 }
 
 #[test]
@@ -288,7 +319,7 @@ fn speculative_copies_of_a_slow_ranks_chunks_win() {
 fn gives_the_bsp_model(scheme: Scheme) {
     let tmp = scratch(&scheme.to_string().replace(':', "-"));
     let data = sparse_data(tmp.path());
-    let make = || LogReg::new(&data, None, 0.5).expect("model");
+    let make = || LogReg::new(&data, None, 0.5, true).expect("model");
     let one = run_local(1, |t| final_params(&t, &make(), 30)).expect("world").remove(0).expect("1 rank");
     for (r, p) in run_local(3, |t| final_params_with(&t, &make(), 30, scheme.clone()))
         .expect("world")

@@ -9,24 +9,33 @@ use peregrine_kernels::lr::{self, Csr, SparseGrad};
 
 use super::{Built, Delta, EvalSums, KeySet, Layout, Metric, Model, Sets};
 
-/// Logistic regression: `p(y = 1 | x) = sigmoid(w . x)`, log-loss.
+/// Logistic regression: `p(y = 1 | x) = sigmoid(w . x + b)`, log-loss. The intercept `b` (on
+/// by default) is the last parameter, after the feature weights; every chunk reads and updates
+/// it.
 #[derive(Debug)]
 pub struct LogReg {
     data: Sets,
     lr: f32,
+    /// Feature weights (the dataset's columns).
     dim: usize,
+    intercept: bool,
 }
 
 impl LogReg {
-    /// Trains on the sparse dataset `train` with learning rate `lr`; evaluates on `eval` (the
-    /// training set if `None`).
-    pub fn new(train: &Path, eval: Option<&Path>, lr: f32) -> Built<Self> {
+    /// Trains on the sparse dataset `train` with learning rate `lr`, with an intercept if
+    /// `intercept`; evaluates on `eval` (the training set if `None`).
+    pub fn new(train: &Path, eval: Option<&Path>, lr: f32, intercept: bool) -> Built<Self> {
         let data = Sets::open(train, eval, Kind::Sparse)?;
         if let Some(e) = data.given_eval() {
             super::same_cols(&data.train, e)?;
         }
         let dim = data.train.header().cols as usize;
-        Ok(Self { data, lr, dim })
+        Ok(Self { data, lr, dim, intercept })
+    }
+
+    /// Parameters: the feature weights, then the intercept if there is one.
+    fn params(&self) -> usize {
+        self.dim + usize::from(self.intercept)
     }
 
     fn rows_of(d: &Dataset) -> SparseRows<'_> {
@@ -59,7 +68,7 @@ impl Model for LogReg {
     }
 
     fn layout(&self) -> Layout {
-        Layout { params: self.dim, width: 1 }
+        Layout { params: self.params(), width: 1 }
     }
 
     fn rows(&self) -> usize {
@@ -86,21 +95,26 @@ impl Model for LogReg {
         for &j in Self::rows_of(&self.data.train).rows(rows).indices {
             set.insert(j);
         }
+        if self.intercept {
+            set.insert(self.dim as u32);
+        }
     }
 
     fn work(&self, _chunk: usize) -> Grad {
-        if self.dim <= DENSE_GRAD_MAX {
-            Grad::Dense(vec![0.0; self.dim])
+        if self.params() <= DENSE_GRAD_MAX {
+            Grad::Dense(vec![0.0; self.params()])
         } else {
-            Grad::Sparse(SparseGrad::new(self.dim))
+            Grad::Sparse(SparseGrad::new(self.params()))
         }
     }
 
     fn compute(&self, rows: Range<usize>, params: &[f32], work: &mut Grad) -> f64 {
         let x = Self::rows_of(&self.data.train).rows(rows);
-        match work {
-            Grad::Dense(g) => lr::loss_grad_dense(csr(&x), x.labels, params, g),
-            Grad::Sparse(g) => lr::loss_grad_sparse(csr(&x), x.labels, params, g),
+        match (work, self.intercept) {
+            (Grad::Dense(g), false) => lr::loss_grad_dense(csr(&x), x.labels, params, g),
+            (Grad::Dense(g), true) => lr::loss_grad_dense_intercept(csr(&x), x.labels, params, g),
+            (Grad::Sparse(g), false) => lr::loss_grad_sparse(csr(&x), x.labels, params, g),
+            (Grad::Sparse(g), true) => lr::loss_grad_sparse_intercept(csr(&x), x.labels, params, g),
         }
     }
 
@@ -131,7 +145,11 @@ impl Model for LogReg {
         let x = Self::rows_of(self.data.eval()).rows(rows);
         let mut p = vec![0.0f32; x.len()];
         // The evaluation set may have fewer columns; it never has more (checked).
-        lr::predict(csr(&x), params, &mut p);
+        if self.intercept {
+            lr::predict_intercept(csr(&x), params, &mut p);
+        } else {
+            lr::predict(csr(&x), params, &mut p);
+        }
         let (mut loss, mut right) = (0.0f64, 0.0f64);
         for (&p, &y) in p.iter().zip(x.labels) {
             let p = f64::from(p).clamp(1e-12, 1.0 - 1e-12);

@@ -14,12 +14,35 @@
 //!   per-row transcendental part (`exp`, `log1p`, a division) runs 8 rows at a time in `f32x8`.
 //!   The scatter `grad[j] += g v` stays scalar.
 //!
-//! Feature indices must be `< w.len()`; a larger one panics (bounds-checked indexing, no unsafe).
+//! With an intercept (the `*_intercept` functions) the margin is `z_i = x_i . w + b`, `b` the
+//! last element of `w` (a weight no feature index reaches), and its gradient `sum_i (sigmoid(z_i)
+//! - y_i)` goes into the last element of the gradient.
+//!
+//! Feature indices must be `< w.len()` (`< w.len() - 1` with an intercept); a larger one panics
+//! (bounds-checked indexing, no unsafe).
 
 pub mod scalar;
 pub mod simd;
 
-pub use simd::{loss_grad_dense, loss_grad_sparse, margin, predict};
+pub use simd::{
+    loss_grad_dense, loss_grad_dense_intercept, loss_grad_sparse, loss_grad_sparse_intercept, margin,
+    predict, predict_intercept,
+};
+
+/// The feature weights and the intercept of `w`: all of `w` and 0 without one, else all but its
+/// last element and that element.
+///
+/// # Panics
+/// If `intercept` and `w` is empty.
+#[inline]
+pub(crate) fn split_intercept(w: &[f32], intercept: bool) -> (&[f32], f32) {
+    if intercept {
+        let (b, w) = w.split_last().expect("a model with an intercept has at least one weight");
+        (w, *b)
+    } else {
+        (w, 0.0)
+    }
+}
 
 /// A view of some consecutive rows of a CSR matrix.
 ///

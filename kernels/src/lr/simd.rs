@@ -2,7 +2,7 @@
 
 use wide::f32x8;
 
-use super::{Csr, GradSink, SparseGrad};
+use super::{split_intercept, Csr, GradSink, SparseGrad};
 
 /// `z = x . w = sum_k values[k] * w[indices[k]]`.
 ///
@@ -40,16 +40,18 @@ pub fn logistic(z: f32x8, y: f32x8) -> (f32x8, f32x8) {
     (z.max(f32x8::ZERO) + e.ln_1p() - y * z, p - y)
 }
 
-fn loss_grad<G: GradSink + ?Sized>(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut G) -> f64 {
+fn loss_grad<G: GradSink + ?Sized>(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut G, intercept: bool) -> f64 {
     assert_eq!(y.len(), x.n_rows(), "loss_grad: one label per row");
+    let (wf, b) = split_intercept(w, intercept);
     let mut loss = 0.0f64;
+    let mut gb = 0.0f32;
     for (block, yb) in y.chunks(8).enumerate() {
         let r0 = block * 8;
         let mut z = [0.0f32; 8];
         let mut yl = [0.0f32; 8];
         for (t, &yr) in yb.iter().enumerate() {
             let (idx, val) = x.row(r0 + t);
-            z[t] = margin(idx, val, w);
+            z[t] = margin(idx, val, wf) + b;
             yl[t] = yr;
         }
         let (l, g) = logistic(f32x8::new(z), f32x8::new(yl));
@@ -58,7 +60,11 @@ fn loss_grad<G: GradSink + ?Sized>(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut 
             loss += f64::from(l[t]);
             let (idx, val) = x.row(r0 + t);
             grad.scatter(idx, val, g[t]);
+            gb += g[t];
         }
+    }
+    if intercept && !y.is_empty() {
+        grad.scatter(&[wf.len() as u32], &[1.0], gb);
     }
     loss
 }
@@ -69,7 +75,17 @@ fn loss_grad<G: GradSink + ?Sized>(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut 
 /// If `y.len() != x.n_rows()`, `grad.len() != w.len()`, or an index is `>= w.len()`.
 pub fn loss_grad_dense(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut [f32]) -> f64 {
     assert_eq!(grad.len(), w.len(), "loss_grad_dense: grad and w differ in length");
-    loss_grad(x, y, w, grad)
+    loss_grad(x, y, w, grad, false)
+}
+
+/// As [`loss_grad_dense`] with an intercept, the last element of `w` (its gradient: the last
+/// element of `grad`).
+///
+/// # Panics
+/// As [`loss_grad_dense`], and if `w` is empty or an index is `>= w.len() - 1`.
+pub fn loss_grad_dense_intercept(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut [f32]) -> f64 {
+    assert_eq!(grad.len(), w.len(), "loss_grad_dense_intercept: grad and w differ in length");
+    loss_grad(x, y, w, grad, true)
 }
 
 /// As [`loss_grad_dense`], accumulating into the touched features of `grad`.
@@ -78,7 +94,16 @@ pub fn loss_grad_dense(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut [f32]) -> f6
 /// If `y.len() != x.n_rows()`, `grad.dim() != w.len()`, or an index is `>= w.len()`.
 pub fn loss_grad_sparse(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut SparseGrad) -> f64 {
     assert_eq!(grad.dim(), w.len(), "loss_grad_sparse: grad and w differ in dimension");
-    loss_grad(x, y, w, grad)
+    loss_grad(x, y, w, grad, false)
+}
+
+/// As [`loss_grad_sparse`] with an intercept, the last element of `w`.
+///
+/// # Panics
+/// As [`loss_grad_sparse`], and if `w` is empty or an index is `>= w.len() - 1`.
+pub fn loss_grad_sparse_intercept(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut SparseGrad) -> f64 {
+    assert_eq!(grad.dim(), w.len(), "loss_grad_sparse_intercept: grad and w differ in dimension");
+    loss_grad(x, y, w, grad, true)
 }
 
 /// `out[i] <- sigmoid(x_i . w)`, the predicted probability of label 1.
@@ -86,12 +111,25 @@ pub fn loss_grad_sparse(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut SparseGrad)
 /// # Panics
 /// If `out.len() != x.n_rows()` or an index is `>= w.len()`.
 pub fn predict(x: Csr<'_>, w: &[f32], out: &mut [f32]) {
+    predict_with(x, w, out, false);
+}
+
+/// As [`predict`] with an intercept, the last element of `w`.
+///
+/// # Panics
+/// As [`predict`], and if `w` is empty or an index is `>= w.len() - 1`.
+pub fn predict_intercept(x: Csr<'_>, w: &[f32], out: &mut [f32]) {
+    predict_with(x, w, out, true);
+}
+
+fn predict_with(x: Csr<'_>, w: &[f32], out: &mut [f32], intercept: bool) {
     assert_eq!(out.len(), x.n_rows(), "predict: one output per row");
+    let (w, b) = split_intercept(w, intercept);
     for (block, ob) in out.chunks_mut(8).enumerate() {
         let mut z = [0.0f32; 8];
         for (t, zt) in z.iter_mut().take(ob.len()).enumerate() {
             let (idx, val) = x.row(block * 8 + t);
-            *zt = margin(idx, val, w);
+            *zt = margin(idx, val, w) + b;
         }
         let (_, p) = logistic(f32x8::new(z), f32x8::ZERO);
         ob.copy_from_slice(&p.as_array()[..ob.len()]);

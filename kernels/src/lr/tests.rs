@@ -107,6 +107,60 @@ fn simd_matches_scalar() {
     }
 }
 
+/// With an intercept (the last weight): SIMD against scalar, dense against sparse, and the
+/// intercept's gradient is the sum of the rows' `sigmoid(z) - y`.
+#[test]
+fn intercept_simd_matches_scalar_and_sums_the_residuals() {
+    let mut rng = Rng::new(7);
+    let dim = 200;
+    let d = Data::new(&mut rng, 600, dim, 30);
+    let mut w = rng.vec(dim + 1, -0.5, 0.5);
+    w[dim] = -1.5;
+    for n in [0, 1, 7, 8, 9, 17, 500] {
+        let (x, y) = d.view(3, 3 + n);
+        let what = format!("n={n}");
+        let mut g1 = vec![0.0; dim + 1];
+        let mut g2 = g1.clone();
+        let l1 = simd::loss_grad_dense_intercept(x, y, &w, &mut g1);
+        let l2 = scalar::loss_grad_dense_intercept(x, y, &w, &mut g2);
+        assert_close(l1, l2, l2.abs(), 1e-5, 1e-6, &format!("loss {what}"));
+        // The intercept's gradient: every row's residual at z = x . w + b.
+        let mut p = vec![0.0; n];
+        scalar::predict_intercept(x, &w, &mut p);
+        let residuals: f64 = p.iter().zip(y).map(|(&p, &y)| f64::from(p) - f64::from(y)).sum();
+        for g in [&g1, &g2] {
+            assert_close(f64::from(g[dim]), residuals, n as f64, 1e-5, 1e-6, &format!("intercept {what}"));
+        }
+        for j in 0..dim {
+            assert_close(f64::from(g1[j]), f64::from(g2[j]), 1.0 + f64::from(g2[j].abs()), 1e-5, 1e-6, &what);
+        }
+        let mut sg = SparseGrad::new(dim + 1);
+        assert_eq!(simd::loss_grad_sparse_intercept(x, y, &w, &mut sg), l1, "sparse loss {what}");
+        for (j, v) in sg.iter() {
+            assert_eq!(v, g1[j as usize], "sparse grad {what} j={j}");
+        }
+        assert_eq!(sg.get(dim as u32), g1[dim], "sparse intercept {what}");
+        let mut p1 = vec![0.0; n];
+        simd::predict_intercept(x, &w, &mut p1);
+        for (a, b) in p1.iter().zip(&p) {
+            assert_close(f64::from(*a), f64::from(*b), 1.0, 1e-6, 0.0, &format!("predict {what}"));
+        }
+        // Without the intercept the same weights give other probabilities: it is used.
+        if n > 0 {
+            let mut p0 = vec![0.0; n];
+            simd::predict(x, &w[..dim], &mut p0);
+            assert!(p0.iter().zip(&p1).any(|(a, b)| (a - b).abs() > 1e-3), "{what}");
+        }
+    }
+    // A row with no features: z = b.
+    let (row_ptr, idx, val) = ([0u64, 0], [0u32; 0], [0.0f32; 0]);
+    let x = Csr { row_ptr: &row_ptr, indices: &idx, values: &val };
+    let mut g = [0.0, 0.0];
+    let l = scalar::loss_grad_dense_intercept(x, &[1.0], &[5.0, 0.0], &mut g);
+    assert_close(l, std::f64::consts::LN_2, 1.0, 1e-6, 0.0, "b=0 loss");
+    assert_eq!(g, [0.0, -0.5]);
+}
+
 #[test]
 fn margin_matches_scalar() {
     let mut rng = Rng::new(5);
@@ -129,10 +183,18 @@ fn gradient_matches_finite_difference() {
     let d = Data::new(&mut rng, 25, dim, 6);
     let (x, y) = d.view(0, 25);
     let w = rng.vec(dim, -1.0, 1.0);
+    let mut wb = w.clone();
+    wb.push(0.7);
     type LossGrad = fn(Csr<'_>, &[f32], &[f32], &mut [f32]) -> f64;
-    for (name, f) in [("simd", simd::loss_grad_dense as LossGrad), ("scalar", scalar::loss_grad_dense)] {
+    for (name, f, w) in [
+        ("simd", simd::loss_grad_dense as LossGrad, &w),
+        ("scalar", scalar::loss_grad_dense, &w),
+        ("simd with intercept", simd::loss_grad_dense_intercept, &wb),
+        ("scalar with intercept", scalar::loss_grad_dense_intercept, &wb),
+    ] {
+        let dim = w.len();
         let mut g = vec![0.0; dim];
-        f(x, y, &w, &mut g);
+        f(x, y, w, &mut g);
         let mut scratch = vec![0.0; dim];
         let h = 1e-2;
         for j in 0..dim {

@@ -74,7 +74,7 @@ fn main() -> ExitCode {
             }),
             "params" => (|| {
                 let data = data.as_deref().ok_or("--data is required")?;
-                let model = LogReg::new(std::path::Path::new(data), None, 0.5).map_err(|e| e.to_string())?;
+                let model = LogReg::new(std::path::Path::new(data), None, 0.5, true).map_err(|e| e.to_string())?;
                 let p = final_params(&t, &model, 30)?;
                 if t.rank() == 0 {
                     let out = out.as_deref().ok_or("--out is required")?;
