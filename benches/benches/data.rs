@@ -31,7 +31,7 @@ fn conversion(c: &mut Criterion) {
     let dir = dir_tmp.path();
     let input = adult_text(dir);
     let bytes = std::fs::metadata(&input).expect("stat").len();
-    let out = dir.join("adult.prg");
+    let out = dir.join("adult.pgd");
     let mut g = c.benchmark_group("convert");
     g.throughput(Throughput::Bytes(bytes));
     g.sample_size(20);
@@ -44,8 +44,8 @@ fn conversion(c: &mut Criterion) {
 fn open(c: &mut Criterion) {
     let dir_tmp = scratch();
     let dir = dir_tmp.path();
-    let small = dir.join("small.prg");
-    let large = dir.join("large.prg");
+    let small = dir.join("small.pgd");
+    let large = dir.join("large.pgd");
     gen::dense(&gen::DenseSpec { rows: 2_000, cols: 784, classes: 10, noise: 0.1, seed: 1 }, &small)
         .expect("gen small");
     gen::dense(&gen::DenseSpec { rows: 100_000, cols: 784, classes: 10, noise: 0.1, seed: 1 }, &large)

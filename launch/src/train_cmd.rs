@@ -73,13 +73,15 @@ pub struct TrainArgs {
     /// Evaluation set (default: the training set).
     #[arg(long, value_name = "FILE")]
     eval: Option<PathBuf>,
-    /// Synchronization: bsp, asp, ssp:<staleness>, dynsgd[:<staleness>] (SSP/ASP with updates
-    /// scaled by 1 / (1 + staleness)), backup:<b> (each iteration applies the first N - b updates),
-    /// backup-dynamic (b chosen per iteration from compute times), lb-bsp[:arx|:ma] (batch shares
-    /// by predicted speed), speculative (BSP with copies of slow ranks' running chunks, the first
-    /// result applied), flexrr[:<staleness>] (SSP with rapid reassignment in helper groups),
-    /// falcon (EPSP, enforced: BSP with straggler projection, task transfer and elastic threads),
-    /// falcon:slack[:<staleness>] (EPSP over SSP) [default: bsp].
+    /// Synchronization: bsp, asp, ssp[:<staleness>] (staleness 3 if not given),
+    /// dynsgd[:<staleness>] (SSP, or ASP without a bound, with updates scaled by 1 / (1 +
+    /// staleness)), backup:<b> (each iteration applies the first N - b updates), backup-dynamic
+    /// (b chosen per iteration from compute times), lb-bsp[:arx|:ma] (batch shares by predicted
+    /// speed), speculative (BSP with copies of slow ranks' running chunks, the first result
+    /// applied), flexrr[:<staleness>] (SSP, staleness 3 if not given, with rapid reassignment in
+    /// helper groups), falcon (EPSP, enforced: BSP with straggler projection, task transfer and
+    /// elastic threads), falcon:slack[:<staleness>] (EPSP over SSP, staleness 2 if not given)
+    /// [default: bsp]. The run's summary and config.toml name the scheme in full (`ssp:3`).
     #[arg(long, value_name = "SCHEME")]
     scheme: Option<Scheme>,
     /// Learning rate [default: lr 2.0, softmax 0.5, mf 0.01, mlp 0.2].
@@ -297,6 +299,22 @@ pub(crate) struct Resolved {
 }
 
 impl Resolved {
+    /// The configuration as TOML, without the keys of other models (an LR run lists no `hidden`).
+    fn to_toml(&self) -> Result<String, toml::ser::Error> {
+        let mut t = toml::Table::try_from(self)?;
+        let (mine, others): (&[&str], &[&str]) = match self.model {
+            ModelKind::Lr => (&["intercept"], &["k", "l2", "hidden"]),
+            ModelKind::Softmax => (&[], &["intercept", "k", "l2", "hidden"]),
+            ModelKind::Mf => (&["k", "l2"], &["intercept", "hidden"]),
+            ModelKind::Mlp => (&["hidden"], &["intercept", "k", "l2"]),
+        };
+        debug_assert!(mine.iter().all(|k| t.contains_key(*k)));
+        for k in others {
+            t.remove(*k);
+        }
+        toml::to_string(&t)
+    }
+
     /// Threads per rank, if set (else the rank's CPUs, decided when the rank starts).
     pub(crate) fn threads(&self) -> Option<usize> {
         (self.threads > 0).then_some(self.threads)
@@ -539,7 +557,7 @@ fn go<M: Model>(
     let metrics_dir = dir.join("metrics");
     std::fs::create_dir_all(&metrics_dir).map_err(io(format!("creating {}", metrics_dir.display())))?;
     if t.rank() == 0 {
-        let text = toml::to_string(r).map_err(|e| AppError::Train(format!("config.toml: {e}")))?;
+        let text = r.to_toml().map_err(|e| AppError::Train(format!("config.toml: {e}")))?;
         write_atomically(&dir.join("config.toml"), text.as_bytes())?;
     }
     meta::write(t, dir, ctx.slurm.as_ref())?;
@@ -637,10 +655,11 @@ fn rate_text(r: f64) -> String {
 
 fn print_summary(r: &Report, dir: &Path) {
     println!(
-        "{} | {} | {} ranks | {} iterations | {} samples in {:.3} s ({}; evaluation {:.3} s, not counted)",
+        "{} | {} | {} rank{} | {} iterations | {} samples in {:.3} s ({}; evaluation {:.3} s, not counted)",
         r.model,
         r.scheme,
         r.ranks,
+        if r.ranks == 1 { "" } else { "s" },
         r.iterations,
         r.samples,
         r.train_seconds,

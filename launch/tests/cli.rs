@@ -191,7 +191,7 @@ fn data_convert_info_and_gen() {
     let d = d_tmp.path();
     let input = d.join("in.svm");
     std::fs::write(&input, "+1 1:0.5 4:1\n-1 2:2\n").expect("write");
-    let out = d.join("in.prg");
+    let out = d.join("in.pgd");
     let s = |p: &std::path::Path| p.to_str().expect("utf8 path").to_owned();
     let o = peregrine(&["data", "convert", "libsvm", &s(&input), &s(&out)]);
     assert!(o.status.success(), "{:?}", text(&o));
@@ -200,7 +200,7 @@ fn data_convert_info_and_gen() {
     assert!(o.status.success(), "{:?}", text(&o));
     assert!(text(&o).0.contains("rows 2  features 4  nonzeros 3"), "{:?}", text(&o));
 
-    let gen = d.join("gen.prg");
+    let gen = d.join("gen.pgd");
     let o = peregrine(&[
         "data",
         "gen",
@@ -224,7 +224,7 @@ fn bad_data_is_a_clear_error_and_leaves_nothing_behind() {
     let d = d_tmp.path();
     let input = d.join("bad.svm");
     std::fs::write(&input, "+1 1:1\n-1 3:1 2:1\n").expect("write");
-    let out = d.join("bad.prg");
+    let out = d.join("bad.pgd");
     let s = |p: &std::path::Path| p.to_str().expect("utf8 path").to_owned();
     let o = peregrine(&["data", "convert", "libsvm", &s(&input), &s(&out)]);
     assert_eq!(o.status.code(), Some(1));
@@ -235,9 +235,9 @@ fn bad_data_is_a_clear_error_and_leaves_nothing_behind() {
     let o = peregrine(&["data", "info", &s(&input)]);
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o).1.contains("not a Peregrine dataset"), "{:?}", text(&o));
-    let o = peregrine(&["data", "info", &s(&d.join("missing.prg"))]);
+    let o = peregrine(&["data", "info", &s(&d.join("missing.pgd"))]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(text(&o).1.contains("missing.prg: opening"), "{:?}", text(&o));
+    assert!(text(&o).1.contains("missing.pgd: opening"), "{:?}", text(&o));
 }
 
 /// A small generated sparse dataset for the training commands.
@@ -320,13 +320,30 @@ fn train_writes_its_run_directory() {
         "--iterations",
         "2",
         "--no-intercept",
-        "-q",
         "--run-dir",
         &none.to_string_lossy(),
     ]);
     assert!(out.status.success(), "{:?}", text(&out));
+    assert!(text(&out).0.contains("lr | bsp | 1 rank | 2 iterations"), "{:?}", text(&out));
     let config = std::fs::read_to_string(none.join("config.toml")).expect("config");
     assert!(config.contains("intercept = false"), "{config}");
+    // Only LR's own keys: no factor rank, L2 or hidden layers of other models.
+    for other in ["k =", "l2 =", "hidden ="] {
+        assert!(!config.lines().any(|l| l.starts_with(other)), "{other} in an LR run's config:\n{config}");
+    }
+    // An evaluation set with more features than the training set: the fix named.
+    let wide = d.join("wide.svm");
+    std::fs::write(&wide, "+1 1:1 400:1\n-1 2:1\n").expect("write");
+    let wide_pgd = d.join("wide.pgd").to_string_lossy().into_owned();
+    assert!(peregrine(&["data", "convert", "libsvm", &wide.to_string_lossy(), &wide_pgd]).status.success());
+    let out =
+        peregrine(&["train", "--ranks", "1", "--model", "lr", "--data", &data, "--eval", &wide_pgd, "-q"]);
+    assert_eq!(out.status.code(), Some(1), "{:?}", text(&out));
+    assert!(text(&out).1.contains("--features N"), "{:?}", text(&out));
+    // A text file given as a dataset: told to convert it.
+    let out = peregrine(&["train", "--ranks", "1", "--model", "lr", "--data", &wide.to_string_lossy(), "-q"]);
+    assert_eq!(out.status.code(), Some(1), "{:?}", text(&out));
+    assert!(text(&out).1.contains("peregrine data convert libsvm"), "{:?}", text(&out));
 }
 
 #[test]

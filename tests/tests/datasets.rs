@@ -28,7 +28,7 @@ fn scratch(name: &str) -> tempfile::TempDir {
 fn adult() {
     let d_tmp = scratch("adult");
     let d = d_tmp.path();
-    let out = d.join("adult.prg");
+    let out = d.join("adult.pgd");
     let c = libsvm::convert(&repo_data("adult.libsvm.gz"), &out, None).expect("convert adult");
     assert_eq!((c.rows, c.cols, c.nnz), (48_842, 122, 683_788));
     let ds = Dataset::open(&out).expect("open");
@@ -43,7 +43,7 @@ fn adult() {
 fn heart_scale() {
     let d_tmp = scratch("heart");
     let d = d_tmp.path();
-    let out = d.join("heart.prg");
+    let out = d.join("heart.pgd");
     let c = libsvm::convert(&repo_data("heart_scale"), &out, None).expect("convert heart_scale");
     assert_eq!((c.rows, c.cols), (270, 13));
     let ds = Dataset::open(&out).expect("open");
@@ -69,7 +69,7 @@ fn fashion_mnist() {
     let d_tmp = scratch("fmnist");
     let d = d_tmp.path();
     for (split, n) in [("train", 60_000), ("t10k", 10_000)] {
-        let out = d.join(format!("{split}.prg"));
+        let out = d.join(format!("{split}.pgd"));
         idx::convert(
             &dir.join(format!("{split}-images-idx3-ubyte.gz")),
             &dir.join(format!("{split}-labels-idx1-ubyte.gz")),
@@ -102,7 +102,7 @@ fn movielens_100k() {
     let path = movielens_path();
     let d_tmp = scratch("ml100k");
     let d = d_tmp.path();
-    let out = d.join("ml.prg");
+    let out = d.join("ml.pgd");
     ratings::convert(Path::new(&path), &out).expect("convert MovieLens");
     let ds = Dataset::open(&out).expect("open");
     ds.verify().expect("verify");
@@ -134,7 +134,7 @@ fn epochs(rows: usize, batch: usize, epochs: u64) -> u64 {
 #[test]
 fn lr_on_adult_reaches_log_loss_0_345() {
     let d_tmp = scratch("adult-lr");
-    let data = d_tmp.path().join("adult.prg");
+    let data = d_tmp.path().join("adult.pgd");
     libsvm::convert(&repo_data("adult.libsvm.gz"), &data, None).expect("convert adult");
     let cfg = Config { batch: 4096, chunk: 512, iterations: epochs(48_842, 4096, 20), ..Config::default() };
     let r = train_2_ranks(|| LogReg::new(&data, None, 2.0, true).expect("model"), &cfg);
@@ -148,7 +148,7 @@ fn fashion_mnist_files(name: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
     let dir = fashion_mnist_dir();
     let d_tmp = scratch(name);
     let d = d_tmp.path();
-    let (train, test) = (d.join("train.prg"), d.join("test.prg"));
+    let (train, test) = (d.join("train.pgd"), d.join("test.pgd"));
     for (split, out) in [("train", &train), ("t10k", &test)] {
         idx::convert(
             &dir.join(format!("{split}-images-idx3-ubyte.gz")),
@@ -194,7 +194,7 @@ fn mlp_on_fashion_mnist_reaches_86_percent() {
 fn mf_on_movielens_reaches_rmse_0_93() {
     let d_tmp = scratch("ml-mf");
     let d = d_tmp.path();
-    let (all, train, test) = (d.join("ml.prg"), d.join("train.prg"), d.join("test.prg"));
+    let (all, train, test) = (d.join("ml.pgd"), d.join("train.pgd"), d.join("test.pgd"));
     ratings::convert(&movielens_path(), &all).expect("convert MovieLens");
     split::split(&all, &train, &test, 0.1, 1).expect("90/10 split");
     let cfg = Config { batch: 8192, chunk: 1024, iterations: epochs(90_000, 8192, 20), ..Config::default() };

@@ -389,7 +389,10 @@ pub(crate) fn same_cols(train: &Dataset, eval: &Dataset) -> Built<()> {
     if b > a {
         return Err(ModelError::Shape {
             path: eval.path().into(),
-            eval: format!("has {b} columns"),
+            eval: format!(
+                "has {b} columns (features), more than the model's; convert both files with the same \
+                 `peregrine data convert libsvm --features N`"
+            ),
             train: format!("{} has {a}", train.path().display()),
         });
     }

@@ -357,6 +357,20 @@ pub struct Dataset {
     path: PathBuf,
 }
 
+/// What to do with a file that is not a dataset, judged from its first bytes: text and gzip
+/// files are what `peregrine data convert` reads.
+fn convert_hint(head: &[u8]) -> &'static str {
+    if head.starts_with(&[0x1f, 0x8b]) {
+        "; it is gzip-compressed: convert it first with `peregrine data convert libsvm|idx|ratings` (gzip is read directly)"
+    } else if head.starts_with(&[0, 0, 8]) {
+        "; it looks like an MNIST IDX file: convert it first with `peregrine data convert idx`"
+    } else if !head.is_empty() && head.iter().all(|&b| b.is_ascii_graphic() || b.is_ascii_whitespace()) {
+        "; it looks like text: convert it first with `peregrine data convert libsvm` (LIBSVM/SVMlight) or `peregrine data convert ratings`"
+    } else {
+        ""
+    }
+}
+
 impl Dataset {
     /// Maps `path` and checks its header: O(1) in the dataset's size.
     pub fn open(path: &Path) -> Result<Self> {
@@ -369,7 +383,10 @@ impl Dataset {
         let bad = |d: String| DataError::format(path, d);
         if map.len() < MAGIC.len() || map[..MAGIC.len()] != MAGIC {
             let found = &map[..map.len().min(MAGIC.len())];
-            return Err(bad(format!("not a Peregrine dataset (starts with {found:?}, expected {MAGIC:?})")));
+            return Err(bad(format!(
+                "not a Peregrine dataset (starts with {found:?}, expected {MAGIC:?}){}",
+                convert_hint(&map[..map.len().min(512)])
+            )));
         }
         if map.len() < HEADER_BYTES {
             return Err(bad(format!(

@@ -81,6 +81,15 @@ fn parse_line(path: &Path, no: u64, line: &[u8], out: &mut SparseText) -> Result
         return Err(parse_error(path, no, line, i, "a binary label: -1 or +1 (or 0 or 1)"));
     };
     i = end;
+    // SVMlight's query id (`qid:N`, ranking data) right after the label: read past, not used.
+    let at = skip_ws(line, i);
+    if line[at..].starts_with(b"qid:") {
+        let end = token_end(line, at, b'#');
+        if parse_u64(&line[at + 4..end]).is_none() {
+            return Err(parse_error(path, no, line, at + 4, "a query id (qid:N, a whole number)"));
+        }
+        i = end;
+    }
     let mut prev = 0u64;
     loop {
         i = skip_ws(line, i);

@@ -25,7 +25,7 @@ fn libsvm_round_trip() {
     let d_tmp = dir("libsvm");
     let d = d_tmp.path();
     let input = write(d, "in.txt", "+1 1:0.5 3:2\n-1 2:1 # comment\n\n0 4:-1.5e2\n1\n");
-    let out = d.join("out.prg");
+    let out = d.join("out.pgd");
     let c = libsvm::convert(&input, &out, None).expect("convert");
     assert_eq!(c, Converted { rows: 4, cols: 4, nnz: 4, input_bytes: 44 });
     let ds = Dataset::open(&out).expect("open");
@@ -41,7 +41,22 @@ fn libsvm_round_trip() {
         (&[2u64, 3, 4][..], &[1u32, 3][..], &[0.0f32, 0.0][..])
     );
     assert!(ds.sparse().is_ok() && ds.dense().is_err());
-    no_leftovers(d, &["in.txt", "out.prg"]);
+    no_leftovers(d, &["in.txt", "out.pgd"]);
+    // SVMlight's query ids are read past: the same rows as without them.
+    let qid = write(
+        d,
+        "qid.txt",
+        "+1 qid:3 1:0.5 3:2
+-1 qid:3 2:1 # comment
+
+0 qid:12 4:-1.5e2
+1	qid:1
+",
+    );
+    libsvm::convert(&qid, &d.join("qid.pgd"), None).expect("convert with qid");
+    let q = Dataset::open(&d.join("qid.pgd")).expect("open");
+    let q = q.sparse().expect("sparse");
+    assert_eq!((q.row_ptr, q.indices, q.values, q.labels), (s.row_ptr, s.indices, s.values, s.labels));
 }
 
 #[test]
@@ -58,10 +73,11 @@ fn libsvm_errors_name_line_and_column() {
         ("+1 1:1 2\n", 1, 8, "index:value"),
         ("2 1:1\n", 1, 1, "a binary label"),
         ("+1 a:1\n", 1, 4, "a feature index"),
+        ("+1 qid:x 1:1\n", 1, 8, "a query id"),
     ];
     for (i, (text, line, column, expected)) in cases.iter().enumerate() {
         let input = write(d, &format!("bad{i}.txt"), text);
-        let out = d.join(format!("bad{i}.prg"));
+        let out = d.join(format!("bad{i}.pgd"));
         match libsvm::convert(&input, &out, None) {
             Err(DataError::Parse { line: l, column: c, expected: e, .. }) => {
                 assert_eq!((l, c), (*line, *column), "{text:?}: {e}");
@@ -71,7 +87,7 @@ fn libsvm_errors_name_line_and_column() {
         }
         assert!(!out.exists(), "a failed conversion left {}", out.display());
     }
-    let err = libsvm::convert(&write(d, "x.txt", "+1 9:1\n"), &d.join("x.prg"), Some(4))
+    let err = libsvm::convert(&write(d, "x.txt", "+1 9:1\n"), &d.join("x.pgd"), Some(4))
         .expect_err("beyond --features");
     assert!(err.to_string().contains("beyond --features 4"), "{err}");
 }
@@ -85,7 +101,7 @@ fn ratings_with_header_and_separators() {
         "r.txt",
         "user_id:token\titem_id:token\trating:float\n1\t2\t3.5\t881250949\n3::1::5\n2,2,1\n0 0 4\n",
     );
-    let out = d.join("r.prg");
+    let out = d.join("r.pgd");
     ratings::convert(&input, &out).expect("convert");
     let ds = Dataset::open(&out).expect("open");
     ds.verify().expect("verify");
@@ -96,12 +112,12 @@ fn ratings_with_header_and_separators() {
     );
     assert_eq!((r.n_users, r.n_items), (4, 3));
     let bad = write(d, "bad.txt", "1 2 3\n1 x 3\n");
-    match ratings::convert(&bad, &d.join("bad.prg")) {
+    match ratings::convert(&bad, &d.join("bad.pgd")) {
         Err(DataError::Parse { line: 2, column: 3, .. }) => {}
         other => panic!("{other:?}"),
     }
     let short = write(d, "short.txt", "1 2\n");
-    assert!(matches!(ratings::convert(&short, &d.join("s.prg")), Err(DataError::Parse { line: 1, .. })));
+    assert!(matches!(ratings::convert(&short, &d.join("s.pgd")), Err(DataError::Parse { line: 1, .. })));
 }
 
 fn idx_files(d: &Path, n: u32, magic: u32, labels: &[u8]) -> (PathBuf, PathBuf) {
@@ -138,7 +154,7 @@ fn idx_plain_and_gzipped() {
     );
     enc.write_all(&raw).expect("gzip");
     enc.finish().expect("gzip");
-    let out = d.join("m.prg");
+    let out = d.join("m.pgd");
     idx::convert(&pi, &gz, &out).expect("convert");
     let ds = Dataset::open(&out).expect("open");
     ds.verify().expect("verify");
@@ -148,10 +164,10 @@ fn idx_plain_and_gzipped() {
     assert_eq!(m.rows(2..3).features, &m.features[8..12]);
 
     let (pi, pl) = idx_files(d, 3, 0x801, &[0, 2, 1]);
-    let e = idx::convert(&pi, &pl, &d.join("x.prg")).expect_err("wrong magic");
+    let e = idx::convert(&pi, &pl, &d.join("x.pgd")).expect_err("wrong magic");
     assert!(e.to_string().contains("wrong IDX magic"), "{e}");
     let (pi, pl) = idx_files(d, 3, 0x803, &[0, 2]);
-    assert!(idx::convert(&pi, &pl, &d.join("x.prg"))
+    assert!(idx::convert(&pi, &pl, &d.join("x.pgd"))
         .expect_err("count")
         .to_string()
         .contains("3 images but"));
@@ -159,8 +175,8 @@ fn idx_plain_and_gzipped() {
     let mut img = std::fs::read(&pi).expect("read");
     img.truncate(img.len() - 1);
     std::fs::write(&pi, img).expect("write");
-    assert!(idx::convert(&pi, &pl, &d.join("x.prg")).expect_err("truncated").to_string().contains("needs"));
-    assert!(!d.join("x.prg").exists());
+    assert!(idx::convert(&pi, &pl, &d.join("x.pgd")).expect_err("truncated").to_string().contains("needs"));
+    assert!(!d.join("x.pgd").exists());
 }
 
 #[test]
@@ -168,7 +184,7 @@ fn corrupt_files_are_refused() {
     let d_tmp = dir("corrupt");
     let d = d_tmp.path();
     let input = write(d, "in.txt", "+1 1:1 2:1\n-1 2:3\n");
-    let out = d.join("ok.prg");
+    let out = d.join("ok.pgd");
     libsvm::convert(&input, &out, None).expect("convert");
     let good = std::fs::read(&out).expect("read");
     let case = |name: &str, bytes: Vec<u8>, expect: &str| {
@@ -177,19 +193,25 @@ fn corrupt_files_are_refused() {
         let e = Dataset::open(&p).and_then(|ds| ds.verify()).expect_err(name);
         assert!(e.to_string().contains(expect), "{name}: {e}");
     };
-    case("short.prg", good[..100].to_vec(), "truncated");
-    case("cut.prg", good[..good.len() - 8].to_vec(), "truncated");
+    case("short.pgd", good[..100].to_vec(), "truncated");
+    case("cut.pgd", good[..good.len() - 8].to_vec(), "truncated");
     let mut m = good.clone();
     m[0] = b'X';
-    case("magic.prg", m, "not a Peregrine dataset");
+    case("magic.pgd", m, "not a Peregrine dataset");
+    case(
+        "text.pgd",
+        b"+1 1:0.5 3:2\n-1 2:1\n".to_vec(),
+        "convert it first with `peregrine data convert libsvm`",
+    );
+    case("gz.pgd", vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3], "gzip-compressed");
     let mut m = good.clone();
     m[16] ^= 1;
-    case("header.prg", m, "header checksum");
+    case("header.pgd", m, "header checksum");
     let mut m = good.clone();
     let last = m.len() - 60;
     m[last] ^= 0x40;
-    case("data.prg", m, "data checksum");
-    case("empty.prg", Vec::new(), "not a Peregrine dataset");
+    case("data.pgd", m, "data checksum");
+    case("empty.pgd", Vec::new(), "not a Peregrine dataset");
 }
 
 #[test]
@@ -197,10 +219,10 @@ fn generators_are_seeded_and_hold_their_truth() {
     let d_tmp = dir("gen");
     let d = d_tmp.path();
     let s = gen::SparseSpec { rows: 500, cols: 1000, nnz_per_row: 10, zipf: 1.1, seed: 7 };
-    gen::sparse(&s, &d.join("a.prg")).expect("gen");
-    gen::sparse(&s, &d.join("b.prg")).expect("gen");
-    assert_eq!(std::fs::read(d.join("a.prg")).expect("a"), std::fs::read(d.join("b.prg")).expect("b"));
-    let ds = Dataset::open(&d.join("a.prg")).expect("open");
+    gen::sparse(&s, &d.join("a.pgd")).expect("gen");
+    gen::sparse(&s, &d.join("b.pgd")).expect("gen");
+    assert_eq!(std::fs::read(d.join("a.pgd")).expect("a"), std::fs::read(d.join("b.pgd")).expect("b"));
+    let ds = Dataset::open(&d.join("a.pgd")).expect("open");
     ds.verify().expect("verify");
     let rows = ds.sparse().expect("sparse");
     // Power law: feature 0 is far more frequent than feature 500.
@@ -219,17 +241,17 @@ fn generators_are_seeded_and_hold_their_truth() {
     }
     assert!(pos.0 / pos.1 as f32 > neg.0 / neg.1 as f32 + 0.5);
 
-    gen::dense(&gen::DenseSpec { rows: 200, cols: 16, classes: 4, noise: 0.1, seed: 1 }, &d.join("d.prg"))
+    gen::dense(&gen::DenseSpec { rows: 200, cols: 16, classes: 4, noise: 0.1, seed: 1 }, &d.join("d.pgd"))
         .expect("gen");
-    let ds = Dataset::open(&d.join("d.prg")).expect("open");
+    let ds = Dataset::open(&d.join("d.pgd")).expect("open");
     ds.verify().expect("verify");
     assert_eq!(ds.truth().expect("truth").len(), 64);
     let dr = ds.dense().expect("dense");
     assert!((0..4).all(|c| dr.labels.contains(&c)), "every class appears");
 
     let rs = gen::RatingsSpec { rows: 1000, users: 50, items: 40, rank: 3, noise: 0.1, seed: 2 };
-    gen::ratings(&rs, &d.join("r.prg")).expect("gen");
-    let ds = Dataset::open(&d.join("r.prg")).expect("open");
+    gen::ratings(&rs, &d.join("r.pgd")).expect("gen");
+    let ds = Dataset::open(&d.join("r.pgd")).expect("open");
     ds.verify().expect("verify");
     let r = ds.ratings().expect("ratings");
     assert_eq!((r.n_users, r.n_items, r.len()), (50, 40, 1000));
