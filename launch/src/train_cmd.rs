@@ -127,6 +127,11 @@ pub struct TrainArgs {
     /// Seed of the initial model and of the batch order [default: 1].
     #[arg(long, value_name = "N")]
     seed: Option<u64>,
+    /// Stop with an error (exit 1) when the evaluations show the model not learning: no better
+    /// than a constant prediction, or the loss rising, at 3 evaluations in a row (otherwise a
+    /// warning). A diverged loss (not a number, or 10 times a blind model's) always stops.
+    #[arg(long)]
+    stop_on_stall: bool,
     /// LR: no intercept (`p = sigmoid(w . x)`; by default `sigmoid(w . x + b)`). Softmax and MLP
     /// always have their biases.
     #[arg(long)]
@@ -175,6 +180,7 @@ pub(crate) struct TrainFile {
     steal: Option<bool>,
     steal_fraction: Option<f64>,
     pub(crate) seed: Option<u64>,
+    stop_on_stall: Option<bool>,
     intercept: Option<bool>,
     k: Option<usize>,
     l2: Option<f32>,
@@ -208,6 +214,7 @@ impl TrainFile {
             steal: top.steal.or(self.steal),
             steal_fraction: top.steal_fraction.or(self.steal_fraction),
             seed: top.seed.or(self.seed),
+            stop_on_stall: top.stop_on_stall.or(self.stop_on_stall),
             intercept: top.intercept.or(self.intercept),
             k: top.k.or(self.k),
             l2: top.l2.or(self.l2),
@@ -249,6 +256,7 @@ impl TrainArgs {
             steal: self.no_steal.then_some(false),
             steal_fraction: self.steal_fraction,
             seed: self.seed,
+            stop_on_stall: self.stop_on_stall.then_some(true),
             intercept: self.no_intercept.then_some(false),
             k: self.k,
             l2: self.l2,
@@ -291,6 +299,7 @@ pub(crate) struct Resolved {
     steal: bool,
     steal_fraction: f64,
     seed: u64,
+    stop_on_stall: bool,
     intercept: bool,
     k: usize,
     l2: f32,
@@ -407,6 +416,7 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
         steal: f.steal.unwrap_or(true),
         steal_fraction: f.steal_fraction.unwrap_or(0.5),
         seed: f.seed.unwrap_or(1),
+        stop_on_stall: f.stop_on_stall.unwrap_or(false),
         intercept: f.intercept.unwrap_or(true),
         k: f.k.unwrap_or(40),
         l2: f.l2.unwrap_or(0.05),
@@ -550,6 +560,7 @@ fn go<M: Model>(
         inject,
         keep_params: false,
         lr_decay: r.lr_decay,
+        stop_on_stall: r.stop_on_stall,
         ..Config::default()
     };
     // Refused configurations leave no run directory behind.
@@ -586,6 +597,9 @@ fn go<M: Model>(
         write_atomically(&dir.join("summary.json"), text.as_bytes())?;
         if !a.quiet {
             print_summary(&report, dir);
+        }
+        for w in &report.warnings {
+            eprintln!("warning: {w}");
         }
     }
     Ok(report)
@@ -667,7 +681,14 @@ fn print_summary(r: &Report, dir: &Path) {
         r.eval_seconds
     );
     if let Some(e) = r.last_eval() {
-        println!("final evaluation: loss {:.4}, {} {:.4}", e.loss, r.metric, e.metric);
+        let train = e.train_loss.map(|l| format!("; training loss {l:.4} since the previous evaluation"));
+        println!(
+            "final evaluation: loss {:.4}, {} {:.4}{}",
+            e.loss,
+            r.metric,
+            e.metric,
+            train.unwrap_or_default()
+        );
     }
     match (r.target_loss, r.time_to_target) {
         (Some(g), Some(s)) => println!("reached loss <= {g} after {s:.3} s"),

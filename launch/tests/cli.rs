@@ -504,6 +504,43 @@ fn train_divergence_is_an_error() {
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("diverged"), "{stderr}");
+    // A loss that explodes but stays a number (softmax at lr 1e30) is divergence too.
+    let dense = d.join("dense.pgd").to_string_lossy().into_owned();
+    let gen = ["data", "gen", "dense", &dense, "--rows", "2000", "--features", "20", "--classes", "4"];
+    assert!(peregrine(&gen).status.success());
+    let run = |extra: &[&str]| {
+        let mut args = vec!["train", "--ranks", "1", "--model", "softmax", "--data", &dense, "-q"];
+        args.extend(extra);
+        peregrine(&args)
+    };
+    let out = run(&["--lr", "1e30", "--iterations", "20"]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("diverged") && stderr.contains("predicts nothing scores 1.3863"), "{stderr}");
+    // Labels the features say nothing about (one row in five positive): the model can do no
+    // better than always answering "negative", which is reported as a warning, or with
+    // --stop-on-stall as an error.
+    let noise = d.join("noise.svm");
+    let rows: String = (0..2000u64)
+        .map(|i| format!("{} {}:1 {}:1\n", u8::from(i % 5 == 0), i % 7 + 1, i % 11 + 8))
+        .collect();
+    std::fs::write(&noise, rows).expect("write");
+    let noise_pgd = d.join("noise.pgd").to_string_lossy().into_owned();
+    assert!(peregrine(&["data", "convert", "libsvm", &noise.to_string_lossy(), &noise_pgd]).status.success());
+    let still =
+        ["train", "--ranks", "1", "--model", "lr", "--data", &noise_pgd, "--lr", "0.5", "--iterations", "40"];
+    let still = [&still[..], &["--batch", "500", "--chunk", "50", "--eval-every", "5", "-q"]].concat();
+    let out = peregrine(&still);
+    let (_, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning: the accuracy") && stderr.contains("most frequent class (0.8000)"),
+        "{stderr}"
+    );
+    let out = peregrine(&[&still[..], &["--stop-on-stall"]].concat());
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("training stopped: the accuracy"), "{stderr}");
 }
 
 #[test]

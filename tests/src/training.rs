@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use peregrine_core::engine::{self, Config, Report};
 use peregrine_core::inject::{Injection, Pattern};
-use peregrine_core::model::{Delta, EvalSums, KeySet, Layout, Metric, Model};
+use peregrine_core::model::{Baseline, Delta, EvalSums, KeySet, Layout, Metric, Model};
 use peregrine_core::pool::{Pinning, RankPool, Slot};
 use peregrine_core::{Scheme, SchemeSpec};
 use peregrine_transport::{Backend, Transport};
@@ -89,6 +89,11 @@ impl Model for Counting {
             std::hint::spin_loop();
         }
         0.0
+    }
+
+    /// No evaluation rows: nothing is judged against it.
+    fn baseline(&self) -> Baseline {
+        Baseline { blind_loss: 1.0, constant_metric: 0.0 }
     }
 
     fn drain(&self, work: &mut Counts, scale: f32, delta: &mut Delta) {

@@ -7,8 +7,88 @@ use peregrine_transport::ReduceOp;
 
 use super::run::Run;
 use super::{EvalPoint, TrainError};
-use crate::model::{metric_value, Model};
+use crate::model::{metric_value, Baseline, Metric, Model};
 use crate::plan::split;
+
+/// An evaluation loss above this many times a blind model's is divergence (an error).
+pub const DIVERGED_ABOVE: f64 = 10.0;
+/// Consecutive evaluations that make a stall or a rising loss.
+pub const STALL_EVALS: usize = 3;
+/// A rising loss is reported once it is this much above the best so far.
+pub const RISEN_BY: f64 = 0.1;
+
+/// What the evaluations say about learning: the yardsticks, and what was reported.
+pub(super) struct Health {
+    baseline: Baseline,
+    metric: Metric,
+    pub warnings: Vec<String>,
+    stalled: bool,
+    rising: bool,
+}
+
+impl Health {
+    pub(super) fn new(baseline: Baseline, metric: Metric) -> Self {
+        Self { baseline, metric, warnings: Vec::new(), stalled: false, rising: false }
+    }
+
+    /// Judges the evaluations so far (the last one just added): an error if it diverged, else
+    /// warnings (each reported once) for a stall at the constant prediction's metric and for a
+    /// loss rising at each of the last [`STALL_EVALS`] evaluations; as errors if `stop`.
+    pub(super) fn check(&mut self, points: &[EvalPoint], stop: bool) -> Result<(), TrainError> {
+        let Some(last) = points.last() else { return Ok(()) };
+        let blind = self.baseline.blind_loss;
+        if !last.loss.is_finite() || last.loss > DIVERGED_ABOVE * blind {
+            return Err(TrainError::Diverged { iter: last.iter, loss: last.loss, blind });
+        }
+        let Some(recent) = points.len().checked_sub(STALL_EVALS).map(|i| &points[i..]) else { return Ok(()) };
+        let (first, n) = (recent[0].iter, STALL_EVALS);
+        let constant = self.baseline.constant_metric;
+        let no_better = |m: f64| match self.metric {
+            Metric::Accuracy => m <= constant + 0.002,
+            Metric::Rmse => m >= constant - 0.002,
+        };
+        if !self.stalled && recent.iter().all(|p| no_better(p.metric)) {
+            self.stalled = true;
+            let (name, what) = match self.metric {
+                Metric::Accuracy => ("accuracy", "always predicting the most frequent class"),
+                Metric::Rmse => ("RMSE", "always predicting the mean rating"),
+            };
+            self.report(
+                format!(
+                    "the {name} ({:.4}) is no better than {what} ({constant:.4}) at the last {n} evaluations \
+                     (iterations {first} to {}): the model is not learning; a learning rate too high \
+                     (or too low) does this, try one ten times lower (and higher)",
+                    last.metric, last.iter
+                ),
+                stop,
+            )?;
+        }
+        let best = points.iter().min_by(|a, b| a.loss.total_cmp(&b.loss)).expect("points");
+        let rose = recent.windows(2).all(|w| w[1].loss > w[0].loss)
+            && points.len() > STALL_EVALS
+            && points[points.len() - STALL_EVALS - 1].loss < recent[0].loss;
+        if !self.rising && rose && last.loss > (1.0 + RISEN_BY) * best.loss {
+            self.rising = true;
+            self.report(
+                format!(
+                    "the evaluation loss rose at each of the last {n} evaluations, to {:.4} at iteration {} \
+                     (best {:.4} at iteration {}): lower the learning rate or add --lr-decay",
+                    last.loss, last.iter, best.loss, best.iter
+                ),
+                stop,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn report(&mut self, warning: String, stop: bool) -> Result<(), TrainError> {
+        if stop {
+            return Err(TrainError::Stalled(warning));
+        }
+        self.warnings.push(warning);
+        Ok(())
+    }
+}
 
 /// Where this rank's evaluations stand.
 pub(super) struct Evals {
@@ -22,12 +102,17 @@ pub(super) struct Evals {
     pub params: Vec<f32>,
     /// This rank's iterations done.
     pub iters: u64,
+    /// This rank's training loss (summed over rows) and rows since the last evaluation.
+    pub train_loss: f64,
+    pub train_rows: f64,
+    pub health: Health,
     start: Instant,
 }
 
 impl Evals {
-    /// No evaluation yet, training time counted from now; `params` parameters to pull.
-    pub(super) fn new(params: usize) -> Self {
+    /// No evaluation yet, training time counted from now; `params` parameters to pull; learning
+    /// judged against `baseline`.
+    pub(super) fn new(params: usize, baseline: Baseline, metric: Metric) -> Self {
         Self {
             points: Vec::new(),
             time: Duration::ZERO,
@@ -35,6 +120,9 @@ impl Evals {
             joined: 0,
             params: vec![0.0; params],
             iters: 0,
+            train_loss: 0.0,
+            train_rows: 0.0,
+            health: Health::new(baseline, metric),
             start: Instant::now(),
         }
     }
@@ -96,19 +184,114 @@ impl<M: Model> Run<'_, M> {
         });
         let s = sums.into_inner().expect("eval sums");
         let (iter, time) = if self.rank == 0 { (ev.iters as f64, train_time) } else { (0.0, 0.0) };
-        let mut all = [s[0], s[1], s[2], iter, time];
+        let mut all = [s[0], s[1], s[2], iter, time, ev.train_loss, ev.train_rows];
         self.t.allreduce(&mut all, ReduceOp::Sum)?;
+        (ev.train_loss, ev.train_rows) = (0.0, 0.0);
         let loss = all[0] / all[2].max(1.0);
         let metric = metric_value(self.model.metric(), [all[0], all[1], all[2]]);
         let (iter, time) = (all[3] as u64, all[4]);
+        let train_loss = (all[6] > 0.0).then(|| all[5] / all[6]);
         ev.time += e0.elapsed();
-        if !loss.is_finite() {
-            return Err(TrainError::Diverged { iter, loss });
+        ev.points.push(EvalPoint { iter, time, loss, metric, train_loss });
+        // Every rank judges the same reduced figures: all stop together, or none. (No evaluation
+        // rows, nothing to judge.)
+        if all[2] > 0.0 {
+            ev.health.check(&ev.points, self.cfg.stop_on_stall)?;
         }
-        ev.points.push(EvalPoint { iter, time, loss, metric });
         if ev.to_target.is_none() && self.cfg.target_loss.is_some_and(|g| loss <= g) {
             ev.to_target = Some(time);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn points(losses_metrics: &[(f64, f64)]) -> Vec<EvalPoint> {
+        losses_metrics
+            .iter()
+            .enumerate()
+            .map(|(i, &(loss, metric))| EvalPoint {
+                iter: 10 * (i as u64 + 1),
+                time: i as f64,
+                loss,
+                metric,
+                train_loss: None,
+            })
+            .collect()
+    }
+
+    /// Checks every prefix in turn, as the evaluations arrive.
+    fn judge(h: &mut Health, p: &[EvalPoint], stop: bool) -> Result<(), TrainError> {
+        (1..=p.len()).try_for_each(|n| h.check(&p[..n], stop))
+    }
+
+    const TEN_CLASSES: Baseline = Baseline { blind_loss: std::f64::consts::LN_10, constant_metric: 0.1 };
+
+    #[test]
+    fn a_learning_model_is_left_alone() {
+        let mut h = Health::new(TEN_CLASSES, Metric::Accuracy);
+        let p = points(&[(2.2, 0.3), (1.5, 0.5), (1.1, 0.6), (0.9, 0.7), (0.95, 0.7), (0.93, 0.71)]);
+        judge(&mut h, &p, true).expect("healthy");
+        assert!(h.warnings.is_empty(), "{:?}", h.warnings);
+    }
+
+    #[test]
+    fn a_loss_not_a_number_or_ten_times_blind_diverged() {
+        for bad in [f64::NAN, f64::INFINITY, 23.1, 6e28] {
+            let mut h = Health::new(TEN_CLASSES, Metric::Accuracy);
+            let e = judge(&mut h, &points(&[(2.0, 0.3), (bad, 0.1)]), false).expect_err("diverged");
+            assert!(matches!(e, TrainError::Diverged { iter: 20, .. }), "{bad}: {e}");
+            assert!(e.to_string().contains("predicts nothing scores 2.3026"), "{e}");
+        }
+        // Just under ten times: not (yet) divergence.
+        let mut h = Health::new(TEN_CLASSES, Metric::Accuracy);
+        judge(&mut h, &points(&[(2.0, 0.3), (23.0, 0.3)]), false).expect("below the limit");
+    }
+
+    #[test]
+    fn three_evaluations_at_the_constant_prediction_are_a_stall() {
+        // Accuracy at the majority class's share (0.1) three times: one warning, however long
+        // it lasts; two times is not enough.
+        let mut h = Health::new(TEN_CLASSES, Metric::Accuracy);
+        judge(&mut h, &points(&[(2.3, 0.1), (2.3, 0.101)]), false).expect("warn");
+        assert!(h.warnings.is_empty());
+        let p = points(&[(2.3, 0.1), (2.3, 0.101), (2.3, 0.1), (2.3, 0.1), (2.3, 0.1)]);
+        let mut h = Health::new(TEN_CLASSES, Metric::Accuracy);
+        judge(&mut h, &p, false).expect("warn");
+        assert_eq!(h.warnings.len(), 1, "{:?}", h.warnings);
+        assert!(
+            h.warnings[0].contains("most frequent class") && h.warnings[0].contains("iterations 10 to 30")
+        );
+        let mut h = Health::new(TEN_CLASSES, Metric::Accuracy);
+        let e = judge(&mut h, &p, true).expect_err("stop");
+        assert!(matches!(e, TrainError::Stalled(_)), "{e}");
+        // RMSE: no better means no lower than the ratings' standard deviation.
+        let ratings = Baseline { blind_loss: 13.5, constant_metric: 1.12 };
+        let mut h = Health::new(ratings, Metric::Rmse);
+        judge(&mut h, &points(&[(1.3, 1.14), (1.3, 1.13), (1.25, 1.125)]), false).expect("warn");
+        assert_eq!(h.warnings.len(), 1);
+        assert!(h.warnings[0].contains("mean rating"));
+        let mut h = Health::new(ratings, Metric::Rmse);
+        judge(&mut h, &points(&[(1.0, 1.0), (0.9, 0.95), (0.85, 0.92)]), false).expect("learning");
+        assert!(h.warnings.is_empty());
+    }
+
+    #[test]
+    fn a_loss_rising_three_times_past_the_best_is_reported() {
+        let mut h = Health::new(TEN_CLASSES, Metric::Accuracy);
+        // Best 0.8, then up three times, ending 25 % above it.
+        let p = points(&[(1.5, 0.5), (0.8, 0.7), (0.85, 0.7), (0.9, 0.69), (1.0, 0.66)]);
+        judge(&mut h, &p, false).expect("warn");
+        assert_eq!(h.warnings.len(), 1, "{:?}", h.warnings);
+        assert!(h.warnings[0].contains("best 0.8000 at iteration 20"), "{}", h.warnings[0]);
+        // Rising but within 10 % of the best: noise, not reported.
+        let mut h = Health::new(TEN_CLASSES, Metric::Accuracy);
+        judge(&mut h, &points(&[(0.8, 0.7), (0.81, 0.7), (0.82, 0.7), (0.83, 0.7)]), false).expect("noise");
+        assert!(h.warnings.is_empty(), "{:?}", h.warnings);
+        let mut h = Health::new(TEN_CLASSES, Metric::Accuracy);
+        assert!(matches!(judge(&mut h, &p, true), Err(TrainError::Stalled(_))));
     }
 }

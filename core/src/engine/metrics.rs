@@ -69,6 +69,9 @@ pub struct EvalPoint {
     pub loss: f64,
     /// Accuracy or RMSE.
     pub metric: f64,
+    /// Mean training loss of the rows computed since the previous evaluation (every rank's),
+    /// before their updates; `None` if none were.
+    pub train_loss: Option<f64>,
 }
 
 /// Totals of one rank.
@@ -159,6 +162,9 @@ pub struct Report {
     pub time_to_target: Option<f64>,
     /// Per-rank totals.
     pub per_rank: Vec<RankTotals>,
+    /// What the evaluations showed going wrong without stopping the run (a stall, a rising
+    /// loss), each with advice.
+    pub warnings: Vec<String>,
     /// The final parameters, if asked for ([`Config::keep_params`]).
     #[serde(skip)]
     pub params: Option<Vec<f32>>,

@@ -43,6 +43,7 @@ use crate::scheme::{SchemeError, SchemeSpec};
 mod comm;
 mod compute;
 mod evals;
+pub use evals::{DIVERGED_ABOVE, RISEN_BY, STALL_EVALS};
 mod metrics;
 mod run;
 
@@ -81,16 +82,23 @@ pub enum TrainError {
         /// What it was.
         got: String,
     },
-    /// The loss stopped being a number.
+    /// The loss stopped being a number, or exploded past [`DIVERGED_ABOVE`] times what a model
+    /// that predicts nothing scores.
     #[error(
-        "training diverged: the evaluation loss is {loss} after {iter} iterations; lower the learning rate"
+        "training diverged: the evaluation loss is {loss:.4e} after {iter} iterations, where a model that \
+         predicts nothing scores {blind:.4}; lower the learning rate"
     )]
     Diverged {
         /// Iterations done.
         iter: u64,
         /// The loss.
         loss: f64,
+        /// The loss of a model that predicts nothing ([`crate::model::Baseline::blind_loss`]).
+        blind: f64,
     },
+    /// With [`Config::stop_on_stall`]: the evaluations show the model not learning.
+    #[error("training stopped: {0}")]
+    Stalled(String),
     /// Writing metrics failed.
     #[error("writing metrics to {path}: {source}")]
     Metrics {
@@ -140,6 +148,9 @@ pub struct Config {
     pub keep_params: bool,
     /// Learning-rate decay: updates of epoch `e` (fractional) are scaled by `1 / (1 + decay e)`.
     pub lr_decay: f64,
+    /// Stop with an error, not only a warning, when the evaluations show the model stalled (no
+    /// better than a constant prediction) or its loss rising ([`TrainError::Stalled`]).
+    pub stop_on_stall: bool,
     /// Sparse models with at most this many parameters are pulled whole, like dense ones: a get
     /// of a small model costs less than finding the keys of a batch (Adult's 122 weights: one
     /// 0.5 KB get instead of a pass over 340k feature indices per iteration).
@@ -163,6 +174,7 @@ impl Default for Config {
             inject: Injection::default(),
             keep_params: false,
             lr_decay: 0.0,
+            stop_on_stall: false,
             dense_pull_below: 1 << 16,
         }
     }

@@ -283,6 +283,8 @@ impl<'a, M: Model> Run<'a, M> {
         metrics: &mut Option<(&mut dyn Write, &str)>,
         progress: &mut dyn FnMut(&Progress),
     ) -> Result<(), TrainError> {
+        me.ev.train_loss += rec.loss;
+        me.ev.train_rows += rec.rows as f64;
         rec.loss /= rec.rows.max(1) as f64;
         rec.disrupted = self.disruptor.as_ref().is_some_and(Disruptor::active);
         policy.end(&rec);
@@ -347,6 +349,7 @@ impl<'a, M: Model> Run<'a, M> {
             target_loss: self.cfg.target_loss,
             time_to_target: ev.to_target,
             per_rank,
+            warnings: ev.health.warnings,
             params: self.cfg.keep_params.then_some(ev.params),
         })
     }
@@ -377,7 +380,7 @@ impl Local {
             replica,
             totals: RankTotals::default(),
             samples: 0,
-            ev: Evals::new(layout.params),
+            ev: Evals::new(layout.params, run.model.baseline(), run.model.metric()),
         }
     }
 }

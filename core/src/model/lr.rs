@@ -7,7 +7,7 @@ use std::path::Path;
 use peregrine_kernels::data::{Dataset, Kind, SparseRows};
 use peregrine_kernels::lr::{self, Csr, SparseGrad};
 
-use super::{Built, Delta, EvalSums, KeySet, Layout, Metric, Model, Sets};
+use super::{Baseline, Built, Delta, EvalSums, KeySet, Layout, Metric, Model, Sets};
 
 /// Logistic regression: `p(y = 1 | x) = sigmoid(w . x + b)`, log-loss. The intercept `b` (on
 /// by default) is the last parameter, after the feature weights; every chunk reads and updates
@@ -141,20 +141,26 @@ impl Model for LogReg {
         -self.lr / rows.max(1) as f32
     }
 
+    fn baseline(&self) -> Baseline {
+        let y = Self::rows_of(self.data.eval()).labels;
+        let ones = y.iter().filter(|&&y| y > 0.5).count() as f64 / y.len().max(1) as f64;
+        Baseline { blind_loss: std::f64::consts::LN_2, constant_metric: ones.max(1.0 - ones) }
+    }
+
+    /// The log-loss from each row's margin in the stable form the training kernels use (no
+    /// clamped probabilities: a confidently wrong row costs its full margin, so runs that differ
+    /// report different losses).
     fn evaluate(&self, params: &[f32], rows: Range<usize>) -> EvalSums {
         let x = Self::rows_of(self.data.eval()).rows(rows);
-        let mut p = vec![0.0f32; x.len()];
+        let c = csr(&x);
         // The evaluation set may have fewer columns; it never has more (checked).
-        if self.intercept {
-            lr::predict_intercept(csr(&x), params, &mut p);
-        } else {
-            lr::predict(csr(&x), params, &mut p);
-        }
+        let (w, b) = if self.intercept { (&params[..self.dim], params[self.dim]) } else { (params, 0.0) };
         let (mut loss, mut right) = (0.0f64, 0.0f64);
-        for (&p, &y) in p.iter().zip(x.labels) {
-            let p = f64::from(p).clamp(1e-12, 1.0 - 1e-12);
-            loss -= if y > 0.5 { p.ln() } else { (1.0 - p).ln() };
-            right += f64::from(u8::from((p > 0.5) == (y > 0.5)));
+        for (r, &y) in x.labels.iter().enumerate() {
+            let (idx, val) = c.row(r);
+            let z = lr::margin(idx, val, w) + b;
+            loss += lr::scalar::logistic(z, y).0;
+            right += f64::from(u8::from((z > 0.0) == (y > 0.5)));
         }
         [loss, right, x.len() as f64]
     }

@@ -12,7 +12,7 @@ use std::path::Path;
 use peregrine_kernels::data::{Dataset, Kind, Ratings};
 use peregrine_kernels::mf;
 
-use super::{Built, Delta, EvalSums, KeySet, Layout, Metric, Model, ModelError, Sets};
+use super::{Baseline, Built, Delta, EvalSums, KeySet, Layout, Metric, Model, ModelError, Sets};
 
 /// Matrix factorization with L2-regularised squared error.
 #[derive(Debug)]
@@ -149,6 +149,14 @@ impl Model for Mf {
 
     fn scale(&self, _rows: usize) -> f32 {
         1.0
+    }
+
+    fn baseline(&self) -> Baseline {
+        let r = Self::rows_of(self.data.eval()).ratings;
+        let n = r.len().max(1) as f64;
+        let mean = r.iter().map(|&x| f64::from(x)).sum::<f64>() / n;
+        let square = r.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>() / n;
+        Baseline { blind_loss: square, constant_metric: (square - mean * mean).max(0.0).sqrt() }
     }
 
     fn evaluate(&self, params: &[f32], rows: Range<usize>) -> EvalSums {

@@ -7,7 +7,7 @@ use std::path::Path;
 use peregrine_kernels::data::{Dataset, DenseRows, Kind};
 use peregrine_kernels::mlp::{self, Matmul};
 
-use super::{Built, Delta, EvalSums, KeySet, Layout, Metric, Model, ModelError, Sets};
+use super::{Baseline, Built, Delta, EvalSums, KeySet, Layout, Metric, Model, ModelError, Sets};
 
 /// The MLP.
 #[derive(Debug)]
@@ -171,6 +171,15 @@ impl Model for Mlp {
 
     fn scale(&self, rows: usize) -> f32 {
         -self.lr / rows.max(1) as f32
+    }
+
+    fn baseline(&self) -> Baseline {
+        let classes = *self.dims.last().expect("an output layer");
+        let y = Self::rows_of(self.data.eval()).labels;
+        Baseline {
+            blind_loss: (classes as f64).ln(),
+            constant_metric: Baseline::majority(y.iter().map(|&y| y as usize), classes),
+        }
     }
 
     fn evaluate(&self, params: &[f32], rows: Range<usize>) -> EvalSums {

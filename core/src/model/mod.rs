@@ -238,6 +238,31 @@ pub fn metric_value(metric: Metric, s: EvalSums) -> f64 {
     }
 }
 
+/// What a model that learned nothing scores on the evaluation set: the yardsticks divergence and
+/// stalls are judged by.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Baseline {
+    /// The mean loss of a model that predicts nothing: probability 1/2 (LR), a uniform
+    /// distribution over the classes (softmax, MLP), rating 0 (MF).
+    pub blind_loss: f64,
+    /// The metric of the best constant prediction: the most frequent class's share (accuracy),
+    /// the ratings' standard deviation (RMSE of the mean rating).
+    pub constant_metric: f64,
+}
+
+impl Baseline {
+    /// The most frequent class's share among `labels` (0 for none).
+    pub fn majority(labels: impl Iterator<Item = usize>, classes: usize) -> f64 {
+        let mut counts = vec![0u64; classes.max(1)];
+        let mut n = 0u64;
+        for y in labels {
+            counts[y.min(classes.max(1) - 1)] += 1;
+            n += 1;
+        }
+        counts.into_iter().max().unwrap_or(0) as f64 / n.max(1) as f64
+    }
+}
+
 /// A model: parameters, data, and how rows turn into updates.
 pub trait Model: Send + Sync {
     /// Per-thread buffers: what a chunk's computation accumulates into.
@@ -284,6 +309,10 @@ pub trait Model: Send + Sync {
 
     /// Evaluates full parameters `params` on evaluation rows `rows`.
     fn evaluate(&self, params: &[f32], rows: Range<usize>) -> EvalSums;
+
+    /// What learning nothing scores on the evaluation set ([`Baseline`]); one pass over its
+    /// labels.
+    fn baseline(&self) -> Baseline;
 }
 
 /// A uniform value in `[-a, a)` for parameter `index` under `seed`.
