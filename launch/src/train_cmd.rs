@@ -139,7 +139,9 @@ pub struct TrainArgs {
     /// MF: factor rank [default: 40].
     #[arg(long, value_name = "K")]
     k: Option<usize>,
-    /// MF: L2 regularization [default: 0.05].
+    /// L2 regularization of the weights (never of an intercept or bias): `0.5 F |w|^2` added to
+    /// the mean loss; LR applies it where rows touch features (sparse-SGD form) [default: mf 0.05,
+    /// others 0].
     #[arg(long, value_name = "F")]
     l2: Option<f32>,
     /// MLP: hidden layer widths, comma-separated [default: 128].
@@ -312,10 +314,10 @@ impl Resolved {
     fn to_toml(&self) -> Result<String, toml::ser::Error> {
         let mut t = toml::Table::try_from(self)?;
         let (mine, others): (&[&str], &[&str]) = match self.model {
-            ModelKind::Lr => (&["intercept"], &["k", "l2", "hidden"]),
-            ModelKind::Softmax => (&[], &["intercept", "k", "l2", "hidden"]),
+            ModelKind::Lr => (&["intercept", "l2"], &["k", "hidden"]),
+            ModelKind::Softmax => (&["l2"], &["intercept", "k", "hidden"]),
             ModelKind::Mf => (&["k", "l2"], &["intercept", "hidden"]),
-            ModelKind::Mlp => (&["hidden"], &["intercept", "k", "l2"]),
+            ModelKind::Mlp => (&["hidden", "l2"], &["intercept", "k"]),
         };
         debug_assert!(mine.iter().all(|k| t.contains_key(*k)));
         for k in others {
@@ -419,7 +421,7 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
         stop_on_stall: f.stop_on_stall.unwrap_or(false),
         intercept: f.intercept.unwrap_or(true),
         k: f.k.unwrap_or(40),
-        l2: f.l2.unwrap_or(0.05),
+        l2: f.l2.unwrap_or(if model == ModelKind::Mf { 0.05 } else { 0.0 }),
         hidden: f.hidden.unwrap_or_else(|| vec![128]),
         straggler: f.straggler.unwrap_or_else(|| "ideal".into()),
     };
@@ -428,6 +430,9 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
     }
     if !(r.lr_decay.is_finite() && r.lr_decay >= 0.0) {
         return Err(usage(format!("the learning-rate decay must be 0 or more, got {}", r.lr_decay)));
+    }
+    if !(r.l2.is_finite() && r.l2 >= 0.0) {
+        return Err(usage(format!("--l2 must be 0 or more, got {}", r.l2)));
     }
     r.straggler.parse::<Pattern>().map_err(usage)?;
     Ok((r, epochs.or(if iterations.is_none() { Some(5.0) } else { None })))
@@ -480,11 +485,12 @@ pub(crate) fn rank(
     let inject = Injection { pattern: r.straggler.parse().map_err(usage)?, seed: r.seed };
     match r.model {
         ModelKind::Lr => {
-            let m = LogReg::new(&r.data, r.eval.as_deref(), r.lr, r.intercept).map_err(data_err)?;
+            let m =
+                LogReg::new(&r.data, r.eval.as_deref(), r.lr, r.intercept).map_err(data_err)?.with_l2(r.l2);
             go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, &dir, &m)
         }
         ModelKind::Softmax => {
-            let m = Softmax::new(&r.data, r.eval.as_deref(), r.lr).map_err(data_err)?;
+            let m = Softmax::new(&r.data, r.eval.as_deref(), r.lr).map_err(data_err)?.with_l2(r.l2);
             go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, &dir, &m)
         }
         ModelKind::Mf => {
@@ -492,7 +498,7 @@ pub(crate) fn rank(
             go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, &dir, &m)
         }
         ModelKind::Mlp => {
-            let m = Mlp::new(&r.data, r.eval.as_deref(), &r.hidden, r.lr).map_err(data_err)?;
+            let m = Mlp::new(&r.data, r.eval.as_deref(), &r.hidden, r.lr).map_err(data_err)?.with_l2(r.l2);
             go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, &dir, &m)
         }
     }

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use peregrine_core::inject::Injection;
-use peregrine_core::model::{lr::LogReg, mf::Mf, mlp::Mlp, Model};
+use peregrine_core::model::{lr::LogReg, mf::Mf, mlp::Mlp, softmax::Softmax, Delta, Model};
 use peregrine_core::plan::Plan;
 use peregrine_core::Scheme;
 use peregrine_kernels::data::gen::{self, DenseSpec, RatingsSpec, SparseSpec};
@@ -128,6 +128,88 @@ fn bsp_mf_is_the_same_for_1_2_4_ranks() {
     gen::ratings(&RatingsSpec { rows: 6000, users: 200, items: 150, rank: 4, noise: 0.1, seed: 3 }, &p)
         .expect("gen");
     same_model_for_every_world(|| Mf::new(&p, None, 8, 0.01, 0.05).expect("model"), 20);
+}
+
+/// The gradient `m` drains for `rows` at `params` (one work buffer, scale 1), as a dense vector.
+fn drained<M: Model>(m: &M, rows: std::ops::Range<usize>, params: &[f32]) -> (f64, Vec<f32>) {
+    let mut work = m.work(rows.len());
+    let loss = m.compute(rows, params, &mut work);
+    let mut delta = Delta::new(m.layout());
+    m.drain(&mut work, 1.0, &mut delta);
+    let (mut ranges, mut data) = (Vec::new(), Vec::new());
+    delta.ranges(&mut ranges, &mut data);
+    let mut g = vec![0.0; params.len()];
+    let mut at = 0;
+    for r in ranges {
+        g[r.clone()].copy_from_slice(&data[at..at + r.len()]);
+        at += r.len();
+    }
+    (loss, g)
+}
+
+/// Parameters that are all nonzero (so a regularizer's gradient shows everywhere it applies).
+fn nonzero_params(n: usize) -> Vec<f32> {
+    (0..n).map(|i| 0.05 + (peregrine_core::plan::mix(i as u64) % 1000) as f32 * 1e-4).collect()
+}
+
+/// L2 adds exactly `rows * l2 * W` to the gradient of every weight matrix and nothing to the
+/// biases (softmax, MLP), and `l2 * w_j` per row touching feature `j` to LR's weights, nothing to
+/// its intercept; the reported loss is the data loss alone.
+#[test]
+fn l2_adds_its_gradient_to_weights_only() {
+    let tmp = scratch("l2");
+    let dense = tmp.path().join("dense.pgd");
+    gen::dense(&DenseSpec { rows: 200, cols: 12, classes: 3, noise: 0.3, seed: 4 }, &dense).expect("gen");
+    let l2 = 0.3f32;
+    let rows = 10..60;
+    let n = rows.len() as f32;
+    let close = |a: f32, b: f32| (a - b).abs() <= 1e-4 * (1.0 + b.abs());
+    // Softmax: W (3 x 12) then b (3).
+    let plain = Softmax::new(&dense, None, 0.1).expect("model");
+    let p = nonzero_params(plain.layout().params);
+    let (l0, g0) = drained(&plain, rows.clone(), &p);
+    let (l1, g1) = drained(&Softmax::new(&dense, None, 0.1).expect("model").with_l2(l2), rows.clone(), &p);
+    assert_eq!(l0, l1, "the loss is the data loss");
+    for i in 0..p.len() {
+        let want = if i < 36 { n * l2 * p[i] } else { 0.0 };
+        assert!(close(g1[i] - g0[i], want), "softmax param {i}: {} vs {want}", g1[i] - g0[i]);
+    }
+    // MLP 12 -> 5 -> 3: every weight gets n l2 w, the 5 + 3 biases nothing.
+    let plain = Mlp::new(&dense, None, &[5], 0.1).expect("model");
+    let p = nonzero_params(plain.layout().params);
+    let (l0, g0) = drained(&plain, rows.clone(), &p);
+    let (l1, g1) = drained(&Mlp::new(&dense, None, &[5], 0.1).expect("model").with_l2(l2), rows.clone(), &p);
+    assert_eq!(l0, l1, "the loss is the data loss");
+    let (mut weights, mut biases) = (0, 0);
+    for i in 0..p.len() {
+        let d = g1[i] - g0[i];
+        if d == 0.0 {
+            biases += 1;
+        } else {
+            assert!(close(d, n * l2 * p[i]), "mlp param {i}: {d} vs {}", n * l2 * p[i]);
+            weights += 1;
+        }
+    }
+    assert_eq!((weights, biases), (12 * 5 + 5 * 3, 5 + 3));
+    // LR with its intercept: l2 w_j for each row touching j.
+    let sparse = sparse_data(tmp.path());
+    let plain = LogReg::new(&sparse, None, 0.5, true).expect("model");
+    let p = nonzero_params(plain.layout().params);
+    let (l0, g0) = drained(&plain, rows.clone(), &p);
+    let (l1, g1) =
+        drained(&LogReg::new(&sparse, None, 0.5, true).expect("model").with_l2(l2), rows.clone(), &p);
+    assert_eq!(l0, l1, "the loss is the data loss");
+    let data = peregrine_kernels::data::Dataset::open(&sparse).expect("open");
+    let mut touched = vec![0u32; p.len()];
+    for &j in data.sparse().expect("sparse").rows(rows).indices {
+        touched[j as usize] += 1;
+    }
+    for i in 0..p.len() {
+        let want = touched[i] as f32 * l2 * p[i];
+        assert!(close(g1[i] - g0[i], want), "lr param {i}: {} vs {want}", g1[i] - g0[i]);
+    }
+    assert_eq!(g1[p.len() - 1], g0[p.len() - 1], "the intercept is not regularized");
+    assert!(touched.iter().filter(|&&t| t > 0).count() > 10, "the rows touch features");
 }
 
 #[test]

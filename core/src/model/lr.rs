@@ -19,6 +19,8 @@ pub struct LogReg {
     /// Feature weights (the dataset's columns).
     dim: usize,
     intercept: bool,
+    /// L2 weight of the feature weights (not of the intercept), applied where rows touch them.
+    l2: f32,
 }
 
 impl LogReg {
@@ -30,7 +32,16 @@ impl LogReg {
             super::same_cols(&data.train, e)?;
         }
         let dim = data.train.header().cols as usize;
-        Ok(Self { data, lr, dim, intercept })
+        Ok(Self { data, lr, dim, intercept, l2: 0.0 })
+    }
+
+    /// With L2 regularization of the feature weights (not of the intercept), in the sparse-SGD
+    /// form: each row adds `l2 w_j` to the gradient of every feature `j` it touches, so the
+    /// iteration's mean gradient gets `l2 w_j` times the share of rows touching `j` (a rare
+    /// feature is held back less; untouched weights are left alone).
+    #[must_use]
+    pub fn with_l2(self, l2: f32) -> Self {
+        Self { l2, ..self }
     }
 
     /// Parameters: the feature weights, then the intercept if there is one.
@@ -110,12 +121,21 @@ impl Model for LogReg {
 
     fn compute(&self, rows: Range<usize>, params: &[f32], work: &mut Grad) -> f64 {
         let x = Self::rows_of(&self.data.train).rows(rows);
-        match (work, self.intercept) {
+        let loss = match (&mut *work, self.intercept) {
             (Grad::Dense(g), false) => lr::loss_grad_dense(csr(&x), x.labels, params, g),
             (Grad::Dense(g), true) => lr::loss_grad_dense_intercept(csr(&x), x.labels, params, g),
             (Grad::Sparse(g), false) => lr::loss_grad_sparse(csr(&x), x.labels, params, g),
             (Grad::Sparse(g), true) => lr::loss_grad_sparse_intercept(csr(&x), x.labels, params, g),
+        };
+        if self.l2 > 0.0 {
+            match work {
+                Grad::Dense(g) => {
+                    x.indices.iter().for_each(|&j| g[j as usize] += self.l2 * params[j as usize])
+                }
+                Grad::Sparse(g) => x.indices.iter().for_each(|&j| g.add(j, self.l2 * params[j as usize])),
+            }
         }
+        loss
     }
 
     fn drain(&self, work: &mut Grad, scale: f32, delta: &mut Delta) {

@@ -14,6 +14,8 @@ use super::{Baseline, Built, Delta, EvalSums, KeySet, Layout, Metric, Model, Mod
 pub struct Mlp {
     data: Sets,
     lr: f32,
+    /// L2 weight of every layer's `W` (not of the biases).
+    l2: f32,
     /// Layer widths, input first, classes last.
     dims: Vec<usize>,
     /// Offset of each layer's `W` in the parameter vector (`b` follows it).
@@ -48,7 +50,7 @@ impl Mlp {
             offsets.push(params);
             params += l[1] * (l[0] + 1);
         }
-        Ok(Self { data, lr, dims, offsets, params })
+        Ok(Self { data, lr, l2: 0.0, dims, offsets, params })
     }
 
     fn rows_of(d: &Dataset) -> DenseRows<'_> {
@@ -60,6 +62,12 @@ impl Mlp {
     }
 
     /// `W` and `b` of layer `l` within `params` (or a gradient of the same layout).
+    /// With L2 regularization `0.5 l2 |W|^2` of every layer's weights (not of the biases).
+    #[must_use]
+    pub fn with_l2(self, l2: f32) -> Self {
+        Self { l2, ..self }
+    }
+
     fn wb(&self, l: usize) -> (Range<usize>, Range<usize>) {
         let (i, o, s) = (self.dims[l], self.dims[l + 1], self.offsets[l]);
         (s..s + o * i, s + o * i..s + o * (i + 1))
@@ -153,7 +161,12 @@ impl Model for Mlp {
             let dy = &gabove[0][..n * self.dims[l + 1]];
             let input = if l == 0 { x.features } else { &work.acts[l - 1][..n * self.dims[l]] };
             let gx = if l == 0 { None } else { Some(&mut gbelow[l - 1][..n * self.dims[l]]) };
-            mlp::dense_backward(&mut work.mm, input, &params[w], dy, gw, gb, gx);
+            mlp::dense_backward(&mut work.mm, input, &params[w.clone()], dy, gw, gb, gx);
+            if self.l2 > 0.0 {
+                // Each row's share of the regularizer: the iteration's mean gradient gets l2 W.
+                let gw = &mut work.grad[w.clone()];
+                peregrine_kernels::dense::axpy(self.l2 * n as f32, &params[w], gw);
+            }
             if l > 0 {
                 mlp::relu_backward(
                     &work.acts[l - 1][..n * self.dims[l]],

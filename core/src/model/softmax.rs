@@ -13,6 +13,8 @@ use super::{Baseline, Built, Delta, EvalSums, KeySet, Layout, Metric, Model, Mod
 pub struct Softmax {
     data: Sets,
     lr: f32,
+    /// L2 weight of `W` (not of `b`).
+    l2: f32,
     cols: usize,
     classes: usize,
 }
@@ -36,7 +38,13 @@ impl Softmax {
                 data.train.path().display()
             )));
         }
-        Ok(Self { data, lr, cols, classes })
+        Ok(Self { data, lr, l2: 0.0, cols, classes })
+    }
+
+    /// With L2 regularization `0.5 l2 |W|^2` (the biases are not regularized).
+    #[must_use]
+    pub fn with_l2(self, l2: f32) -> Self {
+        Self { l2, ..self }
     }
 
     fn rows_of(d: &Dataset) -> DenseRows<'_> {
@@ -89,7 +97,12 @@ impl Model for Softmax {
         let x = Self::rows_of(&self.data.train).rows(rows);
         let (w, b) = self.split(params);
         let (gw, gb) = work.grad.split_at_mut(self.classes * self.cols);
-        softmax::loss_grad(x.features, x.labels, w, b, gw, gb, &mut work.scratch)
+        let loss = softmax::loss_grad(x.features, x.labels, w, b, gw, gb, &mut work.scratch);
+        if self.l2 > 0.0 {
+            // Each row's share of the regularizer: the iteration's mean gradient gets l2 W.
+            peregrine_kernels::dense::axpy(self.l2 * x.len() as f32, w, gw);
+        }
+        loss
     }
 
     fn drain(&self, work: &mut Work, scale: f32, delta: &mut Delta) {
