@@ -327,8 +327,9 @@ fn train_writes_its_run_directory() {
     assert!(text(&out).0.contains("lr | bsp | 1 rank | 2 iterations"), "{:?}", text(&out));
     let config = std::fs::read_to_string(none.join("config.toml")).expect("config");
     assert!(config.contains("intercept = false"), "{config}");
-    // Only LR's own keys: no factor rank, L2 or hidden layers of other models.
-    for other in ["k =", "l2 =", "hidden ="] {
+    // Only LR's own keys: no factor rank or hidden layers of other models.
+    assert!(config.contains("l2 = 0.0"), "{config}");
+    for other in ["k =", "hidden ="] {
         assert!(!config.lines().any(|l| l.starts_with(other)), "{other} in an LR run's config:\n{config}");
     }
     // An evaluation set with more features than the training set: the fix named.
