@@ -333,16 +333,40 @@ fn train_writes_its_run_directory() {
         assert!(!config.lines().any(|l| l.starts_with(other)), "{other} in an LR run's config:\n{config}");
     }
     // An evaluation set with more features than the training set: the fix named.
+    let scratch_run = d.join("refused").to_string_lossy().into_owned();
     let wide = d.join("wide.svm");
     std::fs::write(&wide, "+1 1:1 400:1\n-1 2:1\n").expect("write");
     let wide_pgd = d.join("wide.pgd").to_string_lossy().into_owned();
     assert!(peregrine(&["data", "convert", "libsvm", &wide.to_string_lossy(), &wide_pgd]).status.success());
-    let out =
-        peregrine(&["train", "--ranks", "1", "--model", "lr", "--data", &data, "--eval", &wide_pgd, "-q"]);
+    let out = peregrine(&[
+        "train",
+        "--ranks",
+        "1",
+        "--model",
+        "lr",
+        "--data",
+        &data,
+        "--eval",
+        &wide_pgd,
+        "-q",
+        "--run-dir",
+        &scratch_run,
+    ]);
     assert_eq!(out.status.code(), Some(1), "{:?}", text(&out));
     assert!(text(&out).1.contains("--features N"), "{:?}", text(&out));
     // A text file given as a dataset: told to convert it.
-    let out = peregrine(&["train", "--ranks", "1", "--model", "lr", "--data", &wide.to_string_lossy(), "-q"]);
+    let out = peregrine(&[
+        "train",
+        "--ranks",
+        "1",
+        "--model",
+        "lr",
+        "--data",
+        &wide.to_string_lossy(),
+        "-q",
+        "--run-dir",
+        &scratch_run,
+    ]);
     assert_eq!(out.status.code(), Some(1), "{:?}", text(&out));
     assert!(text(&out).1.contains("peregrine data convert libsvm"), "{:?}", text(&out));
 }
@@ -509,8 +533,10 @@ fn train_divergence_is_an_error() {
     let dense = d.join("dense.pgd").to_string_lossy().into_owned();
     let gen = ["data", "gen", "dense", &dense, "--rows", "2000", "--features", "20", "--classes", "4"];
     assert!(peregrine(&gen).status.success());
+    let exploded = d.join("exploded").to_string_lossy().into_owned();
     let run = |extra: &[&str]| {
         let mut args = vec!["train", "--ranks", "1", "--model", "softmax", "--data", &dense, "-q"];
+        args.extend(["--run-dir", &exploded]);
         args.extend(extra);
         peregrine(&args)
     };
@@ -531,14 +557,16 @@ fn train_divergence_is_an_error() {
     let still =
         ["train", "--ranks", "1", "--model", "lr", "--data", &noise_pgd, "--lr", "0.5", "--iterations", "40"];
     let still = [&still[..], &["--batch", "500", "--chunk", "50", "--eval-every", "5", "-q"]].concat();
-    let out = peregrine(&still);
+    let (warned, stopped) =
+        (d.join("warned").to_string_lossy().into_owned(), d.join("stopped").to_string_lossy().into_owned());
+    let out = peregrine(&[&still[..], &["--run-dir", &warned]].concat());
     let (_, stderr) = text(&out);
     assert!(out.status.success(), "{stderr}");
     assert!(
         stderr.contains("warning: the accuracy") && stderr.contains("most frequent class (0.8000)"),
         "{stderr}"
     );
-    let out = peregrine(&[&still[..], &["--stop-on-stall"]].concat());
+    let out = peregrine(&[&still[..], &["--stop-on-stall", "--run-dir", &stopped]].concat());
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("training stopped: the accuracy"), "{stderr}");
