@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::{Args, Subcommand};
-use peregrine_kernels::data::{gen, idx, libsvm, ratings, Converted, Dataset};
+use peregrine_kernels::data::{csv, gen, idx, libsvm, ratings, Converted, Dataset};
 
 use crate::world::AppError;
 
@@ -69,6 +69,26 @@ pub enum ConvertCommand {
         /// Output dataset.
         output: PathBuf,
     },
+    /// CSV text (gzipped or not) to a dense multiclass dataset (softmax, MLP): one column the
+    /// label, every other a number; a header line detected (a non-numeric field), quoted fields
+    /// read; labels that are whole numbers 0..C are the classes, others are numbered in sorted
+    /// order. A missing value is an error naming line and column.
+    Csv {
+        /// Input text.
+        input: PathBuf,
+        /// Output dataset.
+        output: PathBuf,
+        /// The label column: a header name, or a number from 1 [default: the column called
+        /// label, target, class or y, else the last].
+        #[arg(long, value_name = "NAME|N")]
+        label: Option<String>,
+        /// Whether the first line is a header.
+        #[arg(long, value_enum, default_value = "auto")]
+        header: HeaderArg,
+        /// Field delimiter (one character; `tab` for a tab).
+        #[arg(long, default_value = ",", value_name = "C")]
+        delimiter: String,
+    },
     /// Ratings text (`user item rating [timestamp]`; tab, space, comma or `::` separated; an
     /// optional header line; e.g. MovieLens) to a ratings dataset.
     Ratings {
@@ -77,6 +97,17 @@ pub enum ConvertCommand {
         /// Output dataset.
         output: PathBuf,
     },
+}
+
+/// `--header` of `data convert csv`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum HeaderArg {
+    /// A header if a field of the first line other than the label's is not a number.
+    Auto,
+    /// The first line is a header.
+    Yes,
+    /// The first line is data.
+    No,
 }
 
 #[derive(Debug, Args)]
@@ -177,6 +208,43 @@ pub fn run(cmd: DataCommand) -> Result<(), AppError> {
             ConvertCommand::Idx { images, labels, output } => {
                 let c = idx::convert(&images, &labels, &output)?;
                 done("wrote", &output, c, start);
+            }
+            ConvertCommand::Csv { input, output, label, header, delimiter } => {
+                let delimiter = match delimiter.as_str() {
+                    "tab" | "\\t" => b'\t',
+                    d if d.len() == 1 && d.is_ascii() => d.as_bytes()[0],
+                    d => {
+                        return Err(AppError::Usage(format!(
+                            "--delimiter must be one character or `tab`, got `{d}`"
+                        )))
+                    }
+                };
+                let label = match label {
+                    None => csv::LabelColumn::Auto,
+                    Some(l) => match l.parse::<usize>() {
+                        Ok(0) => return Err(AppError::Usage("--label numbers columns from 1, got 0".into())),
+                        Ok(n) => csv::LabelColumn::Number(n),
+                        Err(_) => csv::LabelColumn::Name(l),
+                    },
+                };
+                let header = match header {
+                    HeaderArg::Auto => csv::Header::Auto,
+                    HeaderArg::Yes => csv::Header::Yes,
+                    HeaderArg::No => csv::Header::No,
+                };
+                let c = csv::convert(&input, &output, &csv::CsvOptions { delimiter, header, label })?;
+                let name = c.label.1.as_ref().map(|n| format!(" (`{n}`)")).unwrap_or_default();
+                let classes: Vec<String> =
+                    c.classes.iter().enumerate().map(|(i, y)| format!("{i}=`{y}`")).collect();
+                println!(
+                    "wrote {}: {} rows, {} feature columns in {:.2} s; label column {}{name}; classes {}",
+                    output.display(),
+                    c.rows,
+                    c.cols,
+                    start.elapsed().as_secs_f64(),
+                    c.label.0,
+                    classes.join(", ")
+                );
             }
             ConvertCommand::Ratings { input, output } => {
                 let c = ratings::convert(&input, &output)?;

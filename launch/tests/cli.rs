@@ -216,6 +216,45 @@ fn data_convert_info_and_gen() {
     assert!(o.status.success(), "{:?}", text(&o));
     let o = peregrine(&["data", "info", "--verify", &s(&gen)]);
     assert!(text(&o).0.contains("ratings 1000  users 20  items 30"), "{:?}", text(&o));
+
+    // CSV: the label column and the classes named; the result trains.
+    let csv = d.join("in.csv");
+    let rows: String =
+        (0..200).map(|i| format!("{},{},{}\n", i % 7, (i * 3) % 5, ["low", "high"][i % 2])).collect();
+    std::fs::write(&csv, format!("x1,x2,outcome\n{rows}")).expect("write");
+    let dense = d.join("csv.pgd");
+    let o = peregrine(&["data", "convert", "csv", &s(&csv), &s(&dense), "--label", "outcome"]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert!(
+        text(&o).0.contains("200 rows, 2 feature columns")
+            && text(&o).0.contains("label column 3 (`outcome`); classes 0=`high`, 1=`low`"),
+        "{:?}",
+        text(&o)
+    );
+    let o = peregrine(&[
+        "train",
+        "--ranks",
+        "1",
+        "--model",
+        "softmax",
+        "--data",
+        &s(&dense),
+        "--iterations",
+        "3",
+        "-q",
+        "--run-dir",
+        &s(&d.join("csv-run")),
+    ]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    for (bad, says) in [
+        (&["--delimiter", "ab"][..], "--delimiter must be one character"),
+        (&["--label", "0"][..], "numbers columns from 1"),
+    ] {
+        let o = peregrine(&[&["data", "convert", "csv", &s(&csv), &s(&d.join("x.pgd"))][..], bad].concat());
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {:?}", text(&o));
+        assert!(text(&o).1.contains(says), "{:?}", text(&o));
+    }
+    assert!(!d.join("x.pgd").exists());
 }
 
 #[test]

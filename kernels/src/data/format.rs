@@ -365,7 +365,7 @@ fn convert_hint(head: &[u8]) -> &'static str {
     } else if head.starts_with(&[0, 0, 8]) {
         "; it looks like an MNIST IDX file: convert it first with `peregrine data convert idx`"
     } else if !head.is_empty() && head.iter().all(|&b| b.is_ascii_graphic() || b.is_ascii_whitespace()) {
-        "; it looks like text: convert it first with `peregrine data convert libsvm` (LIBSVM/SVMlight) or `peregrine data convert ratings`"
+        "; it looks like text: convert it first with `peregrine data convert libsvm` (LIBSVM/SVMlight), `csv` or `ratings`"
     } else {
         ""
     }

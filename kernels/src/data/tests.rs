@@ -275,3 +275,103 @@ fn shards_and_chunks_tile_the_rows() {
         assert_eq!(next, 23);
     }
 }
+
+#[test]
+fn csv_with_header_quotes_and_named_classes() {
+    use super::csv::{self, CsvConverted, CsvOptions, Header, LabelColumn};
+    let d_tmp = dir("csv");
+    let d = d_tmp.path();
+    // A header (a non-numeric field), a quoted number, a blank line, CRLF, labels as words.
+    let input = write(d, "in.csv", "age,\"income\",label\r\n30,5.5,no\r\n41,\"7.25\",yes\n\n22,3e0,no\n");
+    let out = d.join("out.pgd");
+    let c = csv::convert(&input, &out, &CsvOptions::default()).expect("convert");
+    let want = CsvConverted {
+        rows: 3,
+        cols: 2,
+        label: (3, Some("label".into())),
+        classes: vec!["no".into(), "yes".into()],
+    };
+    assert_eq!(c, want);
+    let ds = Dataset::open(&out).expect("open");
+    ds.verify().expect("verify");
+    let x = ds.dense().expect("dense");
+    assert_eq!(
+        (x.features, x.labels, x.cols, x.classes),
+        (&[30.0, 5.5, 41.0, 7.25, 22.0, 3.0][..], &[0u32, 1, 0][..], 2, 2)
+    );
+    // No header, the label first by number, whole-number labels kept as classes.
+    let input = write(d, "plain.csv", "2,1.5,-1\n0,2.5,4\n1,0,0\n");
+    let opts = CsvOptions { label: LabelColumn::Number(1), ..CsvOptions::default() };
+    let c = csv::convert(&input, &d.join("plain.pgd"), &opts).expect("convert");
+    assert_eq!((c.label, c.classes.len()), ((1, None), 3));
+    let ds = Dataset::open(&d.join("plain.pgd")).expect("open");
+    let x = ds.dense().expect("dense");
+    assert_eq!((x.features, x.labels), (&[1.5, -1.0, 2.5, 4.0, 0.0, 0.0][..], &[2u32, 0, 1][..]));
+    // Tab-separated, the label named, a header forced.
+    let input = write(d, "t.tsv", "f\ty\tg\n1\ta\t2\n3\tb\t4\n");
+    let opts = CsvOptions { delimiter: b'\t', header: Header::Yes, label: LabelColumn::Name("y".into()) };
+    let c = csv::convert(&input, &d.join("t.pgd"), &opts).expect("convert");
+    assert_eq!((c.cols, c.label.0, c.classes), (2, 2, vec!["a".to_string(), "b".to_string()]));
+    let ds = Dataset::open(&d.join("t.pgd")).expect("open");
+    assert_eq!(ds.dense().expect("dense").features, &[1.0, 2.0, 3.0, 4.0]);
+    no_leftovers(d, &["in.csv", "out.pgd", "plain.csv", "plain.pgd", "t.tsv", "t.pgd"]);
+}
+
+#[test]
+fn csv_errors_name_line_and_column_and_write_nothing() {
+    use super::csv::{self, CsvOptions, LabelColumn};
+    let d_tmp = dir("csv-bad");
+    let d = d_tmp.path();
+    let located: &[(&str, u64, u64, &str)] = &[
+        ("a,b,y\n1,2,0\n3,,1\n", 3, 3, "a number in column 2 (`b`); this value is missing"),
+        ("a,b,y\n1,2,0\n3,NA,1\n", 3, 3, "this value is missing"),
+        ("1,2,0\n3,x,1\n", 2, 3, "a number in column 2"),
+        ("1,2,0\n3,inf,1\n", 2, 3, "a number in column 2"),
+        ("1,2,0\n3,4\n", 2, 4, "3 fields, as on the first line (found 2)"),
+        ("1,2,0\n3,4,5,6\n", 2, 7, "3 fields"),
+        ("1,2,0\n3,\"4,1\n", 2, 3, "a closing quote"),
+        ("a,b,y\n1,2,0\n3,4,\n", 3, 5, "a label (this one is missing)"),
+    ];
+    for (i, (text, line, column, expected)) in located.iter().enumerate() {
+        let input = write(d, &format!("bad{i}.csv"), text);
+        let out = d.join(format!("bad{i}.pgd"));
+        match csv::convert(&input, &out, &CsvOptions::default()) {
+            Err(DataError::Parse { line: l, column: c, expected: e, .. }) => {
+                assert_eq!((l, c), (*line, *column), "{text:?}: {e}");
+                assert!(e.contains(expected), "{text:?}: `{e}` lacks `{expected}`");
+            }
+            other => panic!("{text:?}: {other:?}"),
+        }
+        assert!(!out.exists(), "a failed conversion left {}", out.display());
+    }
+    let whole: &[(&str, CsvOptions, &str)] = &[
+        ("a,b,y\n", CsvOptions::default(), "no data rows"),
+        ("1,0\n2,0\n", CsvOptions::default(), "one class only"),
+        (
+            "1,2,0\n",
+            CsvOptions { label: LabelColumn::Name("y".into()), ..CsvOptions::default() },
+            "not a header",
+        ),
+        (
+            "a,b,y\n1,2,0\n",
+            CsvOptions { label: LabelColumn::Name("z".into()), ..CsvOptions::default() },
+            "no column `z` in the header (a, b, y)",
+        ),
+        (
+            "1,2,0\n",
+            CsvOptions { label: LabelColumn::Number(4), ..CsvOptions::default() },
+            "label column 4 does not exist",
+        ),
+    ];
+    for (i, (text, opts, expected)) in whole.iter().enumerate() {
+        let input = write(d, &format!("whole{i}.csv"), text);
+        let e = csv::convert(&input, &d.join(format!("whole{i}.pgd")), opts).expect_err(text).to_string();
+        assert!(e.contains(expected), "{text:?}: `{e}` lacks `{expected}`");
+        assert!(e.contains(&format!("whole{i}.csv")), "{e} does not name the file");
+    }
+    let names: Vec<String> = (0..located.len())
+        .map(|i| format!("bad{i}.csv"))
+        .chain((0..whole.len()).map(|i| format!("whole{i}.csv")))
+        .collect();
+    no_leftovers(d, &names.iter().map(String::as_str).collect::<Vec<_>>());
+}
