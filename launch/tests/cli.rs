@@ -347,21 +347,11 @@ fn train_writes_its_run_directory() {
     ]);
     assert!(again.status.success(), "{:?}", text(&again));
     // Without the intercept: one parameter less, and the choice recorded.
+    let lr_on_1 = |data: &str, extra: &[&str]| {
+        peregrine(&[&["train", "--ranks", "1", "--model", "lr", "--data", data][..], extra].concat())
+    };
     let none = d.join("none");
-    let out = peregrine(&[
-        "train",
-        "--ranks",
-        "1",
-        "--model",
-        "lr",
-        "--data",
-        &data,
-        "--iterations",
-        "2",
-        "--no-intercept",
-        "--run-dir",
-        &none.to_string_lossy(),
-    ]);
+    let out = lr_on_1(&data, &["--iterations", "2", "--no-intercept", "--run-dir", &none.to_string_lossy()]);
     assert!(out.status.success(), "{:?}", text(&out));
     assert!(text(&out).0.contains("lr | bsp | 1 rank | 2 iterations"), "{:?}", text(&out));
     let config = std::fs::read_to_string(none.join("config.toml")).expect("config");
@@ -377,35 +367,11 @@ fn train_writes_its_run_directory() {
     std::fs::write(&wide, "+1 1:1 400:1\n-1 2:1\n").expect("write");
     let wide_pgd = d.join("wide.pgd").to_string_lossy().into_owned();
     assert!(peregrine(&["data", "convert", "libsvm", &wide.to_string_lossy(), &wide_pgd]).status.success());
-    let out = peregrine(&[
-        "train",
-        "--ranks",
-        "1",
-        "--model",
-        "lr",
-        "--data",
-        &data,
-        "--eval",
-        &wide_pgd,
-        "-q",
-        "--run-dir",
-        &scratch_run,
-    ]);
+    let out = lr_on_1(&data, &["--eval", &wide_pgd, "-q", "--run-dir", &scratch_run]);
     assert_eq!(out.status.code(), Some(1), "{:?}", text(&out));
     assert!(text(&out).1.contains("--features N"), "{:?}", text(&out));
     // A text file given as a dataset: told to convert it.
-    let out = peregrine(&[
-        "train",
-        "--ranks",
-        "1",
-        "--model",
-        "lr",
-        "--data",
-        &wide.to_string_lossy(),
-        "-q",
-        "--run-dir",
-        &scratch_run,
-    ]);
+    let out = lr_on_1(&wide.to_string_lossy(), &["-q", "--run-dir", &scratch_run]);
     assert_eq!(out.status.code(), Some(1), "{:?}", text(&out));
     assert!(text(&out).1.contains("peregrine data convert libsvm"), "{:?}", text(&out));
 }

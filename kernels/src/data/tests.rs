@@ -59,6 +59,17 @@ fn libsvm_round_trip() {
     assert_eq!((q.row_ptr, q.indices, q.values, q.labels), (s.row_ptr, s.indices, s.values, s.labels));
 }
 
+/// `r` is a parse error of `text` at `line`:`column` saying it `expected` that.
+fn assert_located<T: std::fmt::Debug>(r: Result<T>, text: &str, line: u64, column: u64, expected: &str) {
+    match r {
+        Err(DataError::Parse { line: l, column: c, expected: e, .. }) => {
+            assert_eq!((l, c), (line, column), "{text:?}: {e}");
+            assert!(e.contains(expected), "{text:?}: `{e}` lacks `{expected}`");
+        }
+        other => panic!("{text:?}: {other:?}"),
+    }
+}
+
 #[test]
 fn libsvm_errors_name_line_and_column() {
     let d_tmp = dir("libsvm-bad");
@@ -78,13 +89,7 @@ fn libsvm_errors_name_line_and_column() {
     for (i, (text, line, column, expected)) in cases.iter().enumerate() {
         let input = write(d, &format!("bad{i}.txt"), text);
         let out = d.join(format!("bad{i}.pgd"));
-        match libsvm::convert(&input, &out, None) {
-            Err(DataError::Parse { line: l, column: c, expected: e, .. }) => {
-                assert_eq!((l, c), (*line, *column), "{text:?}: {e}");
-                assert!(e.contains(expected), "{text:?}: `{e}` lacks `{expected}`");
-            }
-            other => panic!("{text:?}: {other:?}"),
-        }
+        assert_located(libsvm::convert(&input, &out, None), text, *line, *column, expected);
         assert!(!out.exists(), "a failed conversion left {}", out.display());
     }
     let err = libsvm::convert(&write(d, "x.txt", "+1 9:1\n"), &d.join("x.pgd"), Some(4))
@@ -335,13 +340,7 @@ fn csv_errors_name_line_and_column_and_write_nothing() {
     for (i, (text, line, column, expected)) in located.iter().enumerate() {
         let input = write(d, &format!("bad{i}.csv"), text);
         let out = d.join(format!("bad{i}.pgd"));
-        match csv::convert(&input, &out, &CsvOptions::default()) {
-            Err(DataError::Parse { line: l, column: c, expected: e, .. }) => {
-                assert_eq!((l, c), (*line, *column), "{text:?}: {e}");
-                assert!(e.contains(expected), "{text:?}: `{e}` lacks `{expected}`");
-            }
-            other => panic!("{text:?}: {other:?}"),
-        }
+        assert_located(csv::convert(&input, &out, &CsvOptions::default()), text, *line, *column, expected);
         assert!(!out.exists(), "a failed conversion left {}", out.display());
     }
     let whole: &[(&str, CsvOptions, &str)] = &[
