@@ -313,13 +313,12 @@ impl Resolved {
     /// The configuration as TOML, without the keys of other models (an LR run lists no `hidden`).
     fn to_toml(&self) -> Result<String, toml::ser::Error> {
         let mut t = toml::Table::try_from(self)?;
-        let (mine, others): (&[&str], &[&str]) = match self.model {
-            ModelKind::Lr => (&["intercept", "l2"], &["k", "hidden"]),
-            ModelKind::Softmax => (&["l2"], &["intercept", "k", "hidden"]),
-            ModelKind::Mf => (&["k", "l2"], &["intercept", "hidden"]),
-            ModelKind::Mlp => (&["hidden", "l2"], &["intercept", "k"]),
+        let others: &[&str] = match self.model {
+            ModelKind::Lr => &["k", "hidden"],
+            ModelKind::Softmax => &["intercept", "k", "hidden"],
+            ModelKind::Mf => &["intercept", "hidden"],
+            ModelKind::Mlp => &["intercept", "k"],
         };
-        debug_assert!(mine.iter().all(|k| t.contains_key(*k)));
         for k in others {
             t.remove(*k);
         }

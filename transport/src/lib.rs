@@ -545,6 +545,22 @@ pub struct Ops {
     pub pipelined: u64,
 }
 
+impl Ops {
+    /// `n` operations issued back to back before one completion: one round trip, the rest
+    /// pipelined behind it (none for `n = 0`).
+    pub fn batch(n: usize) -> Self {
+        let n = n as u64;
+        Self { trips: u64::from(n > 0), pipelined: n.saturating_sub(1) }
+    }
+}
+
+impl std::ops::AddAssign for Ops {
+    fn add_assign(&mut self, o: Ops) {
+        self.trips += o.trips;
+        self.pipelined += o.pipelined;
+    }
+}
+
 impl Window<u64> {
     /// Atomically reads global element `index` (MPI: `MPI_Fetch_and_op` with `MPI_NO_OP`): the
     /// read of a word that other ranks update atomically (a plain `get` racing with atomics is

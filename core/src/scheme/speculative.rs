@@ -253,9 +253,7 @@ impl Claims {
 
     /// Whether `rank`'s chunk `chunk` of iteration `tag` can no longer be claimed.
     fn settled(&self, rank: usize, tag: u16, chunk: u32) -> Result<bool> {
-        let (i, bit) = self.at(rank, chunk);
-        let w = ClaimWord::unpack(self.window.load(i)?);
-        Ok(w.tag != tag || w.bits & bit != 0)
+        Ok(self.settled_bits(rank, tag, chunk / CLAIM_BITS)? & (1 << (chunk % CLAIM_BITS)) != 0)
     }
 }
 

@@ -179,16 +179,17 @@ impl<'w> SimView<'w> {
 
     /// One word read on its own: a round trip.
     fn read(&self) {
-        let mut o = self.ops.get();
-        o.trips += 1;
-        self.ops.set(o);
+        self.add(Ops::batch(1));
     }
 
     /// A word of every rank read in one batch: one round trip, the rest pipelined behind it.
     fn read_all(&self) {
+        self.add(Ops::batch(self.w.world));
+    }
+
+    fn add(&self, ops: Ops) {
         let mut o = self.ops.get();
-        o.trips += 1;
-        o.pipelined += self.w.world as u64 - 1;
+        o += ops;
         self.ops.set(o);
     }
 
@@ -478,13 +479,12 @@ impl<'a> Sim<'a> {
         Ok(())
     }
 
-    /// The cost of `reads` reads of random ranks' words by `r`, and of the operations `r`'s policy
-    /// issued on its own windows since the last charge (each an atomic of a random rank).
-    fn charge(&self, r: usize, reads: Ops) -> Nanos {
-        let ops = self.world[r].take_ops();
-        let trips = (reads.trips + ops.trips) as f64;
-        let pipelined = (reads.pipelined + ops.pipelined) as f64;
-        nanos(trips * self.read_cost + pipelined * self.gap_cost)
+    /// The cost of reads `ops` of random ranks' words by `r`, and of the operations `r`'s policy
+    /// issued on its own windows since the last charge: a round trip of a random rank each, a
+    /// gap for each one pipelined behind another.
+    fn charge(&self, r: usize, mut ops: Ops) -> Nanos {
+        ops += self.world[r].take_ops();
+        nanos(ops.trips as f64 * self.read_cost + ops.pipelined as f64 * self.gap_cost)
     }
 
     fn transfer_cost(&self, r: usize, it: u64) -> Nanos {
@@ -865,7 +865,7 @@ impl<'a> Sim<'a> {
         let it = self.ranks[r].it;
         if self.w.all_done(it) || self.to_target.is_some() {
             // The poll that saw it: every rank's progress word, in one batch.
-            let t = t + self.charge(r, Ops { trips: 1, pipelined: self.s.ranks as u64 - 1 });
+            let t = t + self.charge(r, Ops::batch(self.s.ranks));
             let rk = &mut self.ranks[r];
             rk.line_wait = (t - rk.lined_at).saturating_sub(rk.helped);
             rk.rec.wait += rk.line_wait as f64 * 1e-9;

@@ -128,8 +128,8 @@ fn number(text: &str) -> Option<f32> {
     parse_f32(text.as_bytes()).filter(|v| v.is_finite())
 }
 
-/// One pass over the file: calls `row(line, text, fields)` for every data line (blank lines
-/// skipped), after `first(text, fields)` for the first non-blank line.
+/// One pass over the file: calls `row(line number, text, fields)` for every non-blank line, the
+/// header included.
 fn scan(
     path: &Path,
     delimiter: u8,
@@ -149,6 +149,40 @@ fn scan(
     Ok(())
 }
 
+/// The 0-based label column of `input`, whose first line has `width` fields, header `names` if
+/// that line is one.
+fn label_column(input: &Path, label: &LabelColumn, width: usize, names: Option<&[String]>) -> Result<usize> {
+    match label {
+        LabelColumn::Number(n) if (1..=width).contains(n) => Ok(n - 1),
+        LabelColumn::Number(n) => Err(DataError::Invalid(format!(
+            "{}: label column {n} does not exist: the first line has {width} columns",
+            input.display()
+        ))),
+        LabelColumn::Name(name) => {
+            let Some(names) = names else {
+                return Err(DataError::Invalid(format!(
+                    "{}: label column `{name}` named, but the first line is not a header",
+                    input.display()
+                )));
+            };
+            names.iter().position(|h| h == name).ok_or_else(|| {
+                DataError::Invalid(format!(
+                    "{}: no column `{name}` in the header ({})",
+                    input.display(),
+                    names.join(", ")
+                ))
+            })
+        }
+        LabelColumn::Auto => Ok(names
+            .and_then(|n| {
+                n.iter().position(|h| {
+                    ["label", "target", "class", "y"].contains(&h.to_ascii_lowercase().as_str())
+                })
+            })
+            .unwrap_or(width - 1)),
+    }
+}
+
 /// Converts CSV `input` to a dense dataset at `output`.
 pub fn convert(input: &Path, output: &Path, opts: &CsvOptions) -> Result<CsvConverted> {
     // First pass: the header, the label column, the labels, the row count.
@@ -162,37 +196,7 @@ pub fn convert(input: &Path, output: &Path, opts: &CsvOptions) -> Result<CsvConv
             first = false;
             width = fields.len();
             let texts: Vec<String> = fields.iter().map(|&f| field(line, f)).collect();
-            let guess = |names: Option<&Vec<String>>| -> Result<usize> {
-                match &opts.label {
-                    LabelColumn::Number(n) if (1..=width).contains(n) => Ok(n - 1),
-                    LabelColumn::Number(n) => Err(DataError::Invalid(format!(
-                        "{}: label column {n} does not exist: the first line has {width} columns",
-                        input.display()
-                    ))),
-                    LabelColumn::Name(name) => {
-                        let Some(names) = names else {
-                            return Err(DataError::Invalid(format!(
-                                "{}: label column `{name}` named, but the first line is not a header",
-                                input.display()
-                            )));
-                        };
-                        names.iter().position(|h| h == name).ok_or_else(|| {
-                            DataError::Invalid(format!(
-                                "{}: no column `{name}` in the header ({})",
-                                input.display(),
-                                names.join(", ")
-                            ))
-                        })
-                    }
-                    LabelColumn::Auto => Ok(names
-                        .and_then(|n| {
-                            n.iter().position(|h| {
-                                ["label", "target", "class", "y"].contains(&h.to_ascii_lowercase().as_str())
-                            })
-                        })
-                        .unwrap_or(width - 1)),
-                }
-            };
+            let guess = |names| label_column(input, &opts.label, width, names);
             let header = match opts.header {
                 Header::Yes => true,
                 Header::No => false,

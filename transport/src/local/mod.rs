@@ -65,9 +65,10 @@ impl World {
     /// trip, `n - 1` pipelined behind it.
     #[inline]
     pub(super) fn count_batch(&self, rank: usize, n: usize) {
-        if let (Some(ops), true) = (&self.ops, n > 0) {
-            ops[rank][0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            ops[rank][1].fetch_add(n as u64 - 1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(ops) = &self.ops {
+            let b = crate::Ops::batch(n);
+            ops[rank][0].fetch_add(b.trips, std::sync::atomic::Ordering::Relaxed);
+            ops[rank][1].fetch_add(b.pipelined, std::sync::atomic::Ordering::Relaxed);
         }
     }
 }

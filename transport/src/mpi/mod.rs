@@ -535,14 +535,35 @@ impl<T: Elem> MpiWindow<T> {
 
     /// `MPI_Fetch_and_op` of `value` with `op` on element `index`: the previous value.
     fn fetch_op(&self, index: usize, value: T, op: ffi::MPI_Op, call: &'static str) -> Result<T> {
-        let (target, offset) = self.locate(index, 1).ok_or_else(|| self.out_of_range(index, 1))?;
         let mut result = T::default();
-        // SAFETY: live window; one element at a valid displacement of `target`'s shard; `value` and
-        // `result` outlive the local completion below; `op` is a predefined operation handle.
+        // SAFETY: `value` and `result` outlive the local completion that follows.
+        let target = unsafe { self.issue_fetch_op(index, &value, &mut result, op, call)? };
+        self.complete_local(Touched::one(target))?;
+        Ok(result)
+    }
+
+    /// Issues `MPI_Fetch_and_op` of `*value` with `op` on element `index` into `*result`, without
+    /// completing it; returns the target rank.
+    ///
+    /// # Safety
+    /// `value` and `result` must stay valid (and `result` unread) until a local completion of
+    /// the target returned.
+    unsafe fn issue_fetch_op(
+        &self,
+        index: usize,
+        value: *const T,
+        result: *mut T,
+        op: ffi::MPI_Op,
+        call: &'static str,
+    ) -> Result<usize> {
+        let (target, offset) = self.locate(index, 1).ok_or_else(|| self.out_of_range(index, 1))?;
+        // SAFETY: live window; one element at a valid displacement of `target`'s shard; the
+        // caller keeps `value` and `result` valid until the completion; `op` is a predefined
+        // operation handle.
         let rc = unsafe {
             ffi::MPI_Fetch_and_op(
-                (&value as *const T).cast(),
-                (&mut result as *mut T).cast(),
+                value.cast(),
+                result.cast(),
                 T::mpi_datatype(),
                 target as c_int,
                 offset as ffi::MPI_Aint,
@@ -551,8 +572,7 @@ impl<T: Elem> MpiWindow<T> {
             )
         };
         self.check(call, rc)?;
-        self.complete_local(Touched::one(target))?;
-        Ok(result)
+        Ok(target)
     }
 
     /// Atomic read of element `index` (`MPI_Fetch_and_op` with `MPI_NO_OP`).
@@ -571,28 +591,14 @@ impl<T: Elem> MpiWindow<T> {
         let mut touched = Touched::NONE;
         let mut issued = Ok(());
         for (o, index) in out.iter_mut().zip(ranges.iter().flat_map(Clone::clone)) {
-            let Some((target, offset)) = self.locate(index, 1) else {
-                issued = Err(self.out_of_range(index, 1));
-                break;
-            };
-            // SAFETY: live window; one element at a valid displacement of `target`'s shard;
-            // `zero` and `out` outlive the local completion below, which runs even when a later
-            // issue fails; `op` is a predefined operation handle.
-            let rc = unsafe {
-                ffi::MPI_Fetch_and_op(
-                    (&zero as *const T).cast(),
-                    (o as *mut T).cast(),
-                    T::mpi_datatype(),
-                    target as c_int,
-                    offset as ffi::MPI_Aint,
-                    op,
-                    self.win,
-                )
-            };
-            touched = touched.add(target);
-            if let Err(e) = self.check("MPI_Fetch_and_op(MPI_NO_OP)", rc) {
-                issued = Err(e);
-                break;
+            // SAFETY: `zero` and `out` outlive the local completion below, which runs even when a
+            // later issue fails.
+            match unsafe { self.issue_fetch_op(index, &zero, o, op, "MPI_Fetch_and_op(MPI_NO_OP)") } {
+                Ok(target) => touched = touched.add(target),
+                Err(e) => {
+                    issued = Err(e);
+                    break;
+                }
             }
         }
         let completed = self.complete_local(touched);
