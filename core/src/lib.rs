@@ -8,6 +8,8 @@
 //!   asks at named hooks, one file each: BSP/SSP/ASP, DynSGD, backup workers (static and dynamic),
 //!   LB-BSP with its speed predictors, speculative execution, FlexRR, Falcon's EPSP;
 //! - [`model`]: logistic regression, softmax regression, matrix factorization, MLP;
+//! - [`optim`]: optimizers whose state is sharded beside the weights, and learning-rate
+//!   schedules;
 //! - [`plan`]: which rows each rank computes in each iteration;
 //! - [`queue`]: the per-rank chunk queues in a window, from which a rank's threads take its own
 //!   chunks and other ranks take chunks over;
@@ -24,6 +26,7 @@ pub mod clocks;
 pub mod engine;
 pub mod inject;
 pub mod model;
+pub mod optim;
 pub mod plan;
 pub mod pool;
 pub mod queue;

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use peregrine_core::engine::{self, Config, Report};
 use peregrine_core::inject::{Injection, Pattern};
 use peregrine_core::model::{Baseline, Delta, EvalSums, KeySet, Layout, Metric, Model};
+use peregrine_core::optim::Optimizer;
 use peregrine_core::pool::{Pinning, RankPool, Slot};
 use peregrine_core::{Scheme, SchemeSpec};
 use peregrine_transport::{Backend, Transport};
@@ -106,6 +107,11 @@ impl Model for Counting {
 
     fn scale(&self, _rows: usize) -> f32 {
         1.0
+    }
+
+    /// Counts, not a gradient.
+    fn lr(&self) -> Option<f32> {
+        None
     }
 
     fn evaluate(&self, _params: &[f32], rows: Range<usize>) -> EvalSums {
@@ -246,13 +252,29 @@ pub fn final_params_with<M: Model>(
     iterations: u64,
     scheme: Scheme,
 ) -> Result<Vec<f32>, String> {
+    final_params_by(t, model, iterations, scheme, Optimizer::Sgd)
+}
+
+/// [`final_params_with`] stepping with `optimizer`. The second moments of AdaGrad, Adam and
+/// FTRL sum each rank's squared gradient, so their model depends on which rank computed which
+/// rows: under them nobody is slowed and nothing is taken over, and every backend splits the
+/// batch as the plan says.
+pub fn final_params_by<M: Model>(
+    t: &Transport,
+    model: &M,
+    iterations: u64,
+    scheme: Scheme,
+    optimizer: Optimizer,
+) -> Result<Vec<f32>, String> {
+    let linear = matches!(optimizer, Optimizer::Sgd | Optimizer::Momentum { .. });
     let cfg = Config {
-        scheme: SchemeSpec::new(scheme, true),
+        optimizer,
+        scheme: SchemeSpec::new(scheme, linear),
         batch: 256,
         chunk: 16,
         iterations,
         threads: 2,
-        inject: if t.world_size() > 1 { slowed(0, 0.5) } else { Injection::default() },
+        inject: if t.world_size() > 1 && linear { slowed(0, 0.5) } else { Injection::default() },
         keep_params: true,
         seed: 5,
         ..Config::default()

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use peregrine_core::engine::{self, Config, Report};
 use peregrine_core::model::{lr::LogReg, mf::Mf, mlp::Mlp, softmax::Softmax, Model};
+use peregrine_core::optim::{Decay, Schedule};
 use peregrine_core::pool::{Pinning, RankPool};
 use peregrine_kernels::data::{idx, libsvm, ratings, split, Dataset, Kind};
 use peregrine_tests::training::slot;
@@ -167,7 +168,7 @@ fn softmax_on_fashion_mnist_reaches_83_percent() {
         batch: 256,
         chunk: 64,
         iterations: epochs(60_000, 256, 10),
-        lr_decay: 1.0,
+        schedule: Schedule { warmup: 0, decay: Decay::Inverse(1.0) },
         ..Config::default()
     };
     let r = train_2_ranks(|| Softmax::new(&train, Some(&test), 0.5).expect("model"), &cfg);
@@ -182,7 +183,7 @@ fn mlp_on_fashion_mnist_reaches_86_percent() {
         batch: 128,
         chunk: 64,
         iterations: epochs(60_000, 128, 12),
-        lr_decay: 1.0,
+        schedule: Schedule { warmup: 0, decay: Decay::Inverse(1.0) },
         ..Config::default()
     };
     let r = train_2_ranks(|| Mlp::new(&train, Some(&test), &[128], 0.2).expect("model"), &cfg);

@@ -3,11 +3,9 @@
 use std::ops::Range;
 use std::time::Instant;
 
-use peregrine_transport::Window;
-
 use super::run::Run;
 use super::{IterRecord, TrainError};
-use crate::model::{Delta, KeySet, Layout, Model};
+use crate::model::{Delta, KeySet, Model};
 
 impl<M: Model> Run<'_, M> {
     /// Whether pulls read only the keys of the chunks (else the whole model).
@@ -16,14 +14,15 @@ impl<M: Model> Run<'_, M> {
     }
 
     /// Pulls what this rank's chunks of `it` read into `replica`: all of a dense model (or a
-    /// small sparse one), the chunks' keys of a sparse one.
+    /// small sparse one) with its optimizer state (into `state`), the chunks' keys of a sparse
+    /// one.
     pub(super) fn pull_into(
         &self,
         it: u64,
         keys: &mut KeySet,
         ranges: &mut Vec<Range<usize>>,
         data: &mut Vec<f32>,
-        replica: &mut [f32],
+        (replica, state): (&mut [f32], &mut Vec<f32>),
         rec: &mut IterRecord,
     ) -> Result<(), TrainError> {
         let c0 = Instant::now();
@@ -33,9 +32,9 @@ impl<M: Model> Run<'_, M> {
             for g in part {
                 self.model.keys(self.plan.global_chunk_rows(it, g), keys);
             }
-            pull_keys(&self.params, self.model.layout(), keys, ranges, data, replica)?;
+            self.params.pull_keys(self.model.layout(), keys, ranges, data, replica)?;
         } else {
-            self.params.get(0, replica)?;
+            self.params.get_all_with_state(replica, state)?;
         }
         rec.comm += c0.elapsed().as_secs_f64();
         Ok(())
@@ -62,57 +61,4 @@ impl<M: Model> Run<'_, M> {
             }
         }
     }
-
-    /// Accumulates `delta` into the owning shards: only the touched keys (a dense model's one key
-    /// is all of it), or all of the update, zeros included, when they are too [`scattered`].
-    pub(super) fn push_delta(
-        &self,
-        delta: &mut Delta,
-        ranges: &mut Vec<Range<usize>>,
-        data: &mut Vec<f32>,
-    ) -> Result<(), TrainError> {
-        delta.ranges(ranges, data);
-        if ranges.len() > 1 && scattered(ranges, delta.layout().params) {
-            self.params.accumulate(0, delta.values())?;
-        } else {
-            self.params.accumulate_batch(ranges, data)?;
-        }
-        Ok(())
-    }
-}
-
-/// Whether `ranges` are so many that moving all `params` elements costs less: one small one-sided
-/// operation costs about as much as moving 512 elements (~100-200 ns against 10-20 GB/s; measured
-/// on MF, where 128 and 32 were no better). On a 1M-feature Zipf dataset a 50,000-row batch
-/// touches ~100k scattered weights: one 4 MB get instead of 100k gets.
-pub(super) fn scattered(ranges: &[Range<usize>], params: usize) -> bool {
-    ranges.len().saturating_mul(ELEMENTS_PER_OPERATION) >= params
-}
-
-/// Elements one small one-sided operation costs as much as moving (see [`scattered`]).
-const ELEMENTS_PER_OPERATION: usize = 512;
-
-/// Reads the parameters of `keys` from `params` into the same positions of `into` (or all of
-/// them, when the keys are too [`scattered`]).
-pub(super) fn pull_keys(
-    params: &Window<f32>,
-    layout: Layout,
-    keys: &mut KeySet,
-    ranges: &mut Vec<Range<usize>>,
-    buf: &mut Vec<f32>,
-    into: &mut [f32],
-) -> Result<(), TrainError> {
-    keys.ranges(layout, ranges);
-    if scattered(ranges, layout.params) {
-        return Ok(params.get(0, into)?);
-    }
-    let n = ranges.iter().map(|r| r.len()).sum();
-    buf.resize(n, 0.0);
-    params.get_batch(ranges, buf)?;
-    let mut off = 0;
-    for r in ranges.iter() {
-        into[r.clone()].copy_from_slice(&buf[off..off + r.len()]);
-        off += r.len();
-    }
-    Ok(())
 }

@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::comm::pull_keys;
 use super::run::Run;
 use super::TrainError;
 use crate::model::{Delta, KeySet, Model};
@@ -249,7 +248,7 @@ impl<M: Model> Run<'_, M> {
         for rows in rows {
             self.model.keys(rows, &mut sb.keys);
         }
-        pull_keys(&self.params, layout, &mut sb.keys, &mut sb.ranges, &mut sb.buf, &mut sb.params)?;
+        self.params.pull_keys(layout, &mut sb.keys, &mut sb.ranges, &mut sb.buf, &mut sb.params)?;
         let p = std::mem::take(&mut sb.params);
         let out = f(self, &p, slot);
         if let Some(sb) = slot.steal.as_mut() {

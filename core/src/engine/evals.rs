@@ -175,7 +175,7 @@ impl<M: Model> Run<'_, M> {
     pub(super) fn evaluate(&self, ev: &mut Evals) -> Result<(), TrainError> {
         let e0 = Instant::now();
         let train_time = ev.train_time();
-        self.params.get(0, &mut ev.params)?;
+        self.params.get_all(&mut ev.params)?;
         let mine = split(self.model.eval_rows(), self.rank, self.world);
         let threads = self.pool.active();
         let sums = Mutex::new([0.0f64; 3]);

@@ -36,6 +36,7 @@ use peregrine_transport::Transport;
 
 use crate::inject::{Injection, Pattern};
 use crate::model::Model;
+use crate::optim::{Optimizer, Schedule};
 use crate::plan::{Plan, PlanError};
 use crate::pool::RankPool;
 use crate::scheme::{SchemeError, SchemeSpec};
@@ -45,6 +46,7 @@ mod compute;
 mod evals;
 pub use evals::{DIVERGED_ABOVE, RISEN_BY, STALL_EVALS};
 mod metrics;
+mod params;
 mod run;
 
 pub use metrics::{EvalPoint, IterRecord, Progress, RankTotals, Report};
@@ -146,8 +148,10 @@ pub struct Config {
     pub inject: Injection,
     /// Return the final parameters in the report.
     pub keep_params: bool,
-    /// Learning-rate decay: updates of epoch `e` (fractional) are scaled by `1 / (1 + decay e)`.
-    pub lr_decay: f64,
+    /// The update rule of gradient models (matrix factorization runs SGD on each rating).
+    pub optimizer: Optimizer,
+    /// How the learning rate changes over the run.
+    pub schedule: Schedule,
     /// Stop with an error, not only a warning, when the evaluations show the model stalled (no
     /// better than a constant prediction) or its loss rising ([`TrainError::Stalled`]).
     pub stop_on_stall: bool,
@@ -173,7 +177,8 @@ impl Default for Config {
             elastic: Elastic::Fixed,
             inject: Injection::default(),
             keep_params: false,
-            lr_decay: 0.0,
+            optimizer: Optimizer::Sgd,
+            schedule: Schedule::default(),
             stop_on_stall: false,
             dense_pull_below: 1 << 16,
         }
@@ -236,6 +241,27 @@ pub fn check(cfg: &Config, world: usize, rows: usize) -> Result<Plan, TrainError
     Ok(plan)
 }
 
+/// Checks that `cfg`'s optimizer and schedule suit a model named `model` (a gradient model if
+/// `gradient`).
+pub fn check_optimizer(cfg: &Config, model: &str, gradient: bool) -> Result<(), TrainError> {
+    let o = cfg.optimizer;
+    if o != Optimizer::Sgd && !gradient {
+        return Err(TrainError::Setting {
+            setting: "the optimizer",
+            accepted: format!("sgd for {model} (its update is SGD over each rating, not a gradient)"),
+            got: o.to_string(),
+        });
+    }
+    if o.derived() && !cfg.schedule.constant() {
+        return Err(TrainError::Setting {
+            setting: "the learning-rate schedule",
+            accepted: format!("constant under {o} (its per-parameter rates decay by themselves)"),
+            got: format!("warm-up {} iterations, decay {}", cfg.schedule.warmup, cfg.schedule.decay),
+        });
+    }
+    Ok(())
+}
+
 /// Trains `model` on this rank (collective: every rank calls it with the same model and
 /// configuration). `metrics`, if given, receives one JSON line per iteration; `progress` is called
 /// on rank 0 after every iteration.
@@ -248,6 +274,7 @@ pub fn train<M: Model>(
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<Report, TrainError> {
     let plan = check(cfg, t.world_size(), model.rows())?;
+    check_optimizer(cfg, model.name(), model.lr().is_some())?;
     let (run, mut policy) = run::Run::start(t, model, cfg, plan, pool)?;
     let result = run.train(&mut *policy, metrics, progress);
     // The windows are freed (collectively) whether training succeeded or not.

@@ -12,10 +12,12 @@ use peregrine_transport::{ReduceOp, ShardMap, Transport, Window};
 use super::compute::Slot;
 use super::evals::Evals;
 use super::metrics::TOTALS;
+use super::params::{Params, PushBufs};
 use super::{Config, IterRecord, Progress, RankTotals, Report, TrainError};
 use crate::clocks::Clocks;
 use crate::inject::Disruptor;
 use crate::model::{Delta, KeySet, Model};
+use crate::optim::Step;
 use crate::plan::Plan;
 use crate::pool::RankPool;
 use crate::queue::{self, ChunkQueues};
@@ -30,7 +32,7 @@ pub(super) struct Run<'a, M: Model> {
     pub cfg: &'a Config,
     pub plan: Plan,
     pub pool: &'a RankPool,
-    pub params: Window<f32>,
+    pub params: Params,
     pub queues: ChunkQueues,
     pub clocks: Clocks,
     /// On rank 0: `[evaluations requested, ranks finished]`.
@@ -62,11 +64,14 @@ pub(super) struct Run<'a, M: Model> {
 /// What the rank's main thread carries from iteration to iteration: buffers and running sums.
 struct Local {
     delta: Delta,
+    push: PushBufs,
     ranges: Vec<Range<usize>>,
     data: Vec<f32>,
     keys: KeySet,
     /// The rank's copy of the parameters it reads (all of them for dense models).
     replica: Vec<f32>,
+    /// The optimizer state read with a model pulled whole.
+    state: Vec<f32>,
     totals: RankTotals,
     samples: u64,
     ev: Evals,
@@ -83,15 +88,8 @@ impl<'a, M: Model> Run<'a, M> {
         pool: &'a RankPool,
     ) -> Result<(Self, Box<dyn Policy>), TrainError> {
         pool.set_active(cfg.threads);
-        let map = ShardMap::balanced(model.layout().params, t.world_size());
-        let params: Window<f32> = t.alloc_window("parameters", &map)?;
         // Each rank writes the initial values of its own shard.
-        let mine = map.range(t.rank());
-        let mut init = vec![0.0f32; mine.len()];
-        model.init(cfg.seed, mine.clone(), &mut init);
-        params.put(mine.start, &init)?;
-        params.flush_all()?;
-        drop(init);
+        let params = Params::start(t, model, cfg.optimizer, cfg.seed)?;
         let slots = (0..pool.max_threads()).map(|_| Mutex::new(Slot::new(model.work(cfg.chunk)))).collect();
         let policy = cfg.scheme.scheme.policy(&Setup { t, cfg, plan: &plan, simulated: false })?;
         let run = Run {
@@ -151,8 +149,8 @@ impl<'a, M: Model> Run<'a, M> {
             }
             next = it + 1;
             let mut rec = self.open(policy, &me, it)?;
-            let Local { keys, ranges, data, replica, .. } = &mut me;
-            self.pull_into(it, keys, ranges, data, replica, &mut rec)?;
+            let Local { keys, ranges, data, replica, state, .. } = &mut me;
+            self.pull_into(it, keys, ranges, data, (replica, state), &mut rec)?;
             let computing = self.compute_phase(policy, &mut me.ev, &me.replica, it, &mut rec)?;
             self.push(policy, &mut me, it, computing, &mut rec)?;
             if !policy.ready(&self.view(), it)? {
@@ -258,11 +256,25 @@ impl<'a, M: Model> Run<'a, M> {
         let view = self.view();
         let admit = policy.admit(&view, it, computing.elapsed(), rec)?;
         let batch_rows = self.plan.batch_rows(it).len();
-        let epoch = it as f64 / self.plan.iters_per_epoch() as f64;
-        let scale = self.model.scale(batch_rows) / (1.0 + self.cfg.lr_decay * epoch) as f32 * admit.scale;
-        self.drain(scale, &mut me.delta, rec);
-        if admit.apply && !me.delta.is_empty() {
-            self.push_delta(&mut me.delta, &mut me.ranges, &mut me.data)?;
+        let cfg = self.cfg;
+        let sched = cfg.schedule.factor(it, self.plan.iters_per_epoch(), cfg.iterations) as f32;
+        let step = match self.model.lr() {
+            // The rank's contribution to the iteration's mean gradient, and its share.
+            Some(lr) if cfg.optimizer.slots() > 0 => {
+                self.drain(admit.scale / batch_rows.max(1) as f32, &mut me.delta, rec);
+                let share = admit.scale * rec.rows as f32 / batch_rows.max(1) as f32;
+                Some(Step { lr: lr * sched, share, t: it + 1 })
+            }
+            _ => {
+                self.drain(self.model.scale(batch_rows) * sched * admit.scale, &mut me.delta, rec);
+                None
+            }
+        };
+        if admit.apply && !me.delta.is_empty() && step.is_none_or(|s| s.share > 0.0) {
+            // A model pulled whole stepped with the state read with it.
+            let pulled =
+                (!self.keyed() && self.params.stateful()).then_some((&me.replica[..], &me.state[..]));
+            self.params.push(&mut me.delta, step, pulled, &mut me.push)?;
         }
         self.params.flush_all()?;
         policy.before_tick(&view, it, Duration::from_nanos(self.iter_busy.load(Ordering::Relaxed)), rec)?;
@@ -374,10 +386,12 @@ impl Local {
         run.pool.bind_memory(&mut replica);
         Self {
             delta: Delta::new(layout),
+            push: PushBufs::default(),
             ranges: Vec::new(),
             data: Vec::new(),
             keys: KeySet::new(layout.keys()),
             replica,
+            state: Vec::new(),
             totals: RankTotals::default(),
             samples: 0,
             ev: Evals::new(layout.params, run.model.baseline(), run.model.metric()),

@@ -161,6 +161,18 @@ impl Model for LogReg {
         -self.lr / rows.max(1) as f32
     }
 
+    fn lr(&self) -> Option<f32> {
+        Some(self.lr)
+    }
+
+    fn unpenalized(&self) -> Range<usize> {
+        if self.intercept {
+            self.dim..self.dim + 1
+        } else {
+            0..0
+        }
+    }
+
     fn baseline(&self) -> Baseline {
         let y = Self::rows_of(self.data.eval()).labels;
         let ones = y.iter().filter(|&&y| y > 0.5).count() as f64 / y.len().max(1) as f64;

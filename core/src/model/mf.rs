@@ -151,6 +151,10 @@ impl Model for Mf {
         1.0
     }
 
+    fn lr(&self) -> Option<f32> {
+        None
+    }
+
     fn baseline(&self) -> Baseline {
         let r = Self::rows_of(self.data.eval()).ratings;
         let n = r.len().max(1) as f64;

@@ -186,6 +186,10 @@ impl Model for Mlp {
         -self.lr / rows.max(1) as f32
     }
 
+    fn lr(&self) -> Option<f32> {
+        Some(self.lr)
+    }
+
     fn baseline(&self) -> Baseline {
         let classes = *self.dims.last().expect("an output layer");
         let y = Self::rows_of(self.data.eval()).labels;

@@ -304,8 +304,18 @@ pub trait Model: Send + Sync {
     /// Adds `scale` times what `work` accumulated to `delta`, and clears `work`.
     fn drain(&self, work: &mut Self::Work, scale: f32, delta: &mut Delta);
 
-    /// The scale [`drain`](Self::drain) applies to an iteration of `rows` rows.
+    /// The scale [`drain`](Self::drain) applies to an iteration of `rows` rows under SGD.
     fn scale(&self, rows: usize) -> f32;
+
+    /// The learning rate of a gradient model, whose [`drain`](Self::drain) with scale `1 / rows`
+    /// gives the mean gradient (what optimizers other than SGD step with); `None` for a model
+    /// whose update is not a gradient (matrix factorization's SGD over its own ratings).
+    fn lr(&self) -> Option<f32>;
+
+    /// Parameters L1 regularization leaves alone (an intercept).
+    fn unpenalized(&self) -> Range<usize> {
+        0..0
+    }
 
     /// Evaluates full parameters `params` on evaluation rows `rows`.
     fn evaluate(&self, params: &[f32], rows: Range<usize>) -> EvalSums;

@@ -114,6 +114,10 @@ impl Model for Softmax {
         -self.lr / rows.max(1) as f32
     }
 
+    fn lr(&self) -> Option<f32> {
+        Some(self.lr)
+    }
+
     fn baseline(&self) -> Baseline {
         let classes = self.classes;
         let y = Self::rows_of(self.data.eval()).labels;

@@ -281,6 +281,8 @@ macro_rules! serde_as_name {
     )*};
 }
 
+pub(crate) use serde_as_name;
+
 serde_as_name!(Scheme, SchemeSpec);
 
 /// The world as a policy sees it: every rank's words, read when a decision needs them.

@@ -4,20 +4,20 @@
 //! exactly once under BSP, SSP(2), ASP, Falcon, FlexRR and speculative execution (copies of a
 //! chunk race, one result is applied), with rank 0 slowed down, and with the active thread count
 //! changing between iterations.
-//! `training params --data FILE --out FILE [--backend ...] [--ranks N]`: BSP logistic regression
-//! on FILE; rank 0 writes the final parameters, one per line, to `--out`.
+//! `training params --data FILE --out FILE [--optimizer NAME] [--backend ...] [--ranks N]`: BSP
+//! logistic regression on FILE; rank 0 writes the final parameters, one per line, to `--out`.
 
 use std::process::ExitCode;
 
 use peregrine_core::model::lr::LogReg;
-use peregrine_tests::training::{exactly_once, exactly_once_elastic, final_params, scheme};
+use peregrine_tests::training::{exactly_once, exactly_once_elastic, final_params_by, scheme};
 use peregrine_transport::{Backend, Transport};
 
 fn main() -> ExitCode {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let mode = if args.is_empty() { String::new() } else { args.remove(0) };
     let (mut backend, mut ranks, mut threads) = (Backend::detect(), 2usize, 2usize);
-    let (mut data, mut out) = (None, None);
+    let (mut data, mut out, mut optimizer) = (None, None, peregrine_core::optim::Optimizer::Sgd);
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
         let v = it.next().unwrap_or_default();
@@ -29,6 +29,7 @@ fn main() -> ExitCode {
                 data = Some(v.clone());
                 true
             }
+            "--optimizer" => v.parse().map(|o| optimizer = o).is_ok(),
             "--out" => {
                 out = Some(v.clone());
                 true
@@ -75,7 +76,7 @@ fn main() -> ExitCode {
             "params" => (|| {
                 let data = data.as_deref().ok_or("--data is required")?;
                 let model = LogReg::new(std::path::Path::new(data), None, 0.5, true).map_err(|e| e.to_string())?;
-                let p = final_params(&t, &model, 30)?;
+                let p = final_params_by(&t, &model, 30, scheme("bsp"), optimizer)?;
                 if t.rank() == 0 {
                     let out = out.as_deref().ok_or("--out is required")?;
                     let text: String = p.iter().map(|w| format!("{w:e}\n")).collect();

@@ -1,0 +1,206 @@
+use super::*;
+
+/// One parameter's window value and state, updated by pushes as the engine does: read, step,
+/// accumulate.
+struct Cell {
+    w: f32,
+    st: Vec<f32>,
+}
+
+impl Cell {
+    fn new(o: &Optimizer) -> Self {
+        Self { w: 0.5, st: vec![0.0; o.slots()] }
+    }
+
+    /// Pushes of (share, contribution) landing one after another, all having read the state
+    /// before the first landed (one iteration's pushes under BSP).
+    fn iteration(&mut self, o: &Optimizer, lr: f32, t: u64, pushes: &[(f32, f32)]) {
+        let (w0, st0) = (self.w, self.st.clone());
+        for &(share, c) in pushes {
+            let mut c = [c];
+            let mut ds = vec![0.0; o.slots()];
+            let mut w = [w0];
+            o.weights(lr, 0, &(0..0), &mut w, &st0);
+            o.step(Step { lr, share, t }, &mut c, &st0, &mut ds, &w);
+            self.w += c[0];
+            self.st.iter_mut().zip(&ds).for_each(|(s, d)| *s += d);
+        }
+    }
+
+    /// The weight as a read sees it.
+    fn weight(&self, o: &Optimizer, lr: f32) -> f32 {
+        let mut w = [self.w];
+        o.weights(lr, 0, &(0..0), &mut w, &self.st);
+        w[0]
+    }
+}
+
+/// The textbook rules, one parameter, gradient `g` at step `t`.
+fn reference(o: &Optimizer, lr: f32, gs: &[f32]) -> f32 {
+    let (mut w, mut a, mut b) = (0.5f32, 0.0f32, 0.0f32);
+    for (i, &g) in gs.iter().enumerate() {
+        let t = (i + 1) as i32;
+        match *o {
+            Optimizer::Sgd => w -= lr * g,
+            Optimizer::Momentum { mu, nesterov } => {
+                a = mu * a + g;
+                w -= lr * if nesterov { g + mu * a } else { a };
+            }
+            Optimizer::AdaGrad { eps } => {
+                a += g * g;
+                w -= lr * g / (a.sqrt() + eps);
+            }
+            Optimizer::Adam { beta1, beta2, eps } => {
+                a = beta1 * a + (1.0 - beta1) * g;
+                b = beta2 * b + (1.0 - beta2) * g * g;
+                let (m, v) = (a / (1.0 - beta1.powi(t)), b / (1.0 - beta2.powi(t)));
+                w -= lr * m / (v.sqrt() + eps);
+            }
+            Optimizer::Ftrl { beta, l1 } => {
+                // McMahan et al. (2013), Algorithm 1, one coordinate (lambda2 = 0), from z = 0.
+                let wt = if a.abs() <= l1 { 0.0 } else { -(a - a.signum() * l1) / ((beta + b.sqrt()) / lr) };
+                let sigma = ((b + g * g).sqrt() - b.sqrt()) / lr;
+                a += g - sigma * wt;
+                b += g * g;
+                w = if a.abs() <= l1 { 0.0 } else { -(a - a.signum() * l1) / ((beta + b.sqrt()) / lr) };
+            }
+        }
+    }
+    w
+}
+
+fn all() -> Vec<Optimizer> {
+    ["sgd", "momentum", "nesterov:0.5", "adagrad", "adam", "ftrl"]
+        .iter()
+        .map(|s| s.parse().expect("parses"))
+        .chain([Optimizer::Ftrl { beta: 1.0, l1: 0.3 }])
+        .collect()
+}
+
+const GRADS: [f32; 8] = [0.8, -0.3, 1.5, 0.2, -2.0, 0.05, 0.7, -0.9];
+
+fn close(a: f32, b: f32) -> bool {
+    (a - b).abs() <= 1e-5 * (1.0 + a.abs().max(b.abs()))
+}
+
+#[test]
+fn one_push_of_share_one_is_the_textbook_rule() {
+    for o in all() {
+        let mut cell = Cell::new(&o);
+        if o.derived() {
+            cell.w = 0.0;
+        }
+        for (i, &g) in GRADS.iter().enumerate() {
+            cell.iteration(&o, 0.1, i as u64 + 1, &[(1.0, g)]);
+            let want = reference(&o, 0.1, &GRADS[..=i]);
+            let got = cell.weight(&o, 0.1);
+            assert!(close(got, want), "{o}: step {} weight {got}, textbook {want}", i + 1);
+        }
+    }
+}
+
+#[test]
+fn pushes_of_equal_gradients_add_up_to_one_step() {
+    // Three ranks with shares 0.5, 0.3, 0.2 and the same mean gradient: the iteration's pushes
+    // land as one step of the whole batch (the squares too, since the gradients agree).
+    for o in all() {
+        let (mut one, mut three) = (Cell::new(&o), Cell::new(&o));
+        for (i, &g) in GRADS.iter().enumerate() {
+            let t = i as u64 + 1;
+            one.iteration(&o, 0.05, t, &[(1.0, g)]);
+            three.iteration(&o, 0.05, t, &[(0.5, 0.5 * g), (0.3, 0.3 * g), (0.2, 0.2 * g)]);
+            let (a, b) = (one.weight(&o, 0.05), three.weight(&o, 0.05));
+            assert!(close(a, b), "{o}: step {t}: one push {a}, three {b}");
+            for (x, y) in one.st.iter().zip(&three.st) {
+                assert!(close(*x, *y), "{o}: step {t}: state {x} against {y}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_momentum_contribution_is_linear_in_the_share() {
+    // Different gradients: momentum's pushes add up to the textbook step on the mean gradient.
+    let o: Optimizer = "momentum".parse().expect("parses");
+    let (mut one, mut two) = (Cell::new(&o), Cell::new(&o));
+    for (i, w) in GRADS.windows(2).enumerate() {
+        let t = i as u64 + 1;
+        one.iteration(&o, 0.1, t, &[(1.0, 0.5 * (w[0] + w[1]))]);
+        two.iteration(&o, 0.1, t, &[(0.5, 0.5 * w[0]), (0.5, 0.5 * w[1])]);
+        assert!(close(one.w, two.w) && close(one.st[0], two.st[0]), "step {t}");
+    }
+}
+
+#[test]
+fn ftrl_weight_is_the_proximal_minimizer() {
+    // w = argmin z w + l1 |w| + (beta + sqrt n) / (2 a) w^2, found by a fine grid.
+    for &(z, n, l1) in &[(0.7f32, 4.0f32, 0.3f32), (-2.0, 0.5, 0.3), (0.2, 1.0, 0.3), (-1.0, 9.0, 0.0)] {
+        let (a, beta) = (0.4, 1.0);
+        let f = |w: f32| z * w + l1 * w.abs() + (beta + n.sqrt()) / (2.0 * a) * w * w;
+        let best =
+            (-40000..=40000).map(|i| i as f32 * 1e-4).min_by(|x, y| f(*x).total_cmp(&f(*y))).expect("parses");
+        let got = ftrl_weight(z, n, a, beta, l1);
+        assert!((got - best).abs() <= 2e-4, "z {z} n {n}: {got} against {best}");
+    }
+    assert_eq!(ftrl_weight(0.29, 3.0, 0.1, 1.0, 0.3), 0.0, "inside the L1 ball: an exact zero");
+}
+
+#[test]
+fn ftrl_keeps_exact_zeros_under_interleaved_pushes() {
+    // Small, conflicting gradients of two ranks: |z| stays inside the ball and every read is 0.0
+    // exactly, whatever order the pushes land in.
+    let o = Optimizer::Ftrl { beta: 1.0, l1: 1.0 };
+    let mut cell = Cell { w: 0.0, st: vec![0.0] };
+    for t in 1..50 {
+        let pushes = if t % 2 == 0 { [(0.5, 0.04), (0.5, -0.05)] } else { [(0.5, -0.05), (0.5, 0.04)] };
+        cell.iteration(&o, 0.1, t, &pushes);
+        assert_eq!(cell.weight(&o, 0.1), 0.0, "step {t}");
+    }
+    // An exempt parameter (an intercept) gets no L1: the same pushes move it.
+    let mut w = [cell.w];
+    o.weights(0.1, 0, &(0..1), &mut w, &cell.st);
+    assert_ne!(w[0], 0.0);
+}
+
+#[test]
+fn stored_reads_back_as_the_initial_weight() {
+    let o = Optimizer::Ftrl { beta: 1.0, l1: 0.3 };
+    for w in [0.25f32, -1.5, 0.0] {
+        for exempt in [false, true] {
+            let mut z = [o.stored(0.2, exempt, w)];
+            o.weights(0.2, 0, if exempt { &(0..1) } else { &(0..0) }, &mut z, &[0.0]);
+            assert!(close(z[0], w), "{w} exempt {exempt}: reads {}", z[0]);
+        }
+    }
+    assert_eq!(Optimizer::Sgd.stored(0.2, false, 0.7), 0.7);
+}
+
+#[test]
+fn names_parse_and_print_back() {
+    for s in ["sgd", "momentum", "momentum:0.5", "nesterov", "adagrad", "adam", "adam:0.8,0.99", "ftrl"] {
+        let o: Optimizer = s.parse().expect("parses");
+        assert_eq!(o.to_string(), s);
+    }
+    assert_eq!("momentum:0.9".parse::<Optimizer>().expect("parses").to_string(), "momentum");
+    for bad in ["sgd:1", "momentum:1", "momentum:x", "adam:0.9", "adagrad:2", "rmsprop", ""] {
+        let e = bad.parse::<Optimizer>().expect_err("an error");
+        assert!(e.contains("optimizer"), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn schedules() {
+    let s = Schedule::default();
+    assert!(s.constant());
+    assert_eq!(s.factor(1000, 10, 2000), 1.0);
+    let inv = Schedule { warmup: 0, decay: Decay::Inverse(1.0) };
+    assert_eq!(inv.factor(20, 10, 100), 1.0 / 3.0);
+    let warm = Schedule { warmup: 4, decay: Decay::Inverse(0.0) };
+    let f: Vec<f64> = (0..6).map(|i| warm.factor(i, 10, 100)).collect();
+    assert_eq!(f, [0.2, 0.4, 0.6, 0.8, 1.0, 1.0]);
+    let cos = Schedule { warmup: 10, decay: Decay::Cosine };
+    assert_eq!(cos.factor(10, 5, 110), 1.0);
+    assert!((cos.factor(60, 5, 110) - 0.5).abs() < 1e-12);
+    assert!(cos.factor(109, 5, 110) < 0.001);
+    assert!(cos.factor(5, 5, 110) < 1.0, "warming up");
+}

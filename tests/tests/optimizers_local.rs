@@ -1,0 +1,370 @@
+//! Optimizers through the real engine on local ranks: their update rules against a scalar
+//! textbook reference, momentum's steps adding up over ranks under BSP, FTRL's exact zeros, and
+//! every scheme still reaching its target with every optimizer (state in the window beside the
+//! weights, stale, damped and dropped updates included).
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use peregrine_core::engine::{self, Config, Report};
+use peregrine_core::model::{lr::LogReg, mlp::Mlp, Baseline, Delta, EvalSums, KeySet, Layout, Metric, Model};
+use peregrine_core::optim::{Decay, Optimizer, Schedule};
+use peregrine_core::pool::{Pinning, RankPool};
+use peregrine_core::SchemeSpec;
+use peregrine_kernels::data::gen::{self, DenseSpec, SparseSpec};
+use peregrine_tests::training::{distance, scheme, slot, slowed, BSP_TOLERANCE};
+use peregrine_transport::{run_local, Transport};
+
+/// Loss `0.5 |w - x_i|^2` of row `i`, `x_i` a fixed pseudo-random point: the mean gradient over
+/// a batch of every row is `w - mean(x)`, the same whatever order the rows are computed in.
+struct Quadratic {
+    rows: usize,
+    dim: usize,
+    lr: f32,
+}
+
+impl Quadratic {
+    fn x(&self, i: usize, j: usize) -> f32 {
+        let h = peregrine_core::plan::mix((i * 131 + j) as u64);
+        ((h >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 1.0 + j as f32
+    }
+
+    fn mean(&self) -> Vec<f64> {
+        (0..self.dim)
+            .map(|j| (0..self.rows).map(|i| f64::from(self.x(i, j))).sum::<f64>() / self.rows as f64)
+            .collect()
+    }
+}
+
+impl Model for Quadratic {
+    type Work = Vec<f32>;
+
+    fn name(&self) -> &'static str {
+        "quadratic"
+    }
+
+    fn layout(&self) -> Layout {
+        Layout::dense(self.dim)
+    }
+
+    fn rows(&self) -> usize {
+        self.rows
+    }
+
+    fn eval_rows(&self) -> usize {
+        0
+    }
+
+    fn metric(&self) -> Metric {
+        Metric::Rmse
+    }
+
+    fn init(&self, _seed: u64, range: Range<usize>, out: &mut [f32]) {
+        for (j, w) in range.zip(out) {
+            *w = 0.5 - j as f32;
+        }
+    }
+
+    fn sparse(&self) -> bool {
+        false
+    }
+
+    fn keys(&self, _rows: Range<usize>, _set: &mut KeySet) {}
+
+    fn work(&self, _chunk: usize) -> Vec<f32> {
+        vec![0.0; self.dim]
+    }
+
+    fn compute(&self, rows: Range<usize>, params: &[f32], g: &mut Vec<f32>) -> f64 {
+        let mut loss = 0.0;
+        for i in rows {
+            for (j, g) in g.iter_mut().enumerate() {
+                let d = params[j] - self.x(i, j);
+                *g += d;
+                loss += 0.5 * f64::from(d * d);
+            }
+        }
+        loss
+    }
+
+    fn drain(&self, g: &mut Vec<f32>, scale: f32, delta: &mut Delta) {
+        delta.add_all(scale, g);
+        g.fill(0.0);
+    }
+
+    fn scale(&self, rows: usize) -> f32 {
+        -self.lr / rows.max(1) as f32
+    }
+
+    fn lr(&self) -> Option<f32> {
+        Some(self.lr)
+    }
+
+    fn evaluate(&self, _params: &[f32], rows: Range<usize>) -> EvalSums {
+        [0.0, 0.0, rows.len() as f64]
+    }
+
+    fn baseline(&self) -> Baseline {
+        Baseline { blind_loss: 1.0, constant_metric: 0.0 }
+    }
+}
+
+/// The textbook rule, in f64, on the full-batch gradient `w - mean`, with the schedule's factor.
+fn textbook(o: Optimizer, q: &Quadratic, sched: Schedule, iterations: u64) -> Vec<f64> {
+    let mean = q.mean();
+    let mut w: Vec<f64> = (0..q.dim).map(|j| 0.5 - j as f64).collect();
+    let (mut a, mut b) = (vec![0.0f64; q.dim], vec![0.0f64; q.dim]);
+    for it in 0..iterations {
+        let lr = f64::from(q.lr) * sched.factor(it, 1, iterations);
+        let t = (it + 1) as i32;
+        for j in 0..q.dim {
+            let g = w[j] - mean[j];
+            match o {
+                Optimizer::Sgd => w[j] -= lr * g,
+                Optimizer::Momentum { mu, nesterov } => {
+                    let mu = f64::from(mu);
+                    a[j] = mu * a[j] + g;
+                    w[j] -= lr * if nesterov { g + mu * a[j] } else { a[j] };
+                }
+                Optimizer::AdaGrad { eps } => {
+                    a[j] += g * g;
+                    w[j] -= lr * g / (a[j].sqrt() + f64::from(eps));
+                }
+                Optimizer::Adam { beta1, beta2, eps } => {
+                    let (b1, b2) = (f64::from(beta1), f64::from(beta2));
+                    a[j] = b1 * a[j] + (1.0 - b1) * g;
+                    b[j] = b2 * b[j] + (1.0 - b2) * g * g;
+                    let (m, v) = (a[j] / (1.0 - b1.powi(t)), b[j] / (1.0 - b2.powi(t)));
+                    w[j] -= lr * m / (v.sqrt() + f64::from(eps));
+                }
+                Optimizer::Ftrl { .. } => unreachable!("FTRL is checked on its own"),
+            }
+        }
+    }
+    w
+}
+
+fn pool(t: &Transport, threads: usize) -> RankPool {
+    RankPool::new(threads, slot(t), Pinning::Off).expect("pool")
+}
+
+fn train<M: Model>(t: &Transport, model: &M, cfg: &Config) -> Result<Report, String> {
+    engine::train(t, model, cfg, &pool(t, cfg.threads), None, &mut |_| {}).map_err(|e| e.to_string())
+}
+
+#[test]
+fn one_rank_follows_the_textbook_rules() {
+    // One rank, two threads, the whole data set as the batch: every iteration steps with the
+    // full-batch gradient, so the engine's windows, state and schedule must give the textbook
+    // rule's weights.
+    let q = Quadratic { rows: 96, dim: 5, lr: 0.05 };
+    let cosine = Schedule { warmup: 5, decay: Decay::Cosine };
+    let cases = [
+        ("sgd", Schedule::default()),
+        ("sgd", cosine),
+        ("momentum", Schedule::default()),
+        ("nesterov:0.5", Schedule { warmup: 3, decay: Decay::Inverse(0.5) }),
+        ("adagrad", Schedule::default()),
+        ("adam", Schedule::default()),
+        ("adam:0.8,0.99", cosine),
+    ];
+    for (name, sched) in cases {
+        let o: Optimizer = name.parse().expect("optimizer");
+        let q = Quadratic {
+            lr: if matches!(o, Optimizer::Sgd | Optimizer::Momentum { .. }) { 0.05 } else { 0.2 },
+            ..q
+        };
+        let cfg = Config {
+            batch: q.rows,
+            chunk: 8,
+            iterations: 40,
+            threads: 2,
+            keep_params: true,
+            optimizer: o,
+            schedule: sched,
+            ..Config::default()
+        };
+        let got = run_local(1, |t| train(&t, &q, &cfg)).expect("world").remove(0).expect("train");
+        let got = got.params.expect("params");
+        let want = textbook(o, &q, sched, 40);
+        for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (f64::from(*g) - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                "{name} {sched:?}: weight {j} is {g}, the textbook rule gives {w}"
+            );
+        }
+        let start = 0.5 - 4.0;
+        assert!((want[4] - start).abs() > 0.1, "{name}: the reference did not move");
+    }
+}
+
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("peregrine-optim-{name}-")).tempdir().expect("scratch dir")
+}
+
+fn dense_data(dir: &Path) -> PathBuf {
+    let p = dir.join("dense.pgd");
+    gen::dense(&DenseSpec { rows: 2000, cols: 20, classes: 4, noise: 0.5, seed: 3 }, &p).expect("gen");
+    p
+}
+
+fn sparse_data(dir: &Path) -> PathBuf {
+    let p = dir.join("sparse.pgd");
+    gen::sparse(&SparseSpec { rows: 4000, cols: 2000, nnz_per_row: 12, zipf: 1.1, seed: 2 }, &p)
+        .expect("gen");
+    p
+}
+
+/// BSP with rank 0 at half speed and chunks taken over, `iterations` iterations of 256 rows:
+/// the final parameters.
+fn bsp_params<M: Model>(t: &Transport, model: &M, o: Optimizer, iterations: u64) -> Result<Vec<f32>, String> {
+    let cfg = Config {
+        batch: 256,
+        chunk: 16,
+        iterations,
+        threads: 2,
+        inject: if t.world_size() > 1 { slowed(0, 0.5) } else { Default::default() },
+        keep_params: true,
+        seed: 5,
+        optimizer: o,
+        ..Config::default()
+    };
+    train(t, model, &cfg)?.params.ok_or_else(|| "no parameters".into())
+}
+
+#[test]
+fn momentum_under_bsp_is_the_same_for_1_2_4_ranks() {
+    // The ranks' pushes read the state with the model and add up to one step: the model does not
+    // depend on how the batch was split.
+    let tmp = scratch("momentum");
+    let data = dense_data(tmp.path());
+    let make = || Mlp::new(&data, None, &[16], 0.05).expect("model");
+    for o in ["momentum", "nesterov"] {
+        let o: Optimizer = o.parse().expect("optimizer");
+        let one = run_local(1, |t| bsp_params(&t, &make(), o, 25)).expect("world").remove(0).expect("1 rank");
+        for world in [2, 4] {
+            for p in run_local(world, |t| bsp_params(&t, &make(), o, 25)).expect("world") {
+                let p = p.unwrap_or_else(|e| panic!("{o}, {world} ranks: {e}"));
+                let d = distance(&p, &one);
+                assert!(d <= BSP_TOLERANCE, "{o}, {world} ranks vs 1: parameters differ by {d:e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn ftrl_l1_gives_exact_zeros_and_leaves_the_intercept_alone() {
+    // Labels of a sparse problem drawn from a few hundred of 2000 features: a strong L1 keeps
+    // most weights exactly zero, on 2 ranks pushing concurrently (pulled by key), while the
+    // intercept (never penalized) moves; without L1 nearly every touched weight moves.
+    let tmp = scratch("ftrl");
+    let data = sparse_data(tmp.path());
+    let run = |l1: f32, pull_whole: bool| {
+        let m = LogReg::new(&data, None, 0.1, true).expect("model");
+        let cfg = Config {
+            batch: 256,
+            chunk: 32,
+            iterations: 60,
+            threads: 1,
+            keep_params: true,
+            optimizer: Optimizer::Ftrl { beta: 1.0, l1 },
+            dense_pull_below: if pull_whole { usize::MAX } else { 0 },
+            ..Config::default()
+        };
+        run_local(2, |t| train(&t, &m, &cfg))
+            .expect("world")
+            .remove(0)
+            .expect("train")
+            .params
+            .expect("params")
+    };
+    for pull_whole in [false, true] {
+        let sparse = run(0.02, pull_whole);
+        let dense = run(0.0, pull_whole);
+        let zeros = |p: &[f32]| p[..2000].iter().filter(|&&w| w == 0.0).count();
+        assert!(
+            zeros(&sparse) > 1000,
+            "pulled whole {pull_whole}: only {} of 2000 weights are 0",
+            zeros(&sparse)
+        );
+        assert!(zeros(&dense) < 400, "pulled whole {pull_whole}: {} zeros without L1", zeros(&dense));
+        assert!(zeros(&sparse) > zeros(&dense) + 500);
+        assert_ne!(sparse[2000], 0.0, "the intercept is not penalized");
+    }
+}
+
+/// Every scheme (taking over on, rank 0 at half speed): LR (pulled by key, so the state of the
+/// pushed keys is read at push time) with every optimizer, and an MLP (pulled whole) with
+/// momentum and Adam, must learn (loss under 0.8 of a blind model's) and end within 35% of the
+/// same optimizer's loss under BSP without a straggler: state corrupted by stale, damped, dropped
+/// or copied updates would show as a loss far off (backup:1 of 2 ranks applies half the rows,
+/// which costs it up to ~25%).
+#[test]
+fn every_scheme_reaches_the_target_with_every_optimizer() {
+    let tmp = scratch("schemes");
+    let dense = dense_data(tmp.path());
+    // Many features, few of them common: a batch touches a few hundred runs of neighbouring
+    // keys, which pulls and pushes move as ranges (not the whole vector).
+    let sparse = tmp.path().join("wide.pgd");
+    gen::sparse(&SparseSpec { rows: 4000, cols: 400_000, nnz_per_row: 10, zipf: 1.8, seed: 4 }, &sparse)
+        .expect("gen");
+    let schemes = [
+        "bsp",
+        "asp",
+        "ssp:2",
+        "dynsgd:2",
+        "backup:1",
+        "backup-dynamic",
+        "lb-bsp",
+        "speculative",
+        "flexrr:2",
+        "falcon",
+        "falcon:slack:2",
+    ];
+    let mut failures = Vec::new();
+    let mut check = |what: &str, blind: f64, loss: &dyn Fn(&str, bool) -> f64| {
+        let ideal = loss("bsp", false);
+        for s in schemes {
+            let l = loss(s, true);
+            if !(l < 0.8 * blind && l <= 1.35 * ideal) {
+                failures.push(format!("{s} {what}: loss {l:.4}, BSP without a straggler {ideal:.4}"));
+            }
+        }
+    };
+    for (o, model_lr) in
+        [("momentum", 0.2), ("nesterov", 0.2), ("adagrad", 0.3), ("adam", 0.03), ("ftrl", 1.0)]
+    {
+        let make = || LogReg::new(&sparse, None, model_lr, true).expect("model");
+        check(&format!("{o} (lr)"), std::f64::consts::LN_2, &|s, slow| final_loss(s, o, &make, 0, slow));
+    }
+    for (o, model_lr) in [("momentum", 0.05), ("adam", 0.02)] {
+        let make = || Mlp::new(&dense, None, &[16], model_lr).expect("model");
+        check(&format!("{o} (mlp)"), 4f64.ln(), &|s, slow| final_loss(s, o, &make, usize::MAX, slow));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The final evaluation loss of 2 ranks training `make`'s model under scheme `s` with
+/// optimizer `o`, rank 0 at half speed if `slow`.
+fn final_loss<M: Model>(
+    s: &str,
+    o: &str,
+    make: &(dyn Fn() -> M + Sync),
+    dense_pull_below: usize,
+    slow: bool,
+) -> f64 {
+    let cfg = Config {
+        scheme: SchemeSpec::new(scheme(s), true),
+        batch: 256,
+        chunk: 16,
+        iterations: 60,
+        threads: 1,
+        inject: if slow { slowed(0, 0.5) } else { Default::default() },
+        optimizer: o.parse().expect("optimizer"),
+        dense_pull_below,
+        ..Config::default()
+    };
+    let r = run_local(2, |t| train(&t, &make(), &cfg)).expect("world").remove(0);
+    let r = r.unwrap_or_else(|e| panic!("{s} {o}: {e}"));
+    r.evals.last().expect("a final evaluation").loss
+}
