@@ -8,6 +8,7 @@ use clap::{Args, ValueEnum};
 use peregrine_core::engine::{self, Config, Progress, Report};
 use peregrine_core::inject::{Injection, Pattern};
 use peregrine_core::model::{lr::LogReg, mf::Mf, mlp::Mlp, softmax::Softmax, Model};
+use peregrine_core::optim::{Decay, Optimizer, Schedule};
 use peregrine_core::plan::Plan;
 use peregrine_core::pool::{Pinning, RankPool, Slot};
 use peregrine_core::{Scheme, SchemeSpec, TrainError};
@@ -33,7 +34,7 @@ pub enum ModelKind {
 }
 
 impl ModelKind {
-    /// (learning rate, learning-rate decay, batch, chunk) that train this model well on its
+    /// (SGD's learning rate, learning-rate decay, batch, chunk) that train this model well on its
     /// usual data (Adult, Fashion-MNIST, MovieLens; see the README).
     fn defaults(self) -> (f32, f64, usize, usize) {
         match self {
@@ -41,6 +42,20 @@ impl ModelKind {
             Self::Softmax => (0.5, 1.0, 256, 64),
             Self::Mf => (0.01, 0.0, 8192, 1024),
             Self::Mlp => (0.2, 1.0, 128, 64),
+        }
+    }
+
+    /// The default learning rate under `o`: SGD's scaled by `1 - mu` under momentum (the same
+    /// step once the velocity has built up); fixed rates for the adaptive rules, whose steps do
+    /// not scale with the gradient (AdaGrad and FTRL 0.1 as McMahan et al. and Duchi et al.
+    /// use; Adam 0.001 as Kingma and Ba).
+    fn default_lr(self, o: Optimizer) -> f32 {
+        let sgd = self.defaults().0;
+        match o {
+            Optimizer::Sgd => sgd,
+            Optimizer::Momentum { mu, .. } => sgd * (1.0 - mu),
+            Optimizer::AdaGrad { .. } | Optimizer::Ftrl { .. } => 0.1,
+            Optimizer::Adam { .. } => 0.001,
         }
     }
 }
@@ -111,10 +126,25 @@ pub struct TrainArgs {
     /// Evaluate every N iterations [default: once per epoch].
     #[arg(long, value_name = "N")]
     eval_every: Option<u64>,
-    /// Learning-rate decay: epoch e (fractional) updates with lr / (1 + F e) [default: softmax and
-    /// mlp 1, lr and mf 0].
+    /// Learning-rate decay: F (epoch e, fractional, updates with lr / (1 + F e)) or `cosine` (half
+    /// a cosine from lr after the warm-up to 0 at the last iteration) [default: softmax and mlp 1,
+    /// lr and mf 0].
+    #[arg(long, value_name = "F|cosine")]
+    lr_decay: Option<Decay>,
+    /// Linear learning-rate warm-up from 0 over the first N iterations [default: 0].
+    #[arg(long, value_name = "N")]
+    warmup: Option<u64>,
+    /// Update rule of lr, softmax and mlp: sgd, momentum[:MU] (heavy ball, MU 0.9 if not given),
+    /// nesterov[:MU], adagrad, adam[:B1,B2] (0.9,0.999 if not given), ftrl (FTRL-Proximal; lr only).
+    /// State (velocity, squared-gradient sums, moments) is sharded beside the weights and updated
+    /// one-sidedly; mf runs SGD [default: sgd]. The default --lr depends on it (see the README).
+    #[arg(long, value_name = "NAME")]
+    optimizer: Option<Optimizer>,
+    /// LR: L1 regularization `F |w|` (not of the intercept), applied by FTRL-Proximal so weights
+    /// inside the L1 ball are exact zeros; selects --optimizer ftrl unless another is given (which
+    /// is an error) [default: 0].
     #[arg(long, value_name = "F")]
-    lr_decay: Option<f64>,
+    l1: Option<f32>,
     /// Compute threads per rank [default: this rank's CPUs].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
@@ -170,7 +200,10 @@ pub(crate) struct TrainFile {
     eval: Option<PathBuf>,
     pub(crate) scheme: Option<Scheme>,
     lr: Option<f32>,
-    lr_decay: Option<f64>,
+    lr_decay: Option<Decay>,
+    warmup: Option<u64>,
+    optimizer: Option<Optimizer>,
+    l1: Option<f32>,
     batch: Option<usize>,
     chunk: Option<usize>,
     grain: Option<u32>,
@@ -205,6 +238,9 @@ impl TrainFile {
             scheme: top.scheme.or(self.scheme),
             lr: top.lr.or(self.lr),
             lr_decay: top.lr_decay.or(self.lr_decay),
+            warmup: top.warmup.or(self.warmup),
+            optimizer: top.optimizer.or(self.optimizer),
+            l1: top.l1.or(self.l1),
             batch: top.batch.or(self.batch),
             chunk: top.chunk.or(self.chunk),
             grain: top.grain.or(self.grain),
@@ -247,6 +283,9 @@ impl TrainArgs {
             scheme: self.scheme.clone(),
             lr: self.lr,
             lr_decay: self.lr_decay,
+            warmup: self.warmup,
+            optimizer: self.optimizer,
+            l1: self.l1,
             batch: self.batch,
             chunk: self.chunk,
             grain: self.grain,
@@ -288,8 +327,13 @@ pub(crate) struct Resolved {
     #[serde(skip_serializing_if = "Option::is_none")]
     eval: Option<PathBuf>,
     scheme: Scheme,
+    #[serde(serialize_with = "short_f32")]
     lr: f32,
-    lr_decay: f64,
+    lr_decay: Decay,
+    warmup: u64,
+    optimizer: Optimizer,
+    #[serde(serialize_with = "short_f32")]
+    l1: f32,
     batch: usize,
     chunk: usize,
     grain: u32,
@@ -304,9 +348,16 @@ pub(crate) struct Resolved {
     stop_on_stall: bool,
     intercept: bool,
     k: usize,
+    #[serde(serialize_with = "short_f32")]
     l2: f32,
     hidden: Vec<usize>,
     straggler: String,
+}
+
+/// An `f32` written as its shortest decimal (`0.1`, not the `0.10000000149011612` of its `f64`
+/// value).
+fn short_f32<S: serde::Serializer>(x: &f32, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(x.to_string().parse().unwrap_or(f64::from(*x)))
 }
 
 impl Resolved {
@@ -315,9 +366,9 @@ impl Resolved {
         let mut t = toml::Table::try_from(self)?;
         let others: &[&str] = match self.model {
             ModelKind::Lr => &["k", "hidden"],
-            ModelKind::Softmax => &["intercept", "k", "hidden"],
-            ModelKind::Mf => &["intercept", "hidden"],
-            ModelKind::Mlp => &["intercept", "k"],
+            ModelKind::Softmax => &["intercept", "k", "hidden", "l1"],
+            ModelKind::Mf => &["intercept", "hidden", "l1", "optimizer"],
+            ModelKind::Mlp => &["intercept", "k", "l1"],
         };
         for k in others {
             t.remove(*k);
@@ -400,13 +451,51 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
         )));
     }
     let scheme = f.scheme.unwrap_or_else(Scheme::bsp);
+    let l1 = f.l1.unwrap_or(0.0);
+    if !(l1.is_finite() && l1 >= 0.0) {
+        return Err(usage(format!("--l1 must be 0 or more, got {l1}")));
+    }
+    let optimizer = match (f.optimizer, l1 > 0.0) {
+        (None, true) => Optimizer::Ftrl { beta: peregrine_core::optim::FTRL_BETA, l1 },
+        (Some(o @ Optimizer::Ftrl { .. }), _) => o.with_l1(l1),
+        (Some(o), true) => {
+            return Err(usage(format!(
+                "--l1 is applied by FTRL-Proximal (--optimizer ftrl, which keeps exact zeros under \
+                 concurrent updates), not by {o}"
+            )))
+        }
+        (o, false) => o.unwrap_or_default(),
+    };
+    if l1 > 0.0 && model != ModelKind::Lr {
+        return Err(usage(format!("--l1 is for --model lr, not {}", model.name())));
+    }
+    if matches!(optimizer, Optimizer::Ftrl { .. }) && model != ModelKind::Lr {
+        return Err(usage(format!("--optimizer ftrl is for --model lr, not {}", model.name())));
+    }
+    if optimizer != Optimizer::Sgd && model == ModelKind::Mf {
+        return Err(usage(format!(
+            "--optimizer {optimizer}: mf runs SGD over each rating (its update is not a gradient); \
+             use sgd"
+        )));
+    }
+    let lr_decay = f.lr_decay.unwrap_or(Decay::Inverse(lr_decay));
+    let warmup = f.warmup.unwrap_or(0);
+    if optimizer.derived() && (warmup > 0 || lr_decay != Decay::Inverse(0.0)) {
+        return Err(usage(format!(
+            "--optimizer {optimizer} takes a constant learning rate (its per-parameter rates decay by \
+             themselves): drop --warmup and --lr-decay"
+        )));
+    }
     let r = Resolved {
         model,
         data,
         eval: f.eval,
         scheme,
-        lr: f.lr.unwrap_or(lr),
-        lr_decay: f.lr_decay.unwrap_or(lr_decay),
+        lr: f.lr.unwrap_or_else(|| if lr > 0.0 { model.default_lr(optimizer) } else { lr }),
+        lr_decay,
+        warmup,
+        optimizer,
+        l1,
         batch: f.batch.unwrap_or(batch),
         chunk: f.chunk.unwrap_or(chunk),
         grain: f.grain.unwrap_or(1),
@@ -426,9 +515,6 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
     };
     if !(r.lr.is_finite() && r.lr > 0.0) {
         return Err(usage(format!("the learning rate must be positive, got {}", r.lr)));
-    }
-    if !(r.lr_decay.is_finite() && r.lr_decay >= 0.0) {
-        return Err(usage(format!("the learning-rate decay must be 0 or more, got {}", r.lr_decay)));
     }
     if !(r.l2.is_finite() && r.l2 >= 0.0) {
         return Err(usage(format!("--l2 must be 0 or more, got {}", r.l2)));
@@ -505,7 +591,14 @@ pub(crate) fn rank(
 
 impl Resolved {
     fn model_name(&self) -> &'static str {
-        match self.model {
+        self.model.name()
+    }
+}
+
+impl ModelKind {
+    /// The name on the command line.
+    fn name(self) -> &'static str {
+        match self {
             ModelKind::Lr => "lr",
             ModelKind::Softmax => "softmax",
             ModelKind::Mf => "mf",
@@ -564,7 +657,8 @@ fn go<M: Model>(
         threads: r.threads,
         inject,
         keep_params: false,
-        lr_decay: r.lr_decay,
+        optimizer: r.optimizer,
+        schedule: Schedule { warmup: r.warmup, decay: r.lr_decay },
         stop_on_stall: r.stop_on_stall,
         ..Config::default()
     };

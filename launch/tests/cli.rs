@@ -361,6 +361,50 @@ fn train_writes_its_run_directory() {
     for other in ["k =", "hidden ="] {
         assert!(!config.lines().any(|l| l.starts_with(other)), "{other} in an LR run's config:\n{config}");
     }
+    // L1 selects FTRL; the resolved optimizer and schedule are recorded and run again.
+    let l1 = d.join("l1");
+    let out =
+        lr_on_1(&data, &["--iterations", "4", "--l1", "0.01", "-q", "--run-dir", &l1.to_string_lossy()]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    let config = std::fs::read_to_string(l1.join("config.toml")).expect("config");
+    for line in ["optimizer = \"ftrl\"", "l1 = 0.01", "lr = 0.1", "warmup = 0"] {
+        assert!(config.lines().any(|l| l == line), "{line} missing:\n{config}");
+    }
+    let out = peregrine(&[
+        "train",
+        "--ranks",
+        "1",
+        "--config",
+        &l1.join("config.toml").to_string_lossy(),
+        "--optimizer",
+        "ftrl",
+        "-q",
+        "--run-dir",
+        &d.join("l1-again").to_string_lossy(),
+    ]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    let adam = d.join("adam");
+    let out = lr_on_1(
+        &data,
+        &[
+            "--iterations",
+            "4",
+            "--optimizer",
+            "adam",
+            "--lr-decay",
+            "cosine",
+            "--warmup",
+            "2",
+            "-q",
+            "--run-dir",
+            &adam.to_string_lossy(),
+        ],
+    );
+    assert!(out.status.success(), "{:?}", text(&out));
+    let config = std::fs::read_to_string(adam.join("config.toml")).expect("config");
+    for line in ["optimizer = \"adam\"", "lr-decay = \"cosine\"", "warmup = 2"] {
+        assert!(config.lines().any(|l| l == line), "{line} missing:\n{config}");
+    }
     // An evaluation set with more features than the training set: the fix named.
     let scratch_run = d.join("refused").to_string_lossy().into_owned();
     let wide = d.join("wide.svm");
@@ -482,6 +526,30 @@ fn train_bad_input_is_a_clear_error() {
             "iterations must be at least 1",
         ),
         (&["train", "--model", "lr", "--data", &data, "--threads", "100000"], 2, "at most 1024"),
+        (
+            &["train", "--model", "lr", "--data", &data, "--optimizer", "rmsprop"],
+            2,
+            "unknown optimizer `rmsprop`",
+        ),
+        (&["train", "--model", "lr", "--data", &data, "--optimizer", "momentum:1.5"], 2, "must be in [0, 1)"),
+        (
+            &["train", "--model", "mf", "--data", &data, "--optimizer", "adam"],
+            2,
+            "mf runs SGD over each rating",
+        ),
+        (&["train", "--model", "mlp", "--data", &data, "--l1", "0.1"], 2, "--l1 is for --model lr"),
+        (
+            &["train", "--model", "lr", "--data", &data, "--l1", "0.1", "--optimizer", "adam"],
+            2,
+            "FTRL-Proximal",
+        ),
+        (&["train", "--model", "lr", "--data", &data, "--l1=-1"], 2, "--l1 must be 0 or more"),
+        (
+            &["train", "--model", "lr", "--data", &data, "--optimizer", "ftrl", "--warmup", "10"],
+            2,
+            "takes a constant learning rate",
+        ),
+        (&["train", "--model", "lr", "--data", &data, "--lr-decay", "fast"], 2, "or `cosine`"),
     ];
     let d_tmp = scratch("train-bad-cwd");
     let d = d_tmp.path();
