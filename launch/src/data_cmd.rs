@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::{Args, Subcommand};
-use peregrine_kernels::data::{csv, gen, idx, libsvm, ratings, Converted, Dataset};
+use peregrine_kernels::data::{csv, gen, idx, libsvm, npy, ratings, Converted, Dataset};
 
 use crate::world::AppError;
 
@@ -88,6 +88,20 @@ pub enum ConvertCommand {
         /// Field delimiter (one character; `tab` for a tab).
         #[arg(long, default_value = ",", value_name = "C")]
         delimiter: String,
+    },
+    /// NumPy arrays (`numpy.save`) to a dense multiclass dataset (softmax, MLP): features of shape
+    /// (rows, features) and labels of shape (rows,), whole numbers 0..C; bool, int, uint,
+    /// float32 or float64, C or Fortran order. A NaN feature is an error naming its row and
+    /// column.
+    Npy {
+        /// Features array (.npy).
+        #[arg(long, value_name = "FILE")]
+        features: PathBuf,
+        /// Labels array (.npy).
+        #[arg(long, value_name = "FILE")]
+        labels: PathBuf,
+        /// Output dataset.
+        output: PathBuf,
     },
     /// Ratings text (`user item rating [timestamp]`; tab, space, comma or `::` separated; an
     /// optional header line; e.g. MovieLens) to a ratings dataset.
@@ -244,6 +258,19 @@ pub fn run(cmd: DataCommand) -> Result<(), AppError> {
                     start.elapsed().as_secs_f64(),
                     c.label.0,
                     classes.join(", ")
+                );
+            }
+            ConvertCommand::Npy { features, labels, output } => {
+                let c = npy::convert(&features, &labels, &output)?;
+                println!(
+                    "wrote {}: {} rows, {} feature columns ({}), {} classes ({} labels) in {:.2} s",
+                    output.display(),
+                    c.rows,
+                    c.cols,
+                    c.dtypes.0,
+                    c.classes,
+                    c.dtypes.1,
+                    start.elapsed().as_secs_f64()
                 );
             }
             ConvertCommand::Ratings { input, output } => {

@@ -14,6 +14,7 @@ pub mod format;
 pub mod gen;
 pub mod idx;
 pub mod libsvm;
+pub mod npy;
 pub mod ratings;
 pub mod split;
 pub mod text;
