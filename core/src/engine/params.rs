@@ -36,7 +36,7 @@ pub(super) struct PushBufs {
     sranges: Vec<Range<usize>>,
     st: Vec<f32>,
     ds: Vec<f32>,
-    /// FTRL: the touched weights as read.
+    /// FTRL: the touched weights as read (derived).
     z: Vec<f32>,
 }
 
@@ -74,13 +74,10 @@ impl Params {
 
     /// Reads every parameter into `out` (weights: FTRL's are derived from the window's values).
     pub(super) fn get_all(&self, out: &mut [f32]) -> Result<(), TrainError> {
-        let mut st = Vec::new();
         if self.opt.derived() {
-            self.get_all_with_state(out, &mut st)?;
-        } else {
-            self.w.get(0, out)?;
+            return self.get_all_with_state(out, &mut Vec::new());
         }
-        Ok(())
+        Ok(self.w.get(0, out)?)
     }
 
     /// Reads every parameter into `out` and, if the optimizer keeps state, all of it into `st`:
@@ -118,24 +115,42 @@ impl Params {
         let n = ranges.iter().map(|r| r.len()).sum();
         buf.resize(n, 0.0);
         self.w.get_batch(ranges, buf)?;
-        let st = if self.opt.derived() {
-            let sr: Vec<_> = ranges.iter().map(|r| r.start * self.slots..r.end * self.slots).collect();
-            let mut st = vec![0.0; n * self.slots];
+        if self.opt.derived() {
+            let (mut sr, mut st) = (Vec::new(), vec![0.0; n * self.slots]);
+            self.state_ranges(ranges, &mut sr);
             self.state().get_batch(&sr, &mut st)?;
-            st
-        } else {
-            Vec::new()
-        };
+            self.derive(ranges, buf, &st);
+        }
         let mut off = 0;
         for r in ranges.iter() {
-            let (dst, src) = (&mut into[r.clone()], &buf[off..off + r.len()]);
-            dst.copy_from_slice(src);
-            if self.opt.derived() {
-                self.opt.weights(self.lr, r.start, &self.exempt, dst, &st[off..off + r.len()]);
-            }
+            into[r.clone()].copy_from_slice(&buf[off..off + r.len()]);
             off += r.len();
         }
         Ok(())
+    }
+
+    /// The state's ranges of parameter ranges `ranges`, into `out`.
+    fn state_ranges(&self, ranges: &[Range<usize>], out: &mut Vec<Range<usize>>) {
+        let k = self.slots;
+        out.clear();
+        out.extend(ranges.iter().map(|r| r.start * k..r.end * k));
+    }
+
+    /// FTRL: turns the window's values of `ranges`, read back to back into `zw` with their state
+    /// `st`, into weights in place (nothing to do for other optimizers).
+    fn derive(&self, ranges: &[Range<usize>], zw: &mut [f32], st: &[f32]) {
+        let (mut off, k) = (0, self.slots);
+        for r in ranges {
+            let n = r.len();
+            self.opt.weights(
+                self.lr,
+                r.start,
+                &self.exempt,
+                &mut zw[off..off + n],
+                &st[off * k..(off + n) * k],
+            );
+            off += n;
+        }
     }
 
     /// Accumulates `delta` into the owning shards. Without `step`, `delta` is the weights' update
@@ -151,87 +166,77 @@ impl Params {
         pulled: Option<(&[f32], &[f32])>,
         b: &mut PushBufs,
     ) -> Result<(), TrainError> {
-        delta.ranges(&mut b.ranges, &mut b.data);
+        let PushBufs { ranges, data, sranges, st, ds, z } = b;
         let params = delta.layout().params;
-        let whole = b.ranges.len() > 1 && scattered(&b.ranges, params);
         let Some(step) = step else {
-            if whole {
+            delta.ranges(ranges, data);
+            if ranges.len() > 1 && scattered(ranges, params) {
                 self.w.accumulate(0, delta.values())?;
             } else {
-                self.w.accumulate_batch(&b.ranges, &b.data)?;
+                self.w.accumulate_batch(ranges, data)?;
             }
             return Ok(());
         };
-        let (state, k) = (self.state(), self.slots);
-        if pulled.is_some() {
-            // A model pulled whole steps every parameter (untouched ones with a zero gradient:
-            // momentum and Adam's moments decay as the textbook rules say), so the ranks' pushes
-            // add up to one step however the rows were split.
-            b.ranges.clear();
-            b.ranges.push(0..params);
+        let (state, k, derived) = (self.state(), self.slots, self.opt.derived());
+        // What steps: every parameter of a model pulled whole (untouched ones with a zero
+        // gradient: momentum and Adam's moments decay as the textbook rules say, so the ranks'
+        // pushes add up to one step however the rows were split); else the touched keys, back to
+        // back, or in whole vectors when they are too scattered.
+        let whole = if pulled.is_some() {
+            ranges.clear();
+            ranges.push(0..params);
+            true
+        } else {
+            delta.ranges(ranges, data);
+            ranges.len() > 1 && scattered(ranges, params)
+        };
+        if whole {
+            data.clear();
+            data.extend_from_slice(delta.values());
+        } else {
+            self.state_ranges(ranges, sranges);
         }
-        let whole = whole || pulled.is_some();
-        b.sranges.clear();
-        b.sranges.extend(b.ranges.iter().map(|r| r.start * k..r.end * k));
-        let n = b.data.len();
-        match pulled {
-            Some((w, st)) => {
-                b.st.clear();
-                b.st.extend_from_slice(st);
-                b.z.clear();
-                if self.opt.derived() {
-                    b.z.extend_from_slice(w);
-                }
-            }
-            None if whole => {
-                b.st.resize(params * k, 0.0);
-                state.get(0, &mut b.st)?;
-                if self.opt.derived() {
-                    b.z.resize(params, 0.0);
-                    self.w.get(0, &mut b.z)?;
-                    self.opt.weights(self.lr, 0, &self.exempt, &mut b.z, &b.st);
-                }
-            }
+        // The state (and FTRL's weights) to step with: as pulled, or read now.
+        let (st, w): (&[f32], &[f32]) = match pulled {
+            Some((w, st)) => (st, if derived { w } else { &[] }),
             None => {
-                b.st.resize(n * k, 0.0);
-                state.get_batch(&b.sranges, &mut b.st)?;
-                if self.opt.derived() {
-                    b.z.resize(n, 0.0);
-                    self.w.get_batch(&b.ranges, &mut b.z)?;
-                    let mut off = 0;
-                    for r in &b.ranges {
-                        let (z, st) = (&mut b.z[off..off + r.len()], &b.st[off * k..(off + r.len()) * k]);
-                        self.opt.weights(self.lr, r.start, &self.exempt, z, st);
-                        off += r.len();
+                let n = data.len();
+                st.resize(n * k, 0.0);
+                z.resize(if derived { n } else { 0 }, 0.0);
+                if whole {
+                    state.get(0, st)?;
+                    if derived {
+                        self.w.get(0, z)?;
+                    }
+                } else {
+                    state.get_batch(sranges, st)?;
+                    if derived {
+                        self.w.get_batch(ranges, z)?;
                     }
                 }
+                if derived && whole {
+                    self.opt.weights(self.lr, 0, &self.exempt, z, st);
+                } else if derived {
+                    self.derive(ranges, z, st);
+                }
+                (&st[..], &z[..])
             }
-        }
-        if whole {
-            b.data.clear();
-            b.data.extend_from_slice(delta.values());
-        }
-        b.ds.clear();
-        b.ds.resize(b.st.len(), 0.0);
+        };
+        ds.clear();
+        ds.resize(st.len(), 0.0);
         let mut off = 0;
-        for r in &b.ranges {
+        for r in ranges.iter() {
             let (o, n) = (if whole { r.start } else { off }, r.len());
-            let w = if self.opt.derived() { &b.z[o..o + n] } else { &[] };
-            self.opt.step(
-                step,
-                &mut b.data[o..o + n],
-                &b.st[o * k..(o + n) * k],
-                &mut b.ds[o * k..(o + n) * k],
-                w,
-            );
+            let w = if derived { &w[o..o + n] } else { &[] };
+            self.opt.step(step, &mut data[o..o + n], &st[o * k..(o + n) * k], &mut ds[o * k..(o + n) * k], w);
             off += n;
         }
         if whole {
-            self.w.accumulate(0, &b.data)?;
-            state.accumulate(0, &b.ds)?;
+            self.w.accumulate(0, data)?;
+            state.accumulate(0, ds)?;
         } else {
-            self.w.accumulate_batch(&b.ranges, &b.data)?;
-            state.accumulate_batch(&b.sranges, &b.ds)?;
+            self.w.accumulate_batch(ranges, data)?;
+            state.accumulate_batch(sranges, ds)?;
         }
         Ok(())
     }

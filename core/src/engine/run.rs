@@ -261,8 +261,9 @@ impl<'a, M: Model> Run<'a, M> {
         let step = match self.model.lr() {
             // The rank's contribution to the iteration's mean gradient, and its share.
             Some(lr) if cfg.optimizer.slots() > 0 => {
-                self.drain(admit.scale / batch_rows.max(1) as f32, &mut me.delta, rec);
-                let share = admit.scale * rec.rows as f32 / batch_rows.max(1) as f32;
+                let per_row = admit.scale / batch_rows.max(1) as f32;
+                self.drain(per_row, &mut me.delta, rec);
+                let share = per_row * rec.rows as f32;
                 Some(Step { lr: lr * sched, share, t: it + 1 })
             }
             _ => {
