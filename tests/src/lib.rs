@@ -63,6 +63,7 @@ pub fn assert_success(what: &str, out: &Output) {
     );
 }
 
+pub mod problems;
 pub mod training;
 
 pub mod stealing {
