@@ -266,6 +266,7 @@ pub fn convert(input: &Path, output: &Path, opts: &CsvOptions) -> Result<CsvConv
         classes: classes.len() as u32,
         users: 0,
         truth: Truth::None,
+        scaled: false,
     };
     // Second pass: the features, checked as they are written.
     let mut w = Writer::create(output, shape)?;

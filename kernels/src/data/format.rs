@@ -18,11 +18,15 @@
 //!    160    32  reserved (zero)
 //! ```
 //!
-//! | kind | section 0 | 1 | 2 | 3 | 4 (optional) |
-//! |---|---|---|---|---|---|
-//! | sparse | row_ptr u64 x (rows+1) | indices u32 x nnz (0-based, increasing per row) | values f32 x nnz | labels f32 x rows (0 or 1) | true model f32 x cols |
-//! | dense | features f32 x rows*cols (row-major) | labels u32 x rows | | | true model f32 x classes*cols |
-//! | ratings | users u32 x rows | items u32 x rows | ratings f32 x rows | | true factors f32 x (users+items)*truth_rank |
+//! | kind | section 0 | 1 | 2 | 3 | 4 (optional) | 5 (optional) |
+//! |---|---|---|---|---|---|---|
+//! | sparse | row_ptr u64 x (rows+1) | indices u32 x nnz (0-based, increasing per row) | values f32 x nnz | labels f32 x rows (0 or 1) | true model f32 x cols | scaling f32 x 2*cols |
+//! | dense | features f32 x rows*cols (row-major) | labels u32 x rows | | | true model f32 x classes*cols | scaling f32 x 2*cols |
+//! | ratings | users u32 x rows | items u32 x rows | ratings f32 x rows | | true factors f32 x (users+items)*truth_rank | |
+//!
+//! The scaling section, written by `peregrine data standardize`, records the transformation the
+//! stored features went through: `cols` shifts, then `cols` multipliers (`x = (raw - shift) *
+//! multiplier`), so that other files can be given the same one.
 //!
 //! Opening checks the header (magic, version, header CRC, kind, that every section lies inside
 //! the file with the size the counts imply, and the ends of `row_ptr`): O(1), whatever the size.
@@ -142,6 +146,8 @@ pub struct Shape {
     pub users: u64,
     /// Whether the optional true-model section is present, and for ratings its rank.
     pub truth: Truth,
+    /// Whether the optional scaling section is present (sparse and dense only).
+    pub scaled: bool,
 }
 
 /// The optional section of generated data: the model that generated it.
@@ -177,6 +183,7 @@ impl Shape {
                 Kind::Ratings => self.users.checked_add(c)?.checked_mul(u64::from(rank))?.checked_mul(4)?,
             },
         };
+        let scaling = if self.scaled && self.kind != Kind::Ratings { c.checked_mul(8)? } else { 0 };
         Some(match self.kind {
             Kind::Sparse => [
                 r.checked_add(1)?.checked_mul(8)?,
@@ -184,9 +191,9 @@ impl Shape {
                 v.checked_mul(4)?,
                 r.checked_mul(4)?,
                 truth,
-                0,
+                scaling,
             ],
-            Kind::Dense => [v.checked_mul(4)?, r.checked_mul(4)?, 0, 0, truth, 0],
+            Kind::Dense => [v.checked_mul(4)?, r.checked_mul(4)?, 0, 0, truth, scaling],
             Kind::Ratings => [r.checked_mul(4)?, r.checked_mul(4)?, r.checked_mul(4)?, 0, truth, 0],
         })
     }
@@ -416,6 +423,7 @@ impl Dataset {
             classes: header.classes,
             users: header.users,
             truth,
+            scaled: header.sections[5][1] > 0,
         };
         let (expected, size) = shape.layout().ok_or_else(|| bad("counts overflow".into()))?;
         if expected.sections != header.sections || expected.nnz != header.nnz {
@@ -525,6 +533,13 @@ impl Dataset {
         (!t.is_empty()).then_some(t)
     }
 
+    /// The scaling the stored features went through (`peregrine data standardize`): shifts and
+    /// multipliers, one per feature (`x = (raw - shift) * multiplier`).
+    pub fn scaling(&self) -> Option<(&[f32], &[f32])> {
+        let t: &[f32] = self.section(5);
+        (!t.is_empty()).then(|| t.split_at(t.len() / 2))
+    }
+
     /// Checks the data checksum and every structural invariant: O(size).
     pub fn verify(&self) -> Result<()> {
         let bad = |d: String| DataError::format(&self.path, d);
@@ -609,6 +624,11 @@ impl Dataset {
         }
         if self.truth().is_some() {
             s += "  generated: holds its true model\n";
+        }
+        if let Some((shift, mult)) = self.scaling() {
+            let centred = shift.iter().filter(|&&v| v != 0.0).count();
+            let scaled = mult.iter().filter(|&&v| v != 1.0).count();
+            s += &format!("  standardized: {centred} features centred, {scaled} scaled\n");
         }
         s += &format!("  data checksum {:#010x} (verify with --verify)", h.data_crc);
         s

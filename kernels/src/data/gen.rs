@@ -144,6 +144,7 @@ pub fn sparse(spec: &SparseSpec, output: &Path) -> Result<Converted> {
         classes: 2,
         users: 0,
         truth: Truth::Present { rank: 0 },
+        scaled: false,
     };
     let mut out = Writer::create(output, shape)?;
     out.write(0, &row_ptr)?;
@@ -208,6 +209,7 @@ pub fn dense(spec: &DenseSpec, output: &Path) -> Result<Converted> {
         classes: spec.classes,
         users: 0,
         truth: Truth::Present { rank: 0 },
+        scaled: false,
     };
     let mut out = Writer::create(output, shape)?;
     let mut x = vec![0f32; d];
@@ -275,6 +277,7 @@ pub fn ratings(spec: &RatingsSpec, output: &Path) -> Result<Converted> {
         classes: 0,
         users: spec.users,
         truth: Truth::Present { rank: spec.rank },
+        scaled: false,
     };
     let pair = |r: u64| {
         let mut rng = Rng::new(spec.seed, r);

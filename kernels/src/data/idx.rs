@@ -85,6 +85,7 @@ pub fn convert(images: &Path, labels: &Path, output: &Path) -> Result<Converted>
         classes,
         users: 0,
         truth: Truth::None,
+        scaled: false,
     };
     let mut w = Writer::create(output, shape)?;
     let mut row = vec![0f32; pixels];

@@ -167,6 +167,7 @@ pub fn convert(input: &Path, output: &Path, features: Option<u64>) -> Result<Con
         classes: 2,
         users: 0,
         truth: Truth::None,
+        scaled: false,
     };
     let mut w = Writer::create(output, shape)?;
     w.write(0, &t.row_ptr)?;

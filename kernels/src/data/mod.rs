@@ -17,6 +17,7 @@ pub mod libsvm;
 pub mod npy;
 pub mod ratings;
 pub mod split;
+pub mod standardize;
 pub mod text;
 
 pub use error::{DataError, Result};

@@ -226,7 +226,8 @@ pub fn convert(features: &Path, labels: &Path, output: &Path) -> Result<NpyConve
     if ys.iter().all(|&v| v == ys[0]) {
         return Err(DataError::format(labels, format!("one class only ({}): nothing to learn", ys[0])));
     }
-    let shape = Shape { kind: Kind::Dense, rows, cols, nnz: 0, classes, users: 0, truth: Truth::None };
+    let shape =
+        Shape { kind: Kind::Dense, rows, cols, nnz: 0, classes, users: 0, truth: Truth::None, scaled: false };
     let mut w = Writer::create(output, shape)?;
     let mut row = vec![0f32; cols as usize];
     for r in 0..rows {

@@ -99,6 +99,7 @@ pub fn convert(input: &Path, output: &Path) -> Result<Converted> {
         classes: 0,
         users: n_users,
         truth: Truth::None,
+        scaled: false,
     };
     let mut w = Writer::create(output, shape)?;
     w.write(0, &users)?;

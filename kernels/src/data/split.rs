@@ -1,7 +1,7 @@
 //! Seeded random train/test split of a dataset: the rows are shuffled and the first
 //! `round(fraction * rows)` of the shuffled order form the test set. Both outputs keep the
 //! shuffled order (so a training file read in order is already shuffled). Any kind of dataset;
-//! the optional true-model section of generated data is not carried over.
+//! the optional true-model section of generated data is not carried over, a scaling record is.
 
 use std::path::Path;
 
@@ -49,6 +49,15 @@ fn write_rows(d: &Dataset, rows: &[usize], out: &Path) -> Result<()> {
         classes: h.classes,
         users: h.users,
         truth: Truth::None,
+        scaled: d.scaling().is_some(),
+    };
+    // A standardized file's halves keep its scaling record.
+    let scaling = |w: &mut Writer| -> Result<()> {
+        if let Some((shift, mult)) = d.scaling() {
+            w.write(5, shift)?;
+            w.write(5, mult)?;
+        }
+        Ok(())
     };
     match d.kind() {
         Kind::Sparse => {
@@ -71,6 +80,7 @@ fn write_rows(d: &Dataset, rows: &[usize], out: &Path) -> Result<()> {
             }
             let labels: Vec<f32> = rows.iter().map(|&r| x.labels[r]).collect();
             w.write(3, &labels)?;
+            scaling(&mut w)?;
             w.finish()
         }
         Kind::Dense => {
@@ -81,6 +91,7 @@ fn write_rows(d: &Dataset, rows: &[usize], out: &Path) -> Result<()> {
             }
             let labels: Vec<u32> = rows.iter().map(|&r| x.labels[r]).collect();
             w.write(1, &labels)?;
+            scaling(&mut w)?;
             w.finish()
         }
         Kind::Ratings => {

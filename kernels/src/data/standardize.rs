@@ -1,0 +1,253 @@
+//! Standardization: features shifted and scaled by statistics of a training file, the same
+//! transformation applied to other files, and recorded in each output (the scaling section of
+//! the format) so that it can be applied again later (`--like`).
+//!
+//! Dense datasets: every feature centred on its mean and divided by its standard deviation
+//! (population, as scikit-learn's `StandardScaler`). Sparse datasets keep their zeros: a feature
+//! every row stores (a dense column, e.g. LIBSVM text of dense data) is centred and scaled like a
+//! dense one; any other is only divided by its standard deviation counting the rows that do not
+//! store it as zeros (scikit-learn's `StandardScaler(with_mean=False)`), so one-hot data stays
+//! sparse. A feature with no spread (constant, or never present) keeps multiplier 1.
+
+use std::path::Path;
+
+use super::format::{Dataset, Kind, Shape, Truth, Writer};
+use super::libsvm::Converted;
+use super::{DataError, Result};
+
+/// Shifts and multipliers, one per feature: `x = (raw - shift) * multiplier`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scaling {
+    /// Subtracted first.
+    pub shift: Vec<f32>,
+    /// Then multiplied by.
+    pub mult: Vec<f32>,
+}
+
+impl Scaling {
+    /// The statistics of `d` (sparse or dense, not already standardized).
+    pub fn fit(d: &Dataset) -> Result<Self> {
+        if d.scaling().is_some() {
+            return Err(DataError::format(
+                d.path(),
+                "is standardized already (it holds a scaling record); standardize the file it was made from",
+            ));
+        }
+        let n = d.rows().max(1) as f64;
+        let (mean, sq, count, cols) = match d.kind() {
+            Kind::Dense => {
+                let x = d.dense()?;
+                let mut mean = vec![0f64; x.cols];
+                for row in x.features.chunks_exact(x.cols.max(1)) {
+                    for (m, &v) in mean.iter_mut().zip(row) {
+                        *m += f64::from(v);
+                    }
+                }
+                mean.iter_mut().for_each(|m| *m /= n);
+                let mut sq = vec![0f64; x.cols];
+                for row in x.features.chunks_exact(x.cols.max(1)) {
+                    for ((s, &v), m) in sq.iter_mut().zip(row).zip(&mean) {
+                        *s += (f64::from(v) - m).powi(2);
+                    }
+                }
+                (mean, sq, vec![d.rows(); x.cols], x.cols)
+            }
+            Kind::Sparse => {
+                let x = d.sparse()?;
+                let mut count = vec![0usize; x.cols];
+                let mut mean = vec![0f64; x.cols];
+                for (&j, &v) in x.indices.iter().zip(x.values) {
+                    count[j as usize] += 1;
+                    mean[j as usize] += f64::from(v);
+                }
+                mean.iter_mut().for_each(|m| *m /= n);
+                // Deviations of the stored values, then of the implicit zeros.
+                let mut sq = vec![0f64; x.cols];
+                for (&j, &v) in x.indices.iter().zip(x.values) {
+                    sq[j as usize] += (f64::from(v) - mean[j as usize]).powi(2);
+                }
+                for j in 0..x.cols {
+                    sq[j] += (d.rows() - count[j]) as f64 * mean[j] * mean[j];
+                }
+                (mean, sq, count, x.cols)
+            }
+            Kind::Ratings => {
+                return Err(DataError::WrongKind {
+                    path: d.path().into(),
+                    expected: "sparse or dense dataset (ratings have no features to standardize)",
+                    found: "ratings",
+                })
+            }
+        };
+        let mut s = Self { shift: vec![0.0; cols], mult: vec![1.0; cols] };
+        for j in 0..cols {
+            let sd = (sq[j] / n).sqrt();
+            if sd > 0.0 && (sd as f32).is_normal() {
+                s.mult[j] = (1.0 / sd) as f32;
+            }
+            if count[j] == d.rows() {
+                s.shift[j] = mean[j] as f32;
+            }
+        }
+        Ok(s)
+    }
+
+    /// The scaling recorded in standardized dataset `d`.
+    pub fn recorded(d: &Dataset) -> Result<Self> {
+        let (shift, mult) = d.scaling().ok_or_else(|| {
+            DataError::format(
+                d.path(),
+                "holds no scaling record: it was not made by `peregrine data standardize`",
+            )
+        })?;
+        Ok(Self { shift: shift.to_vec(), mult: mult.to_vec() })
+    }
+
+    /// Features.
+    pub fn cols(&self) -> usize {
+        self.shift.len()
+    }
+
+    #[inline]
+    fn apply(&self, j: usize, v: f32) -> f32 {
+        (v - self.shift[j]) * self.mult[j]
+    }
+}
+
+/// Writes `input` standardized by `scaling` to `output`, with the scaling recorded. A sparse
+/// input with fewer features than the scaling (a test file converted apart from its training
+/// file) is widened to the scaling's feature count.
+pub fn apply(input: &Path, scaling: &Scaling, output: &Path) -> Result<Converted> {
+    let d = Dataset::open(input)?;
+    if d.scaling().is_some() {
+        return Err(DataError::format(
+            input,
+            "is standardized already (it holds a scaling record); standardize the file it was made from",
+        ));
+    }
+    let cols = d.header().cols as usize;
+    let fits = match d.kind() {
+        Kind::Sparse => cols <= scaling.cols(),
+        _ => cols == scaling.cols(),
+    };
+    if !fits {
+        return Err(DataError::format(
+            input,
+            format!(
+                "has {cols} features, the scaling {} (convert both files with the same --features)",
+                scaling.cols()
+            ),
+        ));
+    }
+    let mut shape = Shape {
+        kind: d.kind(),
+        rows: d.rows() as u64,
+        cols: scaling.cols() as u64,
+        nnz: 0,
+        classes: d.header().classes,
+        users: 0,
+        truth: Truth::None,
+        scaled: true,
+    };
+    match d.kind() {
+        Kind::Dense => {
+            let x = d.dense()?;
+            let mut w = Writer::create(output, shape)?;
+            let mut row = vec![0f32; cols];
+            for src in x.features.chunks_exact(cols.max(1)) {
+                for (j, (o, &v)) in row.iter_mut().zip(src).enumerate() {
+                    *o = scaling.apply(j, v);
+                }
+                w.write(0, &row)?;
+            }
+            w.write(1, x.labels)?;
+            w.write(5, &scaling.shift)?;
+            w.write(5, &scaling.mult)?;
+            w.finish()?;
+        }
+        Kind::Sparse => {
+            // Centred features are stored in every output row (their zeros are no longer zero).
+            let centred: Vec<u32> =
+                (0..scaling.cols() as u32).filter(|&j| scaling.shift[j as usize] != 0.0).collect();
+            let x = d.sparse()?;
+            let base = x.row_ptr[0];
+            let mut merged = Vec::new();
+            let mut row_ptr = Vec::with_capacity(x.len() + 1);
+            row_ptr.push(0u64);
+            for r in 0..x.len() {
+                let span = (x.row_ptr[r] - base) as usize..(x.row_ptr[r + 1] - base) as usize;
+                merge(&x.indices[span.clone()], &x.values[span], &centred, &mut merged);
+                row_ptr.push(row_ptr[r] + merged.len() as u64);
+            }
+            shape.nnz = row_ptr[x.len()];
+            let mut w = Writer::create(output, shape)?;
+            w.write(0, &row_ptr)?;
+            drop(row_ptr);
+            let (mut idx, mut val) = (Vec::new(), Vec::new());
+            for r in 0..x.len() {
+                let span = (x.row_ptr[r] - base) as usize..(x.row_ptr[r + 1] - base) as usize;
+                merge(&x.indices[span.clone()], &x.values[span], &centred, &mut merged);
+                idx.extend(merged.iter().map(|&(j, _)| j));
+                if idx.len() >= 1 << 16 {
+                    w.write(1, &idx)?;
+                    idx.clear();
+                }
+            }
+            w.write(1, &idx)?;
+            for r in 0..x.len() {
+                let span = (x.row_ptr[r] - base) as usize..(x.row_ptr[r + 1] - base) as usize;
+                merge(&x.indices[span.clone()], &x.values[span], &centred, &mut merged);
+                val.extend(merged.iter().map(|&(j, v)| scaling.apply(j as usize, v)));
+                if val.len() >= 1 << 16 {
+                    w.write(2, &val)?;
+                    val.clear();
+                }
+            }
+            w.write(2, &val)?;
+            w.write(3, x.labels)?;
+            w.write(5, &scaling.shift)?;
+            w.write(5, &scaling.mult)?;
+            w.finish()?;
+        }
+        Kind::Ratings => {
+            return Err(DataError::WrongKind {
+                path: input.into(),
+                expected: "sparse or dense dataset (ratings have no features to standardize)",
+                found: "ratings",
+            })
+        }
+    }
+    Ok(Converted { rows: d.rows() as u64, cols: scaling.cols() as u64, nnz: shape.nnz, input_bytes: 0 })
+}
+
+/// The row's stored `(index, value)` pairs with the centred features it lacks added as zeros,
+/// in increasing index order.
+fn merge(idx: &[u32], val: &[f32], centred: &[u32], out: &mut Vec<(u32, f32)>) {
+    out.clear();
+    let (mut i, mut c) = (0, 0);
+    while i < idx.len() || c < centred.len() {
+        match (idx.get(i), centred.get(c)) {
+            (Some(&a), Some(&b)) if a == b => {
+                out.push((a, val[i]));
+                i += 1;
+                c += 1;
+            }
+            (Some(&a), Some(&b)) if a < b => {
+                out.push((a, val[i]));
+                i += 1;
+            }
+            (Some(&a), None) => {
+                out.push((a, val[i]));
+                i += 1;
+            }
+            (_, Some(&b)) => {
+                out.push((b, 0.0));
+                c += 1;
+            }
+            (None, None) => unreachable!("the loop runs while one side has entries"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
