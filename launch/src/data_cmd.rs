@@ -111,6 +111,10 @@ pub enum ConvertCommand {
         /// Field delimiter (one character; `tab` for a tab).
         #[arg(long, default_value = ",", value_name = "C")]
         delimiter: String,
+        /// Write a sparse binary-labelled dataset (logistic regression; zeros not stored): two
+        /// classes, the second (1, or the later name in sorted order) positive.
+        #[arg(long)]
+        sparse: bool,
     },
     /// NumPy arrays (`numpy.save`) to a dense multiclass dataset (softmax, MLP): features of shape
     /// (rows, features) and labels of shape (rows,), whole numbers 0..C; bool, int, uint,
@@ -125,6 +129,10 @@ pub enum ConvertCommand {
         labels: PathBuf,
         /// Output dataset.
         output: PathBuf,
+        /// Write a sparse binary-labelled dataset (logistic regression; zeros not stored): labels
+        /// 0 and 1.
+        #[arg(long)]
+        sparse: bool,
     },
     /// Ratings text (`user item rating [timestamp]`; tab, space, comma or `::` separated; an
     /// optional header line; e.g. MovieLens) to a ratings dataset.
@@ -234,6 +242,31 @@ fn done(what: &str, out: &std::path::Path, c: Converted, start: Instant) {
     );
 }
 
+/// Runs a dense converter into `output`, or, if `sparse`, into a temporary file then rewritten
+/// at `output` as a sparse binary-labelled dataset (the temporary file removed either way).
+fn dense_or_sparse<T>(
+    input: &std::path::Path,
+    output: &std::path::Path,
+    sparse: bool,
+    convert: impl FnOnce(&std::path::Path) -> Result<T, peregrine_kernels::data::DataError>,
+) -> Result<T, AppError> {
+    if !sparse {
+        return Ok(convert(output)?);
+    }
+    let tmp = PathBuf::from(format!("{}.dense.tmp", output.display()));
+    let result = convert(&tmp).and_then(|c| {
+        peregrine_kernels::data::sparsify::sparsify(&tmp, output).map(|_| c).map_err(|e| match e {
+            // Name the input, not the intermediate file.
+            peregrine_kernels::data::DataError::Format { detail, .. } => {
+                peregrine_kernels::data::DataError::Format { path: input.into(), detail }
+            }
+            e => e,
+        })
+    });
+    let _ = std::fs::remove_file(&tmp);
+    Ok(result?)
+}
+
 pub fn run(cmd: DataCommand) -> Result<(), AppError> {
     let start = Instant::now();
     match cmd {
@@ -246,7 +279,7 @@ pub fn run(cmd: DataCommand) -> Result<(), AppError> {
                 let c = idx::convert(&images, &labels, &output)?;
                 done("wrote", &output, c, start);
             }
-            ConvertCommand::Csv { input, output, label, header, delimiter } => {
+            ConvertCommand::Csv { input, output, label, header, delimiter, sparse } => {
                 let delimiter = match delimiter.as_str() {
                     "tab" | "\\t" => b'\t',
                     d if d.len() == 1 && d.is_ascii() => d.as_bytes()[0],
@@ -269,13 +302,16 @@ pub fn run(cmd: DataCommand) -> Result<(), AppError> {
                     HeaderArg::Yes => csv::Header::Yes,
                     HeaderArg::No => csv::Header::No,
                 };
-                let c = csv::convert(&input, &output, &csv::CsvOptions { delimiter, header, label })?;
+                let c = dense_or_sparse(&input, &output, sparse, |out| {
+                    csv::convert(&input, out, &csv::CsvOptions { delimiter, header, label })
+                })?;
                 let name = c.label.1.as_ref().map(|n| format!(" (`{n}`)")).unwrap_or_default();
                 let classes: Vec<String> =
                     c.classes.iter().enumerate().map(|(i, y)| format!("{i}=`{y}`")).collect();
                 println!(
-                    "wrote {}: {} rows, {} feature columns in {:.2} s; label column {}{name}; classes {}",
+                    "wrote {}{}: {} rows, {} feature columns in {:.2} s; label column {}{name}; classes {}",
                     output.display(),
+                    if sparse { " (sparse, class 1 positive)" } else { "" },
                     c.rows,
                     c.cols,
                     start.elapsed().as_secs_f64(),
@@ -283,11 +319,13 @@ pub fn run(cmd: DataCommand) -> Result<(), AppError> {
                     classes.join(", ")
                 );
             }
-            ConvertCommand::Npy { features, labels, output } => {
-                let c = npy::convert(&features, &labels, &output)?;
+            ConvertCommand::Npy { features, labels, output, sparse } => {
+                let c =
+                    dense_or_sparse(&labels, &output, sparse, |out| npy::convert(&features, &labels, out))?;
                 println!(
-                    "wrote {}: {} rows, {} feature columns ({}), {} classes ({} labels) in {:.2} s",
+                    "wrote {}{}: {} rows, {} feature columns ({}), {} classes ({} labels) in {:.2} s",
                     output.display(),
+                    if sparse { " (sparse)" } else { "" },
                     c.rows,
                     c.cols,
                     c.dtypes.0,

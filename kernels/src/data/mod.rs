@@ -16,6 +16,7 @@ pub mod idx;
 pub mod libsvm;
 pub mod npy;
 pub mod ratings;
+pub mod sparsify;
 pub mod split;
 pub mod standardize;
 pub mod text;
