@@ -10,16 +10,21 @@
 //! - [`simd`]: the public functions: `f32x8` dot and update (`u <- (1 - lr l2) u + (lr e) v`,
 //!   the same update with the constants factored out).
 //!
+//! With biases ([`sgd_chunk_biased`], [`sse_biased`]) each row holds its `k` factors then a bias,
+//! the prediction is `mean + b_u + b_i + u . v` (`mean` a constant, the training ratings' mean),
+//! and the biases take the same regularized step as the factors.
+//!
 //! Ids must be in range (`uid < u.len() / k`, `iid < v.len() / k`); out-of-range ids and length
 //! mismatches are programming errors and panic.
 
 pub mod scalar;
 pub mod simd;
 
-pub use simd::{loss_grad_row, rmse, sgd_chunk, sse};
+pub use simd::{loss_grad_row, rmse, sgd_chunk, sgd_chunk_biased, sse, sse_biased};
 
-/// Checks the shapes shared by both versions.
-/// `sum (r - u . v)^2` with the given dot product (scalar or SIMD).
+/// `sum (r - u . v)^2` with the given dot product (scalar or SIMD); with `mean`, rows of
+/// `k + 1` values (factors, bias) and `e = r - (mean + b_u + b_i + u . v)`.
+#[allow(clippy::too_many_arguments)]
 fn sse_with(
     dot: fn(&[f32], &[f32]) -> f32,
     users: &[u32],
@@ -28,12 +33,15 @@ fn sse_with(
     u: &[f32],
     v: &[f32],
     k: usize,
+    mean: Option<f32>,
 ) -> f64 {
-    check(users, items, ratings, u, v, k);
+    let stride = k + usize::from(mean.is_some());
+    check(users, items, ratings, u, v, stride);
     let mut s = 0.0f64;
     for ((&uid, &iid), &r) in users.iter().zip(items).zip(ratings) {
-        let (uid, iid) = (uid as usize, iid as usize);
-        let e = r - dot(&u[uid * k..(uid + 1) * k], &v[iid * k..(iid + 1) * k]);
+        let (ur, vr) = (&u[uid as usize * stride..][..stride], &v[iid as usize * stride..][..stride]);
+        let bias = mean.map_or(0.0, |m| m + ur[k] + vr[k]);
+        let e = r - bias - dot(&ur[..k], &vr[..k]);
         s += f64::from(e * e);
     }
     s
@@ -52,9 +60,10 @@ fn rmse_with(
     if ratings.is_empty() {
         return 0.0;
     }
-    (sse_with(dot, users, items, ratings, u, v, k) / ratings.len() as f64).sqrt()
+    (sse_with(dot, users, items, ratings, u, v, k, None) / ratings.len() as f64).sqrt()
 }
 
+/// Checks the shapes shared by both versions (`k`: values per row).
 fn check(users: &[u32], items: &[u32], ratings: &[f32], u: &[f32], v: &[f32], k: usize) {
     assert_eq!(users.len(), ratings.len(), "mf: users and ratings differ in length");
     assert_eq!(items.len(), ratings.len(), "mf: items and ratings differ in length");

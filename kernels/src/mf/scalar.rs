@@ -19,14 +19,53 @@ pub fn sgd_chunk(
     lr: f32,
     l2: f32,
 ) -> f64 {
-    check(users, items, ratings, u, v, k);
+    sgd_chunk_biased_opt(users, items, ratings, u, v, k, lr, l2, None)
+}
+
+/// As [`sgd_chunk`] with biases (see `simd::sgd_chunk_biased`): `b <- b + lr (e - l2 b)`.
+///
+/// # Panics
+/// On inconsistent lengths or an out-of-range id.
+#[allow(clippy::too_many_arguments)]
+pub fn sgd_chunk_biased(
+    users: &[u32],
+    items: &[u32],
+    ratings: &[f32],
+    u: &mut [f32],
+    v: &mut [f32],
+    k: usize,
+    lr: f32,
+    l2: f32,
+    mean: f32,
+) -> f64 {
+    sgd_chunk_biased_opt(users, items, ratings, u, v, k, lr, l2, Some(mean))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn sgd_chunk_biased_opt(
+    users: &[u32],
+    items: &[u32],
+    ratings: &[f32],
+    u: &mut [f32],
+    v: &mut [f32],
+    k: usize,
+    lr: f32,
+    l2: f32,
+    mean: Option<f32>,
+) -> f64 {
+    let stride = k + usize::from(mean.is_some());
+    check(users, items, ratings, u, v, stride);
     let mut sse = 0.0f64;
     for ((&uid, &iid), &r) in users.iter().zip(items).zip(ratings) {
         let (uid, iid) = (uid as usize, iid as usize);
-        let ur = &mut u[uid * k..(uid + 1) * k];
-        let vr = &mut v[iid * k..(iid + 1) * k];
-        let e = r - dot(ur, vr);
+        let (ur, ub) = u[uid * stride..(uid + 1) * stride].split_at_mut(k);
+        let (vr, vb) = v[iid * stride..(iid + 1) * stride].split_at_mut(k);
+        let e = r - mean.map_or(0.0, |m| m + ub[0] + vb[0]) - dot(ur, vr);
         sse += f64::from(e * e);
+        if mean.is_some() {
+            ub[0] += lr * (e - l2 * ub[0]);
+            vb[0] += lr * (e - l2 * vb[0]);
+        }
         for (a, b) in ur.iter_mut().zip(vr.iter_mut()) {
             let u_old = *a;
             *a += lr * (e * *b - l2 * u_old);
@@ -58,7 +97,7 @@ pub fn loss_grad_row(r: f32, u_row: &[f32], v_row: &[f32], l2: f32, gu: &mut [f3
 /// # Panics
 /// On inconsistent lengths or an out-of-range id.
 pub fn sse(users: &[u32], items: &[u32], ratings: &[f32], u: &[f32], v: &[f32], k: usize) -> f64 {
-    super::sse_with(dot, users, items, ratings, u, v, k)
+    super::sse_with(dot, users, items, ratings, u, v, k, None)
 }
 
 /// `sqrt(sse / n)`, 0 for no ratings.

@@ -22,17 +22,59 @@ pub fn sgd_chunk(
     lr: f32,
     l2: f32,
 ) -> f64 {
-    check(users, items, ratings, u, v, k);
+    sgd(users, items, ratings, u, v, k, lr, l2, None)
+}
+
+/// As [`sgd_chunk`] with biases: rows of `k + 1` values (the factors, then the user's or item's
+/// bias) and `e = r - (mean + b_u + b_i + u . v)`; the biases step as the factors do,
+/// `b <- b + lr (e - l2 b)`.
+///
+/// # Panics
+/// On inconsistent lengths or an out-of-range id.
+#[allow(clippy::too_many_arguments)]
+pub fn sgd_chunk_biased(
+    users: &[u32],
+    items: &[u32],
+    ratings: &[f32],
+    u: &mut [f32],
+    v: &mut [f32],
+    k: usize,
+    lr: f32,
+    l2: f32,
+    mean: f32,
+) -> f64 {
+    sgd(users, items, ratings, u, v, k, lr, l2, Some(mean))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn sgd(
+    users: &[u32],
+    items: &[u32],
+    ratings: &[f32],
+    u: &mut [f32],
+    v: &mut [f32],
+    k: usize,
+    lr: f32,
+    l2: f32,
+    mean: Option<f32>,
+) -> f64 {
+    let stride = k + usize::from(mean.is_some());
+    check(users, items, ratings, u, v, stride);
     let decay = 1.0 - lr * l2;
     let vdecay = f32x8::splat(decay);
     let mut sse = 0.0f64;
     for ((&uid, &iid), &r) in users.iter().zip(items).zip(ratings) {
         let (uid, iid) = (uid as usize, iid as usize);
-        let ur = &mut u[uid * k..(uid + 1) * k];
-        let vr = &mut v[iid * k..(iid + 1) * k];
-        let e = r - dot(ur, vr);
+        let (ur, ub) = u[uid * stride..(uid + 1) * stride].split_at_mut(k);
+        let (vr, vb) = v[iid * stride..(iid + 1) * stride].split_at_mut(k);
+        let bias = mean.map_or(0.0, |m| m + ub[0] + vb[0]);
+        let e = r - bias - dot(ur, vr);
         sse += f64::from(e * e);
         let step = lr * e;
+        if mean.is_some() {
+            ub[0] = step.mul_add(1.0, decay * ub[0]);
+            vb[0] = step.mul_add(1.0, decay * vb[0]);
+        }
         let vstep = f32x8::splat(step);
         let mut u8 = ur.chunks_exact_mut(LANES);
         let mut v8 = vr.chunks_exact_mut(LANES);
@@ -84,7 +126,23 @@ pub fn loss_grad_row(r: f32, u_row: &[f32], v_row: &[f32], l2: f32, gu: &mut [f3
 /// # Panics
 /// On inconsistent lengths or an out-of-range id.
 pub fn sse(users: &[u32], items: &[u32], ratings: &[f32], u: &[f32], v: &[f32], k: usize) -> f64 {
-    super::sse_with(dot, users, items, ratings, u, v, k)
+    super::sse_with(dot, users, items, ratings, u, v, k, None)
+}
+
+/// As [`sse`] with biases (rows of `k + 1` values, see [`sgd_chunk_biased`]).
+///
+/// # Panics
+/// On inconsistent lengths or an out-of-range id.
+pub fn sse_biased(
+    users: &[u32],
+    items: &[u32],
+    ratings: &[f32],
+    u: &[f32],
+    v: &[f32],
+    k: usize,
+    mean: f32,
+) -> f64 {
+    super::sse_with(dot, users, items, ratings, u, v, k, Some(mean))
 }
 
 /// `sqrt(sse / n)`, 0 for no ratings.

@@ -113,3 +113,67 @@ fn known_values() {
     assert_eq!(simd::rmse(&[], &[], &[], &[0.0], &[0.0], 1), 0.0);
     assert_eq!(simd::rmse(&[0, 0], &[0, 0], &[3.0, 5.0], &[1.0], &[1.0], 1), 10f64.sqrt());
 }
+
+#[test]
+fn biased_rows_step_factors_and_biases_and_match_the_scalar_reference() {
+    type Biased = fn(&[u32], &[u32], &[f32], &mut [f32], &mut [f32], usize, f32, f32, f32) -> f64;
+    for f in [simd::sgd_chunk_biased as Biased, scalar::sgd_chunk_biased] {
+        // k = 1, mean 3, b_u 0.5, b_i -0.25, u . v = 1 * 2: e = 5 - (3 + 0.5 - 0.25 + 2) = -0.25.
+        let (mut u, mut v) = ([9.0, 9.0, 1.0, 0.5], [2.0, -0.25]);
+        let (lr, l2) = (0.1, 0.2);
+        let sse = f(&[1], &[0], &[5.0], &mut u, &mut v, 1, lr, l2, 3.0);
+        assert_close(sse, 0.0625, 1.0, 1e-6, 0.0, "sse");
+        let e = -0.25f32;
+        for (got, want, what) in [
+            (u[2], 1.0 + lr * (e * 2.0 - l2 * 1.0), "u"),
+            (v[0], 2.0 + lr * (e * 1.0 - l2 * 2.0), "v"),
+            (u[3], 0.5 + lr * (e - l2 * 0.5), "b_u"),
+            (v[1], -0.25 + lr * (e - l2 * -0.25), "b_i"),
+        ] {
+            assert_close(f64::from(got), f64::from(want), 1.0, 1e-6, 0.0, what);
+        }
+        assert_eq!(u[..2], [9.0, 9.0], "other users untouched");
+    }
+    let mut rng = Rng::new(12);
+    let (n_users, n_items, n) = (11, 6, 200);
+    for k in [1, 8, 9, 17] {
+        let users: Vec<u32> = (0..n).map(|_| rng.below(n_users) as u32).collect();
+        let items: Vec<u32> = (0..n).map(|_| rng.below(n_items) as u32).collect();
+        let ratings = rng.vec(n, 1.0, 5.0);
+        let u0 = rng.vec(n_users * (k + 1), 0.0, 0.5);
+        let v0 = rng.vec(n_items * (k + 1), 0.0, 0.5);
+        let (mut u1, mut v1, mut u2, mut v2) = (u0.clone(), v0.clone(), u0.clone(), v0.clone());
+        let s1 = simd::sgd_chunk_biased(&users, &items, &ratings, &mut u1, &mut v1, k, 0.02, 0.05, 3.5);
+        let s2 = scalar::sgd_chunk_biased(&users, &items, &ratings, &mut u2, &mut v2, k, 0.02, 0.05, 3.5);
+        assert_close(s1, s2, s2, 1e-5, 0.0, &format!("sse k={k}"));
+        for (a, b) in u1.iter().zip(&u2).chain(v1.iter().zip(&v2)) {
+            assert_close(
+                f64::from(*a),
+                f64::from(*b),
+                1.0 + f64::from(b.abs()),
+                1e-5,
+                0.0,
+                &format!("k={k}"),
+            );
+        }
+        // The evaluation's prediction is the one the step used.
+        let want: f64 = (0..n)
+            .map(|i| {
+                let (ur, vr) = (
+                    &u1[users[i] as usize * (k + 1)..][..k + 1],
+                    &v1[items[i] as usize * (k + 1)..][..k + 1],
+                );
+                let p = 3.5 + ur[k] + vr[k] + (0..k).map(|j| ur[j] * vr[j]).sum::<f32>();
+                f64::from(ratings[i] - p).powi(2)
+            })
+            .sum();
+        assert_close(
+            simd::sse_biased(&users, &items, &ratings, &u1, &v1, k, 3.5),
+            want,
+            want,
+            1e-5,
+            0.0,
+            "sse_biased",
+        );
+    }
+}
