@@ -8,7 +8,8 @@ tests (tests/tests/quality.rs) compare Peregrine's defaults against.
 Binary problems: LogisticRegression() (C=1, lbfgs, intercept) on features standardized with
 StandardScaler fitted on the training file (dense) or as they are (sparse, one-hot).
 Multiclass problems: LogisticRegression() (multinomial) and MLPClassifier() (one hidden layer of
-100 ReLU units, Adam, up to 200 epochs), random_state=0. Every figure is on the test file.
+100 ReLU units, Adam, up to 200 epochs): the mean over random_state 0..4, whose runs differ by
+about a point of accuracy. Every figure is on the test file.
 """
 import sys
 from pathlib import Path
@@ -43,9 +44,13 @@ def multiclass(d, name):
     m = LogisticRegression(max_iter=1000).fit(xtr, ytr)
     p = m.predict_proba(xte)
     out["softmax_log_loss"], out["softmax_accuracy"] = log_loss(yte, p), accuracy_score(yte, p.argmax(1))
-    m = MLPClassifier(random_state=0).fit(xtr, ytr)
-    p = m.predict_proba(xte)
-    out["mlp_log_loss"], out["mlp_accuracy"] = log_loss(yte, p), accuracy_score(yte, p.argmax(1))
+    losses, accs = [], []
+    for seed in range(5):
+        p = MLPClassifier(random_state=seed).fit(xtr, ytr).predict_proba(xte)
+        losses.append(log_loss(yte, p))
+        accs.append(accuracy_score(yte, p.argmax(1)))
+    out["mlp_log_loss"], out["mlp_accuracy"] = np.mean(losses), np.mean(accs)
+    out["mlp_accuracy_sd"] = np.std(accs)
     return out
 
 

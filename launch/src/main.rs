@@ -7,7 +7,9 @@
 mod data_cmd;
 mod experiment;
 mod meta;
+mod model_file;
 mod plots;
+mod predict_cmd;
 mod preempt;
 mod sim_cmd;
 mod slurm_cmd;
@@ -54,6 +56,10 @@ enum Command {
     /// Parameters are sharded over all ranks in one-sided windows; each rank computes its part of
     /// every mini-batch on its own pinned threads and takes over chunks from slower ranks.
     Train(Box<train_cmd::TrainArgs>),
+    /// Apply a trained model (model.safetensors from `peregrine train`) to a dataset: predictions
+    /// as CSV, and the loss and accuracy/RMSE when the rows have labels (see `peregrine predict
+    /// --help`).
+    Predict(predict_cmd::PredictArgs),
     /// Run the straggler experiment: schemes x straggler patterns x workloads x seeds, with tables
     /// and plots (see `peregrine experiment --help`).
     Experiment(Box<experiment::ExperimentArgs>),
@@ -145,6 +151,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Train(a) => train_cmd::run(*a),
         Command::Experiment(a) => experiment::run(*a),
+        Command::Predict(a) => predict_cmd::run(a),
         Command::Simulate(a) => sim_cmd::run(*a),
         Command::Conformance(a) => conformance_cmd(&a),
         Command::Bench(BenchCommand::Rma(a)) => rma_cmd(&a),

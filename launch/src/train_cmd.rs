@@ -7,7 +7,7 @@ use std::time::Instant;
 use clap::{Args, ValueEnum};
 use peregrine_core::engine::{self, Config, Progress, Report};
 use peregrine_core::inject::{Injection, Pattern};
-use peregrine_core::model::{lr::LogReg, mf::Mf, mlp::Mlp, softmax::Softmax, Model};
+use peregrine_core::model::{lr::LogReg, mf::Mf, mlp::Mlp, softmax::Softmax, Export};
 use peregrine_core::optim::{Decay, Optimizer, Schedule};
 use peregrine_core::plan::Plan;
 use peregrine_core::pool::{Pinning, RankPool, Slot};
@@ -33,29 +33,57 @@ pub enum ModelKind {
     Mlp,
 }
 
+/// A model's training defaults, chosen by the sweep of docs/defaults.md
+/// (`scripts/defaults_sweep.py`: tuning data only, Adult, heart_scale, Fashion-MNIST and
+/// generated problems other than those the quality tests judge).
+#[derive(Clone, Copy, Debug)]
+struct Defaults {
+    optimizer: Optimizer,
+    batch: usize,
+    chunk: usize,
+    /// Iterations at least, when the length is not given: 5 epochs of a small set are too few
+    /// steps.
+    at_least: u64,
+}
+
 impl ModelKind {
-    /// (SGD's learning rate, learning-rate decay, batch, chunk) that train this model well on its
-    /// usual data (Adult, Fashion-MNIST, MovieLens; see the README).
-    fn defaults(self) -> (f32, f64, usize, usize) {
-        match self {
-            Self::Lr => (2.0, 0.0, 4096, 512),
-            Self::Softmax => (0.5, 1.0, 256, 64),
-            Self::Mf => (0.01, 0.0, 8192, 1024),
-            Self::Mlp => (0.2, 1.0, 128, 64),
-        }
+    fn defaults(self) -> Defaults {
+        let adam = Optimizer::Adam { beta1: 0.9, beta2: 0.999, eps: 1e-8 };
+        let (optimizer, batch, chunk, at_least) = match self {
+            Self::Lr => (Optimizer::Sgd, 4096, 512, 1000),
+            Self::Softmax => (adam, 256, 64, 3000),
+            Self::Mf => (Optimizer::Sgd, 8192, 1024, 0),
+            Self::Mlp => (Optimizer::Momentum { mu: 0.9, nesterov: false }, 128, 64, 10_000),
+        };
+        Defaults { optimizer, batch, chunk, at_least }
     }
 
-    /// The default learning rate under `o`: SGD's scaled by `1 - mu` under momentum (the same
-    /// step once the velocity has built up); fixed rates for the adaptive rules, whose steps do
-    /// not scale with the gradient (AdaGrad and FTRL 0.1 as McMahan et al. and Duchi et al.
-    /// use; Adam 0.001 as Kingma and Ba).
-    fn default_lr(self, o: Optimizer) -> f32 {
-        let sgd = self.defaults().0;
+    /// The default (learning rate, decay) under `o`, the sweep's best for that optimizer
+    /// (decay: inverse-time per epoch, or cosine); under momentum with another MU than 0.9 the
+    /// rate is scaled by `(1 - MU) / 0.1` (the same step once the velocity has built up).
+    fn tuned(self, o: Optimizer) -> (f32, Decay) {
+        use Optimizer::{AdaGrad, Adam, Ftrl, Momentum, Sgd};
+        const COSINE: f64 = -1.0;
+        let (lr, decay) = match (self, o) {
+            (Self::Mf, _) => (0.01, 0.0),
+            (Self::Lr, Sgd) => (1.0, 0.0),
+            (Self::Lr, Momentum { .. }) => (0.1, 0.0),
+            (Self::Lr, AdaGrad { .. }) => (0.03, 0.0),
+            (Self::Lr, Adam { .. }) => (0.003, 0.0),
+            (Self::Lr | Self::Softmax | Self::Mlp, Ftrl { .. }) => (1.0, 0.0),
+            (Self::Softmax, Sgd) => (1.0, 1.0),
+            (Self::Softmax, Momentum { .. }) => (0.3, 1.0),
+            (Self::Softmax, AdaGrad { .. }) => (0.1, 0.0),
+            (Self::Softmax, Adam { .. }) => (0.03, 1.0),
+            (Self::Mlp, Sgd) => (0.3, 0.0),
+            (Self::Mlp, Momentum { .. }) => (0.1, COSINE),
+            (Self::Mlp, AdaGrad { .. }) => (0.03, 0.0),
+            (Self::Mlp, Adam { .. }) => (0.01, COSINE),
+        };
+        let decay = if decay == COSINE { Decay::Cosine } else { Decay::Inverse(decay) };
         match o {
-            Optimizer::Sgd => sgd,
-            Optimizer::Momentum { mu, .. } => sgd * (1.0 - mu),
-            Optimizer::AdaGrad { .. } | Optimizer::Ftrl { .. } => 0.1,
-            Optimizer::Adam { .. } => 0.001,
+            Momentum { mu, .. } => (lr * (1.0 - mu) / 0.1, decay),
+            _ => (lr, decay),
         }
     }
 }
@@ -71,7 +99,8 @@ impl ModelKind {
     mpirun -n 4 peregrine train --config configs/adult-lr.toml --scheme ssp:2 --straggler persistent:rank=0,speed=0.5\n\n\
     The run directory (--run-dir, default runs/<model>-<scheme>-<time>) receives config.toml (the resolved \
     configuration), meta.json (ranks, hosts, CPU binding), metrics/rank-<r>.jsonl (one line per iteration: \
-    compute, comm and wait seconds, chunks own/taken, active threads, loss) and summary.json."
+    compute, comm and wait seconds, chunks own/taken, active threads, loss), summary.json and model.safetensors \
+    (the trained parameters; apply them with `peregrine predict`)."
 )]
 pub struct TrainArgs {
     #[command(flatten)]
@@ -99,7 +128,8 @@ pub struct TrainArgs {
     /// [default: bsp]. The run's summary and config.toml name the scheme in full (`ssp:3`).
     #[arg(long, value_name = "SCHEME")]
     scheme: Option<Scheme>,
-    /// Learning rate [default: lr 2.0, softmax 0.5, mf 0.01, mlp 0.2].
+    /// Learning rate [default by model and --optimizer, chosen by a sweep (docs/defaults.md): lr
+    /// sgd 1, softmax adam 0.03, mlp momentum 0.1, mf 0.01; see the README for the others].
     #[arg(long, value_name = "F")]
     lr: Option<f32>,
     /// Global mini-batch rows per iteration, split over the ranks [default: lr 4096, softmax 256,
@@ -113,7 +143,8 @@ pub struct TrainArgs {
     /// Chunks a thread takes from its own queue at once [default: 1].
     #[arg(long, value_name = "N")]
     grain: Option<u32>,
-    /// Passes over the training set [default: 5 unless --iterations is given].
+    /// Passes over the training set [default: 5 unless --iterations is given, and at least 1000
+    /// iterations (lr), 3000 (softmax) or 10000 (mlp)].
     #[arg(long, value_name = "F", conflicts_with = "iterations")]
     epochs: Option<f64>,
     /// Iterations (global mini-batches).
@@ -127,8 +158,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "N")]
     eval_every: Option<u64>,
     /// Learning-rate decay: F (epoch e, fractional, updates with lr / (1 + F e)) or `cosine` (half
-    /// a cosine from lr after the warm-up to 0 at the last iteration) [default: softmax and mlp 1,
-    /// lr and mf 0].
+    /// a cosine from lr after the warm-up to 0 at the last iteration) [default by model and
+    /// --optimizer: softmax 1 (0 under adagrad), mlp cosine under momentum and adam, else 0].
     #[arg(long, value_name = "F|cosine")]
     lr_decay: Option<Decay>,
     /// Linear learning-rate warm-up from 0 over the first N iterations [default: 0].
@@ -137,7 +168,8 @@ pub struct TrainArgs {
     /// Update rule of lr, softmax and mlp: sgd, momentum[:MU] (heavy ball, MU 0.9 if not given),
     /// nesterov[:MU], adagrad, adam[:B1,B2] (0.9,0.999 if not given), ftrl (FTRL-Proximal; lr only).
     /// State (velocity, squared-gradient sums, moments) is sharded beside the weights and updated
-    /// one-sidedly; mf runs SGD [default: sgd]. The default --lr depends on it (see the README).
+    /// one-sidedly; mf runs SGD [default: lr sgd, softmax adam, mlp momentum, mf sgd]. The
+    /// default --lr and --lr-decay depend on it (see the README).
     #[arg(long, value_name = "NAME")]
     optimizer: Option<Optimizer>,
     /// LR: L1 regularization `F |w|` (not of the intercept), applied by FTRL-Proximal so weights
@@ -162,8 +194,9 @@ pub struct TrainArgs {
     /// warning). A diverged loss (not a number, or 10 times a blind model's) always stops.
     #[arg(long)]
     stop_on_stall: bool,
-    /// LR: no intercept (`p = sigmoid(w . x)`; by default `sigmoid(w . x + b)`). Softmax and MLP
-    /// always have their biases.
+    /// LR: no intercept (`p = sigmoid(w . x)`; by default `sigmoid(w . x + b)`); MF: no user and
+    /// item biases and global mean (`r = u . v`; by default `mean + b_u + b_i + u . v`). Softmax
+    /// and MLP always have their biases.
     #[arg(long)]
     no_intercept: bool,
     /// MF: factor rank [default: 40].
@@ -171,7 +204,7 @@ pub struct TrainArgs {
     k: Option<usize>,
     /// L2 regularization of the weights (never of an intercept or bias): `0.5 F |w|^2` added to
     /// the mean loss; LR applies it where rows touch features (sparse-SGD form) [default: mf 0.05,
-    /// others 0].
+    /// others 1 / training rows, as scikit-learn's C = 1].
     #[arg(long, value_name = "F")]
     l2: Option<f32>,
     /// MLP: hidden layer widths, comma-separated [default: 128].
@@ -338,6 +371,9 @@ pub(crate) struct Resolved {
     chunk: usize,
     grain: u32,
     iterations: u64,
+    /// Iterations at least when the length is derived from the default epochs.
+    #[serde(skip)]
+    at_least: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     target_loss: Option<f64>,
     eval_every: u64,
@@ -350,6 +386,9 @@ pub(crate) struct Resolved {
     k: usize,
     #[serde(serialize_with = "short_f32")]
     l2: f32,
+    /// `l2` is still to be set to 1 / training rows (the default; scikit-learn's C = 1).
+    #[serde(skip)]
+    l2_per_row: bool,
     hidden: Vec<usize>,
     straggler: String,
 }
@@ -367,7 +406,7 @@ impl Resolved {
         let others: &[&str] = match self.model {
             ModelKind::Lr => &["k", "hidden"],
             ModelKind::Softmax => &["intercept", "k", "hidden", "l1"],
-            ModelKind::Mf => &["intercept", "hidden", "l1", "optimizer"],
+            ModelKind::Mf => &["hidden", "l1", "optimizer"],
             ModelKind::Mlp => &["intercept", "k", "l1"],
         };
         for k in others {
@@ -434,7 +473,7 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
     let model =
         f.model.ok_or_else(|| usage("no model: give --model lr|softmax|mf|mlp (or `model` in --config)"))?;
     let data = f.data.ok_or_else(|| usage("no training data: give --data FILE (or `data` in --config)"))?;
-    let (lr, lr_decay, batch, chunk) = model.defaults();
+    let d = model.defaults();
     let (epochs, iterations) = (f.epochs, f.iterations);
     if epochs.is_some() && iterations.is_some() {
         return Err(usage("give epochs or iterations, not both"));
@@ -464,7 +503,7 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
                  concurrent updates), not by {o}"
             )))
         }
-        (o, false) => o.unwrap_or_default(),
+        (o, false) => o.unwrap_or(d.optimizer),
     };
     if l1 > 0.0 && model != ModelKind::Lr {
         return Err(usage(format!("--l1 is for --model lr, not {}", model.name())));
@@ -478,7 +517,8 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
              use sgd"
         )));
     }
-    let lr_decay = f.lr_decay.unwrap_or(Decay::Inverse(lr_decay));
+    let (lr, decay) = model.tuned(optimizer);
+    let lr_decay = f.lr_decay.unwrap_or(decay);
     let warmup = f.warmup.unwrap_or(0);
     if optimizer.derived() && (warmup > 0 || lr_decay != Decay::Inverse(0.0)) {
         return Err(usage(format!(
@@ -491,15 +531,16 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
         data,
         eval: f.eval,
         scheme,
-        lr: f.lr.unwrap_or_else(|| if lr > 0.0 { model.default_lr(optimizer) } else { lr }),
+        lr: f.lr.unwrap_or(lr),
         lr_decay,
         warmup,
         optimizer,
         l1,
-        batch: f.batch.unwrap_or(batch),
-        chunk: f.chunk.unwrap_or(chunk),
+        batch: f.batch.unwrap_or(d.batch),
+        chunk: f.chunk.unwrap_or(d.chunk),
         grain: f.grain.unwrap_or(1),
         iterations: iterations.unwrap_or(0),
+        at_least: if epochs.is_none() && iterations.is_none() { d.at_least } else { 0 },
         target_loss: f.target_loss,
         eval_every: f.eval_every.unwrap_or(0),
         threads: f.threads.unwrap_or(0),
@@ -510,6 +551,7 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
         intercept: f.intercept.unwrap_or(true),
         k: f.k.unwrap_or(40),
         l2: f.l2.unwrap_or(if model == ModelKind::Mf { 0.05 } else { 0.0 }),
+        l2_per_row: f.l2.is_none() && model != ModelKind::Mf,
         hidden: f.hidden.unwrap_or_else(|| vec![128]),
         straggler: f.straggler.unwrap_or_else(|| "ideal".into()),
     };
@@ -568,6 +610,11 @@ pub(crate) fn rank(
     let pinning = if a.no_pin { Pinning::Off } else { Pinning::Auto };
     let pool = RankPool::new(r.threads, slot, pinning).map_err(|e| AppError::Train(e.to_string()))?;
     let inject = Injection { pattern: r.straggler.parse().map_err(usage)?, seed: r.seed };
+    if r.l2_per_row {
+        let rows = peregrine_kernels::data::Dataset::open(&r.data)?.rows();
+        r.l2 = 1.0 / rows.max(1) as f32;
+        r.l2_per_row = false;
+    }
     match r.model {
         ModelKind::Lr => {
             let m =
@@ -579,7 +626,9 @@ pub(crate) fn rank(
             go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, &dir, &m)
         }
         ModelKind::Mf => {
-            let m = Mf::new(&r.data, r.eval.as_deref(), r.k, r.lr, r.l2).map_err(data_err)?;
+            let m = Mf::new(&r.data, r.eval.as_deref(), r.k, r.lr, r.l2)
+                .map_err(data_err)?
+                .with_biases(r.intercept);
             go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, &dir, &m)
         }
         ModelKind::Mlp => {
@@ -625,7 +674,7 @@ fn io(what: String) -> impl FnOnce(std::io::Error) -> AppError {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn go<M: Model>(
+fn go<M: Export>(
     t: &Transport,
     ctx: &RunContext,
     a: &RunOpts,
@@ -639,10 +688,11 @@ fn go<M: Model>(
 ) -> Result<Report, AppError> {
     let plan = Plan::new(model.rows(), r.batch, t.world_size(), r.chunk, r.seed).map_err(usage)?;
     if let Some(e) = epochs {
-        r.iterations = ((e * plan.iters_per_epoch() as f64).ceil() as u64).max(1);
+        r.iterations = ((e * plan.iters_per_epoch() as f64).ceil() as u64).max(r.at_least).max(1);
     }
     if r.eval_every == 0 {
-        r.eval_every = plan.iters_per_epoch();
+        // Every epoch, and at most about ten times when a small set runs many epochs.
+        r.eval_every = plan.iters_per_epoch().max(r.iterations.div_ceil(10));
     }
     let cfg = Config {
         scheme,
@@ -656,7 +706,7 @@ fn go<M: Model>(
         seed: r.seed,
         threads: r.threads,
         inject,
-        keep_params: false,
+        keep_params: true,
         optimizer: r.optimizer,
         schedule: Schedule { warmup: r.warmup, decay: r.lr_decay },
         stop_on_stall: r.stop_on_stall,
@@ -694,6 +744,7 @@ fn go<M: Model>(
         summary["memory"] = memory();
         let text = serde_json::to_string_pretty(&summary).map_err(|e| AppError::Train(e.to_string()))?;
         write_atomically(&dir.join("summary.json"), text.as_bytes())?;
+        save_model(dir, model, &report, r)?;
         if !a.quiet {
             print_summary(&report, dir);
         }
@@ -702,6 +753,28 @@ fn go<M: Model>(
         }
     }
     Ok(report)
+}
+
+/// Writes the trained model into the run directory (rank 0).
+fn save_model<M: Export>(dir: &Path, model: &M, report: &Report, r: &Resolved) -> Result<(), AppError> {
+    let Some(params) = report.params.as_deref() else { return Ok(()) };
+    let train = peregrine_kernels::data::Dataset::open(&r.data)?;
+    let mut meta = std::collections::HashMap::new();
+    meta.insert("model".to_owned(), r.model.name().to_owned());
+    meta.insert("scheme".into(), report.scheme.clone());
+    meta.insert("optimizer".into(), r.optimizer.to_string());
+    meta.insert("iterations".into(), report.iterations.to_string());
+    meta.insert("ranks".into(), report.ranks.to_string());
+    let data = std::fs::canonicalize(&r.data).unwrap_or_else(|_| r.data.clone());
+    meta.insert("train_data".into(), data.display().to_string());
+    if r.model == ModelKind::Mlp {
+        meta.insert("hidden".into(), r.hidden.iter().map(ToString::to_string).collect::<Vec<_>>().join(","));
+    }
+    if let Some(e) = report.last_eval() {
+        meta.insert("eval_loss".into(), e.loss.to_string());
+        meta.insert(format!("eval_{}", report.metric), e.metric.to_string());
+    }
+    crate::model_file::save(&dir.join(crate::model_file::FILE_NAME), model, params, meta, train.scaling())
 }
 
 /// Rank 0's process memory (Linux): resident anonymous memory (heap: model, buffers), resident

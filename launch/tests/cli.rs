@@ -356,8 +356,10 @@ fn train_writes_its_run_directory() {
     assert!(text(&out).0.contains("lr | bsp | 1 rank | 2 iterations"), "{:?}", text(&out));
     let config = std::fs::read_to_string(none.join("config.toml")).expect("config");
     assert!(config.contains("intercept = false"), "{config}");
-    // Only LR's own keys: no factor rank or hidden layers of other models.
-    assert!(config.contains("l2 = 0.0"), "{config}");
+    // Only LR's own keys: no factor rank or hidden layers of other models. L2 defaults to
+    // 1 / training rows.
+    let rows = 4000.0f32;
+    assert!(config.lines().any(|l| l == format!("l2 = {}", 1.0 / rows)), "{config}");
     for other in ["k =", "hidden ="] {
         assert!(!config.lines().any(|l| l.starts_with(other)), "{other} in an LR run's config:\n{config}");
     }
@@ -367,7 +369,7 @@ fn train_writes_its_run_directory() {
         lr_on_1(&data, &["--iterations", "4", "--l1", "0.01", "-q", "--run-dir", &l1.to_string_lossy()]);
     assert!(out.status.success(), "{:?}", text(&out));
     let config = std::fs::read_to_string(l1.join("config.toml")).expect("config");
-    for line in ["optimizer = \"ftrl\"", "l1 = 0.01", "lr = 0.1", "warmup = 0"] {
+    for line in ["optimizer = \"ftrl\"", "l1 = 0.01", "lr = 1.0", "warmup = 0"] {
         assert!(config.lines().any(|l| l == line), "{line} missing:\n{config}");
     }
     let out = peregrine(&[
@@ -972,4 +974,257 @@ fn experiment_simulates_worlds_and_writes_tables_and_plots() {
     let run = peregrine(&["experiment", &cfg.to_string_lossy(), "--out", &out.to_string_lossy()]);
     assert_eq!(run.status.code(), Some(2), "{:?}", text(&run));
     assert!(text(&run).1.contains("[simulate] ranks"), "{:?}", text(&run));
+}
+
+/// Runs `peregrine args`, expecting success; its standard output and error.
+fn ok(args: &[&str]) -> (String, String) {
+    let out = peregrine(args);
+    let t = text(&out);
+    assert!(out.status.success(), "peregrine {args:?}:\n{}\n{}", t.0, t.1);
+    t
+}
+
+/// The final evaluation's loss and metric in a run directory's summary.
+fn final_eval(run: &Path) -> (f64, f64) {
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).expect("summary"))
+            .expect("json");
+    let e = s["evals"].as_array().and_then(|e| e.last()).expect("an evaluation").clone();
+    (e["loss"].as_f64().expect("loss"), e["metric"].as_f64().expect("metric"))
+}
+
+/// `predict`'s "loss L, metric M" line.
+fn predicted(stderr: &str) -> (f64, f64) {
+    let tail = stderr.rsplit(": loss ").next().expect("a loss");
+    let mut it = tail.split([',', ' ']).filter(|w| !w.is_empty());
+    let loss = it.next().and_then(|w| w.parse().ok()).expect("loss");
+    let metric = it.nth(1).and_then(|w| w.trim().parse().ok()).expect("metric");
+    (loss, metric)
+}
+
+#[test]
+fn every_model_is_written_at_the_end_of_training_and_predicts_what_it_was_evaluated_at() {
+    let t = scratch("predict");
+    let d = t.path();
+    let s = |p: &Path| p.to_str().expect("utf-8").to_owned();
+    let (sparse, dense, ratings) = (s(&d.join("s.pgd")), s(&d.join("d.pgd")), s(&d.join("r.pgd")));
+    ok(&["data", "gen", "sparse", &sparse, "--rows", "3000", "--features", "200"]);
+    ok(&["data", "gen", "dense", &dense, "--rows", "2000", "--features", "12", "--classes", "3"]);
+    ok(&["data", "gen", "ratings", &ratings, "--ratings", "5000", "--users", "60", "--items", "50"]);
+    for (model, data, extra, header, width) in [
+        ("lr", &sparse, &[][..], "probability,label", 2),
+        ("softmax", &dense, &[][..], "class,p0,p1,p2,label", 5),
+        ("mlp", &dense, &["--hidden", "16,8"][..], "class,p0,p1,p2,label", 5),
+        ("mf", &ratings, &["--k", "4"][..], "prediction,user,item,rating", 4),
+    ] {
+        let run = d.join(format!("run-{model}"));
+        let mut args =
+            vec!["train", "--model", model, "--data", data, "--epochs", "2", "--ranks", "2", "--quiet"];
+        args.extend_from_slice(extra);
+        let r = s(&run);
+        args.extend(["--run-dir", &r]);
+        ok(&args);
+        assert!(run.join("model.safetensors").is_file(), "{model}: no model file");
+        let csv = d.join(format!("{model}.csv"));
+        // The run directory or the file itself.
+        let (_, stderr) = ok(&["predict", "--model", &r, "--data", data, "--out", &s(&csv)]);
+        let (loss, metric) = predicted(&stderr);
+        let (want_loss, want_metric) = final_eval(&run);
+        assert!(
+            (loss - want_loss).abs() <= 1e-4 * want_loss.max(1.0),
+            "{model}: predict loss {loss} vs training's {want_loss}"
+        );
+        assert!((metric - want_metric).abs() <= 1e-3, "{model}: {metric} vs {want_metric}");
+        let text = std::fs::read_to_string(&csv).expect("predictions");
+        let mut lines = text.lines();
+        assert_eq!(lines.next(), Some(header), "{model}");
+        let rows: Vec<&str> = lines.collect();
+        let want_rows = if model == "mf" {
+            5000
+        } else if model == "lr" {
+            3000
+        } else {
+            2000
+        };
+        assert_eq!(rows.len(), want_rows, "{model}");
+        for row in &rows {
+            let v: Vec<f64> = row.split(',').map(|x| x.parse().expect("a number")).collect();
+            assert_eq!(v.len(), width, "{model}: {row}");
+            if model == "softmax" || model == "mlp" {
+                let p = &v[1..4];
+                assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-4, "{model}: {row}");
+                let best = (0..3).fold(0, |b, i| if p[i] > p[b] { i } else { b });
+                assert_eq!(v[0] as usize, best, "{model}: {row}");
+            }
+            if model == "lr" {
+                assert!((0.0..=1.0).contains(&v[0]), "{row}");
+            }
+        }
+        let file =
+            ok(&["predict", "--model", &s(&run.join("model.safetensors")), "--data", data, "-o", "-"]).0;
+        assert_eq!(file, text, "{model}: standard output and file differ");
+    }
+    // The model file is a safetensors file: 8-byte header length, JSON header with the shapes and
+    // the metadata that rebuilds the model.
+    let bytes = std::fs::read(d.join("run-mlp/model.safetensors")).expect("model");
+    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).expect("json header");
+    assert_eq!(header["layers.0.weight"]["shape"], serde_json::json!([16, 12]));
+    assert_eq!(header["layers.2.bias"]["shape"], serde_json::json!([3]));
+    assert_eq!(header["layers.1.weight"]["dtype"], "F32");
+    assert_eq!(header["__metadata__"]["model"], "mlp");
+    assert_eq!(header["__metadata__"]["hidden"], "16,8");
+    assert_eq!(header["__metadata__"]["format"], "peregrine-model");
+}
+
+#[test]
+fn standardized_training_data_needs_standardized_data_to_predict() {
+    let t = scratch("standardize");
+    let d = t.path();
+    let s = |name: &str| d.join(name).to_str().expect("utf-8").to_owned();
+    std::fs::write(d.join("train.txt"), "+1 1:100 2:1\n-1 1:200\n+1 1:150 2:1\n-1 1:250 3:1\n".repeat(50))
+        .expect("write");
+    std::fs::write(d.join("test.txt"), "+1 1:120 2:1\n-1 1:240\n").expect("write");
+    ok(&["data", "convert", "libsvm", &s("train.txt"), &s("train.pgd")]);
+    ok(&["data", "convert", "libsvm", &s("test.txt"), &s("test.pgd")]);
+    let (stdout, _) = ok(&["data", "standardize", &s("train.pgd"), &s("train.std.pgd")]);
+    assert!(stdout.contains("3 features (1 centred)"), "{stdout}");
+    // The test file has 2 features; standardized like the training file it gets 3.
+    ok(&["data", "standardize", &s("test.pgd"), &s("test.std.pgd"), "--like", &s("train.std.pgd")]);
+    let (info, _) = ok(&["data", "info", &s("test.std.pgd"), "--verify"]);
+    assert!(
+        info.contains("features 3") && info.contains("standardized: 1 features centred, 3 scaled"),
+        "{info}"
+    );
+    let run = s("run");
+    ok(&[
+        "train",
+        "--model",
+        "lr",
+        "--data",
+        &s("train.std.pgd"),
+        "--iterations",
+        "20",
+        "--ranks",
+        "1",
+        "--run-dir",
+        &run,
+        "--quiet",
+    ]);
+    ok(&["predict", "--model", &run, "--data", &s("test.std.pgd"), "-o", &s("p.csv")]);
+    for (data, says) in
+        [(s("test.pgd"), "trained on standardized data"), (s("train.pgd"), "peregrine data standardize")]
+    {
+        let out = peregrine(&["predict", "--model", &run, "--data", &data, "-o", &s("bad.csv")]);
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(says) && stderr.contains("train.std.pgd"), "{stderr}");
+        assert!(!d.join("bad.csv").exists() && !d.join("bad.csv.tmp").exists());
+    }
+    // Standardizing twice, or by a file without a record, is refused.
+    let out = peregrine(&["data", "standardize", &s("train.std.pgd"), &s("x.pgd")]);
+    assert!(text(&out).1.contains("standardized already"), "{:?}", text(&out));
+    let out = peregrine(&["data", "standardize", &s("test.pgd"), &s("x.pgd"), "--like", &s("train.pgd")]);
+    assert!(text(&out).1.contains("no scaling record"), "{:?}", text(&out));
+    assert!(!d.join("x.pgd").exists());
+}
+
+#[test]
+fn predict_refuses_mismatched_data_and_other_files() {
+    let t = scratch("predict-bad");
+    let d = t.path();
+    let s = |name: &str| d.join(name).to_str().expect("utf-8").to_owned();
+    ok(&["data", "gen", "dense", &s("d.pgd"), "--rows", "500", "--features", "6", "--classes", "3"]);
+    ok(&["data", "gen", "dense", &s("wide.pgd"), "--rows", "50", "--features", "7", "--classes", "3"]);
+    ok(&["data", "gen", "sparse", &s("s.pgd"), "--rows", "500", "--features", "40"]);
+    ok(&["data", "gen", "sparse", &s("s-wide.pgd"), "--rows", "50", "--features", "50"]);
+    ok(&[
+        "train",
+        "--model",
+        "softmax",
+        "--data",
+        &s("d.pgd"),
+        "--iterations",
+        "5",
+        "--ranks",
+        "1",
+        "--run-dir",
+        &s("sm"),
+        "--quiet",
+    ]);
+    ok(&[
+        "train",
+        "--model",
+        "lr",
+        "--data",
+        &s("s.pgd"),
+        "--iterations",
+        "5",
+        "--ranks",
+        "1",
+        "--run-dir",
+        &s("lr"),
+        "--quiet",
+    ]);
+    std::fs::write(d.join("junk.safetensors"), b"not a model").expect("write");
+    for (model, data, says) in [
+        ("sm", "wide.pgd", "shape [3, 6], the data needs [3, 7]"),
+        ("sm", "s.pgd", "this model needs"),
+        ("lr", "s-wide.pgd", "convert it with --features 40"),
+        ("junk.safetensors", "d.pgd", "not a safetensors file"),
+        ("nowhere", "d.pgd", "reading"),
+        ("sm", "nowhere.pgd", "nowhere.pgd"),
+    ] {
+        let out = peregrine(&["predict", "--model", &s(model), "--data", &s(data), "-o", &s("p.csv")]);
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{model} {data}: {stderr}");
+        assert!(stderr.contains(says), "{model} {data}: {stderr}");
+        assert!(!d.join("p.csv").exists(), "{model} {data}: half-written predictions");
+    }
+    // A narrower sparse file (converted without --features) is fine: its features are the model's first.
+    ok(&["data", "gen", "sparse", &s("s-narrow.pgd"), "--rows", "50", "--features", "30"]);
+    ok(&["predict", "--model", &s("lr"), "--data", &s("s-narrow.pgd"), "-o", &s("p.csv")]);
+}
+
+#[test]
+fn two_class_csv_converts_to_sparse_rows_for_logistic_regression() {
+    let t = scratch("csv-sparse");
+    let d = t.path();
+    let s = |name: &str| d.join(name).to_str().expect("utf-8").to_owned();
+    std::fs::write(
+        d.join("two.csv"),
+        format!("x,z,y\n{}", "1,0,yes\n0,2.5,no\n3,4,yes\n0,0,no\n".repeat(25)),
+    )
+    .expect("write");
+    std::fs::write(d.join("three.csv"), "x,y\n1,a\n2,b\n3,c\n").expect("write");
+    let (stdout, _) = ok(&["data", "convert", "csv", &s("two.csv"), &s("two.pgd"), "--sparse"]);
+    assert!(stdout.contains("(sparse, class 1 positive)") && stdout.contains("1=`yes`"), "{stdout}");
+    let (info, _) = ok(&["data", "info", &s("two.pgd"), "--verify"]);
+    // Zeros are not stored: 1 + 1 + 2 + 0 per four rows.
+    assert!(
+        info.contains("sparse binary-labelled")
+            && info.contains("nonzeros 100 ")
+            && info.contains("positive 50.0%"),
+        "{info}"
+    );
+    ok(&[
+        "train",
+        "--model",
+        "lr",
+        "--data",
+        &s("two.pgd"),
+        "--iterations",
+        "5",
+        "--ranks",
+        "1",
+        "--run-dir",
+        &s("run"),
+        "--quiet",
+    ]);
+    let out = peregrine(&["data", "convert", "csv", &s("three.csv"), &s("three.pgd"), "--sparse"]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("three.csv: 3 classes") && stderr.contains("needs two"), "{stderr}");
+    let left: Vec<_> = std::fs::read_dir(d).expect("list").map(|e| e.expect("entry").file_name()).collect();
+    assert!(!left.iter().any(|n| n.to_string_lossy().starts_with("three.pgd")), "{left:?}");
 }

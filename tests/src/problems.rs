@@ -274,12 +274,20 @@ impl Generator {
                 let mut frng = Rng::new(self.p.seed, r);
                 let x: Vec<f64> = (0..features).map(|_| frng.normal()).collect();
                 let h: Vec<f64> = (0..HIDDEN)
-                    .map(|k| x.iter().zip(&self.u[k * features..(k + 1) * features]).map(|(a, b)| a * b).sum::<f64>().tanh())
+                    .map(|k| {
+                        x.iter()
+                            .zip(&self.u[k * features..(k + 1) * features])
+                            .map(|(a, b)| a * b)
+                            .sum::<f64>()
+                            .tanh()
+                    })
                     .collect();
                 let s: Vec<f64> = (0..classes)
                     .map(|c| {
-                        let lin: f64 = x.iter().zip(&self.w[c * features..(c + 1) * features]).map(|(a, b)| a * b).sum();
-                        let non: f64 = h.iter().zip(&self.v[c * HIDDEN..(c + 1) * HIDDEN]).map(|(a, b)| a * b).sum();
+                        let lin: f64 =
+                            x.iter().zip(&self.w[c * features..(c + 1) * features]).map(|(a, b)| a * b).sum();
+                        let non: f64 =
+                            h.iter().zip(&self.v[c * HIDDEN..(c + 1) * HIDDEN]).map(|(a, b)| a * b).sum();
                         lin + non
                     })
                     .collect();

@@ -32,8 +32,8 @@ impl Health {
     }
 
     /// Judges the evaluations so far (the last one just added): an error if it diverged, else
-    /// warnings (each reported once) for a stall at the constant prediction's metric (and not
-    /// improving) and for a
+    /// warnings (each reported once) for a stall at the constant prediction's metric (neither it
+    /// nor the loss improving) and for a
     /// loss rising at each of the last [`STALL_EVALS`] evaluations; as errors if `stop`.
     pub(super) fn check(&mut self, points: &[EvalPoint], stop: bool) -> Result<(), TrainError> {
         let Some(last) = points.last() else { return Ok(()) };
@@ -53,7 +53,10 @@ impl Health {
             Metric::Accuracy => last.metric > recent[0].metric + 0.002,
             Metric::Rmse => last.metric < recent[0].metric - 0.002,
         };
-        if !self.stalled && !improving && recent.iter().all(|p| no_better(p.metric)) {
+        // A falling loss is learning too (the metric of imbalanced classes can stay at the
+        // majority's while probabilities improve).
+        let loss_falling = last.loss < 0.99 * recent[0].loss;
+        if !self.stalled && !improving && !loss_falling && recent.iter().all(|p| no_better(p.metric)) {
             self.stalled = true;
             let (name, what) = match self.metric {
                 Metric::Accuracy => ("accuracy", "always predicting the most frequent class"),
@@ -277,9 +280,14 @@ mod tests {
         // RMSE: no better means no lower than the ratings' standard deviation.
         let ratings = Baseline { blind_loss: 13.5, constant_metric: 1.12 };
         let mut h = Health::new(ratings, Metric::Rmse);
-        judge(&mut h, &points(&[(1.3, 1.14), (1.3, 1.135), (1.25, 1.139)]), false).expect("warn");
+        judge(&mut h, &points(&[(1.3, 1.14), (1.29, 1.135), (1.297, 1.139)]), false).expect("warn");
         assert_eq!(h.warnings.len(), 1);
         assert!(h.warnings[0].contains("mean rating"));
+        // At the majority's accuracy but with a falling loss (rare positives, probabilities
+        // still improving): learning.
+        let mut h = Health::new(TEN_CLASSES, Metric::Accuracy);
+        judge(&mut h, &points(&[(2.3, 0.1), (2.2, 0.1), (2.1, 0.1)]), false).expect("learning");
+        assert!(h.warnings.is_empty(), "{:?}", h.warnings);
         // Above the constant prediction but coming down (MF from its near-zero start): learning.
         let mut h = Health::new(ratings, Metric::Rmse);
         judge(&mut h, &points(&[(9.0, 3.0), (4.0, 2.0), (2.3, 1.5)]), false).expect("learning");

@@ -7,7 +7,9 @@ use std::path::Path;
 use peregrine_kernels::data::{Dataset, Kind, SparseRows};
 use peregrine_kernels::lr::{self, Csr, SparseGrad};
 
-use super::{Baseline, Built, Delta, EvalSums, KeySet, Layout, Metric, Model, Sets};
+use super::{
+    Baseline, Block, Built, Delta, EvalSums, Export, KeySet, Layout, Metric, Model, ModelError, Sets,
+};
 
 /// Logistic regression: `p(y = 1 | x) = sigmoid(w . x + b)`, log-loss. The intercept `b` (on
 /// by default) is the last parameter, after the feature weights; every chunk reads and updates
@@ -42,6 +44,19 @@ impl LogReg {
     #[must_use]
     pub fn with_l2(self, l2: f32) -> Self {
         Self { l2, ..self }
+    }
+
+    /// With `features` feature weights (at least the dataset's columns): a model trained on more
+    /// features than a file to predict holds.
+    pub fn with_features(self, features: usize) -> Built<Self> {
+        if features < self.dim {
+            return Err(ModelError::Unfit(format!(
+                "{} has {} features, the model {features} (convert it with --features {features})",
+                self.data.eval().path().display(),
+                self.dim
+            )));
+        }
+        Ok(Self { dim: features, ..self })
     }
 
     /// Parameters: the feature weights, then the intercept if there is one.
@@ -195,5 +210,35 @@ impl Model for LogReg {
             right += f64::from(u8::from((z > 0.0) == (y > 0.5)));
         }
         [loss, right, x.len() as f64]
+    }
+}
+
+impl Export for LogReg {
+    fn blocks(&self) -> Vec<Block> {
+        let mut b = vec![Block::new("weight", &[self.dim], 0)];
+        if self.intercept {
+            b.push(Block::new("bias", &[1], self.dim));
+        }
+        b
+    }
+
+    fn outputs(&self) -> Vec<String> {
+        vec!["probability".into()]
+    }
+
+    fn predict(&self, params: &[f32], rows: Range<usize>, out: &mut Vec<f32>) {
+        let x = Self::rows_of(self.data.eval()).rows(rows);
+        let at = out.len();
+        out.resize(at + x.len(), 0.0);
+        if self.intercept {
+            lr::predict_intercept(csr(&x), params, &mut out[at..]);
+        } else {
+            lr::predict(csr(&x), params, &mut out[at..]);
+        }
+    }
+
+    fn label(&self, row: usize) -> String {
+        let y = Self::rows_of(self.data.eval()).labels[row];
+        format!("{y}")
     }
 }

@@ -1,5 +1,7 @@
-//! Matrix factorization: `r_ui ~ u_u . v_i`, user factors `U` (`users x k`) then item factors `V`
-//! (`items x k`); one key per factor row.
+//! Matrix factorization: `r_ui ~ mean + b_u + b_i + u_u . v_i`, user rows `U` (`users x (k + 1)`:
+//! the factors, then the user's bias) then item rows `V` (`items x (k + 1)`); one key per row.
+//! `mean` is the training ratings' mean, a constant; without biases (`with_biases(false)`) rows
+//! are the `k` factors and `r_ui ~ u_u . v_i`.
 //!
 //! A chunk runs plain SGD, one step per rating in order (the kernel of libmf and of every
 //! Hogwild-style MF), on a private copy of the factor rows its ratings touch, taken from the
@@ -12,7 +14,9 @@ use std::path::Path;
 use peregrine_kernels::data::{Dataset, Kind, Ratings};
 use peregrine_kernels::mf;
 
-use super::{Baseline, Built, Delta, EvalSums, KeySet, Layout, Metric, Model, ModelError, Sets};
+use super::{
+    Baseline, Block, Built, Delta, EvalSums, Export, KeySet, Layout, Metric, Model, ModelError, Sets,
+};
 
 /// Matrix factorization with L2-regularised squared error.
 #[derive(Debug)]
@@ -23,6 +27,10 @@ pub struct Mf {
     k: usize,
     users: usize,
     items: usize,
+    /// User and item biases and the global mean.
+    biases: bool,
+    /// The training ratings' mean (used with biases).
+    mean: f32,
 }
 
 /// Per-thread factor copies and accumulated change.
@@ -48,7 +56,44 @@ impl Mf {
             let e = e.ratings().expect("kind checked");
             (users, items) = (users.max(e.n_users), items.max(e.n_items));
         }
-        Ok(Self { data, lr, l2, k, users, items })
+        let mean = t.ratings.iter().map(|&r| f64::from(r)).sum::<f64>() / t.ratings.len().max(1) as f64;
+        Ok(Self { data, lr, l2, k, users, items, biases: true, mean: mean as f32 })
+    }
+
+    /// With user and item biases and the global mean (the default), or without.
+    #[must_use]
+    pub fn with_biases(self, biases: bool) -> Self {
+        Self { biases, ..self }
+    }
+
+    /// With global mean `mean` (a model trained on other data than it is applied to).
+    #[must_use]
+    pub fn with_mean(self, mean: f32) -> Self {
+        Self { mean, ..self }
+    }
+
+    /// Values per row: the factors, and the bias if there is one.
+    fn width(&self) -> usize {
+        self.k + usize::from(self.biases)
+    }
+
+    /// The global mean, if the model has biases.
+    fn mean(&self) -> Option<f32> {
+        self.biases.then_some(self.mean)
+    }
+
+    /// With factors for `users` users and `items` items (at least the datasets'): a model
+    /// trained on more users or items than a file to predict holds.
+    pub fn with_size(self, users: usize, items: usize) -> Built<Self> {
+        if users < self.users || items < self.items {
+            return Err(ModelError::Unfit(format!(
+                "{} has {} users and {} items, the model {users} and {items}",
+                self.data.eval().path().display(),
+                self.users,
+                self.items
+            )));
+        }
+        Ok(Self { users, items, ..self })
     }
 
     fn rows_of(d: &Dataset) -> Ratings<'_> {
@@ -56,7 +101,7 @@ impl Mf {
     }
 
     fn split<'a>(&self, params: &'a [f32]) -> (&'a [f32], &'a [f32]) {
-        params.split_at(self.users * self.k)
+        params.split_at(self.users * self.width())
     }
 }
 
@@ -68,7 +113,7 @@ impl Model for Mf {
     }
 
     fn layout(&self) -> Layout {
-        Layout { params: (self.users + self.items) * self.k, width: self.k }
+        Layout { params: (self.users + self.items) * self.width(), width: self.width() }
     }
 
     fn rows(&self) -> usize {
@@ -83,12 +128,12 @@ impl Model for Mf {
         Metric::Rmse
     }
 
-    /// Uniform in `[-a, a)`, `a = 1 / sqrt(k)`: initial predictions are small but not zero (zero
-    /// factors would never move).
+    /// Factors uniform in `[-a, a)`, `a = 1 / sqrt(k)`: initial predictions are small but not
+    /// zero (zero factors would never move); biases zero.
     fn init(&self, seed: u64, range: Range<usize>, out: &mut [f32]) {
         let a = (1.0 / self.k as f32).sqrt();
         for (i, o) in range.zip(out) {
-            *o = super::uniform(seed, i, a);
+            *o = if i % self.width() == self.k { 0.0 } else { super::uniform(seed, i, a) };
         }
     }
 
@@ -122,8 +167,11 @@ impl Model for Mf {
             work.local[r.clone()].copy_from_slice(&params[r]);
         }
         let x = Self::rows_of(&self.data.train).rows(rows);
-        let (u, v) = work.local.split_at_mut(self.users * self.k);
-        let sse = mf::sgd_chunk(x.users, x.items, x.ratings, u, v, self.k, self.lr, self.l2);
+        let (u, v) = work.local.split_at_mut(self.users * self.width());
+        let sse = match self.mean() {
+            Some(m) => mf::sgd_chunk_biased(x.users, x.items, x.ratings, u, v, self.k, self.lr, self.l2, m),
+            None => mf::sgd_chunk(x.users, x.items, x.ratings, u, v, self.k, self.lr, self.l2),
+        };
         for &key in work.chunk_keys.keys() {
             let r = l.range(key);
             for ((a, &new), &old) in
@@ -166,7 +214,45 @@ impl Model for Mf {
     fn evaluate(&self, params: &[f32], rows: Range<usize>) -> EvalSums {
         let x = Self::rows_of(self.data.eval()).rows(rows);
         let (u, v) = self.split(params);
-        let sse = mf::sse(x.users, x.items, x.ratings, u, v, self.k);
+        let sse = match self.mean() {
+            Some(m) => mf::sse_biased(x.users, x.items, x.ratings, u, v, self.k, m),
+            None => mf::sse(x.users, x.items, x.ratings, u, v, self.k),
+        };
         [sse, sse, x.len() as f64]
+    }
+}
+
+impl Export for Mf {
+    fn blocks(&self) -> Vec<Block> {
+        let w = self.width();
+        vec![Block::new("users", &[self.users, w], 0), Block::new("items", &[self.items, w], self.users * w)]
+    }
+
+    fn constants(&self) -> Vec<(&'static str, Vec<f32>)> {
+        self.mean().map(|m| vec![("mean", vec![m])]).unwrap_or_default()
+    }
+
+    fn outputs(&self) -> Vec<String> {
+        vec!["prediction".into()]
+    }
+
+    fn predict(&self, params: &[f32], rows: Range<usize>, out: &mut Vec<f32>) {
+        let x = Self::rows_of(self.data.eval()).rows(rows);
+        let (u, v) = self.split(params);
+        let (k, w) = (self.k, self.width());
+        for (&a, &b) in x.users.iter().zip(x.items) {
+            let (ur, vr) = (&u[a as usize * w..][..w], &v[b as usize * w..][..w]);
+            let bias = self.mean().map_or(0.0, |m| m + ur[k] + vr[k]);
+            out.push(bias + ur[..k].iter().zip(&vr[..k]).map(|(p, q)| p * q).sum::<f32>());
+        }
+    }
+
+    fn label_names(&self) -> &'static str {
+        "user,item,rating"
+    }
+
+    fn label(&self, row: usize) -> String {
+        let r = Self::rows_of(self.data.eval());
+        format!("{},{},{}", r.users[row], r.items[row], r.ratings[row])
     }
 }

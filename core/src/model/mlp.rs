@@ -7,7 +7,9 @@ use std::path::Path;
 use peregrine_kernels::data::{Dataset, DenseRows, Kind};
 use peregrine_kernels::mlp::{self, Matmul};
 
-use super::{Baseline, Built, Delta, EvalSums, KeySet, Layout, Metric, Model, ModelError, Sets};
+use super::{
+    Baseline, Block, Built, Delta, EvalSums, Export, KeySet, Layout, Metric, Model, ModelError, Sets,
+};
 
 /// The MLP.
 #[derive(Debug)]
@@ -230,4 +232,40 @@ fn mlp_argmax(z: &[f32]) -> usize {
         }
     }
     best
+}
+
+impl Export for Mlp {
+    fn blocks(&self) -> Vec<Block> {
+        let mut b = Vec::new();
+        for l in 0..self.layers() {
+            let (w, bias) = self.wb(l);
+            b.push(Block::new(format!("layers.{l}.weight"), &[self.dims[l + 1], self.dims[l]], w.start));
+            b.push(Block::new(format!("layers.{l}.bias"), &[self.dims[l + 1]], bias.start));
+        }
+        b
+    }
+
+    fn outputs(&self) -> Vec<String> {
+        (0..*self.dims.last().expect("at least two layers")).map(|c| format!("p{c}")).collect()
+    }
+
+    fn predict(&self, params: &[f32], rows: Range<usize>, out: &mut Vec<f32>) {
+        let x = Self::rows_of(self.data.eval()).rows(rows);
+        let mut mm = Matmul::default();
+        let block = 256;
+        let mut acts = self.buffers(block);
+        let c = *self.dims.last().expect("at least two layers");
+        for s in (0..x.len()).step_by(block) {
+            let n = (s + block).min(x.len()) - s;
+            self.forward(&mut mm, x.rows(s..s + n).features, params, &mut acts, n);
+            for z in acts[self.layers() - 1][..n * c].chunks_exact_mut(c) {
+                super::softmax_in_place(z);
+                out.extend_from_slice(z);
+            }
+        }
+    }
+
+    fn label(&self, row: usize) -> String {
+        Self::rows_of(self.data.eval()).labels[row].to_string()
+    }
 }

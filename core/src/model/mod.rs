@@ -325,6 +325,67 @@ pub trait Model: Send + Sync {
     fn baseline(&self) -> Baseline;
 }
 
+/// A named block of the parameter vector: one tensor of an exported model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Block {
+    /// Name (`weight`, `bias`, `layers.0.weight`, `users`, ...).
+    pub name: String,
+    /// Shape, row-major.
+    pub shape: Vec<usize>,
+    /// Where it lies in the parameter vector.
+    pub range: Range<usize>,
+}
+
+impl Block {
+    fn new(name: impl Into<String>, shape: &[usize], start: usize) -> Self {
+        let n: usize = shape.iter().product();
+        Self { name: name.into(), shape: shape.to_vec(), range: start..start + n }
+    }
+}
+
+/// A model that can be written out and applied to new rows.
+pub trait Export: Model {
+    /// The parameter vector as named blocks, in order, covering it exactly.
+    fn blocks(&self) -> Vec<Block>;
+
+    /// Values the model uses besides its parameters (MF's global mean), to be written with them.
+    fn constants(&self) -> Vec<(&'static str, Vec<f32>)> {
+        Vec::new()
+    }
+
+    /// Names of the values [`predict`](Self::predict) gives per row (`probability`; `p0`,
+    /// `p1`, ...; `prediction`).
+    fn outputs(&self) -> Vec<String>;
+
+    /// Appends, for evaluation rows `rows`, [`outputs`](Self::outputs) values per row under full
+    /// parameters `params`: the probability of label 1 (LR), class probabilities (softmax,
+    /// MLP), the predicted rating (MF).
+    fn predict(&self, params: &[f32], rows: Range<usize>, out: &mut Vec<f32>);
+
+    /// Names of the columns [`label`](Self::label) gives, comma-separated (`label`;
+    /// `user,item,rating`).
+    fn label_names(&self) -> &'static str {
+        "label"
+    }
+
+    /// Evaluation row `row`'s label columns as CSV text (`1`; `3`; `12,40,4.5`).
+    fn label(&self, row: usize) -> String;
+}
+
+/// `z` turned into probabilities in place (a numerically stable softmax).
+pub(crate) fn softmax_in_place(z: &mut [f32]) {
+    let m = z.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+    let mut sum = 0.0f64;
+    for v in z.iter_mut() {
+        let e = f64::from(*v - m).exp();
+        *v = e as f32;
+        sum += e;
+    }
+    for v in z.iter_mut() {
+        *v = (f64::from(*v) / sum) as f32;
+    }
+}
+
 /// A uniform value in `[-a, a)` for parameter `index` under `seed`.
 pub fn uniform(seed: u64, index: usize, a: f32) -> f32 {
     let u = (crate::plan::mix(seed ^ crate::plan::mix(index as u64)) >> 40) as f32 / (1u64 << 24) as f32;

@@ -6,7 +6,9 @@ use std::path::Path;
 use peregrine_kernels::data::{Dataset, DenseRows, Kind};
 use peregrine_kernels::softmax;
 
-use super::{Baseline, Built, Delta, EvalSums, KeySet, Layout, Metric, Model, ModelError, Sets};
+use super::{
+    Baseline, Block, Built, Delta, EvalSums, Export, KeySet, Layout, Metric, Model, ModelError, Sets,
+};
 
 /// Softmax regression, cross-entropy loss.
 #[derive(Debug)]
@@ -139,5 +141,33 @@ impl Model for Softmax {
             loss += softmax::xent_row(&mut z, y as usize);
         }
         [loss, right, x.len() as f64]
+    }
+}
+
+impl Export for Softmax {
+    fn blocks(&self) -> Vec<Block> {
+        vec![
+            Block::new("weight", &[self.classes, self.cols], 0),
+            Block::new("bias", &[self.classes], self.classes * self.cols),
+        ]
+    }
+
+    fn outputs(&self) -> Vec<String> {
+        (0..self.classes).map(|c| format!("p{c}")).collect()
+    }
+
+    fn predict(&self, params: &[f32], rows: Range<usize>, out: &mut Vec<f32>) {
+        let x = Self::rows_of(self.data.eval()).rows(rows);
+        let (w, b) = self.split(params);
+        let mut z = vec![0.0f32; self.classes];
+        for row in x.features.chunks_exact(self.cols) {
+            softmax::predict(row, w, b, &mut z);
+            super::softmax_in_place(&mut z);
+            out.extend_from_slice(&z);
+        }
+    }
+
+    fn label(&self, row: usize) -> String {
+        Self::rows_of(self.data.eval()).labels[row].to_string()
     }
 }

@@ -1,0 +1,129 @@
+//! Trained models as safetensors files: one f32 tensor per parameter block (names and shapes
+//! from [`Export::blocks`]), the model's constants (MF's `mean`), the scaling of standardized training data when there was one
+//! (`scaling.shift`, `scaling.mult`), and string metadata: `format = peregrine-model`, the
+//! model and what rebuilds it (`features`, `classes`, `hidden`, `k`, `intercept`), and how it was
+//! trained (`scheme`, `optimizer`, `iterations`, `ranks`, `train_data`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use peregrine_core::model::Export;
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+
+use crate::preempt::write_atomically;
+use crate::world::AppError;
+
+/// The `format` metadata value.
+pub const FORMAT: &str = "peregrine-model";
+/// The file name in a run directory.
+pub const FILE_NAME: &str = "model.safetensors";
+
+/// A model file read back.
+#[derive(Debug)]
+pub struct Saved {
+    /// Its path.
+    pub path: PathBuf,
+    /// String metadata.
+    pub meta: HashMap<String, String>,
+    /// Tensors: shape and values.
+    pub tensors: HashMap<String, (Vec<usize>, Vec<f32>)>,
+}
+
+fn bad(path: &Path, detail: impl Into<String>) -> AppError {
+    AppError::Data { what: path.display().to_string(), detail: detail.into() }
+}
+
+/// Writes `params` of `model` to `path` (atomically: a temporary file renamed into place).
+pub fn save(
+    path: &Path,
+    model: &impl Export,
+    params: &[f32],
+    meta: HashMap<String, String>,
+    scaling: Option<(&[f32], &[f32])>,
+) -> Result<(), AppError> {
+    let mut views = Vec::new();
+    for b in model.blocks() {
+        let v = TensorView::new(Dtype::F32, b.shape.clone(), bytemuck::cast_slice(&params[b.range.clone()]))
+            .map_err(|e| AppError::Train(format!("{}: tensor {}: {e}", path.display(), b.name)))?;
+        views.push((b.name, v));
+    }
+    let constants = model.constants();
+    for (name, v) in &constants {
+        let t = TensorView::new(Dtype::F32, vec![v.len()], bytemuck::cast_slice(v))
+            .map_err(|e| AppError::Train(format!("{}: tensor {name}: {e}", path.display())))?;
+        views.push(((*name).to_owned(), t));
+    }
+    if let Some((shift, mult)) = scaling {
+        for (name, v) in [("scaling.shift", shift), ("scaling.mult", mult)] {
+            let t = TensorView::new(Dtype::F32, vec![v.len()], bytemuck::cast_slice(v))
+                .map_err(|e| AppError::Train(format!("{}: tensor {name}: {e}", path.display())))?;
+            views.push((name.to_owned(), t));
+        }
+    }
+    let mut meta = meta;
+    meta.insert("format".into(), FORMAT.into());
+    let data = safetensors::serialize(views, Some(meta))
+        .map_err(|e| AppError::Train(format!("{}: {e}", path.display())))?;
+    write_atomically(path, &data)
+}
+
+impl Saved {
+    /// Reads a model file, or the model file of a run directory.
+    pub fn load(path: &Path) -> Result<Self, AppError> {
+        let path = if path.is_dir() { path.join(FILE_NAME) } else { path.to_owned() };
+        let data = std::fs::read(&path)
+            .map_err(|source| AppError::Io { what: format!("reading {}", path.display()), source })?;
+        let st = SafeTensors::deserialize(&data)
+            .map_err(|e| bad(&path, format!("not a safetensors file ({e})")))?;
+        let (_, header) = SafeTensors::read_metadata(&data)
+            .map_err(|e| bad(&path, format!("not a safetensors file ({e})")))?;
+        let meta = header.metadata().clone().unwrap_or_default();
+        if meta.get("format").map(String::as_str) != Some(FORMAT) {
+            return Err(bad(
+                &path,
+                format!("a safetensors file, but not a Peregrine model (no metadata format = {FORMAT})"),
+            ));
+        }
+        let mut tensors = HashMap::new();
+        for (name, t) in st.tensors() {
+            if t.dtype() != Dtype::F32 {
+                return Err(bad(&path, format!("tensor {name} is {:?}, expected F32", t.dtype())));
+            }
+            let values: Vec<f32> =
+                t.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            tensors.insert(name, (t.shape().to_vec(), values));
+        }
+        Ok(Self { path, meta, tensors })
+    }
+
+    /// A metadata value.
+    pub fn get(&self, key: &str) -> Result<&str, AppError> {
+        self.meta.get(key).map(String::as_str).ok_or_else(|| bad(&self.path, format!("no metadata `{key}`")))
+    }
+
+    /// The parameter vector of `model`, whose blocks must all be here with their shapes.
+    pub fn params_for(&self, model: &impl Export) -> Result<Vec<f32>, AppError> {
+        let mut params = vec![0.0f32; model.layout().params];
+        for b in model.blocks() {
+            let (shape, values) = self
+                .tensors
+                .get(&b.name)
+                .ok_or_else(|| bad(&self.path, format!("no tensor `{}`", b.name)))?;
+            if *shape != b.shape {
+                return Err(bad(
+                    &self.path,
+                    format!("tensor `{}` has shape {shape:?}, the data needs {:?}", b.name, b.shape),
+                ));
+            }
+            params[b.range].copy_from_slice(values);
+        }
+        Ok(params)
+    }
+
+    /// The scaling of the training data, if it was standardized.
+    pub fn scaling(&self) -> Option<(&[f32], &[f32])> {
+        let s = self.tensors.get("scaling.shift")?;
+        let m = self.tensors.get("scaling.mult")?;
+        Some((&s.1, &m.1))
+    }
+}

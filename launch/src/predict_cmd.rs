@@ -1,0 +1,172 @@
+//! `peregrine predict`: a trained model applied to a dataset; predictions as CSV and the
+//! evaluation metrics.
+
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use clap::{Args, ValueEnum};
+use peregrine_core::model::{lr::LogReg, metric_value, mf::Mf, mlp::Mlp, softmax::Softmax, Export};
+use peregrine_kernels::data::Dataset;
+
+use crate::model_file::Saved;
+use crate::train_cmd::ModelKind;
+use crate::world::AppError;
+
+/// `peregrine predict` flags.
+#[derive(Debug, Args)]
+#[command(after_help = "Output columns: lr `probability,label` (probability of label 1); softmax and mlp \
+    `class,p0,...,p<k-1>,label` (most probable class, then each class's probability); mf \
+    `prediction,user,item,rating`. One row per dataset row, in order.\n\n\
+    Examples:\n  \
+    peregrine train --model lr --data train.pgd --run-dir runs/adult\n  \
+    peregrine predict --model runs/adult --data test.pgd --out test-predictions.csv\n\n\
+    Data must be converted like the training data (the same --features for LIBSVM) and, if the \
+    training data was standardized, standardized with `peregrine data standardize FILE OUT --like TRAIN`.")]
+pub struct PredictArgs {
+    /// The trained model: the model.safetensors `peregrine train` writes, or its run directory.
+    #[arg(long, value_name = "FILE|DIR")]
+    model: PathBuf,
+    /// The dataset to predict (a dataset file, of the kind the model was trained on).
+    #[arg(long, value_name = "FILE")]
+    data: PathBuf,
+    /// Where to write the predictions (CSV); `-` for standard output.
+    #[arg(long, short = 'o', value_name = "FILE")]
+    out: PathBuf,
+}
+
+fn data_err(e: peregrine_core::model::ModelError) -> AppError {
+    AppError::Data { what: "predict".into(), detail: e.to_string() }
+}
+
+pub fn run(a: PredictArgs) -> Result<(), AppError> {
+    let start = Instant::now();
+    let saved = Saved::load(&a.model)?;
+    let kind = ModelKind::from_str(saved.get("model")?, true).map_err(|_| AppError::Data {
+        what: saved.path.display().to_string(),
+        detail: "unknown model".into(),
+    })?;
+    check_scaling(&saved, &a.data)?;
+    let shape = |name: &str| saved.tensors.get(name).map(|t| t.0.clone()).unwrap_or_default();
+    match kind {
+        ModelKind::Lr => {
+            let features = shape("weight").first().copied().unwrap_or(0);
+            let intercept = saved.tensors.contains_key("bias");
+            let m = LogReg::new(&a.data, None, 0.0, intercept)
+                .and_then(|m| m.with_features(features))
+                .map_err(data_err)?;
+            write(&m, &saved, &a, start)
+        }
+        ModelKind::Softmax => write(&Softmax::new(&a.data, None, 0.0).map_err(data_err)?, &saved, &a, start),
+        ModelKind::Mlp => {
+            let hidden: Vec<usize> =
+                saved.get("hidden")?.split(',').map(|h| h.parse()).collect::<Result<_, _>>().map_err(
+                    |_| AppError::Data {
+                        what: saved.path.display().to_string(),
+                        detail: "bad metadata `hidden`".into(),
+                    },
+                )?;
+            write(&Mlp::new(&a.data, None, &hidden, 0.0).map_err(data_err)?, &saved, &a, start)
+        }
+        ModelKind::Mf => {
+            let (u, v) = (shape("users"), shape("items"));
+            // With biases each row holds the factors, then the bias, and the mean is stored.
+            let mean = saved.tensors.get("mean").and_then(|t| t.1.first().copied());
+            let k = u.get(1).copied().unwrap_or(0).saturating_sub(usize::from(mean.is_some()));
+            let m = Mf::new(&a.data, None, k.max(1), 0.0, 0.0)
+                .map(|m| m.with_biases(mean.is_some()).with_mean(mean.unwrap_or(0.0)))
+                .and_then(|m| m.with_size(u.first().copied().unwrap_or(0), v.first().copied().unwrap_or(0)))
+                .map_err(data_err)?;
+            write(&m, &saved, &a, start)
+        }
+    }
+}
+
+/// The data must have gone through the scaling the training data went through.
+fn check_scaling(saved: &Saved, data: &Path) -> Result<(), AppError> {
+    let d = Dataset::open(data)?;
+    let train = saved.meta.get("train_data").map_or("the training file", String::as_str);
+    let fail = |detail: String| Err(AppError::Data { what: data.display().to_string(), detail });
+    match (saved.scaling(), d.scaling()) {
+        (None, None) => Ok(()),
+        (Some(a), Some(b)) if a == b => Ok(()),
+        (Some(_), None) => fail(format!(
+            "the model was trained on standardized data ({train}); standardize this file the same way first: \
+             peregrine data standardize {} OUT --like {train}",
+            data.display()
+        )),
+        (Some(_), Some(_)) => fail(format!(
+            "standardized with other statistics than the model's training data ({train}); standardize the raw \
+             file with --like {train}"
+        )),
+        (None, Some(_)) => fail(format!("is standardized, but the model's training data ({train}) was not")),
+    }
+}
+
+fn write<M: Export>(m: &M, saved: &Saved, a: &PredictArgs, start: Instant) -> Result<(), AppError> {
+    let params = saved.params_for(m)?;
+    let rows = m.eval_rows();
+    let sums = m.evaluate(&params, 0..rows);
+    let outputs = m.outputs();
+    let classes = outputs.len() > 1;
+    let to_stdout = a.out.as_os_str() == "-";
+    let tmp = PathBuf::from(format!("{}.tmp", a.out.display()));
+    let io = |what: String| move |source| AppError::Io { what, source };
+    let sink: Box<dyn Write> = if to_stdout {
+        Box::new(std::io::stdout().lock())
+    } else {
+        Box::new(std::fs::File::create(&tmp).map_err(io(format!("creating {}", tmp.display())))?)
+    };
+    let mut out = BufWriter::new(sink);
+    let result = (|| -> std::io::Result<()> {
+        writeln!(out, "{}{},{}", if classes { "class," } else { "" }, outputs.join(","), m.label_names())?;
+        let mut values = Vec::new();
+        let block = 1 << 14;
+        for s in (0..rows).step_by(block) {
+            let e = (s + block).min(rows);
+            values.clear();
+            m.predict(&params, s..e, &mut values);
+            for (r, v) in (s..e).zip(values.chunks_exact(outputs.len())) {
+                if classes {
+                    let best = v.iter().enumerate().fold(0, |b, (i, &p)| if p > v[b] { i } else { b });
+                    write!(out, "{best},")?;
+                }
+                for p in v {
+                    write!(out, "{p},")?;
+                }
+                writeln!(out, "{}", m.label(r))?;
+            }
+        }
+        out.flush()
+    })();
+    drop(out);
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(AppError::Io {
+            what: format!(
+                "writing {}",
+                if to_stdout { "standard output".into() } else { tmp.display().to_string() }
+            ),
+            source: e,
+        });
+    }
+    if !to_stdout {
+        std::fs::rename(&tmp, &a.out).map_err(io(format!(
+            "renaming {} to {}",
+            tmp.display(),
+            a.out.display()
+        )))?;
+    }
+    let metric = m.metric();
+    eprintln!(
+        "{} rows of {} predicted in {:.2} s{}: loss {:.4}, {} {:.4}",
+        rows,
+        a.data.display(),
+        start.elapsed().as_secs_f64(),
+        if to_stdout { String::new() } else { format!(" into {}", a.out.display()) },
+        sums[0] / sums[2].max(1.0),
+        metric.name(),
+        metric_value(metric, sums)
+    );
+    Ok(())
+}
