@@ -71,13 +71,7 @@ impl Scaling {
                 }
                 (mean, sq, count, x.cols)
             }
-            Kind::Ratings => {
-                return Err(DataError::WrongKind {
-                    path: d.path().into(),
-                    expected: "sparse or dense dataset (ratings have no features to standardize)",
-                    found: "ratings",
-                })
-            }
+            Kind::Ratings => return Err(no_features(d.path())),
         };
         let mut s = Self { shift: vec![0.0; cols], mult: vec![1.0; cols] };
         for j in 0..cols {
@@ -209,15 +203,18 @@ pub fn apply(input: &Path, scaling: &Scaling, output: &Path) -> Result<Converted
             w.write(5, &scaling.mult)?;
             w.finish()?;
         }
-        Kind::Ratings => {
-            return Err(DataError::WrongKind {
-                path: input.into(),
-                expected: "sparse or dense dataset (ratings have no features to standardize)",
-                found: "ratings",
-            })
-        }
+        Kind::Ratings => return Err(no_features(input)),
     }
     Ok(Converted { rows: d.rows() as u64, cols: scaling.cols() as u64, nnz: shape.nnz, input_bytes: 0 })
+}
+
+/// Ratings have nothing to standardize.
+fn no_features(path: &Path) -> DataError {
+    DataError::WrongKind {
+        path: path.into(),
+        expected: "sparse or dense dataset (ratings have no features to standardize)",
+        found: "ratings",
+    }
 }
 
 /// The row's stored `(index, value)` pairs with the centred features it lacks added as zeros,
