@@ -44,6 +44,11 @@ impl Clocks {
         Ok(c)
     }
 
+    /// Sets this rank's clock to `iterations` done (a run resumed from a checkpoint).
+    pub fn resume(&self, iterations: u64) -> Result<()> {
+        self.clocks.swap(self.rank, iterations).map(drop)
+    }
+
     /// Records that this rank's update of its current iteration is pushed; returns the new clock.
     pub fn tick(&self) -> Result<u64> {
         Ok(self.clocks.fetch_add(self.rank, 1)? + 1)

@@ -437,6 +437,7 @@ fn rank(
             quiet: true,
             no_pin: a.no_pin,
             dir: Some(out.join("runs").join(slug(wname)).join("warm-up")),
+            force: true,
         };
         train_cmd::rank(t, ctx, &opts, resolved, epochs, 0)?;
         // Seeds outermost: each seed is a full sweep, so that the machine's drift over a long
@@ -454,7 +455,7 @@ fn rank(
                         .join(slug(pattern))
                         .join(slug(&scheme.to_string()))
                         .join(format!("seed-{seed}"));
-                    let opts = RunOpts { quiet: true, no_pin: a.no_pin, dir: Some(dir) };
+                    let opts = RunOpts { quiet: true, no_pin: a.no_pin, dir: Some(dir), force: true };
                     let report = train_cmd::rank(t, ctx, &opts, resolved, epochs, 0)?;
                     let row = Row::new(wname, pattern, scheme, seed, &report, threads);
                     if t.rank() == 0 {

@@ -4,6 +4,7 @@
 //! backend, when built with `--features mpi`), or `peregrine ... --ranks N` with no MPI at all
 //! (ranks as threads of this process).
 
+mod checkpoint;
 mod data_cmd;
 mod experiment;
 mod meta;

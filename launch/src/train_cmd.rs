@@ -189,6 +189,16 @@ pub struct TrainArgs {
     /// Seed of the initial model and of the batch order [default: 1].
     #[arg(long, value_name = "N")]
     seed: Option<u64>,
+    /// Take a checkpoint every N iterations, into the run directory (0: none) [default: every
+    /// epoch, at most about ten per run, and spaced further when needed to cost at most 1 % of
+    /// the training time]. Rerunning the command with the same --run-dir resumes from the last
+    /// one, with any number of ranks.
+    #[arg(long, value_name = "N")]
+    checkpoint_every: Option<u64>,
+    /// Start again in a run directory that holds a finished run or another run's checkpoint
+    /// (its checkpoints, metrics and summary are replaced).
+    #[arg(long)]
+    force: bool,
     /// Stop with an error (exit 1) when the evaluations show the model not learning: no better
     /// than a constant prediction, or the loss rising, at 3 evaluations in a row (otherwise a
     /// warning). A diverged loss (not a number, or 10 times a blind model's) always stops.
@@ -244,6 +254,7 @@ pub(crate) struct TrainFile {
     iterations: Option<u64>,
     pub(crate) target_loss: Option<f64>,
     eval_every: Option<u64>,
+    checkpoint_every: Option<u64>,
     threads: Option<usize>,
     steal: Option<bool>,
     steal_fraction: Option<f64>,
@@ -281,6 +292,7 @@ impl TrainFile {
             iterations,
             target_loss: top.target_loss.or(self.target_loss),
             eval_every: top.eval_every.or(self.eval_every),
+            checkpoint_every: top.checkpoint_every.or(self.checkpoint_every),
             threads: top.threads.or(self.threads),
             steal: top.steal.or(self.steal),
             steal_fraction: top.steal_fraction.or(self.steal_fraction),
@@ -295,12 +307,14 @@ impl TrainFile {
     }
 
     /// A file that sets only these keys (an experiment's run of a workload).
+    /// Experiment runs take no checkpoints (their times are what the experiment compares).
     pub(crate) fn only(scheme: &SchemeSpec, straggler: &str, seed: u64) -> TrainFile {
         TrainFile {
             scheme: Some(scheme.scheme.clone()),
             steal: Some(scheme.steal),
             straggler: Some(straggler.into()),
             seed: Some(seed),
+            checkpoint_every: Some(0),
             ..TrainFile::default()
         }
     }
@@ -326,6 +340,7 @@ impl TrainArgs {
             iterations: self.iterations,
             target_loss: self.target_loss,
             eval_every: self.eval_every,
+            checkpoint_every: self.checkpoint_every,
             threads: self.threads,
             steal: self.no_steal.then_some(false),
             steal_fraction: self.steal_fraction,
@@ -349,6 +364,8 @@ pub(crate) struct RunOpts {
     pub(crate) no_pin: bool,
     /// The run directory (else `--run-dir`/`PEREGRINE_RUN_DIR`, else `runs/<model>-<scheme>-<time>`).
     pub(crate) dir: Option<PathBuf>,
+    /// Start again where a finished run or another run's checkpoint is.
+    pub(crate) force: bool,
 }
 
 /// The resolved configuration, as written to `config.toml`.
@@ -377,6 +394,7 @@ pub(crate) struct Resolved {
     #[serde(skip_serializing_if = "Option::is_none")]
     target_loss: Option<f64>,
     eval_every: u64,
+    checkpoint_every: u64,
     threads: usize,
     steal: bool,
     steal_fraction: f64,
@@ -543,6 +561,7 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
         at_least: if epochs.is_none() && iterations.is_none() { d.at_least } else { 0 },
         target_loss: f.target_loss,
         eval_every: f.eval_every.unwrap_or(0),
+        checkpoint_every: f.checkpoint_every.unwrap_or(u64::MAX),
         threads: f.threads.unwrap_or(0),
         steal: f.steal.unwrap_or(true),
         steal_fraction: f.steal_fraction.unwrap_or(0.5),
@@ -565,6 +584,9 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
     Ok((r, epochs.or(if iterations.is_none() { Some(5.0) } else { None })))
 }
 
+/// The share of the training time default checkpoints may take.
+const CHECKPOINT_BUDGET: f64 = 0.01;
+
 /// Most compute threads a rank may ask for.
 const MAX_THREADS: usize = 1024;
 
@@ -573,7 +595,7 @@ pub fn run(a: TrainArgs) -> Result<(), AppError> {
     let (resolved, epochs) = resolve(&a)?;
     let default_ranks = 2;
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let opts = RunOpts { quiet: a.quiet, no_pin: a.no_pin, dir: None };
+    let opts = RunOpts { quiet: a.quiet, no_pin: a.no_pin, dir: None, force: a.force };
     run_world(&a.world, default_ranks, |t, ctx| {
         rank(t, ctx, &opts, resolved.clone(), epochs, stamp).map(drop)
     })
@@ -694,6 +716,12 @@ fn go<M: Export>(
         // Every epoch, and at most about ten times when a small set runs many epochs.
         r.eval_every = plan.iters_per_epoch().max(r.iterations.div_ceil(10));
     }
+    // By default every epoch, at most about ten per run, and spaced to cost at most 1 % of the
+    // training time.
+    let budget = (r.checkpoint_every == u64::MAX).then_some(CHECKPOINT_BUDGET);
+    if r.checkpoint_every == u64::MAX {
+        r.checkpoint_every = plan.iters_per_epoch().max(r.iterations.div_ceil(10));
+    }
     let cfg = Config {
         scheme,
         batch: r.batch,
@@ -710,28 +738,53 @@ fn go<M: Export>(
         optimizer: r.optimizer,
         schedule: Schedule { warmup: r.warmup, decay: r.lr_decay },
         stop_on_stall: r.stop_on_stall,
+        checkpoint_every: r.checkpoint_every,
+        checkpoint_budget: budget,
         ..Config::default()
     };
+    let mut cfg = cfg;
     // Refused configurations leave no run directory behind.
     peregrine_core::engine::check(&cfg, t.world_size(), model.rows()).map_err(train_err)?;
+    let text = r.to_toml().map_err(|e| AppError::Train(format!("config.toml: {e}")))?;
+    let store = crate::checkpoint::Store::new(dir);
+    cfg.resume = resume_point(t, a, dir, &store, &text)?;
     let metrics_dir = dir.join("metrics");
     std::fs::create_dir_all(&metrics_dir).map_err(io(format!("creating {}", metrics_dir.display())))?;
     if t.rank() == 0 {
-        let text = r.to_toml().map_err(|e| AppError::Train(format!("config.toml: {e}")))?;
         write_atomically(&dir.join("config.toml"), text.as_bytes())?;
     }
     meta::write(t, dir, ctx.slurm.as_ref())?;
     let path = metrics_dir.join(format!("rank-{}.jsonl", t.rank()));
-    let file = std::fs::File::create(&path).map_err(io(format!("creating {}", path.display())))?;
+    // A resumed run adds to the metrics of the run it resumes.
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .append(cfg.resume.is_some())
+        .truncate(cfg.resume.is_none())
+        .open(&path)
+        .map_err(io(format!("creating {}", path.display())))?;
     let mut out = BufWriter::new(file);
     let show = t.rank() == 0 && !a.quiet && std::io::stderr().is_terminal();
     let mut bar = Bar { last: None, shown: false };
     let name = path.display().to_string();
-    let report = engine::train(t, model, &cfg, pool, Some((&mut out, &name)), &mut |p| {
-        if show {
-            bar.draw(p, cfg.target_loss);
-        }
-    })
+    let report = engine::train_checkpointed(
+        t,
+        model,
+        &cfg,
+        pool,
+        Some((&mut out, &name)),
+        &mut |p| {
+            if show {
+                bar.draw(p, cfg.target_loss);
+            }
+        },
+        &mut |s| {
+            store.save(s, &text)?;
+            // The model as of the checkpoint, for use before the run ends.
+            save_model_params(dir, model, &s.weights, r, s.iteration, "checkpoint", None)
+                .map_err(|e| e.to_string())
+        },
+    )
     .map_err(train_err)?;
     out.flush().map_err(io(format!("writing {name}")))?;
     if bar.shown {
@@ -758,23 +811,116 @@ fn go<M: Export>(
 /// Writes the trained model into the run directory (rank 0).
 fn save_model<M: Export>(dir: &Path, model: &M, report: &Report, r: &Resolved) -> Result<(), AppError> {
     let Some(params) = report.params.as_deref() else { return Ok(()) };
+    save_model_params(dir, model, params, r, report.iterations, "end", Some(report))
+}
+
+/// Writes `params` of `model` as the run directory's model.safetensors (rank 0), written at
+/// iteration `iteration` (`when`: at the `end` or at a `checkpoint`).
+fn save_model_params<M: Export>(
+    dir: &Path,
+    model: &M,
+    params: &[f32],
+    r: &Resolved,
+    iteration: u64,
+    when: &str,
+    report: Option<&Report>,
+) -> Result<(), AppError> {
     let train = peregrine_kernels::data::Dataset::open(&r.data)?;
     let mut meta = std::collections::HashMap::new();
     meta.insert("model".to_owned(), r.model.name().to_owned());
-    meta.insert("scheme".into(), report.scheme.clone());
+    meta.insert("scheme".into(), r.scheme.to_string());
     meta.insert("optimizer".into(), r.optimizer.to_string());
-    meta.insert("iterations".into(), report.iterations.to_string());
-    meta.insert("ranks".into(), report.ranks.to_string());
+    meta.insert("iterations".into(), iteration.to_string());
+    meta.insert("written_at".into(), when.to_owned());
     let data = std::fs::canonicalize(&r.data).unwrap_or_else(|_| r.data.clone());
     meta.insert("train_data".into(), data.display().to_string());
     if r.model == ModelKind::Mlp {
         meta.insert("hidden".into(), r.hidden.iter().map(ToString::to_string).collect::<Vec<_>>().join(","));
     }
-    if let Some(e) = report.last_eval() {
-        meta.insert("eval_loss".into(), e.loss.to_string());
-        meta.insert(format!("eval_{}", report.metric), e.metric.to_string());
+    if let Some(report) = report {
+        meta.insert("ranks".into(), report.ranks.to_string());
+        if let Some(e) = report.last_eval() {
+            meta.insert("eval_loss".into(), e.loss.to_string());
+            meta.insert(format!("eval_{}", report.metric), e.metric.to_string());
+        }
     }
     crate::model_file::save(&dir.join(crate::model_file::FILE_NAME), model, params, meta, train.scaling())
+}
+
+/// Where this run starts (collective): `None` for the initial model, or the run directory's
+/// checkpoint. Rank 0 decides (a finished run, or a checkpoint of another configuration, is
+/// refused unless `--force`, which clears them) and tells the others, which then read the same
+/// checkpoint.
+fn resume_point(
+    t: &Transport,
+    a: &RunOpts,
+    dir: &Path,
+    store: &crate::checkpoint::Store,
+    config: &str,
+) -> Result<Option<std::sync::Arc<peregrine_core::engine::Snapshot>>, AppError> {
+    // 0: from the start; 1: resume; 2: refused (rank 0 says why).
+    let mut decision = [0u64];
+    let mut refusal = None;
+    if t.rank() == 0 {
+        let summary = dir.join("summary.json");
+        let loaded = store.load();
+        let comparable =
+            |c: &str| c.lines().filter(|l| !l.starts_with("threads =")).collect::<Vec<_>>().join("\n");
+        let refuse = |why: String| {
+            AppError::Usage(format!("{why}; give another --run-dir, or --force to start again there"))
+        };
+        refusal = match (&loaded, summary.exists()) {
+            _ if a.force => None,
+            (_, true) => {
+                Some(refuse(format!("{} holds a finished run ({})", dir.display(), summary.display())))
+            }
+            (Ok(Some(l)), _) if comparable(&l.config) != comparable(config) => Some(refuse(format!(
+                "{} holds a checkpoint of another configuration (see its config.toml)",
+                dir.display()
+            ))),
+            (Err(e), _) => Some(refuse(format!("no usable checkpoint: {e}"))),
+            _ => None,
+        };
+        decision[0] = match (&refusal, &loaded) {
+            (Some(_), _) => 2,
+            (None, Ok(Some(_))) if !a.force => 1,
+            _ => 0,
+        };
+        if a.force && decision[0] == 0 {
+            store.clear().map_err(|e| AppError::Io {
+                what: format!("removing checkpoints in {}", dir.display()),
+                source: e,
+            })?;
+            let _ = std::fs::remove_file(&summary);
+        }
+    }
+    t.broadcast(&mut decision, 0)?;
+    match decision[0] {
+        2 => Err(refusal
+            .unwrap_or_else(|| AppError::Usage("rank 0 refused to start in this run directory".into()))),
+        1 => {
+            let l = store
+                .load()
+                .map_err(|e| AppError::Data { what: dir.display().to_string(), detail: e })?
+                .ok_or_else(|| AppError::Data {
+                    what: dir.display().to_string(),
+                    detail: "the checkpoint vanished".into(),
+                })?;
+            if t.rank() == 0 {
+                if let Some(f) = &l.fallback {
+                    eprintln!("warning: {f}; using the previous checkpoint");
+                }
+                eprintln!(
+                    "resuming from iteration {} ({}, {} evaluations so far)",
+                    l.snapshot.iteration,
+                    l.path.display(),
+                    l.snapshot.evals.len()
+                );
+            }
+            Ok(Some(std::sync::Arc::new(l.snapshot)))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// Rank 0's process memory (Linux): resident anonymous memory (heap: model, buffers), resident

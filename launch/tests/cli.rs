@@ -719,7 +719,7 @@ fn every_shipped_config_runs() {
             "--iterations",
             "2",
             "--run-dir",
-            &d.join("run").to_string_lossy(),
+            &d.join(format!("run-{seen}")).to_string_lossy(),
         ]);
         assert!(out.status.success(), "{}: {:?}", path.display(), text(&out));
         seen += 1;
@@ -1227,4 +1227,189 @@ fn two_class_csv_converts_to_sparse_rows_for_logistic_regression() {
     assert!(stderr.contains("three.csv: 3 classes") && stderr.contains("needs two"), "{stderr}");
     let left: Vec<_> = std::fs::read_dir(d).expect("list").map(|e| e.expect("entry").file_name()).collect();
     assert!(!left.iter().any(|n| n.to_string_lossy().starts_with("three.pgd")), "{left:?}");
+}
+
+/// A safetensors file's f32 tensors, read by its documented layout (8-byte header length, JSON
+/// header with each tensor's dtype, shape and data offsets, then the data).
+fn safetensors_f32(path: &Path) -> std::collections::BTreeMap<String, Vec<f32>> {
+    let bytes = std::fs::read(path).expect("read model");
+    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).expect("json header");
+    let data = &bytes[8 + n..];
+    let mut out = std::collections::BTreeMap::new();
+    for (name, t) in header.as_object().expect("object") {
+        if name == "__metadata__" {
+            continue;
+        }
+        assert_eq!(t["dtype"], "F32", "{name}");
+        let off: Vec<usize> = t["data_offsets"]
+            .as_array()
+            .expect("offsets")
+            .iter()
+            .map(|v| v.as_u64().expect("u64") as usize)
+            .collect();
+        let v = data[off[0]..off[1]]
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        out.insert(name.clone(), v);
+    }
+    out
+}
+
+#[test]
+fn a_killed_run_resumes_from_its_last_checkpoint_with_any_rank_count() {
+    let t = scratch("resume");
+    let d = t.path();
+    let s = |name: &str| d.join(name).to_str().expect("utf-8").to_owned();
+    ok(&["data", "gen", "sparse", &s("d.pgd"), "--rows", "20000", "--features", "500"]);
+    let train = |run: &str, ranks: &str| {
+        let r = s(run);
+        let args =
+            ["train", "--model", "lr", "--data", &s("d.pgd"), "--iterations", "3000", "--batch", "512"];
+        let more =
+            ["--chunk", "64", "--checkpoint-every", "100", "--ranks", ranks, "--run-dir", &r, "--quiet"];
+        Command::new(env!("CARGO_BIN_EXE_peregrine")).args(args).args(more).spawn().expect("start peregrine")
+    };
+    let status = train("full", "2").wait().expect("wait");
+    assert!(status.success());
+    let full = safetensors_f32(&d.join("full/model.safetensors"));
+    for ranks in ["2", "1"] {
+        let run = format!("cut-{ranks}");
+        // SIGKILL (every rank: they are threads of this process) once a checkpoint is there.
+        let mut child = train(&run, "2");
+        let ckpt = d.join(&run).join("checkpoint.safetensors");
+        let start = std::time::Instant::now();
+        while !ckpt.exists() {
+            assert!(start.elapsed().as_secs() < 60, "no checkpoint written");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        child.kill().expect("kill");
+        child.wait().expect("wait");
+        assert!(!d.join(&run).join("summary.json").exists(), "the run finished before it was killed");
+        let out = peregrine(&[
+            "train",
+            "--model",
+            "lr",
+            "--data",
+            &s("d.pgd"),
+            "--iterations",
+            "3000",
+            "--batch",
+            "512",
+            "--chunk",
+            "64",
+            "--checkpoint-every",
+            "100",
+            "--ranks",
+            ranks,
+            "--run-dir",
+            &s(&run),
+            "--quiet",
+        ]);
+        let (_, stderr) = text(&out);
+        assert!(out.status.success(), "{stderr}");
+        assert!(stderr.contains("resuming from iteration"), "{stderr}");
+        let resumed = safetensors_f32(&d.join(&run).join("model.safetensors"));
+        for (name, a) in &full {
+            let b = &resumed[name];
+            let scale = a.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+            let dist = a.iter().zip(b).map(|(x, y)| (x - y).abs() / scale).fold(0f32, f32::max);
+            // Two ranks: only the order of sums differs; one rank: as the cross-rank tests.
+            let tolerance = if ranks == "2" { 1e-5 } else { 1e-4 };
+            assert!(
+                dist <= tolerance,
+                "{name} resumed on {ranks} ranks: {dist:e} from the uninterrupted model"
+            );
+        }
+        let summary = std::fs::read_to_string(d.join(&run).join("summary.json")).expect("summary");
+        assert!(summary.contains("\"iterations\": 3000"), "{summary}");
+    }
+    // A finished run is not overwritten; --force starts again; another configuration's
+    // checkpoint is refused.
+    let again = |run: &str, extra: &[&str]| {
+        let args = [
+            "train",
+            "--model",
+            "lr",
+            "--data",
+            &s("d.pgd"),
+            "--iterations",
+            "300",
+            "--ranks",
+            "1",
+            "--run-dir",
+            run,
+            "-q",
+        ];
+        peregrine(&[&args[..], extra].concat())
+    };
+    let out = again(&s("full"), &["--batch", "512", "--chunk", "64"]);
+    assert_eq!(out.status.code(), Some(2), "{:?}", text(&out));
+    assert!(
+        text(&out).1.contains("holds a finished run") && text(&out).1.contains("--force"),
+        "{:?}",
+        text(&out)
+    );
+    let out = again(&s("full"), &["--force"]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    std::fs::remove_file(d.join("full/summary.json")).expect("unfinish");
+    let out = again(&s("full"), &["--lr", "0.5"]);
+    assert_eq!(out.status.code(), Some(2), "{:?}", text(&out));
+    assert!(text(&out).1.contains("checkpoint of another configuration"), "{:?}", text(&out));
+}
+
+#[test]
+fn python_reads_the_exported_model() {
+    let t = scratch("python");
+    let d = t.path();
+    let s = |name: &str| d.join(name).to_str().expect("utf-8").to_owned();
+    ok(&["data", "gen", "dense", &s("d.pgd"), "--rows", "500", "--features", "6", "--classes", "3"]);
+    ok(&[
+        "train",
+        "--model",
+        "mlp",
+        "--hidden",
+        "5",
+        "--data",
+        &s("d.pgd"),
+        "--iterations",
+        "5",
+        "--ranks",
+        "1",
+        "--run-dir",
+        &s("run"),
+        "-q",
+    ]);
+    let ours = safetensors_f32(&d.join("run/model.safetensors"));
+    // Python's standard library only: the header-parsing reader the format's documentation gives.
+    let script = r#"
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+meta = h.pop("__metadata__")
+assert meta["format"] == "peregrine-model" and meta["model"] == "mlp" and meta["hidden"] == "5", meta
+for name in sorted(h):
+    t = h[name]
+    lo, hi = t["data_offsets"]
+    v = struct.unpack("<%df" % ((hi - lo) // 4), b[8 + n + lo:8 + n + hi])
+    print(name, "x".join(map(str, t["shape"])), "%.6f" % sum(v))
+"#;
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(d.join("run/model.safetensors"))
+        .output()
+        .expect("python3");
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let shapes = ["layers.0.bias 5", "layers.0.weight 5x6", "layers.1.bias 3", "layers.1.weight 3x5"];
+    for (line, (shape, (name, v))) in stdout.lines().zip(shapes.iter().zip(&ours)) {
+        assert!(line.starts_with(shape) && line.starts_with(name.as_str()), "{line} vs {shape}");
+        let sum: f32 = line.rsplit(' ').next().and_then(|x| x.parse().ok()).expect("sum");
+        assert!((sum - v.iter().sum::<f32>()).abs() < 1e-4, "{line}");
+    }
+    assert_eq!(stdout.lines().count(), 4, "{stdout}");
 }

@@ -284,6 +284,50 @@ pub fn final_params_by<M: Model>(
     report.params.ok_or_else(|| "no parameters in the report".into())
 }
 
+/// The configuration of the checkpoint tests: [`final_params_by`]'s, with a checkpoint every
+/// `every` iterations and, if given, resuming from `resume`.
+pub fn checkpoint_config(
+    t: &Transport,
+    iterations: u64,
+    scheme: Scheme,
+    optimizer: Optimizer,
+    every: u64,
+    resume: Option<engine::Snapshot>,
+) -> Config {
+    let linear = matches!(optimizer, Optimizer::Sgd | Optimizer::Momentum { .. });
+    Config {
+        optimizer,
+        scheme: SchemeSpec::new(scheme, linear),
+        batch: 256,
+        chunk: 16,
+        iterations,
+        threads: 2,
+        inject: if t.world_size() > 1 && linear { slowed(0, 0.5) } else { Injection::default() },
+        keep_params: true,
+        seed: 5,
+        eval_every: 7,
+        checkpoint_every: every,
+        resume: resume.map(std::sync::Arc::new),
+        ..Config::default()
+    }
+}
+
+/// Trains `model` under `cfg`; the final parameters and, on rank 0, every checkpoint taken.
+pub fn train_checkpointed<M: Model>(
+    t: &Transport,
+    model: &M,
+    cfg: &Config,
+) -> Result<(Report, Vec<engine::Snapshot>), String> {
+    let pool = RankPool::new(cfg.threads, slot(t), Pinning::Off).map_err(|e| e.to_string())?;
+    let mut taken = Vec::new();
+    let report = engine::train_checkpointed(t, model, cfg, &pool, None, &mut |_| {}, &mut |s| {
+        taken.push(s.clone());
+        Ok(())
+    })
+    .map_err(|e| e.to_string())?;
+    Ok((report, taken))
+}
+
 /// The scheme named `name` (`ssp:2`, `lb-bsp:ma`, ...).
 ///
 /// # Panics

@@ -116,6 +116,8 @@ pub(super) struct Evals {
     pub train_rows: f64,
     pub health: Health,
     start: Instant,
+    /// Training seconds of the run this one resumed.
+    before: f64,
 }
 
 impl Evals {
@@ -133,12 +135,21 @@ impl Evals {
             train_rows: 0.0,
             health: Health::new(baseline, metric),
             start: Instant::now(),
+            before: 0.0,
         }
+    }
+
+    /// Goes on from checkpoint `s`: its evaluations, iterations and training time.
+    pub(super) fn resume(&mut self, s: &super::Snapshot) {
+        self.points = s.evals.clone();
+        self.joined = 0;
+        self.iters = s.iteration;
+        self.before = s.train_seconds;
     }
 
     /// Training seconds so far (evaluations excluded).
     pub(super) fn train_time(&self) -> f64 {
-        (self.start.elapsed() - self.time).as_secs_f64()
+        self.before + (self.start.elapsed().saturating_sub(self.time)).as_secs_f64()
     }
 }
 

@@ -59,7 +59,7 @@ pub struct IterRecord {
 }
 
 /// One evaluation.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct EvalPoint {
     /// Iterations done.
     pub iter: u64,
@@ -165,6 +165,10 @@ pub struct Report {
     /// What the evaluations showed going wrong without stopping the run (a stall, a rising
     /// loss), each with advice.
     pub warnings: Vec<String>,
+    /// Checkpoints taken.
+    pub checkpoints: u64,
+    /// Seconds rank 0 spent on them, counted in the training time.
+    pub checkpoint_seconds: f64,
     /// The final parameters, if asked for ([`Config::keep_params`]).
     #[serde(skip)]
     pub params: Option<Vec<f32>>,

@@ -29,6 +29,15 @@
 //! held back to the slow rank's iteration count by evaluations (a collective at fixed iterations
 //! would make every evaluation a barrier). Evaluation time is excluded from the training time
 //! reported.
+//!
+//! Checkpoints ([`Config::checkpoint_every`]) are taken at a point every rank agrees on: before
+//! starting its first iteration at or after the checkpoint's, each rank raises an arrival
+//! counter and waits (joining evaluations meanwhile) until all have arrived. Every rank has then
+//! pushed all of its earlier iterations and started none of the later ones, so the windows hold
+//! the model after exactly the iterations before the checkpoint's; rank 0 reads it with the
+//! optimizer state and hands a [`Snapshot`] to the caller. A run started from a snapshot
+//! ([`Config::resume`]), with any number of ranks, goes on from there: the batch order is a
+//! function of the seed and the iteration only.
 
 use std::io::Write;
 
@@ -50,6 +59,23 @@ mod params;
 mod run;
 
 pub use metrics::{EvalPoint, IterRecord, Progress, RankTotals, Report};
+
+/// A run's state at a checkpoint: what a run needs to go on from there.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    /// Iterations done: the next to run.
+    pub iteration: u64,
+    /// The parameter window's values (for FTRL, its `z`; see `weights`).
+    pub params: Vec<f32>,
+    /// The optimizer state window's values (empty for SGD).
+    pub state: Vec<f32>,
+    /// The model's weights (FTRL's derived from its state; the window's values otherwise).
+    pub weights: Vec<f32>,
+    /// The evaluations so far.
+    pub evals: Vec<EvalPoint>,
+    /// Training seconds so far (evaluations excluded).
+    pub train_seconds: f64,
+}
 
 /// Errors of a training run.
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +127,9 @@ pub enum TrainError {
     /// With [`Config::stop_on_stall`]: the evaluations show the model not learning.
     #[error("training stopped: {0}")]
     Stalled(String),
+    /// A checkpoint could not be taken or does not fit this run.
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
     /// Writing metrics failed.
     #[error("writing metrics to {path}: {source}")]
     Metrics {
@@ -155,6 +184,15 @@ pub struct Config {
     /// Stop with an error, not only a warning, when the evaluations show the model stalled (no
     /// better than a constant prediction) or its loss rising ([`TrainError::Stalled`]).
     pub stop_on_stall: bool,
+    /// Take a checkpoint every this many iterations (0: never); see [`train_checkpointed`].
+    pub checkpoint_every: u64,
+    /// With `Some(f)`, checkpoints after the first are spaced further apart than
+    /// `checkpoint_every` when that is needed to keep their cost at most the fraction `f` of the
+    /// training time (rank 0 measures both and all ranks agree on the next checkpoint's iteration
+    /// at each checkpoint).
+    pub checkpoint_budget: Option<f64>,
+    /// Start from this checkpoint instead of the initial model.
+    pub resume: Option<std::sync::Arc<Snapshot>>,
     /// Sparse models with at most this many parameters are pulled whole, like dense ones: a get
     /// of a small model costs less than finding the keys of a batch (Adult's 122 weights: one
     /// 0.5 KB get instead of a pass over 340k feature indices per iteration).
@@ -181,7 +219,17 @@ impl Default for Config {
             schedule: Schedule::default(),
             stop_on_stall: false,
             dense_pull_below: 1 << 16,
+            checkpoint_every: 0,
+            checkpoint_budget: None,
+            resume: None,
         }
+    }
+}
+
+impl Config {
+    /// The first iteration to run: 0, or the resumed checkpoint's.
+    pub fn start_iteration(&self) -> u64 {
+        self.resume.as_ref().map_or(0, |s| s.iteration)
     }
 }
 
@@ -273,10 +321,43 @@ pub fn train<M: Model>(
     metrics: Option<(&mut dyn Write, &str)>,
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<Report, TrainError> {
+    train_checkpointed(t, model, cfg, pool, metrics, progress, &mut |_| Ok(()))
+}
+
+/// As [`train`], handing rank 0's [`Snapshot`] at every checkpoint to `checkpoint` (an error
+/// from it stops the run on every rank with [`TrainError::Checkpoint`]).
+pub fn train_checkpointed<M: Model>(
+    t: &Transport,
+    model: &M,
+    cfg: &Config,
+    pool: &RankPool,
+    metrics: Option<(&mut dyn Write, &str)>,
+    progress: &mut dyn FnMut(&Progress),
+    checkpoint: &mut dyn FnMut(&Snapshot) -> Result<(), String>,
+) -> Result<Report, TrainError> {
     let plan = check(cfg, t.world_size(), model.rows())?;
     check_optimizer(cfg, model.name(), model.lr().is_some())?;
+    if let Some(s) = &cfg.resume {
+        let layout = model.layout();
+        let slots = cfg.optimizer.slots();
+        if s.params.len() != layout.params
+            || s.state.len() != layout.params * slots
+            || s.iteration > cfg.iterations
+        {
+            return Err(TrainError::Checkpoint(format!(
+                "the checkpoint holds {} parameters, {} state values and iteration {}; this run has {} \
+                 parameters, {} state values per parameter and {} iterations",
+                s.params.len(),
+                s.state.len(),
+                s.iteration,
+                layout.params,
+                slots,
+                cfg.iterations
+            )));
+        }
+    }
     let (run, mut policy) = run::Run::start(t, model, cfg, plan, pool)?;
-    let result = run.train(&mut *policy, metrics, progress);
+    let result = run.train(&mut *policy, metrics, progress, checkpoint);
     // The windows are freed (collectively) whether training succeeded or not.
     run.free(policy)?;
     result

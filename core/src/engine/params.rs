@@ -93,6 +93,30 @@ impl Params {
         Ok(())
     }
 
+    /// Reads the windows as they are: every parameter's stored value into `w` and the optimizer
+    /// state into `st` (for a checkpoint).
+    pub(super) fn get_raw(&self, w: &mut Vec<f32>, st: &mut Vec<f32>) -> Result<(), TrainError> {
+        w.resize(self.w.len(), 0.0);
+        self.w.get(0, w)?;
+        st.resize(self.w.len() * self.slots, 0.0);
+        if self.slots > 0 {
+            self.state().get(0, st)?;
+        }
+        Ok(())
+    }
+
+    /// Writes this rank's shard of `w` and of the optimizer state `st` (a checkpoint's) into the
+    /// windows.
+    pub(super) fn restore(&self, t: &Transport, w: &[f32], st: &[f32]) -> Result<(), TrainError> {
+        let mine = ShardMap::balanced(self.w.len(), t.world_size()).range(t.rank());
+        self.w.put(mine.start, &w[mine.clone()])?;
+        if self.slots > 0 {
+            let s = mine.start * self.slots..mine.end * self.slots;
+            self.state().put(s.start, &st[s])?;
+        }
+        self.flush_all()
+    }
+
     /// Whether the optimizer keeps state.
     pub(super) fn stateful(&self) -> bool {
         self.slots > 0

@@ -35,7 +35,7 @@ pub(super) struct Run<'a, M: Model> {
     pub params: Params,
     pub queues: ChunkQueues,
     pub clocks: Clocks,
-    /// On rank 0: `[evaluations requested, ranks finished]`.
+    /// On rank 0: `[evaluations requested, ranks finished, arrivals at checkpoints]`.
     pub control: Window<u64>,
     pub slots: Vec<Mutex<Slot<M::Work>>>,
     pub rank: usize,
@@ -75,6 +75,11 @@ struct Local {
     totals: RankTotals,
     samples: u64,
     ev: Evals,
+    /// Checkpoints taken, and their time.
+    checkpoints: u64,
+    checkpoint_time: Duration,
+    /// The last checkpoint's iteration and training time (rank 0).
+    last_checkpoint: (u64, f64),
 }
 
 impl<'a, M: Model> Run<'a, M> {
@@ -103,7 +108,7 @@ impl<'a, M: Model> Run<'a, M> {
             clocks: Clocks::new(t)?,
             control: t.alloc_window(
                 "control",
-                &ShardMap::from_lens((0..t.world_size()).map(|r| if r == 0 { 2 } else { 0 })),
+                &ShardMap::from_lens((0..t.world_size()).map(|r| if r == 0 { 3 } else { 0 })),
             )?,
             slots,
             rank: t.rank(),
@@ -118,6 +123,10 @@ impl<'a, M: Model> Run<'a, M> {
             own: Mutex::new(0..0),
             disruptor: cfg.inject.disruptor(t.rank(), &pool.placement().cpus, pool.max_threads()),
         };
+        if let Some(s) = &cfg.resume {
+            run.params.restore(t, &s.params, &s.state)?;
+            run.clocks.resume(s.iteration)?;
+        }
         t.barrier()?;
         Ok((run, policy))
     }
@@ -139,13 +148,24 @@ impl<'a, M: Model> Run<'a, M> {
         policy: &mut dyn Policy,
         mut metrics: Option<(&mut dyn Write, &str)>,
         progress: &mut dyn FnMut(&Progress),
+        checkpoint: &mut dyn FnMut(&super::Snapshot) -> Result<(), String>,
     ) -> Result<Report, TrainError> {
         let mut me = Local::new(self);
-        let mut next = 0;
+        let every = self.cfg.checkpoint_every;
+        let mut next = self.cfg.start_iteration();
+        if let Some(s) = &self.cfg.resume {
+            me.ev.resume(s);
+        }
+        let mut due = next.checked_div(every).map_or(u64::MAX, |k| (k + 1) * every);
         while next < self.cfg.iterations {
             let it = policy.begin(&self.view(), next)?;
             if it >= self.cfg.iterations {
                 break;
+            }
+            if it >= due {
+                // Before this rank's first iteration at or after the checkpoint's.
+                let Some(interval) = self.checkpoint(&mut me, due, checkpoint)? else { break };
+                due = (it / interval + 1) * interval;
             }
             next = it + 1;
             let mut rec = self.open(policy, &me, it)?;
@@ -163,6 +183,73 @@ impl<'a, M: Model> Run<'a, M> {
             }
         }
         self.finish(policy, me)
+    }
+
+    /// Collective: the checkpoint of iteration `at` (see the module doc of `engine`). Returns
+    /// the interval to the next one (rank 0's, stretched to keep within the budget), or `None`,
+    /// without a checkpoint, if an evaluation joined meanwhile reached the target (the others
+    /// stop without arriving).
+    fn checkpoint(
+        &self,
+        me: &mut Local,
+        at: u64,
+        sink: &mut dyn FnMut(&super::Snapshot) -> Result<(), String>,
+    ) -> Result<Option<u64>, TrainError> {
+        let c0 = Instant::now();
+        me.checkpoints += 1;
+        self.control.fetch_add(2, 1)?;
+        let want = me.checkpoints * self.world as u64;
+        crate::clocks::wait_until(|| -> Result<bool, TrainError> {
+            self.serve_evals(&mut me.ev)?;
+            Ok(me.ev.to_target.is_some() || self.control.load(2)? >= want)
+        })?;
+        if me.ev.to_target.is_some() {
+            return Ok(None);
+        }
+        // Every rank has arrived: no evaluation can be asked any more; join the ones asked
+        // before, in order, then read the model.
+        self.serve_evals(&mut me.ev)?;
+        self.t.barrier()?;
+        // [failed, the next interval]: rank 0's, the others' zero.
+        let mut agreed = [0u64, 0];
+        let mut why = String::new();
+        if self.rank == 0 {
+            let mut s = super::Snapshot {
+                iteration: at,
+                evals: me.ev.points.clone(),
+                train_seconds: me.ev.train_time(),
+                ..Default::default()
+            };
+            self.params.get_raw(&mut s.params, &mut s.state)?;
+            s.weights = vec![0.0; s.params.len()];
+            self.params.get_all(&mut s.weights)?;
+            if let Err(e) = sink(&s) {
+                (agreed[0], why) = (1, e);
+            }
+            // The interval that keeps this checkpoint's cost within the budget of the training
+            // time since the previous one.
+            let (every, cost) = (self.cfg.checkpoint_every, c0.elapsed().as_secs_f64());
+            let (since_time, since_iters) =
+                (s.train_seconds - me.last_checkpoint.1, at - me.last_checkpoint.0);
+            agreed[1] = match self.cfg.checkpoint_budget {
+                Some(f) if since_time > 0.0 && cost > f * since_time => {
+                    let need = (since_iters as f64 * cost / (f * since_time)).ceil() as u64;
+                    need.div_ceil(every).max(1) * every
+                }
+                _ => every,
+            };
+            me.last_checkpoint = (at, s.train_seconds);
+        }
+        self.t.allreduce(&mut agreed, ReduceOp::Max)?;
+        me.checkpoint_time += c0.elapsed();
+        if agreed[0] != 0 {
+            return Err(TrainError::Checkpoint(if self.rank == 0 {
+                why
+            } else {
+                "rank 0 could not write it".into()
+            }));
+        }
+        Ok(Some(agreed[1].max(1)))
     }
 
     /// Opens iteration `it`: active threads, the injected delay, this rank's chunks, announced and
@@ -342,6 +429,7 @@ impl<'a, M: Model> Run<'a, M> {
         // The slowest rank's times; the most iterations any rank ran (ranks differ under SSP/ASP
         // and when a target stops them).
         let ev = me.ev;
+        let (checkpoints, checkpoint_seconds) = (me.checkpoints, me.checkpoint_time.as_secs_f64());
         let mut most = [ev.train_time(), ev.time.as_secs_f64(), ev.iters as f64];
         self.t.allreduce(&mut most, ReduceOp::Max)?;
         policy.totals(&mut me.totals);
@@ -364,6 +452,8 @@ impl<'a, M: Model> Run<'a, M> {
             per_rank,
             warnings: ev.health.warnings,
             params: self.cfg.keep_params.then_some(ev.params),
+            checkpoints,
+            checkpoint_seconds,
         })
     }
 
@@ -396,6 +486,12 @@ impl Local {
             totals: RankTotals::default(),
             samples: 0,
             ev: Evals::new(layout.params, run.model.baseline(), run.model.metric()),
+            checkpoints: 0,
+            checkpoint_time: Duration::ZERO,
+            last_checkpoint: (
+                run.cfg.start_iteration(),
+                run.cfg.resume.as_ref().map_or(0.0, |s| s.train_seconds),
+            ),
         }
     }
 }

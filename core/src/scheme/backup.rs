@@ -73,7 +73,9 @@ impl Kind for Backups {
     }
 
     fn policy(&self, setup: &Setup<'_>) -> Result<Box<dyn Policy>> {
-        Ok(Box::new(BackupPolicy { counters: Counters::new(setup.t, self.fixed)? }))
+        Ok(Box::new(BackupPolicy {
+            counters: Counters::new(setup.t, self.fixed, setup.cfg.start_iteration())?,
+        }))
     }
 }
 
@@ -153,8 +155,9 @@ const DONE: usize = 4;
 
 impl Counters {
     /// Collective. `fixed`: `Some(b)` backups every iteration (`b` below the world size, checked by
-    /// [`Backups::validate`]), `None` to choose per iteration.
-    pub(crate) fn new(t: &Transport, fixed: Option<usize>) -> Result<Self> {
+    /// [`Backups::validate`]), `None` to choose per iteration; `start`: the first iteration (a
+    /// resumed run's).
+    pub(crate) fn new(t: &Transport, fixed: Option<usize>, start: u64) -> Result<Self> {
         let n = t.world_size();
         let words =
             t.alloc_window("backup", &ShardMap::from_lens((0..n).map(|r| if r == 0 { 5 } else { 0 })))?;
@@ -162,8 +165,10 @@ impl Counters {
         let me = Self { words, times, world: n, rank: t.rank(), fixed };
         if t.rank() == 0 {
             let k = me.choose_k()? as u64;
-            me.words.swap(0, Arrivals { tag: 0, k, count: 0 }.pack())?;
-            me.words.swap(1, Arrivals { tag: 0, k, count: 0 }.pack())?;
+            let (slot, tag) = (2 * (start % 2) as usize, start & ARRIVAL_TAG_MASK);
+            me.words.swap(slot, Arrivals { tag, k, count: 0 }.pack())?;
+            me.words.swap(slot + 1, Arrivals { tag, k, count: 0 }.pack())?;
+            me.words.swap(DONE, start)?;
         }
         me.words.flush_all()?;
         t.barrier()?;
@@ -285,7 +290,7 @@ mod tests {
     #[test]
     fn only_the_first_k_count_and_late_ranks_are_told() {
         peregrine_transport::run_local(3, |t| -> Result<Vec<Arrival>> {
-            let b = Counters::new(&t, Some(1))?;
+            let b = Counters::new(&t, Some(1), 0)?;
             let mut seen = Vec::new();
             for it in 0..20u64 {
                 // Ranks arrive in turn: rank (it % 3) last.
