@@ -42,6 +42,11 @@ impl Preemption {
         Ok(Self { flag })
     }
 
+    /// The flag itself (for a command that checks it at its own safe points).
+    pub fn flag(&self) -> Arc<AtomicBool> {
+        self.flag.clone()
+    }
+
     /// Collective: whether any rank was asked to stop.
     pub fn should_stop(&self, t: &Transport) -> Result<bool, AppError> {
         let mut any = [u64::from(self.flag.load(Ordering::Relaxed))];

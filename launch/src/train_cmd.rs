@@ -740,6 +740,7 @@ fn go<M: Export>(
         stop_on_stall: r.stop_on_stall,
         checkpoint_every: r.checkpoint_every,
         checkpoint_budget: budget,
+        stop: Some(ctx.preemption.flag()),
         ..Config::default()
     };
     let mut cfg = cfg;
@@ -785,7 +786,16 @@ fn go<M: Export>(
                 .map_err(|e| e.to_string())
         },
     )
-    .map_err(train_err)?;
+    .map_err(|e| match e {
+        // Stopped at a checkpoint on a signal: the batch script requeues, the rerun resumes.
+        TrainError::Stopped(at) => AppError::Preempted {
+            checkpoint: format!(
+                "{} (iteration {at}; rerun the same command to resume)",
+                store.newest().display()
+            ),
+        },
+        e => train_err(e),
+    })?;
     out.flush().map_err(io(format!("writing {name}")))?;
     if bar.shown {
         eprintln!();

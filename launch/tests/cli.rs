@@ -99,8 +99,88 @@ fn rma_bench_prints_every_operation_on_local_ranks() {
 
 #[cfg(feature = "mpi")]
 mod mpi {
-    use peregrine_tests::{assert_success, mpirun_n};
+    use peregrine_tests::{assert_success, mpirun_command, mpirun_n};
     use std::path::Path;
+
+    #[test]
+    fn a_rank_killed_ends_the_job_and_the_rerun_resumes_from_the_last_checkpoint() {
+        let d_tmp = super::scratch("mpi-kill");
+        let d = d_tmp.path();
+        let s = |name: &str| d.join(name).to_str().expect("utf-8").to_owned();
+        super::ok(&["data", "gen", "sparse", &s("d.pgd"), "--rows", "20000", "--features", "500"]);
+        let args = |run: &str| {
+            [
+                "train",
+                "--model",
+                "lr",
+                "--data",
+                &s("d.pgd"),
+                "--iterations",
+                "3000",
+                "--batch",
+                "512",
+                "--chunk",
+                "64",
+                "--checkpoint-every",
+                "100",
+                "--run-dir",
+                &s(run),
+                "-q",
+            ]
+            .map(str::to_owned)
+        };
+        fn strs(a: &[String]) -> Vec<&str> {
+            a.iter().map(String::as_str).collect()
+        }
+        let full = mpirun_n(2, exe(), &strs(&args("full")));
+        assert_success("mpirun -n 2 peregrine train", &full);
+        let child = mpirun_command(2, exe(), &strs(&args("cut")))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("mpirun");
+        let ckpt = d.join("cut/checkpoint.safetensors");
+        let start = std::time::Instant::now();
+        while !ckpt.exists() {
+            assert!(start.elapsed().as_secs() < 120, "no checkpoint written");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        // SIGKILL one rank (a process whose command line names this run directory).
+        let pids = std::process::Command::new("pgrep").args(["-f", &s("cut")]).output().expect("pgrep");
+        let pids: Vec<String> =
+            String::from_utf8_lossy(&pids.stdout).split_whitespace().map(str::to_owned).collect();
+        let victim = pids.iter().find(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "peregrine")
+        });
+        let victim = victim.unwrap_or_else(|| panic!("no rank among {pids:?}"));
+        let killed = std::time::Instant::now();
+        assert!(std::process::Command::new("kill").args(["-9", victim]).status().expect("kill").success());
+        let out = child.wait_with_output().expect("wait");
+        let ended = killed.elapsed();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(ended.as_secs() <= 10, "the job ended {ended:?} after a rank was killed");
+        // The launcher names the rank and the signal (OpenMPI: "process rank 1 ... exited on
+        // signal 9"; MPICH: "RANK 1 ... KILLED BY SIGNAL: 9").
+        let lower = stderr.to_lowercase();
+        assert!(
+            lower.contains("rank") && (lower.contains("signal 9") || lower.contains("signal: 9")),
+            "{stderr}"
+        );
+        assert!(!d.join("cut/summary.json").exists(), "the run finished before it was killed");
+        let again = mpirun_n(2, exe(), &strs(&args("cut")));
+        assert_success("mpirun -n 2 peregrine train (resumed)", &again);
+        assert!(String::from_utf8_lossy(&again.stderr).contains("resuming from iteration"));
+        let (a, b) = (
+            super::safetensors_f32(&d.join("full/model.safetensors")),
+            super::safetensors_f32(&d.join("cut/model.safetensors")),
+        );
+        for (name, x) in &a {
+            let scale = x.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+            let dist = x.iter().zip(&b[name]).map(|(p, q)| (p - q).abs() / scale).fold(0f32, f32::max);
+            assert!(dist <= 1e-5, "{name}: {dist:e} from the uninterrupted model");
+        }
+    }
 
     fn exe() -> &'static Path {
         Path::new(env!("CARGO_BIN_EXE_peregrine"))
@@ -128,7 +208,6 @@ mod mpi {
         let d_tmp = super::scratch("train-mpi");
         let d = d_tmp.path();
         let data = super::train_data(d);
-        let run = d.join("run");
         for scheme in [
             "bsp",
             "ssp:1",
@@ -142,6 +221,8 @@ mod mpi {
             "falcon",
             "falcon:slack:1",
         ] {
+            // A run directory of its own: one holding a finished run is refused.
+            let run = d.join(format!("run-{}", scheme.replace(':', "")));
             let out = mpirun_n(
                 2,
                 exe(),
@@ -1412,4 +1493,62 @@ for name in sorted(h):
         assert!((sum - v.iter().sum::<f32>()).abs() < 1e-4, "{line}");
     }
     assert_eq!(stdout.lines().count(), 4, "{stdout}");
+}
+
+#[test]
+fn a_signal_stops_training_at_a_checkpoint_and_the_rerun_resumes() {
+    let t = scratch("signal");
+    let d = t.path();
+    let s = |name: &str| d.join(name).to_str().expect("utf-8").to_owned();
+    ok(&["data", "gen", "sparse", &s("d.pgd"), "--rows", "20000", "--features", "500"]);
+    let args = |run: &str| {
+        [
+            "train",
+            "--model",
+            "lr",
+            "--data",
+            &s("d.pgd"),
+            "--iterations",
+            "4000",
+            "--batch",
+            "512",
+            "--chunk",
+            "64",
+            "--scheme",
+            "ssp:2",
+            "--ranks",
+            "3",
+            "--run-dir",
+            &s(run),
+            "--quiet",
+        ]
+        .map(str::to_owned)
+    };
+    let child = Command::new(env!("CARGO_BIN_EXE_peregrine"))
+        .args(args("run"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start");
+    let metrics = d.join("run/metrics/rank-0.jsonl");
+    let start = std::time::Instant::now();
+    while std::fs::read_to_string(&metrics).map_or(0, |m| m.lines().count()) < 100 {
+        assert!(start.elapsed().as_secs() < 60, "no progress");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let status = Command::new("kill").args(["-USR1", &child.id().to_string()]).status().expect("kill");
+    assert!(status.success());
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "{stderr}");
+    assert!(
+        stderr.contains("stopped on a signal; state saved in") && stderr.contains("checkpoint.safetensors"),
+        "{stderr}"
+    );
+    assert!(!d.join("run/summary.json").exists());
+    let out = peregrine(&args("run").iter().map(String::as_str).collect::<Vec<_>>());
+    let (_, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("resuming from iteration"), "{stderr}");
+    let summary = std::fs::read_to_string(d.join("run/summary.json")).expect("summary");
+    assert!(summary.contains("\"iterations\": 4000"), "{summary}");
 }

@@ -214,3 +214,68 @@ fn a_job_warned_before_its_time_limit_saves_requeues_and_resumes() {
     assert!(log.contains("[300/300] ok   bad-use-is-an-error"), "{log}");
     assert!(!dir.join(format!("runs/ptest-{id}/checkpoint.json")).exists());
 }
+
+#[test]
+fn a_training_job_warned_before_its_time_limit_checkpoints_requeues_and_resumes() {
+    slurm_up();
+    let dir_tmp = scratch("train-requeue");
+    let dir = dir_tmp.path();
+    let data = dir.join("d.pgd");
+    let out = Command::new(exe())
+        .args(["data", "gen", "sparse", &data.to_string_lossy(), "--rows", "20000", "--features", "500"])
+        .output()
+        .expect("data gen");
+    assert!(out.status.success(), "{}", text(&out));
+    let args = [
+        "train",
+        "--model",
+        "lr",
+        "--data",
+        "d.pgd",
+        "--iterations",
+        "20000",
+        "--batch",
+        "512",
+        "--chunk",
+        "64",
+        "-q",
+    ];
+    let id = submit(dir, &args);
+    let output = dir.join(format!("ptest-{id}.out"));
+    let metrics = dir.join(format!("runs/ptest-{id}/metrics/rank-0.jsonl"));
+    // Once it is well under way, send what Slurm sends before the time limit.
+    wait_for(
+        &id,
+        Duration::from_secs(120),
+        "200 iterations",
+        || read(&metrics).lines().count() >= 200,
+        || read(&output),
+    );
+    let status = Command::new("scancel").args(["--signal=USR1", &id]).status().expect("scancel");
+    assert!(status.success());
+    wait_for(
+        &id,
+        Duration::from_secs(120),
+        "the requeue",
+        || job_field(&id, "Restarts") == "1",
+        || read(&output),
+    );
+    let _ = Command::new("scontrol").args(["update", &format!("jobid={id}"), "StartTime=now"]).status();
+    wait_for(
+        &id,
+        Duration::from_secs(300),
+        "completion",
+        || job_field(&id, "JobState") == "COMPLETED",
+        || read(&output),
+    );
+    let log = read(&output);
+    assert!(log.contains("stopped on a signal; state saved in"), "{log}");
+    assert!(log.contains(&format!("requeueing job {id}")), "{log}");
+    let resumed = log
+        .lines()
+        .find(|l| l.starts_with("resuming from iteration"))
+        .unwrap_or_else(|| panic!("no resume:\n{log}"));
+    assert!(resumed.contains(&format!("runs/ptest-{id}/checkpoint.safetensors")), "{resumed}");
+    let summary = read(&dir.join(format!("runs/ptest-{id}/summary.json")));
+    assert!(summary.contains("\"iterations\": 20000"), "{summary}\n{log}");
+}

@@ -10,11 +10,10 @@ pub fn mpirun() -> String {
     std::env::var("PEREGRINE_MPIRUN").unwrap_or_else(|_| "mpirun".to_owned())
 }
 
-/// Runs `program args` under `mpirun -n ranks`, with the environment OpenMPI needs here (one-sided
+/// `program args` under `mpirun -n ranks`, with the environment OpenMPI needs here (one-sided
 /// components that work, root, oversubscription) unless the caller set it already.
-pub fn mpirun_n(ranks: usize, program: &Path, args: &[&str]) -> Output {
-    let launcher = mpirun();
-    let mut cmd = Command::new(&launcher);
+pub fn mpirun_command(ranks: usize, program: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(mpirun());
     cmd.arg("-n").arg(ranks.to_string()).arg(program).args(args);
     for (k, v) in [
         ("OMPI_MCA_osc", "sm,pt2pt"),
@@ -26,7 +25,15 @@ pub fn mpirun_n(ranks: usize, program: &Path, args: &[&str]) -> Output {
             cmd.env(k, v);
         }
     }
-    cmd.output().unwrap_or_else(|e| panic!("cannot start `{launcher}`: {e} (is MPI installed?)"))
+    cmd
+}
+
+/// Runs `program args` under `mpirun -n ranks` ([`mpirun_command`]) to completion.
+pub fn mpirun_n(ranks: usize, program: &Path, args: &[&str]) -> Output {
+    let launcher = mpirun();
+    mpirun_command(ranks, program, args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot start `{launcher}`: {e} (is MPI installed?)"))
 }
 
 /// Runs an SPMD test program's `body` on every rank of `backend` (`ranks` threads for the local

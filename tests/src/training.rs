@@ -318,14 +318,44 @@ pub fn train_checkpointed<M: Model>(
     model: &M,
     cfg: &Config,
 ) -> Result<(Report, Vec<engine::Snapshot>), String> {
-    let pool = RankPool::new(cfg.threads, slot(t), Pinning::Off).map_err(|e| e.to_string())?;
+    let (report, taken) = train_until(t, model, cfg, u64::MAX);
+    Ok((report.map_err(|e| e.to_string())?, taken))
+}
+
+/// As [`train_checkpointed`], raising the stop flag ([`Config::stop`], which `cfg` must have)
+/// on rank 0 once it has done `stop_after` iterations: the run's result and rank 0's
+/// checkpoints.
+pub fn train_until<M: Model>(
+    t: &Transport,
+    model: &M,
+    cfg: &Config,
+    stop_after: u64,
+) -> (Result<Report, engine::TrainError>, Vec<engine::Snapshot>) {
+    let pool = match RankPool::new(cfg.threads, slot(t), Pinning::Off) {
+        Ok(p) => p,
+        Err(e) => return (Err(engine::TrainError::Checkpoint(e.to_string())), Vec::new()),
+    };
     let mut taken = Vec::new();
-    let report = engine::train_checkpointed(t, model, cfg, &pool, None, &mut |_| {}, &mut |s| {
-        taken.push(s.clone());
-        Ok(())
-    })
-    .map_err(|e| e.to_string())?;
-    Ok((report, taken))
+    let flag = cfg.stop.clone();
+    let report = engine::train_checkpointed(
+        t,
+        model,
+        cfg,
+        &pool,
+        None,
+        &mut |p| {
+            if p.iter >= stop_after {
+                if let Some(f) = &flag {
+                    f.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        },
+        &mut |s| {
+            taken.push(s.clone());
+            Ok(())
+        },
+    );
+    (report, taken)
 }
 
 /// The scheme named `name` (`ssp:2`, `lb-bsp:ma`, ...).

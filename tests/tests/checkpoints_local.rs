@@ -113,3 +113,54 @@ fn a_checkpoint_that_does_not_fit_the_run_is_refused() {
     .expect_err("refused");
     assert!(e.contains("the checkpoint holds 400 parameters") && e.contains("this run has 401"), "{e}");
 }
+
+#[test]
+fn a_stop_on_one_rank_becomes_a_checkpoint_every_rank_agrees_on_under_every_scheme() {
+    use peregrine_core::engine::TrainError;
+    use peregrine_tests::training::train_until;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let data = data(tmp.path());
+    let (full, _, _) = run(2, &data, "bsp", Optimizer::Sgd, None);
+    for name in [
+        "bsp",
+        "ssp:2",
+        "asp",
+        "dynsgd:2",
+        "backup:1",
+        "backup-dynamic",
+        "lb-bsp",
+        "speculative",
+        "flexrr:2",
+        "falcon",
+        "falcon:slack:2",
+    ] {
+        let world = if name == "bsp" { 2 } else { 3 };
+        let out = run_local(world, |t| {
+            let m = LogReg::new(&data, None, 0.5, true).map_err(|e| e.to_string())?;
+            let mut cfg = checkpoint_config(&t, 40, scheme(name), Optimizer::Sgd, 0, None);
+            cfg.stop = Some(std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
+            // Rank 0 is asked to stop after 13 iterations; the others learn it from the windows.
+            let (result, taken) = train_until(&t, &m, &cfg, 13);
+            Ok::<_, String>((
+                result.map(|_| ()).map_err(|e| match e {
+                    TrainError::Stopped(at) => at,
+                    e => panic!("{name}: {e}"),
+                }),
+                taken,
+            ))
+        })
+        .expect("world");
+        let stops: Vec<u64> = out.iter().map(|r| r.as_ref().expect("rank").0.expect_err("stopped")).collect();
+        let at = stops[0];
+        assert!(stops.iter().all(|&s| s == at), "{name}: ranks stopped at {stops:?}");
+        assert!((13..40).contains(&at), "{name}: stopped at {at}");
+        let taken = &out[0].as_ref().expect("rank 0").1;
+        assert_eq!(taken.iter().map(|s| s.iteration).collect::<Vec<_>>(), [at], "{name}");
+        let (params, _, iterations) = run(world, &data, name, Optimizer::Sgd, Some(taken[0].clone()));
+        assert!(iterations >= 39, "{name}: resumed to {iterations}");
+        if name == "bsp" {
+            let d = distance(&params, &full);
+            assert!(d <= 1e-5, "bsp stopped at {at} and resumed: {d:e} from the uninterrupted model");
+        }
+    }
+}

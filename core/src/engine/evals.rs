@@ -172,6 +172,8 @@ impl<M: Model> Run<'_, M> {
     /// Joins every evaluation rank 0 has asked for and this rank has not joined yet; returns the
     /// time it took.
     pub(super) fn serve_evals(&self, ev: &mut Evals) -> Result<Duration, TrainError> {
+        // Every wait comes here: where a stop is published from.
+        self.publish_stop()?;
         let t0 = Instant::now();
         let asked = self.control.load(0)?;
         while ev.joined < asked {

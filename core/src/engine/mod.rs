@@ -38,6 +38,13 @@
 //! optimizer state and hands a [`Snapshot`] to the caller. A run started from a snapshot
 //! ([`Config::resume`]), with any number of ranks, goes on from there: the batch order is a
 //! function of the seed and the iteration only.
+//!
+//! A stop ([`Config::stop`], raised by a signal on any rank) becomes such a checkpoint at an
+//! iteration the ranks agree on: a rank that sees its flag, or sees another rank's request,
+//! publishes the next iteration it would begin (at the top of its loop, or from any wait: every
+//! wait joins evaluations and checks this) and begins no new one until every rank has published;
+//! the checkpoint's iteration is then the largest published, which no rank has begun. Ranks
+//! behind run up to it, all take the checkpoint, and the run ends with [`TrainError::Stopped`].
 
 use std::io::Write;
 
@@ -127,6 +134,9 @@ pub enum TrainError {
     /// With [`Config::stop_on_stall`]: the evaluations show the model not learning.
     #[error("training stopped: {0}")]
     Stalled(String),
+    /// Asked to stop ([`Config::stop`]): stopped after the checkpoint of this iteration.
+    #[error("stopped as asked, after the checkpoint of iteration {0}")]
+    Stopped(u64),
     /// A checkpoint could not be taken or does not fit this run.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
@@ -191,6 +201,9 @@ pub struct Config {
     /// training time (rank 0 measures both and all ranks agree on the next checkpoint's iteration
     /// at each checkpoint).
     pub checkpoint_budget: Option<f64>,
+    /// Raised (by a signal handler) on any rank: every rank stops at a checkpoint taken at an
+    /// iteration they agree on, and the run ends with [`TrainError::Stopped`].
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     /// Start from this checkpoint instead of the initial model.
     pub resume: Option<std::sync::Arc<Snapshot>>,
     /// Sparse models with at most this many parameters are pulled whole, like dense ones: a get
@@ -221,6 +234,7 @@ impl Default for Config {
             dense_pull_below: 1 << 16,
             checkpoint_every: 0,
             checkpoint_budget: None,
+            stop: None,
             resume: None,
         }
     }

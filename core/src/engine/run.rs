@@ -35,7 +35,8 @@ pub(super) struct Run<'a, M: Model> {
     pub params: Params,
     pub queues: ChunkQueues,
     pub clocks: Clocks,
-    /// On rank 0: `[evaluations requested, ranks finished, arrivals at checkpoints]`.
+    /// On rank 0: `[evaluations requested, ranks finished, arrivals at checkpoints, ranks that
+    /// published a stop iteration]`.
     pub control: Window<u64>,
     pub slots: Vec<Mutex<Slot<M::Work>>>,
     pub rank: usize,
@@ -59,6 +60,12 @@ pub(super) struct Run<'a, M: Model> {
     /// This rank's chunks of the current iteration (global chunk numbers).
     pub own: Mutex<Range<usize>>,
     pub disruptor: Option<Disruptor>,
+    /// Every rank's published stop iteration plus one (0: none yet).
+    pub stops: Window<u64>,
+    /// The iteration this rank would begin next if it left its current wait.
+    pub current: AtomicU64,
+    /// Whether this rank has published its stop iteration.
+    pub stop_published: std::sync::atomic::AtomicBool,
 }
 
 /// What the rank's main thread carries from iteration to iteration: buffers and running sums.
@@ -108,7 +115,7 @@ impl<'a, M: Model> Run<'a, M> {
             clocks: Clocks::new(t)?,
             control: t.alloc_window(
                 "control",
-                &ShardMap::from_lens((0..t.world_size()).map(|r| if r == 0 { 3 } else { 0 })),
+                &ShardMap::from_lens((0..t.world_size()).map(|r| if r == 0 { 4 } else { 0 })),
             )?,
             slots,
             rank: t.rank(),
@@ -122,6 +129,9 @@ impl<'a, M: Model> Run<'a, M> {
             iter_start: Mutex::new(Instant::now()),
             own: Mutex::new(0..0),
             disruptor: cfg.inject.disruptor(t.rank(), &pool.placement().cpus, pool.max_threads()),
+            stops: t.alloc_window("stop iterations", &ShardMap::from_lens(vec![1; t.world_size()]))?,
+            current: AtomicU64::new(cfg.start_iteration()),
+            stop_published: std::sync::atomic::AtomicBool::new(false),
         };
         if let Some(s) = &cfg.resume {
             run.params.restore(t, &s.params, &s.state)?;
@@ -157,15 +167,37 @@ impl<'a, M: Model> Run<'a, M> {
             me.ev.resume(s);
         }
         let mut due = next.checked_div(every).map_or(u64::MAX, |k| (k + 1) * every);
+        let mut stop_at = None;
         while next < self.cfg.iterations {
+            self.current.store(next, Ordering::Relaxed);
+            if stop_at.is_none() {
+                self.publish_stop()?;
+                if self.stop_published.load(Ordering::Relaxed) {
+                    let Some(d) = self.stop_iteration(&mut me)? else { break };
+                    stop_at = Some(d);
+                    due = due.min(d);
+                }
+            }
             let it = policy.begin(&self.view(), next)?;
             if it >= self.cfg.iterations {
                 break;
             }
             if it >= due {
                 // Before this rank's first iteration at or after the checkpoint's.
-                let Some(interval) = self.checkpoint(&mut me, due, checkpoint)? else { break };
-                due = (it / interval + 1) * interval;
+                let at = due;
+                let Some(interval) = self.checkpoint(&mut me, at, checkpoint)? else { break };
+                if stop_at.is_none() && self.stop_published.load(Ordering::Relaxed) {
+                    // Asked to stop during the checkpoint's wait.
+                    let Some(d) = self.stop_iteration(&mut me)? else { break };
+                    stop_at = Some(d);
+                }
+                if stop_at.is_some_and(|d| d <= at) {
+                    return Err(TrainError::Stopped(at));
+                }
+                let every = if every > 0 { interval } else { u64::MAX };
+                due = stop_at
+                    .unwrap_or(u64::MAX)
+                    .min(it.checked_div(every).map_or(u64::MAX, |k| (k + 1) * every));
             }
             next = it + 1;
             let mut rec = self.open(policy, &me, it)?;
@@ -183,6 +215,38 @@ impl<'a, M: Model> Run<'a, M> {
             }
         }
         self.finish(policy, me)
+    }
+
+    /// Publishes the next iteration this rank would begin, once a stop is asked (by this rank's
+    /// flag or by another rank's publication); at most once.
+    pub(super) fn publish_stop(&self) -> Result<(), TrainError> {
+        if self.stop_published.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let mine = self.cfg.stop.as_ref().is_some_and(|f| f.load(Ordering::Relaxed));
+        if !mine && self.control.load(3)? == 0 {
+            return Ok(());
+        }
+        self.stop_published.store(true, Ordering::Relaxed);
+        self.stops.swap(self.rank, self.current.load(Ordering::Relaxed) + 1)?;
+        self.control.fetch_add(3, 1)?;
+        Ok(())
+    }
+
+    /// The stop's iteration, once every rank has published (joining evaluations meanwhile):
+    /// the largest published, which no rank has begun. `None` if an evaluation reached the
+    /// target meanwhile.
+    fn stop_iteration(&self, me: &mut Local) -> Result<Option<u64>, TrainError> {
+        crate::clocks::wait_until(|| -> Result<bool, TrainError> {
+            self.serve_evals(&mut me.ev)?;
+            Ok(me.ev.to_target.is_some() || self.control.load(3)? >= self.world as u64)
+        })?;
+        if me.ev.to_target.is_some() {
+            return Ok(None);
+        }
+        let mut all = vec![0u64; self.world];
+        self.stops.load_range(0, &mut all)?;
+        Ok(all.into_iter().max().map(|d| d.saturating_sub(1)))
     }
 
     /// Collective: the checkpoint of iteration `at` (see the module doc of `engine`). Returns
@@ -255,6 +319,9 @@ impl<'a, M: Model> Run<'a, M> {
     /// Opens iteration `it`: active threads, the injected delay, this rank's chunks, announced and
     /// queued. Returns the iteration's record.
     fn open(&self, policy: &mut dyn Policy, me: &Local, it: u64) -> Result<IterRecord, TrainError> {
+        // Any wait from here on is inside `it`: the next iteration this rank would begin is the
+        // one after.
+        self.current.store(it + 1, Ordering::Relaxed);
         let cfg = self.cfg;
         let planned = cfg.elastic.threads(self.rank, it, cfg.inject.threads(self.rank, cfg.threads));
         self.pool.set_active(policy.threads(planned));
@@ -415,9 +482,10 @@ impl<'a, M: Model> Run<'a, M> {
     }
 
     /// Done: keeps joining the evaluations rank 0 asks for until every rank is done (rank 0 asks
-    /// for none after it is), then evaluates the final model once every push has landed (each
+    /// for none after it is; a stop asked now names an iteration past the last), then evaluates the final model once every push has landed (each
     /// rank flushed before the barrier), and reports.
     fn finish(&self, policy: &dyn Policy, mut me: Local) -> Result<Report, TrainError> {
+        self.current.store(self.cfg.iterations, Ordering::Relaxed);
         self.control.fetch_add(1, 1)?;
         crate::clocks::wait_until(|| -> Result<bool, TrainError> {
             self.serve_evals(&mut me.ev)?;
@@ -464,6 +532,7 @@ impl<'a, M: Model> Run<'a, M> {
         self.queues.free()?;
         self.clocks.free()?;
         self.control.free()?;
+        self.stops.free()?;
         self.rates.free()?;
         policy.free()?;
         Ok(())
