@@ -89,6 +89,10 @@ fn submit(dir: &Path, command: &[&str]) -> String {
     id
 }
 
+/// Held by the tests whose jobs are requeued: the single node runs one 4-task job at a time, so
+/// two such tests at once would queue each other's requeued job behind their own.
+static REQUEUE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
@@ -173,6 +177,7 @@ fn an_sbatch_job_runs_4_ranks_and_records_them() {
 #[test]
 fn a_job_warned_before_its_time_limit_saves_requeues_and_resumes() {
     slurm_up();
+    let _node = REQUEUE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir_tmp = scratch("requeue");
     let dir = dir_tmp.path();
     let id = submit(dir, &["conformance", "--tickets", "2000", "--repeat", "300"]);
@@ -218,6 +223,7 @@ fn a_job_warned_before_its_time_limit_saves_requeues_and_resumes() {
 #[test]
 fn a_training_job_warned_before_its_time_limit_checkpoints_requeues_and_resumes() {
     slurm_up();
+    let _node = REQUEUE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir_tmp = scratch("train-requeue");
     let dir = dir_tmp.path();
     let data = dir.join("d.pgd");
@@ -233,7 +239,7 @@ fn a_training_job_warned_before_its_time_limit_checkpoints_requeues_and_resumes(
         "--data",
         "d.pgd",
         "--iterations",
-        "20000",
+        "10000",
         "--batch",
         "512",
         "--chunk",
@@ -277,5 +283,5 @@ fn a_training_job_warned_before_its_time_limit_checkpoints_requeues_and_resumes(
         .unwrap_or_else(|| panic!("no resume:\n{log}"));
     assert!(resumed.contains(&format!("runs/ptest-{id}/checkpoint.safetensors")), "{resumed}");
     let summary = read(&dir.join(format!("runs/ptest-{id}/summary.json")));
-    assert!(summary.contains("\"iterations\": 20000"), "{summary}\n{log}");
+    assert!(summary.contains("\"iterations\": 10000"), "{summary}\n{log}");
 }
