@@ -89,6 +89,23 @@ fn submit(dir: &Path, command: &[&str]) -> String {
     id
 }
 
+/// Sends job `id` what Slurm sends before a time limit, waits for its requeue, lets it start
+/// again at once and waits (at most `limit`) for it to complete; `output` is its log.
+fn warn_requeue_and_complete(id: &str, output: &Path, limit: Duration) {
+    let status = Command::new("scancel").args(["--signal=USR1", id]).status().expect("scancel");
+    assert!(status.success());
+    wait_for(
+        id,
+        Duration::from_secs(120),
+        "the requeue",
+        || job_field(id, "Restarts") == "1",
+        || read(output),
+    );
+    // A requeued job waits (BeginTime) before it may start again: let it start now.
+    let _ = Command::new("scontrol").args(["update", &format!("jobid={id}"), "StartTime=now"]).status();
+    wait_for(id, limit, "completion", || job_field(id, "JobState") == "COMPLETED", || read(output));
+}
+
 /// Held by the tests whose jobs are requeued: the single node runs one 4-task job at a time, so
 /// two such tests at once would queue each other's requeued job behind their own.
 static REQUEUE: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -190,24 +207,7 @@ fn a_job_warned_before_its_time_limit_saves_requeues_and_resumes() {
         || read(&output).contains("[3/300]"),
         || read(&output),
     );
-    let status = Command::new("scancel").args(["--signal=USR1", &id]).status().expect("scancel");
-    assert!(status.success());
-    wait_for(
-        &id,
-        Duration::from_secs(120),
-        "the requeue",
-        || job_field(&id, "Restarts") == "1",
-        || read(&output),
-    );
-    // A requeued job waits (BeginTime) before it may start again: let it start now.
-    let _ = Command::new("scontrol").args(["update", &format!("jobid={id}"), "StartTime=now"]).status();
-    wait_for(
-        &id,
-        Duration::from_secs(180),
-        "completion",
-        || job_field(&id, "JobState") == "COMPLETED",
-        || read(&output),
-    );
+    warn_requeue_and_complete(&id, &output, Duration::from_secs(180));
     let log = read(&output);
     assert!(log.contains("state saved in runs/ptest-"), "{log}");
     assert!(log.contains(&format!("requeueing job {id}")), "{log}");
@@ -257,23 +257,7 @@ fn a_training_job_warned_before_its_time_limit_checkpoints_requeues_and_resumes(
         || read(&metrics).lines().count() >= 200,
         || read(&output),
     );
-    let status = Command::new("scancel").args(["--signal=USR1", &id]).status().expect("scancel");
-    assert!(status.success());
-    wait_for(
-        &id,
-        Duration::from_secs(120),
-        "the requeue",
-        || job_field(&id, "Restarts") == "1",
-        || read(&output),
-    );
-    let _ = Command::new("scontrol").args(["update", &format!("jobid={id}"), "StartTime=now"]).status();
-    wait_for(
-        &id,
-        Duration::from_secs(300),
-        "completion",
-        || job_field(&id, "JobState") == "COMPLETED",
-        || read(&output),
-    );
+    warn_requeue_and_complete(&id, &output, Duration::from_secs(300));
     let log = read(&output);
     assert!(log.contains("stopped on a signal; state saved in"), "{log}");
     assert!(log.contains(&format!("requeueing job {id}")), "{log}");
