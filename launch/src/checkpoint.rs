@@ -158,7 +158,7 @@ fn read(path: &Path) -> Result<(Snapshot, String), String> {
         if t.dtype() != Dtype::F32 {
             return Err(format!("damaged (tensor {name} is {:?})", t.dtype()));
         }
-        Ok(t.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+        Ok(crate::model_file::f32s(t.data()))
     };
     let (params, state) = (tensor("params")?, tensor("state")?);
     let sum = crc(bytemuck::cast_slice(&params), bytemuck::cast_slice(&state));

@@ -67,6 +67,11 @@ pub fn save(
     write_atomically(path, &data)
 }
 
+/// Little-endian f32 values from a tensor's bytes (any alignment).
+pub fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
 impl Saved {
     /// Reads a model file, or the model file of a run directory.
     pub fn load(path: &Path) -> Result<Self, AppError> {
@@ -89,8 +94,7 @@ impl Saved {
             if t.dtype() != Dtype::F32 {
                 return Err(bad(&path, format!("tensor {name} is {:?}, expected F32", t.dtype())));
             }
-            let values: Vec<f32> =
-                t.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            let values = f32s(t.data());
             tensors.insert(name, (t.shape().to_vec(), values));
         }
         Ok(Self { path, meta, tensors })

@@ -266,8 +266,16 @@ pub fn final_params_by<M: Model>(
     scheme: Scheme,
     optimizer: Optimizer,
 ) -> Result<Vec<f32>, String> {
+    let cfg = params_config(t, iterations, scheme, optimizer);
+    let pool = RankPool::new(cfg.threads, slot(t), Pinning::Off).map_err(|e| e.to_string())?;
+    let report = engine::train(t, model, &cfg, &pool, None, &mut |_| {}).map_err(|e| e.to_string())?;
+    report.params.ok_or_else(|| "no parameters in the report".into())
+}
+
+/// [`final_params_by`]'s configuration.
+fn params_config(t: &Transport, iterations: u64, scheme: Scheme, optimizer: Optimizer) -> Config {
     let linear = matches!(optimizer, Optimizer::Sgd | Optimizer::Momentum { .. });
-    let cfg = Config {
+    Config {
         optimizer,
         scheme: SchemeSpec::new(scheme, linear),
         batch: 256,
@@ -278,10 +286,7 @@ pub fn final_params_by<M: Model>(
         keep_params: true,
         seed: 5,
         ..Config::default()
-    };
-    let pool = RankPool::new(cfg.threads, slot(t), Pinning::Off).map_err(|e| e.to_string())?;
-    let report = engine::train(t, model, &cfg, &pool, None, &mut |_| {}).map_err(|e| e.to_string())?;
-    report.params.ok_or_else(|| "no parameters in the report".into())
+    }
 }
 
 /// The configuration of the checkpoint tests: [`final_params_by`]'s, with a checkpoint every
@@ -294,21 +299,11 @@ pub fn checkpoint_config(
     every: u64,
     resume: Option<engine::Snapshot>,
 ) -> Config {
-    let linear = matches!(optimizer, Optimizer::Sgd | Optimizer::Momentum { .. });
     Config {
-        optimizer,
-        scheme: SchemeSpec::new(scheme, linear),
-        batch: 256,
-        chunk: 16,
-        iterations,
-        threads: 2,
-        inject: if t.world_size() > 1 && linear { slowed(0, 0.5) } else { Injection::default() },
-        keep_params: true,
-        seed: 5,
         eval_every: 7,
         checkpoint_every: every,
         resume: resume.map(std::sync::Arc::new),
-        ..Config::default()
+        ..params_config(t, iterations, scheme, optimizer)
     }
 }
 

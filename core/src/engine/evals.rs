@@ -172,10 +172,13 @@ impl<M: Model> Run<'_, M> {
     /// Joins every evaluation rank 0 has asked for and this rank has not joined yet; returns the
     /// time it took.
     pub(super) fn serve_evals(&self, ev: &mut Evals) -> Result<Duration, TrainError> {
-        // Every wait comes here: where a stop is published from.
-        self.publish_stop()?;
+        // Evaluations asked and stop publications, in one read; every wait comes here: where a
+        // stop asked by another rank is published from.
+        let mut words = [0u64; 4];
+        self.control.load_range(0, &mut words)?;
+        self.publish_stop(words[3] > 0)?;
         let t0 = Instant::now();
-        let asked = self.control.load(0)?;
+        let asked = words[0];
         while ev.joined < asked {
             ev.joined += 1;
             // Everyone's pushes so far have landed (flushed before the barrier).

@@ -93,6 +93,16 @@ impl Params {
         Ok(())
     }
 
+    /// The weights of every parameter from the windows' values `raw` and state `st` as
+    /// [`get_raw`](Self::get_raw) read them (FTRL's derived; the values themselves otherwise).
+    pub(super) fn weights_of(&self, raw: &[f32], st: &[f32]) -> Vec<f32> {
+        let mut w = raw.to_vec();
+        if self.slots > 0 {
+            self.opt.weights(self.lr, 0, &self.exempt, &mut w, st);
+        }
+        w
+    }
+
     /// Reads the windows as they are: every parameter's stored value into `w` and the optimizer
     /// state into `st` (for a checkpoint).
     pub(super) fn get_raw(&self, w: &mut Vec<f32>, st: &mut Vec<f32>) -> Result<(), TrainError> {

@@ -171,7 +171,9 @@ impl<'a, M: Model> Run<'a, M> {
         while next < self.cfg.iterations {
             self.current.store(next, Ordering::Relaxed);
             if stop_at.is_none() {
-                self.publish_stop()?;
+                // This rank's own flag (another rank's request is seen by the evaluation check
+                // that closed the previous iteration, or by any wait).
+                self.publish_stop(false)?;
                 if self.stop_published.load(Ordering::Relaxed) {
                     let Some(d) = self.stop_iteration(&mut me)? else { break };
                     stop_at = Some(d);
@@ -217,14 +219,15 @@ impl<'a, M: Model> Run<'a, M> {
         self.finish(policy, me)
     }
 
-    /// Publishes the next iteration this rank would begin, once a stop is asked (by this rank's
-    /// flag or by another rank's publication); at most once.
-    pub(super) fn publish_stop(&self) -> Result<(), TrainError> {
+    /// Publishes the next iteration this rank would begin, once a stop is asked: by this rank's
+    /// flag, or by another rank (`others`: a publication seen in the control window); at most
+    /// once.
+    pub(super) fn publish_stop(&self, others: bool) -> Result<(), TrainError> {
         if self.stop_published.load(Ordering::Relaxed) {
             return Ok(());
         }
         let mine = self.cfg.stop.as_ref().is_some_and(|f| f.load(Ordering::Relaxed));
-        if !mine && self.control.load(3)? == 0 {
+        if !mine && !others {
             return Ok(());
         }
         self.stop_published.store(true, Ordering::Relaxed);
@@ -285,8 +288,7 @@ impl<'a, M: Model> Run<'a, M> {
                 ..Default::default()
             };
             self.params.get_raw(&mut s.params, &mut s.state)?;
-            s.weights = vec![0.0; s.params.len()];
-            self.params.get_all(&mut s.weights)?;
+            s.weights = self.params.weights_of(&s.params, &s.state);
             if let Err(e) = sink(&s) {
                 (agreed[0], why) = (1, e);
             }

@@ -19,7 +19,7 @@ pub fn sgd_chunk(
     lr: f32,
     l2: f32,
 ) -> f64 {
-    sgd_chunk_biased_opt(users, items, ratings, u, v, k, lr, l2, None)
+    sgd(users, items, ratings, u, v, k, lr, l2, None)
 }
 
 /// As [`sgd_chunk`] with biases (see `simd::sgd_chunk_biased`): `b <- b + lr (e - l2 b)`.
@@ -38,11 +38,11 @@ pub fn sgd_chunk_biased(
     l2: f32,
     mean: f32,
 ) -> f64 {
-    sgd_chunk_biased_opt(users, items, ratings, u, v, k, lr, l2, Some(mean))
+    sgd(users, items, ratings, u, v, k, lr, l2, Some(mean))
 }
 
 #[allow(clippy::too_many_arguments)]
-fn sgd_chunk_biased_opt(
+fn sgd(
     users: &[u32],
     items: &[u32],
     ratings: &[f32],
