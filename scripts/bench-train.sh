@@ -38,9 +38,9 @@ train() {
     local name=$1
     shift
     if [ "$backend" = mpi ]; then
-        mpirun -n 2 "$P" train -q --run-dir "$d/runs/$name" "$@"
+        mpirun -n 2 "$P" train -q --checkpoint-every 0 --force --run-dir "$d/runs/$name" "$@"
     else
-        "$P" train --ranks 2 -q --run-dir "$d/runs/$name" "$@"
+        "$P" train --ranks 2 -q --checkpoint-every 0 --force --run-dir "$d/runs/$name" "$@"
     fi
 }
 rows=()
@@ -48,7 +48,8 @@ row() { rows+=("$(printf '%-44s %-18s %-14s %s' "$@")"); }
 
 step "softmax, Fashion-MNIST, 3 epochs"
 # The workloads the peers' figures compare with: plain SGD, no L2 (and MF without biases, as
-# libmf), whatever the defaults (docs/defaults.md).
+# libmf), whatever the defaults (docs/defaults.md); no checkpoints (the peers take none); --force
+# replaces the previous measurement's run.
 train softmax --model softmax --data "$d/fm-train.pgd" --eval "$d/fm-test.pgd" --epochs 3 \
     --optimizer sgd --lr 0.5 --lr-decay 1 --l2 0
 sps=$(summary_field "$d/runs/softmax" samples_per_second | awk '{printf "%.0f", $1}')

@@ -36,11 +36,14 @@ runs=(
 # One unrecorded warm-up run: the first run pays for faulting in the mapped dataset.
 step "warm-up run (not recorded)"
 mpirun -n 2 "$P" train --model mlp --data "$out/fmnist-train.pgd" --chunk 16 --epochs 1 -q \
-    --optimizer sgd --run-dir "$out/runs/warm-up"
+    --optimizer sgd --checkpoint-every 0 --force --run-dir "$out/runs/warm-up"
 
 # Plain SGD (0.2, decay 1, no L2), the workload these comparisons have always used: the MLP's default
 # heavy-ball momentum compounds the staleness of SSP and ASP (they then need 2-3x Ideal's time).
-sgd=(--optimizer sgd --lr 0.2 --lr-decay 1 --l2 0)
+# No checkpoints either: each is a point where every rank lines up, which would change what the
+# asynchronous schemes are compared on.
+# --force: each run replaces the previous main job's in its directory.
+sgd=(--optimizer sgd --lr 0.2 --lr-decay 1 --l2 0 --checkpoint-every 0 --force)
 table=()
 ideal=""
 for r in "${runs[@]}"; do

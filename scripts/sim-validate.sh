@@ -44,7 +44,10 @@ for backend in "${backends[@]}"; do
                 name="$backend-$ranks-${pattern%%:*}-${spec//[:+]/_}"
                 run=$d/runs/$name
                 rm -rf "$run"
+                # The workload the validation was measured on (plain SGD, no L2), without
+                # checkpoints (each lines the ranks up, which the simulator does not model).
                 args=(train --model mlp --data "$d/dense.pgd" --batch 1024 --iterations 250 --eval-every 10 --target-loss 1.7
+                    --optimizer sgd --lr 0.2 --lr-decay 1 --l2 0 --checkpoint-every 0
                     --scheme "$scheme" "${steal[@]}" --straggler "$pattern" --threads 1 --run-dir "$run" --quiet)
                 if [ "$backend" = mpi ]; then
                     mpirun -n "$ranks" "$P" "${args[@]}"

@@ -63,24 +63,25 @@ impl ModelKind {
     /// rate is scaled by `(1 - MU) / 0.1` (the same step once the velocity has built up).
     fn tuned(self, o: Optimizer) -> (f32, Decay) {
         use Optimizer::{AdaGrad, Adam, Ftrl, Momentum, Sgd};
-        const COSINE: f64 = -1.0;
+        const NONE: Decay = Decay::Inverse(0.0);
+        const EPOCH: Decay = Decay::Inverse(1.0);
+        const COSINE: Decay = Decay::Cosine;
         let (lr, decay) = match (self, o) {
-            (Self::Mf, _) => (0.01, 0.0),
-            (Self::Lr, Sgd) => (1.0, 0.0),
-            (Self::Lr, Momentum { .. }) => (0.1, 0.0),
-            (Self::Lr, AdaGrad { .. }) => (0.03, 0.0),
-            (Self::Lr, Adam { .. }) => (0.003, 0.0),
-            (Self::Lr | Self::Softmax | Self::Mlp, Ftrl { .. }) => (1.0, 0.0),
-            (Self::Softmax, Sgd) => (1.0, 1.0),
-            (Self::Softmax, Momentum { .. }) => (0.3, 1.0),
-            (Self::Softmax, AdaGrad { .. }) => (0.1, 0.0),
-            (Self::Softmax, Adam { .. }) => (0.03, 1.0),
-            (Self::Mlp, Sgd) => (0.3, 0.0),
+            (Self::Mf, _) => (0.01, NONE),
+            (Self::Lr, Sgd) => (1.0, NONE),
+            (Self::Lr, Momentum { .. }) => (0.1, NONE),
+            (Self::Lr, AdaGrad { .. }) => (0.03, NONE),
+            (Self::Lr, Adam { .. }) => (0.003, NONE),
+            (Self::Lr | Self::Softmax | Self::Mlp, Ftrl { .. }) => (1.0, NONE),
+            (Self::Softmax, Sgd) => (1.0, EPOCH),
+            (Self::Softmax, Momentum { .. }) => (0.3, EPOCH),
+            (Self::Softmax, AdaGrad { .. }) => (0.1, NONE),
+            (Self::Softmax, Adam { .. }) => (0.03, EPOCH),
+            (Self::Mlp, Sgd) => (0.3, NONE),
             (Self::Mlp, Momentum { .. }) => (0.1, COSINE),
-            (Self::Mlp, AdaGrad { .. }) => (0.03, 0.0),
+            (Self::Mlp, AdaGrad { .. }) => (0.03, NONE),
             (Self::Mlp, Adam { .. }) => (0.01, COSINE),
         };
-        let decay = if decay == COSINE { Decay::Cosine } else { Decay::Inverse(decay) };
         match o {
             Momentum { mu, .. } => (lr * (1.0 - mu) / 0.1, decay),
             _ => (lr, decay),
@@ -722,7 +723,7 @@ fn go<M: Export>(
     if r.checkpoint_every == u64::MAX {
         r.checkpoint_every = plan.iters_per_epoch().max(r.iterations.div_ceil(10));
     }
-    let cfg = Config {
+    let mut cfg = Config {
         scheme,
         batch: r.batch,
         chunk: r.chunk,
@@ -743,7 +744,6 @@ fn go<M: Export>(
         stop: Some(ctx.preemption.flag()),
         ..Config::default()
     };
-    let mut cfg = cfg;
     // Refused configurations leave no run directory behind.
     peregrine_core::engine::check(&cfg, t.world_size(), model.rows()).map_err(train_err)?;
     let text = r.to_toml().map_err(|e| AppError::Train(format!("config.toml: {e}")))?;
@@ -871,6 +871,8 @@ fn resume_point(
     // 0: from the start; 1: resume; 2: refused (rank 0 says why).
     let mut decision = [0u64];
     let mut refusal = None;
+    // Rank 0's reading of the checkpoint, kept for its resume (the others read it themselves).
+    let mut mine = None;
     if t.rank() == 0 {
         let summary = dir.join("summary.json");
         let loaded = store.load();
@@ -891,31 +893,40 @@ fn resume_point(
             (Err(e), _) => Some(refuse(format!("no usable checkpoint: {e}"))),
             _ => None,
         };
-        decision[0] = match (&refusal, &loaded) {
-            (Some(_), _) => 2,
-            (None, Ok(Some(_))) if !a.force => 1,
-            _ => 0,
-        };
-        if a.force && decision[0] == 0 {
-            store.clear().map_err(|e| AppError::Io {
-                what: format!("removing checkpoints in {}", dir.display()),
-                source: e,
-            })?;
+        if a.force && refusal.is_none() {
+            // A failure here is decided like a refusal, so that no rank waits for rank 0.
+            if let Err(e) = store.clear() {
+                refusal = Some(AppError::Io {
+                    what: format!("removing checkpoints in {}", dir.display()),
+                    source: e,
+                });
+            }
             let _ = std::fs::remove_file(&summary);
         }
+        decision[0] = match (&refusal, loaded) {
+            (Some(_), _) => 2,
+            (None, Ok(Some(l))) if !a.force => {
+                mine = Some(l);
+                1
+            }
+            _ => 0,
+        };
     }
     t.broadcast(&mut decision, 0)?;
     match decision[0] {
         2 => Err(refusal
             .unwrap_or_else(|| AppError::Usage("rank 0 refused to start in this run directory".into()))),
         1 => {
-            let l = store
-                .load()
-                .map_err(|e| AppError::Data { what: dir.display().to_string(), detail: e })?
-                .ok_or_else(|| AppError::Data {
-                    what: dir.display().to_string(),
-                    detail: "the checkpoint vanished".into(),
-                })?;
+            let l = match mine {
+                Some(l) => l,
+                None => store
+                    .load()
+                    .map_err(|e| AppError::Data { what: dir.display().to_string(), detail: e })?
+                    .ok_or_else(|| AppError::Data {
+                        what: dir.display().to_string(),
+                        detail: "the checkpoint vanished".into(),
+                    })?,
+            };
             if t.rank() == 0 {
                 if let Some(f) = &l.fallback {
                     eprintln!("warning: {f}; using the previous checkpoint");
