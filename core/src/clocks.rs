@@ -84,9 +84,15 @@ impl Clocks {
     /// Whether every rank has started the iteration tagged `tag` and all its chunks are done.
     /// Every progress word is read in one batch.
     pub fn all_done(&self, tag: u16) -> Result<bool> {
+        Ok(self.first_not_done(tag)?.is_none())
+    }
+
+    /// The first rank that has not started the iteration tagged `tag` or whose chunks of it are
+    /// not all done (`None`: every rank is done). Every progress word is read in one batch.
+    pub fn first_not_done(&self, tag: u16) -> Result<Option<usize>> {
         let mut words = vec![0; self.world];
         self.progress.load_range(0, &mut words)?;
-        Ok(words.into_iter().map(Progress::unpack).all(|p| p.tag == tag && p.done >= p.total))
+        Ok(words.into_iter().map(Progress::unpack).position(|p| p.tag != tag || p.done < p.total))
     }
 
     /// Collective: frees the windows.

@@ -2,7 +2,8 @@
 //! `checkpoint.prev.safetensors` (the one before).
 //!
 //! A checkpoint is a safetensors file: tensors `params` and `state` (the parameter and optimizer
-//! state windows as they were), and metadata: `format = peregrine-checkpoint`, `iteration`,
+//! state windows as they were, f32) and `scheme` (what the ranks' policies learned, f64; see
+//! `Snapshot::scheme`), and metadata: `format = peregrine-checkpoint`, `iteration`,
 //! `train_seconds`, `evals` (JSON), `config` (the resolved configuration, to refuse resuming
 //! another run) and `crc32` (of the tensors' bytes). Writing goes to a temporary file, synced,
 //! then the newest is renamed to the previous and the temporary file to the newest, and the
@@ -120,25 +121,28 @@ impl Store {
 }
 
 /// The checksum of the tensors' bytes.
-fn crc(params: &[u8], state: &[u8]) -> u32 {
+fn crc(params: &[u8], state: &[u8], scheme: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new();
     h.update(params);
     h.update(state);
+    h.update(scheme);
     h.finalize()
 }
 
 fn encode(s: &Snapshot, config: &str) -> Result<Vec<u8>, String> {
     let (p, st): (&[u8], &[u8]) = (bytemuck::cast_slice(&s.params), bytemuck::cast_slice(&s.state));
+    let sc: &[u8] = bytemuck::cast_slice(&s.scheme);
     let mut meta = HashMap::new();
     meta.insert("format".to_owned(), FORMAT.to_owned());
     meta.insert("iteration".into(), s.iteration.to_string());
     meta.insert("train_seconds".into(), s.train_seconds.to_string());
     meta.insert("evals".into(), serde_json::to_string(&s.evals).map_err(|e| e.to_string())?);
     meta.insert("config".into(), config.to_owned());
-    meta.insert("crc32".into(), format!("{:08x}", crc(p, st)));
+    meta.insert("crc32".into(), format!("{:08x}", crc(p, st, sc)));
     let views = [
         ("params", TensorView::new(Dtype::F32, vec![s.params.len()], p).map_err(|e| e.to_string())?),
         ("state", TensorView::new(Dtype::F32, vec![s.state.len()], st).map_err(|e| e.to_string())?),
+        ("scheme", TensorView::new(Dtype::F64, vec![s.scheme.len()], sc).map_err(|e| e.to_string())?),
     ];
     safetensors::serialize(views, Some(meta)).map_err(|e| e.to_string())
 }
@@ -161,7 +165,15 @@ fn read(path: &Path) -> Result<(Snapshot, String), String> {
         Ok(crate::model_file::f32s(t.data()))
     };
     let (params, state) = (tensor("params")?, tensor("state")?);
-    let sum = crc(bytemuck::cast_slice(&params), bytemuck::cast_slice(&state));
+    // Written by every version since policies keep state; absent before: nothing learned.
+    let scheme: Vec<f64> = match st.tensor("scheme") {
+        Ok(t) if t.dtype() == Dtype::F64 => {
+            t.data().chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap_or_default())).collect()
+        }
+        Ok(t) => return Err(format!("damaged (tensor scheme is {:?})", t.dtype())),
+        Err(_) => Vec::new(),
+    };
+    let sum = crc(bytemuck::cast_slice(&params), bytemuck::cast_slice(&state), bytemuck::cast_slice(&scheme));
     if get("crc32")? != &format!("{sum:08x}") {
         return Err(format!("damaged (checksum {sum:08x}, the file says {})", get("crc32")?));
     }
@@ -174,6 +186,7 @@ fn read(path: &Path) -> Result<(Snapshot, String), String> {
         params,
         state,
         weights: Vec::new(),
+        scheme,
     };
     Ok((snapshot, get("config")?.clone()))
 }
@@ -190,6 +203,7 @@ mod tests {
             weights: Vec::new(),
             evals: vec![EvalPoint { iter: 10, time: 0.5, loss: 0.7, metric: 0.6, train_loss: Some(0.71) }],
             train_seconds: 1.25,
+            scheme: vec![2.0, 3.0, 2.0, 0.25, 1e300, 1.0, 7.5, 0.0],
         }
     }
 

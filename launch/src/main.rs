@@ -43,7 +43,8 @@ use world::{run_world, AppError, RunContext, WorldArgs};
         peregrine slurm sbatch --nodes 2 --ntasks-per-node 4 --cpus-per-task 8 --time 1:00:00 \\\n      \
         --dry-run -- conformance --repeat 100   # a batch script for Slurm\n\n\
         Exit codes: 0 success, 1 failure, 2 bad command line, 75 stopped on a signal with its state saved \
-        (resume by running the same command with the same --run-dir)."
+        (resume by running the same command with the same --run-dir), 124 ended by the watchdog (a rank \
+        made no progress for --watchdog seconds; rerun to resume from the last checkpoint)."
 )]
 struct Cli {
     #[command(subcommand)]

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use peregrine_core::engine::{self, Config, Progress, Report};
+use peregrine_core::engine::{self, Config, Progress, Report, Watchdog};
 use peregrine_core::inject::{Injection, Pattern};
 use peregrine_core::model::{lr::LogReg, mf::Mf, mlp::Mlp, softmax::Softmax, Export};
 use peregrine_core::optim::{Decay, Optimizer, Schedule};
@@ -196,6 +196,15 @@ pub struct TrainArgs {
     /// one, with any number of ranks.
     #[arg(long, value_name = "N")]
     checkpoint_every: Option<u64>,
+    /// Also take a checkpoint once S seconds of training have passed since the previous one
+    /// (rank 0's clock decides; the ranks agree on the iteration, as for a stop) [default: none].
+    #[arg(long, value_name = "S")]
+    checkpoint_seconds: Option<f64>,
+    /// End the job, naming the rank, when a rank makes no progress for S seconds (a rank stopped,
+    /// hung or unreachable; exit code 124); 0: never [default: 600, as PyTorch's collective
+    /// time-out]. Progress is any chunk, pull, push, evaluation or checkpoint finished.
+    #[arg(long, value_name = "S")]
+    watchdog: Option<f64>,
     /// Start again in a run directory that holds a finished run or another run's checkpoint
     /// (its checkpoints, metrics and summary are replaced).
     #[arg(long)]
@@ -256,6 +265,8 @@ pub(crate) struct TrainFile {
     pub(crate) target_loss: Option<f64>,
     eval_every: Option<u64>,
     checkpoint_every: Option<u64>,
+    checkpoint_seconds: Option<f64>,
+    watchdog: Option<f64>,
     threads: Option<usize>,
     steal: Option<bool>,
     steal_fraction: Option<f64>,
@@ -294,6 +305,8 @@ impl TrainFile {
             target_loss: top.target_loss.or(self.target_loss),
             eval_every: top.eval_every.or(self.eval_every),
             checkpoint_every: top.checkpoint_every.or(self.checkpoint_every),
+            checkpoint_seconds: top.checkpoint_seconds.or(self.checkpoint_seconds),
+            watchdog: top.watchdog.or(self.watchdog),
             threads: top.threads.or(self.threads),
             steal: top.steal.or(self.steal),
             steal_fraction: top.steal_fraction.or(self.steal_fraction),
@@ -342,6 +355,8 @@ impl TrainArgs {
             target_loss: self.target_loss,
             eval_every: self.eval_every,
             checkpoint_every: self.checkpoint_every,
+            checkpoint_seconds: self.checkpoint_seconds,
+            watchdog: self.watchdog,
             threads: self.threads,
             steal: self.no_steal.then_some(false),
             steal_fraction: self.steal_fraction,
@@ -396,6 +411,10 @@ pub(crate) struct Resolved {
     target_loss: Option<f64>,
     eval_every: u64,
     checkpoint_every: u64,
+    /// 0: none.
+    checkpoint_seconds: f64,
+    /// 0: no watchdog.
+    watchdog: f64,
     threads: usize,
     steal: bool,
     steal_fraction: f64,
@@ -563,6 +582,8 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
         target_loss: f.target_loss,
         eval_every: f.eval_every.unwrap_or(0),
         checkpoint_every: f.checkpoint_every.unwrap_or(u64::MAX),
+        checkpoint_seconds: f.checkpoint_seconds.unwrap_or(0.0),
+        watchdog: f.watchdog.unwrap_or(DEFAULT_WATCHDOG),
         threads: f.threads.unwrap_or(0),
         steal: f.steal.unwrap_or(true),
         steal_fraction: f.steal_fraction.unwrap_or(0.5),
@@ -581,12 +602,27 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
     if !(r.l2.is_finite() && r.l2 >= 0.0) {
         return Err(usage(format!("--l2 must be 0 or more, got {}", r.l2)));
     }
+    for (flag, v) in [("--checkpoint-seconds", r.checkpoint_seconds), ("--watchdog", r.watchdog)] {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(usage(format!("{flag} must be 0 or more seconds, got {v}")));
+        }
+    }
     r.straggler.parse::<Pattern>().map_err(usage)?;
     Ok((r, epochs.or(if iterations.is_none() { Some(5.0) } else { None })))
 }
 
 /// The share of the training time default checkpoints may take.
 const CHECKPOINT_BUDGET: f64 = 0.01;
+
+/// Seconds without progress before the watchdog ends a job (PyTorch's default collective
+/// time-out): generous, since an iteration, an evaluation or a checkpoint of a large model on a
+/// slow file system may take minutes.
+const DEFAULT_WATCHDOG: f64 = 600.0;
+
+/// Seconds a rank may go without progress once asked to stop (SIGTERM, SIGUSR1) before the
+/// watchdog ends the job: a peer that died cannot reach the stop's checkpoint, and Slurm sends
+/// SIGKILL 30 s (`KillWait`) after SIGTERM.
+const STOP_GRACE: f64 = 5.0;
 
 /// Most compute threads a rank may ask for.
 const MAX_THREADS: usize = 1024;
@@ -741,7 +777,13 @@ fn go<M: Export>(
         stop_on_stall: r.stop_on_stall,
         checkpoint_every: r.checkpoint_every,
         checkpoint_budget: budget,
+        checkpoint_seconds: (r.checkpoint_seconds > 0.0).then_some(r.checkpoint_seconds),
         stop: Some(ctx.preemption.flag()),
+        watchdog: (r.watchdog > 0.0).then(|| Watchdog {
+            after: std::time::Duration::from_secs_f64(r.watchdog),
+            after_stop: std::time::Duration::from_secs_f64(r.watchdog.min(STOP_GRACE)),
+            on_hang: std::sync::Arc::new(end_hung_job),
+        }),
         ..Config::default()
     };
     // Refused configurations leave no run directory behind.
@@ -818,6 +860,20 @@ fn go<M: Export>(
     Ok(report)
 }
 
+/// The watchdog's end of a job whose rank stopped progressing: the message, then the process
+/// ends at once with [`EXIT_HUNG`] (threads stuck in a call cannot be unwound; the launcher ends
+/// the other ranks). The checkpoints on disk are whole: they are written aside and renamed.
+fn end_hung_job(message: &str) {
+    eprintln!("peregrine: error: {message}; rerun the same command to resume from the last checkpoint");
+    // SAFETY: `_exit` ends the process without running exit handlers, which could block on
+    // the locks of threads stuck in MPI calls; nothing is half-written by skipping them (the
+    // files that matter are renamed into place whole).
+    unsafe { libc::_exit(EXIT_HUNG) }
+}
+
+/// The exit code of a job the watchdog ended (as `timeout(1)`'s).
+pub const EXIT_HUNG: i32 = 124;
+
 /// Writes the trained model into the run directory (rank 0).
 fn save_model<M: Export>(dir: &Path, model: &M, report: &Report, r: &Resolved) -> Result<(), AppError> {
     let Some(params) = report.params.as_deref() else { return Ok(()) };
@@ -876,8 +932,11 @@ fn resume_point(
     if t.rank() == 0 {
         let summary = dir.join("summary.json");
         let loaded = store.load();
-        let comparable =
-            |c: &str| c.lines().filter(|l| !l.starts_with("threads =")).collect::<Vec<_>>().join("\n");
+        // How a run is carried out may change between its parts; what it computes may not.
+        let operational = ["threads =", "checkpoint-every =", "checkpoint-seconds =", "watchdog ="];
+        let comparable = |c: &str| {
+            c.lines().filter(|l| !operational.iter().any(|k| l.starts_with(k))).collect::<Vec<_>>().join("\n")
+        };
         let refuse = |why: String| {
             AppError::Usage(format!("{why}; give another --run-dir, or --force to start again there"))
         };
@@ -911,6 +970,12 @@ fn resume_point(
             }
             _ => 0,
         };
+        if let Some(l) = &mine {
+            // Decided here, like a refusal, so that no rank waits for rank 0.
+            if let Err(e) = trim_metrics(&dir.join("metrics"), l.snapshot.iteration) {
+                (refusal, decision[0]) = (Some(e), 2);
+            }
+        }
     }
     t.broadcast(&mut decision, 0)?;
     match decision[0] {
@@ -942,6 +1007,34 @@ fn resume_point(
         }
         _ => Ok(None),
     }
+}
+
+/// Drops from every rank's metrics the iterations at or after `iteration` (run again by the
+/// resumed run, which appends its own) and a last line cut short by a killed process. Each file
+/// is rewritten aside and renamed.
+fn trim_metrics(dir: &Path, iteration: u64) -> Result<(), AppError> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Ok(()) };
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.extension().is_none_or(|x| x != "jsonl") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).map_err(io(format!("reading {}", path.display())))?;
+        let keep: String = text
+            .split_inclusive('\n')
+            .filter(|l| l.ends_with('\n'))
+            .filter(|l| {
+                serde_json::from_str::<serde_json::Value>(l)
+                    .ok()
+                    .and_then(|v| v.get("iter").and_then(serde_json::Value::as_u64))
+                    .is_some_and(|i| i < iteration)
+            })
+            .collect();
+        if keep.len() != text.len() {
+            write_atomically(&path, keep.as_bytes())?;
+        }
+    }
+    Ok(())
 }
 
 /// Rank 0's process memory (Linux): resident anonymous memory (heap: model, buffers), resident

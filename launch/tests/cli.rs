@@ -174,6 +174,79 @@ mod mpi {
         assert!(dist <= 1e-5, "{dist:e} from the uninterrupted model");
     }
 
+    /// The PID of MPI rank `rank` among the `peregrine` processes whose command line has `pattern`
+    /// (OpenMPI sets `OMPI_COMM_WORLD_RANK`, MPICH's Hydra `PMI_RANK`).
+    fn rank_pid(pattern: &str, rank: usize) -> u32 {
+        let start = std::time::Instant::now();
+        loop {
+            let out = std::process::Command::new("pgrep").args(["-f", pattern]).output().expect("pgrep");
+            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+                let env = String::from_utf8_lossy(&env);
+                let is = |v: &str| env.split('\0').any(|kv| kv == format!("{v}={rank}"));
+                if comm.trim() == "peregrine" && (is("OMPI_COMM_WORLD_RANK") || is("PMI_RANK")) {
+                    return pid.parse().expect("pid");
+                }
+            }
+            assert!(start.elapsed().as_secs() < 30, "no process of rank {rank} matching {pattern}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn a_stopped_rank_is_named_by_the_watchdog_and_the_rerun_resumes() {
+        let d_tmp = super::scratch("mpi-watchdog");
+        let d = d_tmp.path();
+        let s = |name: &str| d.join(name).to_str().expect("utf-8").to_owned();
+        super::ok(&["data", "gen", "sparse", &s("d.pgd"), "--rows", "20000", "--features", "500"]);
+        let args = [
+            "train",
+            "--model",
+            "lr",
+            "--data",
+            &s("d.pgd"),
+            "--iterations",
+            "3000",
+            "--batch",
+            "512",
+            "--chunk",
+            "64",
+            "--checkpoint-every",
+            "100",
+            "--watchdog",
+            "3",
+            "--run-dir",
+            &s("stopped"),
+            "-q",
+        ];
+        let child = mpirun_command(2, exe(), &args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("mpirun");
+        super::wait_for_file(&d.join("stopped/checkpoint.safetensors"));
+        // Rank 1 stops (SIGSTOP: alive, holding its share of the windows, never answering).
+        let victim = rank_pid(&s("stopped"), 1);
+        super::signal(victim, "-STOP");
+        let stopped = std::time::Instant::now();
+        let out = child.wait_with_output().expect("wait");
+        let ended = stopped.elapsed();
+        // Whatever is left of the victim (the launcher may have sent it a signal it cannot take
+        // while stopped).
+        let _ = std::process::Command::new("kill").args(["-CONT", &victim.to_string()]).output();
+        let _ = std::process::Command::new("kill").args(["-KILL", &victim.to_string()]).output();
+        let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!out.status.success(), "{all}");
+        assert!(ended.as_secs() <= 3 + 10, "the job ended {ended:?} after rank 1 stopped:\n{all}");
+        assert!(all.contains("watchdog: rank 0 of 2 made no progress"), "{all}");
+        assert!(all.contains("rank 1 looks stuck"), "{all}");
+        assert!(!d.join("stopped/summary.json").exists(), "the run finished before rank 1 stopped");
+        let again = mpirun_n(2, exe(), &args);
+        assert_success("mpirun -n 2 peregrine train (resumed after the watchdog)", &again);
+        assert!(String::from_utf8_lossy(&again.stderr).contains("resuming from iteration"));
+    }
+
     fn exe() -> &'static Path {
         Path::new(env!("CARGO_BIN_EXE_peregrine"))
     }
@@ -1402,6 +1475,23 @@ fn a_killed_run_resumes_from_its_last_checkpoint_with_any_rank_count() {
         assert!(dist <= tolerance, "resumed on {ranks} ranks: {dist:e} from the uninterrupted model");
         let summary = std::fs::read_to_string(d.join(&run).join("summary.json")).expect("summary");
         assert!(summary.contains("\"iterations\": 3000"), "{summary}");
+        // Rank 0's metrics: every iteration once, in order (the killed part after the checkpoint
+        // and any line cut short are dropped before the resumed run appends).
+        let metrics = std::fs::read_to_string(d.join(&run).join("metrics/rank-0.jsonl")).expect("metrics");
+        let iters: Vec<u64> = metrics
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).expect("a whole JSON line")["iter"]
+                    .as_u64()
+                    .expect("iter")
+            })
+            .collect();
+        assert!(
+            iters.iter().copied().eq(0..3000),
+            "{} lines, first {:?}",
+            iters.len(),
+            &iters[..5.min(iters.len())]
+        );
     }
     // A finished run is not overwritten; --force starts again; another configuration's
     // checkpoint is refused.
@@ -1547,4 +1637,115 @@ fn a_signal_stops_training_at_a_checkpoint_and_the_rerun_resumes() {
     assert!(stderr.contains("resuming from iteration"), "{stderr}");
     let summary = std::fs::read_to_string(d.join("run/summary.json")).expect("summary");
     assert!(summary.contains("\"iterations\": 4000"), "{summary}");
+}
+
+/// `peregrine train` of LR on `data` into `run` on 2 local ranks, started (not awaited), with
+/// `extra` flags.
+fn spawn_train(data: &str, run: &str, iterations: &str, extra: &[&str]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_peregrine"))
+        .args(["train", "--model", "lr", "--data", data, "--iterations", iterations, "--batch", "512"])
+        .args(["--chunk", "64", "--checkpoint-every", "100", "--run-dir", run, "--quiet"])
+        .args(extra)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start peregrine")
+}
+
+/// Waits (at most a minute) until `path` exists.
+fn wait_for_file(path: &Path) {
+    let start = std::time::Instant::now();
+    while !path.exists() {
+        assert!(start.elapsed().as_secs() < 60, "no {} written", path.display());
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill").args([sig, &pid.to_string()]).status().expect("kill");
+    assert!(ok.success(), "kill {sig} {pid}");
+}
+
+#[test]
+fn the_watchdog_ends_a_job_whose_rank_stops_progressing_and_names_the_rank() {
+    let t = scratch("watchdog");
+    let d = t.path();
+    let s = |name: &str| d.join(name).to_str().expect("utf-8").to_owned();
+    ok(&["data", "gen", "sparse", &s("d.pgd"), "--rows", "20000", "--features", "500"]);
+    // Rank 1 of 3 computes at a ten-millionth of its speed: one chunk takes hours.
+    let started = std::time::Instant::now();
+    let child = spawn_train(
+        &s("d.pgd"),
+        &s("r"),
+        "3000",
+        &["--ranks", "3", "--straggler", "persistent:rank=1,speed=1e-7", "--watchdog", "1.5"],
+    );
+    let out = child.wait_with_output().expect("wait");
+    let took = started.elapsed();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(124), "{stderr}");
+    assert!(took.as_secs() < 30, "ended after {took:?}");
+    assert!(stderr.contains("watchdog: rank") && stderr.contains("no progress for"), "{stderr}");
+    // Either rank 1's own watchdog (stuck computing) or another rank's (waiting for it) spoke.
+    assert!(
+        stderr.contains("rank 1 itself looks stuck") || stderr.contains("rank 1 looks stuck"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().filter(|l| l.contains("watchdog:")).count(), 1, "{stderr}");
+    // A limit that is not a number of seconds is refused before anything starts.
+    for bad in ["-1", "nan", "inf"] {
+        let flag = format!("--watchdog={bad}");
+        let out = peregrine(&["train", "--model", "lr", "--data", &s("d.pgd"), &flag]);
+        assert_eq!(out.status.code(), Some(2), "--watchdog {bad}: {:?}", text(&out));
+        assert!(text(&out).1.contains("--watchdog must be 0 or more seconds"), "{:?}", text(&out));
+    }
+}
+
+#[test]
+fn a_job_stopped_whole_and_continued_goes_on_without_the_watchdog_firing() {
+    let t = scratch("suspend");
+    let d = t.path();
+    let s = |name: &str| d.join(name).to_str().expect("utf-8").to_owned();
+    ok(&["data", "gen", "sparse", &s("d.pgd"), "--rows", "20000", "--features", "500"]);
+    let child = spawn_train(&s("d.pgd"), &s("r"), "1000000", &["--ranks", "2", "--watchdog", "1"]);
+    wait_for_file(&d.join("r/checkpoint.safetensors"));
+    // As `scontrol suspend` does: every rank stopped (here one process), for longer than the
+    // watchdog's limit, then continued.
+    signal(child.id(), "-STOP");
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    signal(child.id(), "-CONT");
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    // Still training: stopped on request at the next checkpoint instead.
+    signal(child.id(), "-USR1");
+    let out = child.wait_with_output().expect("wait");
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(75), "{stderr}");
+    assert!(!stderr.contains("watchdog"), "{stderr}");
+}
+
+#[test]
+fn timed_checkpoints_are_taken_and_a_changed_interval_still_resumes() {
+    let t = scratch("timed");
+    let d = t.path();
+    let s = |name: &str| d.join(name).to_str().expect("utf-8").to_owned();
+    ok(&["data", "gen", "sparse", &s("d.pgd"), "--rows", "20000", "--features", "500"]);
+    let train = |extra: &[&str]| {
+        let base =
+            ["train", "--model", "lr", "--data", &s("d.pgd"), "--iterations", "3000", "--run-dir", &s("r")];
+        peregrine(&[&base[..], &["--ranks", "2", "--checkpoint-every", "0", "-q"], extra].concat())
+    };
+    let out = train(&["--checkpoint-seconds", "0.05"]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("r/summary.json")).expect("summary"))
+            .expect("json");
+    let taken = summary["checkpoints"].as_u64().expect("checkpoints");
+    let train_s = summary["train_seconds"].as_f64().expect("train_seconds");
+    // At least one per 0.05 s of training after the first 0.05 s, give or take an iteration.
+    assert!(taken as f64 >= (train_s / 0.05).floor() - 1.0 && taken >= 1, "{taken} in {train_s} s");
+    // The interval is not part of what a run computes: a run resumed with another is not refused.
+    std::fs::remove_file(d.join("r/summary.json")).expect("rm summary");
+    let out = train(&["--checkpoint-seconds", "10", "--watchdog", "100"]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    assert!(text(&out).1.contains("resuming from iteration"), "{:?}", text(&out));
 }

@@ -269,3 +269,72 @@ fn a_training_job_warned_before_its_time_limit_checkpoints_requeues_and_resumes(
     let summary = read(&dir.join(format!("runs/ptest-{id}/summary.json")));
     assert!(summary.contains("\"iterations\": 10000"), "{summary}\n{log}");
 }
+
+#[test]
+fn a_task_killed_under_srun_ends_the_step_and_the_rerun_resumes() {
+    slurm_up();
+    let _node = REQUEUE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir_tmp = scratch("srun-kill");
+    let dir = dir_tmp.path();
+    let s = |name: &str| dir.join(name).to_string_lossy().into_owned();
+    let out = Command::new(exe())
+        .args(["data", "gen", "sparse", &s("d.pgd"), "--rows", "20000", "--features", "500"])
+        .output()
+        .expect("data gen");
+    assert!(out.status.success(), "{}", text(&out));
+    let mpi = format!("--mpi={}", plugin());
+    let run = s("killed");
+    let srun = |out: bool| {
+        let mut c = cmd("srun");
+        c.args([
+            "-n",
+            "2",
+            &mpi,
+            "--kill-on-bad-exit=1",
+            exe(),
+            "train",
+            "--model",
+            "lr",
+            "--data",
+            &s("d.pgd"),
+        ])
+        .args(["--iterations", "20000", "--batch", "512", "--chunk", "64", "--checkpoint-every", "100"])
+        .args(["--run-dir", &run, "-q"]);
+        if out {
+            c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+        }
+        c
+    };
+    let child = srun(true).spawn().expect("srun");
+    let ckpt = dir.join("killed/checkpoint.safetensors");
+    let start = Instant::now();
+    while !ckpt.exists() {
+        assert!(start.elapsed() < Duration::from_secs(120), "no checkpoint written");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Task 1: the process whose Slurm environment says so.
+    let pids = Command::new("pgrep").args(["-f", &run]).output().expect("pgrep");
+    let victim = String::from_utf8_lossy(&pids.stdout)
+        .split_whitespace()
+        .find(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            comm.trim() == "peregrine"
+                && String::from_utf8_lossy(&env).split('\0').any(|kv| kv == "SLURM_PROCID=1")
+        })
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("no task 1 among {:?}", String::from_utf8_lossy(&pids.stdout)));
+    let killed = Instant::now();
+    assert!(Command::new("kill").args(["-9", &victim]).status().expect("kill").success());
+    let out = child.wait_with_output().expect("wait");
+    let ended = killed.elapsed();
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    assert!(ended <= Duration::from_secs(10), "the step ended {ended:?} after task 1 was killed:\n{all}");
+    // srun names the task and the signal: "srun: error: <node>: task 1: Killed".
+    assert!(all.contains("task 1: Killed"), "{all}");
+    assert!(!dir.join("killed/summary.json").exists(), "the run finished before task 1 was killed");
+    let again = srun(false).output().expect("srun");
+    assert!(again.status.success(), "{}", text(&again));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("resuming from iteration"), "{}", text(&again));
+}

@@ -86,6 +86,13 @@ fn every_scheme_resumes_from_a_checkpoint_and_runs_to_the_end() {
         let (_, taken, _) = run(3, &data, name, Optimizer::Sgd, None);
         let at =
             taken.iter().find(|s| s.iteration == 20).unwrap_or_else(|| panic!("{name}: {taken:?}")).clone();
+        // What the policies learned: LB-BSP's predictors, one per rank, for a world of 3.
+        if name == "lb-bsp" {
+            assert!((0..3).all(|r| at.scheme_state(r, 3).is_some_and(|v| v[0] > 0.0)), "{:?}", at.scheme);
+            assert!(at.scheme_state(0, 2).is_none());
+        } else {
+            assert!(at.scheme.is_empty(), "{name}: {:?}", at.scheme);
+        }
         let (params, again, iterations) = run(3, &data, name, Optimizer::Sgd, Some(at));
         assert!(params.iter().all(|v| v.is_finite()), "{name}");
         assert!(iterations >= 39, "{name}: {iterations} iterations");
@@ -161,6 +168,67 @@ fn a_stop_on_one_rank_becomes_a_checkpoint_every_rank_agrees_on_under_every_sche
         if name == "bsp" {
             let d = distance(&params, &full);
             assert!(d <= 1e-5, "bsp stopped at {at} and resumed: {d:e} from the uninterrupted model");
+        }
+    }
+}
+
+#[test]
+fn timed_checkpoints_agree_on_their_iterations_under_every_scheme_and_leave_the_model_alone() {
+    use peregrine_core::engine::TrainError;
+    use peregrine_tests::training::train_until;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let data = data(tmp.path());
+    let (full, _, _) = run(2, &data, "bsp", Optimizer::Sgd, None);
+    for name in [
+        "bsp",
+        "ssp:2",
+        "asp",
+        "dynsgd:2",
+        "backup:1",
+        "backup-dynamic",
+        "lb-bsp",
+        "speculative",
+        "flexrr:2",
+        "falcon",
+        "falcon:slack:2",
+    ] {
+        let world = if name == "bsp" { 2 } else { 3 };
+        // A request as soon as the previous checkpoint is taken: one after another, all run long;
+        // then (second pass) rank 0 is also asked to stop after 25 iterations.
+        for stop_after in [u64::MAX, 25] {
+            let out = run_local(world, |t| {
+                let m = LogReg::new(&data, None, 0.5, true).map_err(|e| e.to_string())?;
+                let mut cfg = checkpoint_config(&t, 40, scheme(name), Optimizer::Sgd, 0, None);
+                cfg.checkpoint_seconds = Some(1e-9);
+                cfg.stop = Some(std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
+                let (result, taken) = train_until(&t, &m, &cfg, stop_after);
+                Ok::<_, String>((
+                    result.map_err(|e| match e {
+                        TrainError::Stopped(at) => at,
+                        e => panic!("{name}: {e}"),
+                    }),
+                    taken,
+                ))
+            })
+            .expect("world");
+            let taken = &out[0].as_ref().expect("rank 0").1;
+            let at: Vec<u64> = taken.iter().map(|s| s.iteration).collect();
+            assert!(at.len() >= 5, "{name}: checkpoints at {at:?}");
+            assert!(at.windows(2).all(|w| w[0] < w[1]), "{name}: checkpoints at {at:?}");
+            let results: Vec<_> = out.iter().map(|r| r.as_ref().expect("rank").0.as_ref()).collect();
+            if stop_after == u64::MAX {
+                assert!(results.iter().all(Result::is_ok), "{name}");
+                if name == "bsp" {
+                    let params = results[0].ok().and_then(|r| r.params.clone()).expect("params");
+                    let d = distance(&params, &full);
+                    assert!(d <= 1e-5, "bsp with checkpoints at {at:?}: {d:e} from the model without");
+                }
+            } else {
+                let stops: Vec<u64> = results.iter().map(|r| *r.expect_err("stopped")).collect();
+                assert!(stops.iter().all(|&s| s == stops[0]), "{name}: ranks stopped at {stops:?}");
+                assert_eq!(at.last(), Some(&stops[0]), "{name}: the stop is the last checkpoint");
+                assert!((25..40).contains(&stops[0]), "{name}: stopped at {}", stops[0]);
+            }
         }
     }
 }

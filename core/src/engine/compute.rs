@@ -345,6 +345,7 @@ impl<M: Model> Run<'_, M> {
             self.injected_sleep(c0.elapsed().mul_f64(delay), cancel);
         }
         self.iter_busy.fetch_add(c0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.watch.beat();
         let n = self.iter_chunks.fetch_add(1, Ordering::Relaxed) + 1;
         if self.publish_rates {
             // This iteration's completion rate (a failed store just skips one update; the next

@@ -174,16 +174,18 @@ impl<M: Model> Run<'_, M> {
     pub(super) fn serve_evals(&self, ev: &mut Evals) -> Result<Duration, TrainError> {
         // Evaluations asked and stop publications, in one read; every wait comes here: where a
         // stop asked by another rank is published from.
-        let mut words = [0u64; 4];
+        let mut words = [0u64; 3];
         self.control.load_range(0, &mut words)?;
-        self.publish_stop(words[3] > 0)?;
+        self.publish_stop(words[2])?;
         let t0 = Instant::now();
         let asked = words[0];
         while ev.joined < asked {
             ev.joined += 1;
+            self.watch.mark(super::watch::Phase::Evaluating, ev.iters);
             // Everyone's pushes so far have landed (flushed before the barrier).
             self.t.barrier()?;
             self.evaluate(ev)?;
+            self.watch.beat();
         }
         Ok(if asked > 0 { t0.elapsed() } else { Duration::ZERO })
     }

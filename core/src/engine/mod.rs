@@ -39,12 +39,15 @@
 //! ([`Config::resume`]), with any number of ranks, goes on from there: the batch order is a
 //! function of the seed and the iteration only.
 //!
-//! A stop ([`Config::stop`], raised by a signal on any rank) becomes such a checkpoint at an
-//! iteration the ranks agree on: a rank that sees its flag, or sees another rank's request,
+//! A stop ([`Config::stop`], raised by a signal on any rank) and a timed checkpoint
+//! ([`Config::checkpoint_seconds`], asked by rank 0) are requests for such a checkpoint at an
+//! iteration the ranks agree on: a rank that sees its own request, or sees another rank's,
 //! publishes the next iteration it would begin (at the top of its loop, or from any wait: every
 //! wait joins evaluations and checks this) and begins no new one until every rank has published;
 //! the checkpoint's iteration is then the largest published, which no rank has begun. Ranks
-//! behind run up to it, all take the checkpoint, and the run ends with [`TrainError::Stopped`].
+//! behind run up to it and all take the checkpoint. Requests are counted (one control word), so
+//! a run makes any number of them, one at a time. At every checkpoint the ranks also agree
+//! whether any was asked to stop; if so, the run ends there with [`TrainError::Stopped`].
 
 use std::io::Write;
 
@@ -64,6 +67,8 @@ pub use evals::{DIVERGED_ABOVE, RISEN_BY, STALL_EVALS};
 mod metrics;
 mod params;
 mod run;
+mod watch;
+pub use watch::Watchdog;
 
 pub use metrics::{EvalPoint, IterRecord, Progress, RankTotals, Report};
 
@@ -82,6 +87,25 @@ pub struct Snapshot {
     pub evals: Vec<EvalPoint>,
     /// Training seconds so far (evaluations excluded).
     pub train_seconds: f64,
+    /// What the ranks' policies learned ([`crate::scheme::Policy::state`]): empty, or the world
+    /// size, a stride, then per rank (one stride each) the length of its state and the state.
+    /// A run resumed on as many ranks starts from it; on another number, afresh.
+    pub scheme: Vec<f64>,
+}
+
+impl Snapshot {
+    /// Rank `rank`'s policy state, if the snapshot has one for a world of `world` ranks.
+    pub fn scheme_state(&self, rank: usize, world: usize) -> Option<&[f64]> {
+        let (&w, rest) = self.scheme.split_first()?;
+        let (&stride, all) = rest.split_first()?;
+        let stride = stride as usize;
+        if w as usize != world || stride == 0 || all.len() != world * stride || rank >= world {
+            return None;
+        }
+        let mine = &all[rank * stride..(rank + 1) * stride];
+        let len = mine[0] as usize;
+        mine.get(1..1 + len)
+    }
 }
 
 /// Errors of a training run.
@@ -201,6 +225,10 @@ pub struct Config {
     /// training time (rank 0 measures both and all ranks agree on the next checkpoint's iteration
     /// at each checkpoint).
     pub checkpoint_budget: Option<f64>,
+    /// With `Some(s)`, rank 0 also asks for a checkpoint once `s` seconds of training have
+    /// passed since the previous one (or the start); the ranks agree on its iteration as they do
+    /// for a stop.
+    pub checkpoint_seconds: Option<f64>,
     /// Raised (by a signal handler) on any rank: every rank stops at a checkpoint taken at an
     /// iteration they agree on, and the run ends with [`TrainError::Stopped`].
     pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
@@ -210,6 +238,9 @@ pub struct Config {
     /// of a small model costs less than finding the keys of a batch (Adult's 122 weights: one
     /// 0.5 KB get instead of a pass over 340k feature indices per iteration).
     pub dense_pull_below: usize,
+    /// With `Some`, a thread beside each rank's loop ends the job when the rank makes no progress
+    /// for [`Watchdog::after`] (see `watch`).
+    pub watchdog: Option<Watchdog>,
 }
 
 impl Default for Config {
@@ -234,8 +265,10 @@ impl Default for Config {
             dense_pull_below: 1 << 16,
             checkpoint_every: 0,
             checkpoint_budget: None,
+            checkpoint_seconds: None,
             stop: None,
             resume: None,
+            watchdog: None,
         }
     }
 }
@@ -370,9 +403,19 @@ pub fn train_checkpointed<M: Model>(
             )));
         }
     }
-    let (run, mut policy) = run::Run::start(t, model, cfg, plan, pool)?;
-    let result = run.train(&mut *policy, metrics, progress, checkpoint);
-    // The windows are freed (collectively) whether training succeeded or not.
-    run.free(policy)?;
-    result
+    let watch = watch::Watch::new(cfg.start_iteration());
+    std::thread::scope(|s| {
+        // The watchdog watches until the run is over (its channel hung up).
+        let (_over, over) = std::sync::mpsc::channel::<()>();
+        if let Some(dog) = &cfg.watchdog {
+            let (watch, rank, world) = (&watch, t.rank(), t.world_size());
+            let stop = cfg.stop.as_deref();
+            s.spawn(move || watch.guard(rank, world, dog, stop, &over));
+        }
+        let (run, mut policy) = run::Run::start(t, model, cfg, plan, pool, &watch)?;
+        let result = run.train(&mut *policy, metrics, progress, checkpoint);
+        // The windows are freed (collectively) whether training succeeded or not.
+        run.free(policy)?;
+        result
+    })
 }

@@ -13,6 +13,7 @@ use super::compute::Slot;
 use super::evals::Evals;
 use super::metrics::TOTALS;
 use super::params::{Params, PushBufs};
+use super::watch::{Behind, Phase, Watch};
 use super::{Config, IterRecord, Progress, RankTotals, Report, TrainError};
 use crate::clocks::Clocks;
 use crate::inject::Disruptor;
@@ -35,9 +36,12 @@ pub(super) struct Run<'a, M: Model> {
     pub params: Params,
     pub queues: ChunkQueues,
     pub clocks: Clocks,
-    /// On rank 0: `[evaluations requested, ranks finished, arrivals at checkpoints, ranks that
-    /// published a stop iteration]`.
+    /// On rank 0: `[evaluations requested, ranks finished, publications for checkpoint
+    /// requests]`.
     pub control: Window<u64>,
+    /// Every rank's count of checkpoints it has arrived at (one word per rank, so that a rank
+    /// that never arrives can be named).
+    pub arrivals: Window<u64>,
     pub slots: Vec<Mutex<Slot<M::Work>>>,
     pub rank: usize,
     pub world: usize,
@@ -60,12 +64,20 @@ pub(super) struct Run<'a, M: Model> {
     /// This rank's chunks of the current iteration (global chunk numbers).
     pub own: Mutex<Range<usize>>,
     pub disruptor: Option<Disruptor>,
-    /// Every rank's published stop iteration plus one (0: none yet).
+    /// Every rank's published iteration plus one for the current checkpoint request.
     pub stops: Window<u64>,
     /// The iteration this rank would begin next if it left its current wait.
     pub current: AtomicU64,
-    /// Whether this rank has published its stop iteration.
-    pub stop_published: std::sync::atomic::AtomicBool,
+    /// Checkpoint requests (stops and timed checkpoints) this rank has published its iteration
+    /// for: request `k` is open on every rank once any rank published for it (the control word
+    /// counts past `(k - 1) * world`).
+    pub published: AtomicU64,
+    /// Requests whose checkpoint this rank has taken.
+    pub settled: AtomicU64,
+    /// Rank 0: a timed checkpoint is due ([`Config::checkpoint_seconds`]).
+    pub timed: std::sync::atomic::AtomicBool,
+    /// This rank's progress marks, for the watchdog.
+    pub watch: &'a Watch,
 }
 
 /// What the rank's main thread carries from iteration to iteration: buffers and running sums.
@@ -98,6 +110,7 @@ impl<'a, M: Model> Run<'a, M> {
         cfg: &'a Config,
         plan: Plan,
         pool: &'a RankPool,
+        watch: &'a Watch,
     ) -> Result<(Self, Box<dyn Policy>), TrainError> {
         pool.set_active(cfg.threads);
         // Each rank writes the initial values of its own shard.
@@ -115,8 +128,9 @@ impl<'a, M: Model> Run<'a, M> {
             clocks: Clocks::new(t)?,
             control: t.alloc_window(
                 "control",
-                &ShardMap::from_lens((0..t.world_size()).map(|r| if r == 0 { 4 } else { 0 })),
+                &ShardMap::from_lens((0..t.world_size()).map(|r| if r == 0 { 3 } else { 0 })),
             )?,
+            arrivals: t.alloc_window("checkpoint arrivals", &ShardMap::from_lens(vec![1; t.world_size()]))?,
             slots,
             rank: t.rank(),
             world: t.world_size(),
@@ -131,11 +145,18 @@ impl<'a, M: Model> Run<'a, M> {
             disruptor: cfg.inject.disruptor(t.rank(), &pool.placement().cpus, pool.max_threads()),
             stops: t.alloc_window("stop iterations", &ShardMap::from_lens(vec![1; t.world_size()]))?,
             current: AtomicU64::new(cfg.start_iteration()),
-            stop_published: std::sync::atomic::AtomicBool::new(false),
+            published: AtomicU64::new(0),
+            settled: AtomicU64::new(0),
+            timed: std::sync::atomic::AtomicBool::new(false),
+            watch,
         };
+        let mut policy = policy;
         if let Some(s) = &cfg.resume {
             run.params.restore(t, &s.params, &s.state)?;
             run.clocks.resume(s.iteration)?;
+            if let Some(state) = s.scheme_state(run.rank, run.world) {
+                policy.restore(run.rank, state)?;
+            }
         }
         t.barrier()?;
         Ok((run, policy))
@@ -147,6 +168,7 @@ impl<'a, M: Model> Run<'a, M> {
             queues: &self.queues,
             clocks: &self.clocks,
             rates: &self.rates,
+            watch: self.watch,
             rank: self.rank,
             world: self.world,
         }
@@ -167,16 +189,25 @@ impl<'a, M: Model> Run<'a, M> {
             me.ev.resume(s);
         }
         let mut due = next.checked_div(every).map_or(u64::MAX, |k| (k + 1) * every);
-        let mut stop_at = None;
+        // The iteration of the open checkpoint request, once every rank published for it.
+        let mut asked_at = None;
         while next < self.cfg.iterations {
             self.current.store(next, Ordering::Relaxed);
-            if stop_at.is_none() {
-                // This rank's own flag (another rank's request is seen by the evaluation check
-                // that closed the previous iteration, or by any wait).
-                self.publish_stop(false)?;
-                if self.stop_published.load(Ordering::Relaxed) {
+            self.watch.mark(Phase::Waiting, next);
+            if asked_at.is_none() {
+                if self.rank == 0 {
+                    if let Some(s) = self.cfg.checkpoint_seconds {
+                        if me.ev.train_time() - me.last_checkpoint.1 >= s {
+                            self.timed.store(true, Ordering::Relaxed);
+                        }
+                    }
+                }
+                // This rank's own request (another rank's is seen by the evaluation check that
+                // closed the previous iteration, or by any wait).
+                self.publish_stop(0)?;
+                if self.request_open() {
                     let Some(d) = self.stop_iteration(&mut me)? else { break };
-                    stop_at = Some(d);
+                    asked_at = Some(d);
                     due = due.min(d);
                 }
             }
@@ -187,17 +218,24 @@ impl<'a, M: Model> Run<'a, M> {
             if it >= due {
                 // Before this rank's first iteration at or after the checkpoint's.
                 let at = due;
-                let Some(interval) = self.checkpoint(&mut me, at, checkpoint)? else { break };
-                if stop_at.is_none() && self.stop_published.load(Ordering::Relaxed) {
-                    // Asked to stop during the checkpoint's wait.
-                    let Some(d) = self.stop_iteration(&mut me)? else { break };
-                    stop_at = Some(d);
-                }
-                if stop_at.is_some_and(|d| d <= at) {
+                let Some((interval, stop)) = self.checkpoint(&mut me, &*policy, at, checkpoint)? else {
+                    break;
+                };
+                if stop {
                     return Err(TrainError::Stopped(at));
                 }
+                if asked_at == Some(at) {
+                    asked_at = None;
+                    self.settled.fetch_add(1, Ordering::Relaxed);
+                    self.timed.store(false, Ordering::Relaxed);
+                }
+                if asked_at.is_none() && self.request_open() {
+                    // A request published during the checkpoint's wait.
+                    let Some(d) = self.stop_iteration(&mut me)? else { break };
+                    asked_at = Some(d);
+                }
                 let every = if every > 0 { interval } else { u64::MAX };
-                due = stop_at
+                due = asked_at
                     .unwrap_or(u64::MAX)
                     .min(it.checked_div(every).map_or(u64::MAX, |k| (k + 1) * every));
             }
@@ -208,6 +246,7 @@ impl<'a, M: Model> Run<'a, M> {
             let computing = self.compute_phase(policy, &mut me.ev, &me.replica, it, &mut rec)?;
             self.push(policy, &mut me, it, computing, &mut rec)?;
             if !policy.ready(&self.view(), it)? {
+                self.watch.mark(Phase::Waiting, it);
                 rec.wait +=
                     self.wait_serving(&mut me.ev, || Ok(policy.ready(&self.view(), it)?))?.as_secs_f64();
             }
@@ -219,30 +258,37 @@ impl<'a, M: Model> Run<'a, M> {
         self.finish(policy, me)
     }
 
-    /// Publishes the next iteration this rank would begin, once a stop is asked: by this rank's
-    /// flag, or by another rank (`others`: a publication seen in the control window); at most
-    /// once.
-    pub(super) fn publish_stop(&self, others: bool) -> Result<(), TrainError> {
-        if self.stop_published.load(Ordering::Relaxed) {
+    /// Publishes the next iteration this rank would begin for a checkpoint request: its own (a
+    /// stop flag, or rank 0's timed checkpoint) or another rank's (`published`: how many
+    /// publications the control window counts); at most once per request.
+    pub(super) fn publish_stop(&self, published: u64) -> Result<(), TrainError> {
+        let mine = self.published.load(Ordering::Relaxed);
+        let opened = published > mine * self.world as u64;
+        let own = !self.request_open()
+            && (self.cfg.stop.as_ref().is_some_and(|f| f.load(Ordering::Relaxed))
+                || self.timed.load(Ordering::Relaxed));
+        if !(opened || own) {
             return Ok(());
         }
-        let mine = self.cfg.stop.as_ref().is_some_and(|f| f.load(Ordering::Relaxed));
-        if !mine && !others {
-            return Ok(());
-        }
-        self.stop_published.store(true, Ordering::Relaxed);
+        self.published.store(mine + 1, Ordering::Relaxed);
         self.stops.swap(self.rank, self.current.load(Ordering::Relaxed) + 1)?;
-        self.control.fetch_add(3, 1)?;
+        self.control.fetch_add(2, 1)?;
         Ok(())
     }
 
-    /// The stop's iteration, once every rank has published (joining evaluations meanwhile):
-    /// the largest published, which no rank has begun. `None` if an evaluation reached the
-    /// target meanwhile.
+    /// Whether this rank published for a request whose checkpoint it has not taken yet.
+    fn request_open(&self) -> bool {
+        self.published.load(Ordering::Relaxed) > self.settled.load(Ordering::Relaxed)
+    }
+
+    /// The open request's iteration, once every rank has published for it (joining evaluations
+    /// meanwhile): the largest published, which no rank has begun. `None` if an evaluation
+    /// reached the target meanwhile.
     fn stop_iteration(&self, me: &mut Local) -> Result<Option<u64>, TrainError> {
+        let want = self.published.load(Ordering::Relaxed) * self.world as u64;
         crate::clocks::wait_until(|| -> Result<bool, TrainError> {
             self.serve_evals(&mut me.ev)?;
-            Ok(me.ev.to_target.is_some() || self.control.load(3)? >= self.world as u64)
+            Ok(me.ev.to_target.is_some() || self.control.load(2)? >= want)
         })?;
         if me.ev.to_target.is_some() {
             return Ok(None);
@@ -253,22 +299,34 @@ impl<'a, M: Model> Run<'a, M> {
     }
 
     /// Collective: the checkpoint of iteration `at` (see the module doc of `engine`). Returns
-    /// the interval to the next one (rank 0's, stretched to keep within the budget), or `None`,
-    /// without a checkpoint, if an evaluation joined meanwhile reached the target (the others
-    /// stop without arriving).
+    /// the interval to the next one (rank 0's, stretched to keep within the budget) and whether
+    /// any rank was asked to stop (every rank then stops here), or `None`, without a checkpoint,
+    /// if an evaluation joined meanwhile reached the target (the others stop without arriving).
     fn checkpoint(
         &self,
         me: &mut Local,
+        policy: &dyn Policy,
         at: u64,
         sink: &mut dyn FnMut(&super::Snapshot) -> Result<(), String>,
-    ) -> Result<Option<u64>, TrainError> {
+    ) -> Result<Option<(u64, bool)>, TrainError> {
         let c0 = Instant::now();
+        self.watch.mark(Phase::Checkpointing, at);
         me.checkpoints += 1;
-        self.control.fetch_add(2, 1)?;
-        let want = me.checkpoints * self.world as u64;
+        self.arrivals.swap(self.rank, me.checkpoints)?;
+        let mut arrived = vec![0u64; self.world];
         crate::clocks::wait_until(|| -> Result<bool, TrainError> {
             self.serve_evals(&mut me.ev)?;
-            Ok(me.ev.to_target.is_some() || self.control.load(2)? >= want)
+            if me.ev.to_target.is_some() {
+                return Ok(true);
+            }
+            self.arrivals.load_range(0, &mut arrived)?;
+            match arrived.iter().position(|&a| a < me.checkpoints) {
+                None => Ok(true),
+                Some(rank) => {
+                    self.watch.saw(Behind::Arrival { rank });
+                    Ok(false)
+                }
+            }
         })?;
         if me.ev.to_target.is_some() {
             return Ok(None);
@@ -277,14 +335,17 @@ impl<'a, M: Model> Run<'a, M> {
         // before, in order, then read the model.
         self.serve_evals(&mut me.ev)?;
         self.t.barrier()?;
-        // [failed, the next interval]: rank 0's, the others' zero.
-        let mut agreed = [0u64, 0];
+        let scheme = self.gather_scheme_state(policy)?;
+        // [failed, the next interval, asked to stop]: rank 0's interval, the others' zero.
+        let stop = self.cfg.stop.as_ref().is_some_and(|f| f.load(Ordering::Relaxed));
+        let mut agreed = [0u64, 0, u64::from(stop)];
         let mut why = String::new();
         if self.rank == 0 {
             let mut s = super::Snapshot {
                 iteration: at,
                 evals: me.ev.points.clone(),
                 train_seconds: me.ev.train_time(),
+                scheme,
                 ..Default::default()
             };
             self.params.get_raw(&mut s.params, &mut s.state)?;
@@ -307,6 +368,7 @@ impl<'a, M: Model> Run<'a, M> {
             me.last_checkpoint = (at, s.train_seconds);
         }
         self.t.allreduce(&mut agreed, ReduceOp::Max)?;
+        self.watch.beat();
         me.checkpoint_time += c0.elapsed();
         if agreed[0] != 0 {
             return Err(TrainError::Checkpoint(if self.rank == 0 {
@@ -315,7 +377,28 @@ impl<'a, M: Model> Run<'a, M> {
                 "rank 0 could not write it".into()
             }));
         }
-        Ok(Some(agreed[1].max(1)))
+        Ok(Some((agreed[1].max(1), agreed[2] != 0)))
+    }
+
+    /// Collective: every rank's policy state, as [`super::Snapshot::scheme`] holds it (on rank
+    /// 0; empty elsewhere, and when no policy has any).
+    fn gather_scheme_state(&self, policy: &dyn Policy) -> Result<Vec<f64>, TrainError> {
+        let mine = policy.state();
+        let mut longest = [mine.len() as u64];
+        self.t.allreduce(&mut longest, ReduceOp::Max)?;
+        if longest[0] == 0 {
+            return Ok(Vec::new());
+        }
+        let stride = longest[0] as usize + 1;
+        let mut all = vec![0.0f64; 2 + self.world * stride];
+        if self.rank == 0 {
+            (all[0], all[1]) = (self.world as f64, stride as f64);
+        }
+        let at = 2 + self.rank * stride;
+        all[at] = mine.len() as f64;
+        all[at + 1..at + 1 + mine.len()].copy_from_slice(&mine);
+        self.t.allreduce(&mut all, ReduceOp::Sum)?;
+        Ok(if self.rank == 0 { all } else { Vec::new() })
     }
 
     /// Opens iteration `it`: active threads, the injected delay, this rank's chunks, announced and
@@ -324,6 +407,7 @@ impl<'a, M: Model> Run<'a, M> {
         // Any wait from here on is inside `it`: the next iteration this rank would begin is the
         // one after.
         self.current.store(it + 1, Ordering::Relaxed);
+        self.watch.mark(Phase::Pulling, it);
         let cfg = self.cfg;
         let planned = cfg.elastic.threads(self.rank, it, cfg.inject.threads(self.rank, cfg.threads));
         self.pool.set_active(policy.threads(planned));
@@ -359,6 +443,7 @@ impl<'a, M: Model> Run<'a, M> {
         rec: &mut IterRecord,
     ) -> Result<Instant, TrainError> {
         let c1 = Instant::now();
+        self.watch.mark(Phase::Computing, it);
         self.iter_chunks.store(0, Ordering::Relaxed);
         self.iter_busy.store(0, Ordering::Relaxed);
         *self.iter_start.lock().expect("iteration start") = c1;
@@ -371,12 +456,17 @@ impl<'a, M: Model> Run<'a, M> {
         let (mut helped, mut paused) = (Duration::ZERO, Duration::ZERO);
         // Without taking over or copies, nobody reads parameters after its pull: no need to line up.
         if policy.line_up() {
+            self.watch.mark(Phase::LiningUp, it);
             let tag = queue::tag(it);
             let w = crate::clocks::wait_until(|| -> Result<bool, TrainError> {
                 paused += self.serve_evals(ev)?;
                 // Once an evaluation says stop, nobody waits for anyone any more.
-                if ev.to_target.is_some() || self.clocks.all_done(tag)? {
+                if ev.to_target.is_some() {
                     return Ok(true);
+                }
+                match self.clocks.first_not_done(tag)? {
+                    None => return Ok(true),
+                    Some(rank) => self.watch.saw(Behind::Chunks { rank }),
                 }
                 let h = Instant::now();
                 if self.steal && self.stealable(tag)? {
@@ -409,6 +499,7 @@ impl<'a, M: Model> Run<'a, M> {
         rec: &mut IterRecord,
     ) -> Result<(), TrainError> {
         let c2 = Instant::now();
+        self.watch.mark(Phase::Pushing, it);
         let view = self.view();
         let admit = policy.admit(&view, it, computing.elapsed(), rec)?;
         let batch_rows = self.plan.batch_rows(it).len();
@@ -488,10 +579,16 @@ impl<'a, M: Model> Run<'a, M> {
     /// rank flushed before the barrier), and reports.
     fn finish(&self, policy: &dyn Policy, mut me: Local) -> Result<Report, TrainError> {
         self.current.store(self.cfg.iterations, Ordering::Relaxed);
+        self.watch.mark(Phase::Finishing, me.ev.iters);
         self.control.fetch_add(1, 1)?;
         crate::clocks::wait_until(|| -> Result<bool, TrainError> {
             self.serve_evals(&mut me.ev)?;
-            Ok(self.control.load(1)? == self.world as u64)
+            let done = self.control.load(1)?;
+            if done < self.world as u64 {
+                // Who is behind (a run ends at different clocks under SSP/ASP, or on a target).
+                self.view().clocks()?;
+            }
+            Ok(done == self.world as u64)
         })?;
         self.serve_evals(&mut me.ev)?;
         self.t.barrier()?;
@@ -534,6 +631,7 @@ impl<'a, M: Model> Run<'a, M> {
         self.queues.free()?;
         self.clocks.free()?;
         self.control.free()?;
+        self.arrivals.free()?;
         self.stops.free()?;
         self.rates.free()?;
         policy.free()?;
@@ -573,6 +671,7 @@ pub(super) struct Live<'r> {
     queues: &'r ChunkQueues,
     clocks: &'r Clocks,
     rates: &'r Window<u64>,
+    watch: &'r Watch,
     rank: usize,
     world: usize,
 }
@@ -597,7 +696,9 @@ impl View for Live<'_> {
         Ok(f64::from_bits(self.rates.load(rank)?))
     }
     fn clocks(&self) -> crate::scheme::Result<Vec<u64>> {
-        self.clocks.clocks()
+        let c = self.clocks.clocks()?;
+        self.watch.saw_clocks(self.rank, &c);
+        Ok(c)
     }
     fn queues(&self) -> crate::scheme::Result<Vec<words::Queue>> {
         self.queues.peek_all()

@@ -114,6 +114,26 @@ impl Policy for Balanced {
         Ok(split_weighted(plan.batch_chunks(it), &self.speeds, view.rank()))
     }
 
+    fn state(&self) -> Vec<f64> {
+        let mut v = vec![self.last];
+        v.extend(self.history.to_vec());
+        v
+    }
+
+    fn restore(&mut self, rank: usize, state: &[f64]) -> Result<()> {
+        let predictor = self.history.predictor;
+        let Some((&last, rest)) = state.split_first() else { return Ok(()) };
+        if let (Some(h), true) = (History::from_vec(predictor, rest), last.is_finite() && last >= 0.0) {
+            (self.history, self.last) = (h, last);
+            // The first iterations after the resume split by this prediction (either parity).
+            if last > 0.0 {
+                self.preds.swap(2 * rank, last.to_bits())?;
+                self.preds.swap(2 * rank + 1, last.to_bits())?;
+            }
+        }
+        Ok(())
+    }
+
     fn before_tick(&mut self, view: &dyn View, it: u64, busy: Duration, rec: &mut IterRecord) -> Result<()> {
         // Publish the prediction before the tick: after the BSP wait everyone reads it. A rank
         // given no rows (all its chunks went to others) learned nothing: its prediction stands.
@@ -234,6 +254,39 @@ impl History {
             }
         };
         predicted * self.scale
+    }
+
+    /// The history as numbers: scale, observations, the last features (a flag, then
+    /// `FEATURES` values), theta, P row by row, then the speeds in the window.
+    pub fn to_vec(&self) -> Vec<f64> {
+        let mut v = vec![self.scale, self.observed as f64, f64::from(u8::from(self.last_x.is_some()))];
+        v.extend(self.last_x.unwrap_or_default());
+        v.extend(self.theta);
+        v.extend(self.p.iter().flatten());
+        v.extend(&self.speeds);
+        v
+    }
+
+    /// A history of `predictor` from [`History::to_vec`]'s numbers (`None` if they do not fit).
+    pub fn from_vec(predictor: Predictor, v: &[f64]) -> Option<Self> {
+        let fixed = 3 + FEATURES + FEATURES + FEATURES * FEATURES;
+        if v.len() < fixed || v.len() > fixed + WINDOW || v.iter().any(|x| !x.is_finite()) {
+            return None;
+        }
+        let arr = |at: usize| -> [f64; FEATURES] { std::array::from_fn(|i| v[at + i]) };
+        let mut p = [[0.0; FEATURES]; FEATURES];
+        for (i, row) in p.iter_mut().enumerate() {
+            *row = arr(3 + 2 * FEATURES + i * FEATURES);
+        }
+        Some(Self {
+            predictor,
+            scale: v[0],
+            observed: v[1] as usize,
+            last_x: (v[2] != 0.0).then(|| arr(3)),
+            theta: arr(3 + FEATURES),
+            p,
+            speeds: v[fixed..].iter().copied().collect(),
+        })
     }
 
     /// Recursive least squares with forgetting: one observation `(x, y)`.
@@ -410,6 +463,23 @@ mod tests {
             best[k] += 1;
         }
         best
+    }
+
+    #[test]
+    fn a_history_saved_and_restored_predicts_as_the_original_goes_on() {
+        for predictor in [Predictor::Arx, Predictor::MovingAverage] {
+            let mut a = History::new(predictor);
+            for k in 0..9 {
+                a.observe(100.0 + 10.0 * f64::from(k % 3), 0.1 * f64::from(k), 0.5);
+            }
+            let mut b = History::from_vec(predictor, &a.to_vec()).expect("fits");
+            for k in 0..6 {
+                let speed = 120.0 - 7.0 * f64::from(k);
+                assert_eq!(a.observe(speed, 0.3, 0.4), b.observe(speed, 0.3, 0.4), "{predictor} step {k}");
+            }
+        }
+        assert!(History::from_vec(Predictor::Arx, &[1.0, 2.0]).is_none());
+        assert!(History::from_vec(Predictor::Arx, &[f64::NAN; 40]).is_none());
     }
 
     proptest::proptest! {

@@ -556,6 +556,18 @@ pub(crate) trait Policy: Send + Sync {
     /// The policy's share of this rank's totals.
     fn totals(&self, _totals: &mut RankTotals) {}
 
+    /// What this rank's policy learned that a run resumed from a checkpoint should start from
+    /// (LB-BSP's speed predictor), flattened; empty if nothing.
+    fn state(&self) -> Vec<f64> {
+        Vec::new()
+    }
+
+    /// Starts from `state`, as [`Policy::state`] gave it on the same rank of a world of the same
+    /// size, before the first iteration (the ranks synchronize after it).
+    fn restore(&mut self, _rank: usize, _state: &[f64]) -> Result<()> {
+        Ok(())
+    }
+
     /// Collective: frees the policy's windows.
     fn free(self: Box<Self>) -> Result<()> {
         Ok(())

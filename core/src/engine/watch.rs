@@ -1,0 +1,324 @@
+//! The watchdog: a thread beside each rank's loop that ends the job when the rank has made no
+//! progress for a set time, naming the rank that looks stuck.
+//!
+//! A rank that stops (a process stopped or swapped out for good, a hung thread, a node that no
+//! longer answers) does not fail: the others wait for it forever. Under MPI they may not even
+//! wait in Peregrine's own loop, where a time-out could be checked: with OpenMPI's `pt2pt`
+//! one-sided component a get from a stopped rank blocks inside the library. So the check runs on
+//! its own thread, which touches no window: the loop marks its progress (an atomic store at each
+//! phase and chunk), and remembers whom it last saw behind (the slowest clock in its last read of
+//! every rank's clock, the ranks whose chunks were not done, how many ranks had finished). When
+//! the last mark is older than the limit, the thread hands a message naming the rank to
+//! [`Watchdog::on_hang`], whose job is to end the process (threads stuck in a call cannot be
+//! unwound); the launcher then ends the other ranks (mpirun and `srun --kill-on-bad-exit` do).
+//!
+//! Time the process itself did not run (the watchdog thread woke far later than it asked to:
+//! the process was stopped, or starved of CPU) does not count: a job suspended whole
+//! (`scontrol suspend`, SIGSTOP to every rank) goes on when resumed, and a rank stopped alone
+//! and continued does not blame the others for its own pause.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What the watchdog does with a rank that stopped progressing.
+#[derive(Clone)]
+pub struct Watchdog {
+    /// How long without progress before the rank counts as stuck.
+    pub after: Duration,
+    /// The shorter limit once the run is asked to stop ([`super::Config::stop`]), counted from
+    /// the request: a rank that cannot reach the stop's checkpoint (a peer died; a launcher
+    /// ending a step sends the survivors SIGTERM, and SIGKILL only after its grace time, 30 s
+    /// by default under Slurm) ends the job instead of waiting for the SIGKILL.
+    pub after_stop: Duration,
+    /// Called once, from the watchdog's thread, with a message naming the stuck rank; expected
+    /// to end the process.
+    pub on_hang: Arc<dyn Fn(&str) + Send + Sync>,
+}
+
+impl fmt::Debug for Watchdog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watchdog").field("after", &self.after).finish_non_exhaustive()
+    }
+}
+
+/// Where in its iteration a rank is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(super) enum Phase {
+    Starting,
+    Pulling,
+    Computing,
+    LiningUp,
+    Pushing,
+    Waiting,
+    Evaluating,
+    Checkpointing,
+    Finishing,
+}
+
+impl Phase {
+    const ALL: [Phase; 9] = [
+        Phase::Starting,
+        Phase::Pulling,
+        Phase::Computing,
+        Phase::LiningUp,
+        Phase::Pushing,
+        Phase::Waiting,
+        Phase::Evaluating,
+        Phase::Checkpointing,
+        Phase::Finishing,
+    ];
+
+    fn describe(self) -> &'static str {
+        match self {
+            Phase::Starting => "starting",
+            Phase::Pulling => "pulling parameters",
+            Phase::Computing => "computing its chunks",
+            Phase::LiningUp => "waiting for every rank's chunks",
+            Phase::Pushing => "pushing its update",
+            Phase::Waiting => "waiting for the other ranks' clocks",
+            Phase::Evaluating => "evaluating",
+            Phase::Checkpointing => "at a checkpoint",
+            Phase::Finishing => "waiting for the other ranks to finish",
+        }
+    }
+
+    /// Whether the rank is waiting on others (else it is stuck itself).
+    fn waits(self) -> bool {
+        !matches!(self, Phase::Computing)
+    }
+}
+
+/// Whom the rank saw behind, last time it looked.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Behind {
+    /// The slowest other rank's clock in its last read of every rank's clock, and how many
+    /// other ranks were at the same clock.
+    Clock { rank: usize, clock: u64, tied: usize },
+    /// The first rank whose chunks of the iteration were not done.
+    Chunks { rank: usize },
+    /// The first rank that had not arrived at the checkpoint.
+    Arrival { rank: usize },
+}
+
+/// A rank's progress marks, written by its loop and threads, read by its watchdog.
+pub(super) struct Watch {
+    t0: Instant,
+    /// Nanoseconds from `t0` to the last mark.
+    last: AtomicU64,
+    iteration: AtomicU64,
+    phase: AtomicU8,
+    behind: Mutex<Option<Behind>>,
+}
+
+impl Watch {
+    pub fn new(iteration: u64) -> Self {
+        Self {
+            t0: Instant::now(),
+            last: AtomicU64::new(0),
+            iteration: AtomicU64::new(iteration),
+            phase: AtomicU8::new(Phase::Starting as u8),
+            behind: Mutex::new(None),
+        }
+    }
+
+    /// Progress: the rank entered `phase` of `iteration`.
+    pub fn mark(&self, phase: Phase, iteration: u64) {
+        self.iteration.store(iteration, Ordering::Relaxed);
+        self.phase.store(phase as u8, Ordering::Relaxed);
+        self.beat();
+    }
+
+    /// Progress within the phase (a chunk done).
+    pub fn beat(&self) {
+        self.last.store(self.t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Every rank's clock, as just read by rank `me`: the slowest other rank (the first of
+    /// those tied) and how many others share its clock.
+    pub fn saw_clocks(&self, me: usize, clocks: &[u64]) {
+        let others = || clocks.iter().enumerate().filter(|&(r, _)| r != me);
+        if let Some((rank, &clock)) = others().min_by_key(|c| *c.1) {
+            let tied = others().filter(|&(_, &c)| c == clock).count() - 1;
+            self.saw(Behind::Clock { rank, clock, tied });
+        }
+    }
+
+    pub fn saw(&self, b: Behind) {
+        *self.behind.lock().expect("watch") = Some(b);
+    }
+
+    /// How long since the last mark.
+    fn idle(&self) -> Duration {
+        self.t0.elapsed().saturating_sub(Duration::from_nanos(self.last.load(Ordering::Relaxed)))
+    }
+
+    /// Watches until `done` says the run is over (a message or a hang-up); calls the
+    /// watchdog's `on_hang` once if the rank goes `dog.after` without progress.
+    pub fn guard(
+        &self,
+        rank: usize,
+        world: usize,
+        dog: &Watchdog,
+        stop: Option<&AtomicBool>,
+        done: &Receiver<()>,
+    ) {
+        let poll =
+            (dog.after.min(dog.after_stop) / 8).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        let mut stop_seen: Option<Instant> = None;
+        // Time this process did not run at all since the last mark (stopped, as by `scontrol
+        // suspend`, or starved): not the rank's fault, and not the others' either.
+        let mut discount = Duration::ZERO;
+        let mut seen = self.last.load(Ordering::Relaxed);
+        let mut woke = Instant::now();
+        loop {
+            match done.recv_timeout(poll) {
+                Err(RecvTimeoutError::Timeout) => {}
+                _ => return,
+            }
+            let late = woke.elapsed().saturating_sub(poll);
+            woke = Instant::now();
+            let last = self.last.load(Ordering::Relaxed);
+            if last != seen {
+                (seen, discount) = (last, Duration::ZERO);
+            }
+            if late > poll {
+                discount += late;
+            }
+            let idle = self.idle().saturating_sub(discount);
+            if stop_seen.is_none() && stop.is_some_and(|f| f.load(Ordering::Relaxed)) {
+                stop_seen = Some(Instant::now());
+            }
+            let stopping = stop_seen.map(|t| idle.min(t.elapsed()));
+            if idle >= dog.after {
+                (dog.on_hang)(&self.describe(rank, world, idle, dog.after, ""));
+                return;
+            }
+            if let Some(idle) = stopping.filter(|&i| i >= dog.after_stop) {
+                (dog.on_hang)(&self.describe(rank, world, idle, dog.after_stop, " once asked to stop"));
+                return;
+            }
+        }
+    }
+
+    fn describe(&self, rank: usize, world: usize, idle: Duration, after: Duration, when: &str) -> String {
+        let phase = Phase::ALL[usize::from(self.phase.load(Ordering::Relaxed))];
+        let it = self.iteration.load(Ordering::Relaxed);
+        let behind = *self.behind.lock().expect("watch");
+        let suspect = match (phase.waits(), behind) {
+            (false, _) => format!("rank {rank} itself looks stuck"),
+            (true, Some(Behind::Clock { rank: r, clock, tied: 0 })) => format!(
+                "rank {r} looks stuck: the last clocks rank {rank} read put it at iteration {clock}, \
+                 behind every other rank"
+            ),
+            (true, Some(Behind::Clock { rank: r, clock, tied })) => format!(
+                "the last clocks rank {rank} read put rank {r} and {tied} other rank(s) at iteration \
+                 {clock}, the slowest: one of them looks stuck"
+            ),
+            (true, Some(Behind::Chunks { rank: r })) => {
+                format!("rank {r} looks stuck: its chunks of iteration {it} were not done when rank {rank} last looked")
+            }
+            (true, Some(Behind::Arrival { rank: r })) => {
+                format!("rank {r} looks stuck: it had not arrived at the checkpoint of iteration {it}")
+            }
+            (true, None) => format!("rank {rank} had not read the other ranks' progress yet"),
+        };
+        format!(
+            "watchdog: rank {rank} of {world} made no progress for {:.1} s ({} in iteration {it}); \
+             {suspect}; ending the job (the limit is {} s{when})",
+            idle.as_secs_f64(),
+            phase.describe(),
+            after.as_secs_f64()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    fn dog(after_ms: u64, seen: Arc<Mutex<Vec<String>>>) -> Watchdog {
+        Watchdog {
+            after: Duration::from_millis(after_ms),
+            after_stop: Duration::from_millis(after_ms),
+            on_hang: Arc::new(move |m: &str| seen.lock().expect("seen").push(m.to_owned())),
+        }
+    }
+
+    #[test]
+    fn a_rank_without_progress_is_named_once() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let w = Watch::new(0);
+        w.mark(Phase::Waiting, 7);
+        w.saw_clocks(1, &[8, 8, 6, 7]);
+        let (_tx, rx) = mpsc::channel();
+        let t0 = Instant::now();
+        w.guard(1, 4, &dog(100, seen.clone()), None, &rx);
+        assert!(t0.elapsed() >= Duration::from_millis(100));
+        let seen = seen.lock().expect("seen");
+        assert_eq!(seen.len(), 1);
+        assert!(seen[0].contains("rank 2 looks stuck"), "{}", seen[0]);
+        assert!(seen[0].contains("iteration 6"), "{}", seen[0]);
+        assert!(seen[0].contains("rank 1 of 4 made no progress"), "{}", seen[0]);
+    }
+
+    #[test]
+    fn once_asked_to_stop_the_shorter_limit_counts_from_the_request() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let w = Watch::new(0);
+        w.mark(Phase::Waiting, 3);
+        w.saw_clocks(0, &[4, 3, 4]);
+        let stop = AtomicBool::new(false);
+        let dog = Watchdog { after_stop: Duration::from_millis(300), ..dog(60_000, seen.clone()) };
+        let (_tx, rx) = mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // Long without progress before the request: not held against the rank.
+                std::thread::sleep(Duration::from_millis(400));
+                stop.store(true, Ordering::Relaxed);
+            });
+            let t0 = Instant::now();
+            w.guard(0, 3, &dog, Some(&stop), &rx);
+            assert!(t0.elapsed() >= Duration::from_millis(700), "{:?}", t0.elapsed());
+        });
+        let seen = seen.lock().expect("seen");
+        assert!(
+            seen[0].contains("rank 1 looks stuck") && seen[0].contains("once asked to stop"),
+            "{}",
+            seen[0]
+        );
+    }
+
+    #[test]
+    fn a_rank_stuck_in_its_own_compute_names_itself() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let w = Watch::new(0);
+        w.saw(Behind::Chunks { rank: 3 });
+        w.mark(Phase::Computing, 2);
+        let (_tx, rx) = mpsc::channel();
+        w.guard(0, 4, &dog(50, seen.clone()), None, &rx);
+        let seen = seen.lock().expect("seen");
+        assert!(seen[0].contains("rank 0 itself looks stuck"), "{}", seen[0]);
+    }
+
+    #[test]
+    fn progress_keeps_the_watchdog_quiet_and_the_end_of_the_run_stops_it() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let w = Watch::new(0);
+        let (tx, rx) = mpsc::channel();
+        std::thread::scope(|s| {
+            let (w, dog) = (&w, dog(1000, seen.clone()));
+            s.spawn(move || w.guard(0, 2, &dog, None, &rx));
+            for i in 0..60 {
+                w.mark(Phase::Computing, i);
+                std::thread::sleep(Duration::from_millis(25));
+            }
+            drop(tx);
+        });
+        assert!(seen.lock().expect("seen").is_empty());
+    }
+}
