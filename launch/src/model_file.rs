@@ -67,6 +67,54 @@ pub fn save(
     write_atomically(path, &data)
 }
 
+/// Writes the same tensors as [`save`] as NumPy files, one per tensor, `<dir>/<name>.npy`
+/// (format 1.0, little-endian f32, C order), and the metadata as `<dir>/meta.json`; each file
+/// written aside and renamed.
+pub fn save_npy(
+    dir: &Path,
+    model: &impl Export,
+    params: &[f32],
+    meta: &HashMap<String, String>,
+    scaling: Option<(&[f32], &[f32])>,
+) -> Result<(), AppError> {
+    let mut tensors: Vec<(String, Vec<usize>, &[f32])> =
+        model.blocks().into_iter().map(|b| (b.name, b.shape, &params[b.range])).collect();
+    let constants = model.constants();
+    for (name, v) in &constants {
+        tensors.push(((*name).to_owned(), vec![v.len()], &v[..]));
+    }
+    if let Some((shift, mult)) = scaling {
+        tensors.push(("scaling.shift".into(), vec![shift.len()], shift));
+        tensors.push(("scaling.mult".into(), vec![mult.len()], mult));
+    }
+    for (name, shape, values) in tensors {
+        write_atomically(&dir.join(format!("{name}.npy")), &npy(&shape, values))?;
+    }
+    let mut meta = meta.clone();
+    meta.insert("format".into(), FORMAT.into());
+    let text = serde_json::to_string_pretty(&meta).map_err(|e| AppError::Train(e.to_string()))?;
+    write_atomically(&dir.join("meta.json"), text.as_bytes())
+}
+
+/// A NumPy `.npy` file (format 1.0) of little-endian f32 `values` of `shape`.
+fn npy(shape: &[usize], values: &[f32]) -> Vec<u8> {
+    let dims: String = match shape {
+        [n] => format!("({n},)"),
+        _ => format!("({})", shape.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")),
+    };
+    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {dims}, }}");
+    // Magic (6) + version (2) + length (2) + header, padded with spaces to a multiple of 64 and
+    // ended by a newline.
+    let pad = (64 - (10 + header.len() + 1) % 64) % 64;
+    header.push_str(&" ".repeat(pad));
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend((header.len() as u16).to_le_bytes());
+    out.extend(header.as_bytes());
+    out.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+    out
+}
+
 /// Little-endian f32 values from a tensor's bytes (any alignment).
 pub fn f32s(bytes: &[u8]) -> Vec<f32> {
     bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()

@@ -205,6 +205,11 @@ pub struct TrainArgs {
     /// time-out]. Progress is any chunk, pull, push, evaluation or checkpoint finished.
     #[arg(long, value_name = "S")]
     watchdog: Option<f64>,
+    /// Also write the model as NumPy files, `model/<tensor>.npy` (f32, one per tensor of
+    /// model.safetensors) with `model/meta.json`, in the run directory, at the end and at each
+    /// checkpoint.
+    #[arg(long)]
+    npy: bool,
     /// Start again in a run directory that holds a finished run or another run's checkpoint
     /// (its checkpoints, metrics and summary are replaced).
     #[arg(long)]
@@ -429,6 +434,9 @@ pub(crate) struct Resolved {
     l2_per_row: bool,
     hidden: Vec<usize>,
     straggler: String,
+    /// Also write the model as `.npy` files (how the run is written out, not what it computes).
+    #[serde(skip)]
+    npy: bool,
 }
 
 /// An `f32` written as its shortest decimal (`0.1`, not the `0.10000000149011612` of its `f64`
@@ -502,7 +510,9 @@ fn resolve(a: &TrainArgs) -> Result<(Resolved, Option<f64>), AppError> {
         Some(p) => read_file(p)?,
         None => TrainFile::default(),
     };
-    finish(f.overlay(a.as_file()))
+    let (mut r, epochs) = finish(f.overlay(a.as_file()))?;
+    r.npy = a.npy;
+    Ok((r, epochs))
 }
 
 /// The configuration `f` with every default filled in and checked; `Some(epochs)` when the
@@ -595,6 +605,7 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
         l2_per_row: f.l2.is_none() && model != ModelKind::Mf,
         hidden: f.hidden.unwrap_or_else(|| vec![128]),
         straggler: f.straggler.unwrap_or_else(|| "ideal".into()),
+        npy: false,
     };
     if !(r.lr.is_finite() && r.lr > 0.0) {
         return Err(usage(format!("the learning rate must be positive, got {}", r.lr)));
@@ -909,6 +920,9 @@ fn save_model_params<M: Export>(
             meta.insert("eval_loss".into(), e.loss.to_string());
             meta.insert(format!("eval_{}", report.metric), e.metric.to_string());
         }
+    }
+    if r.npy {
+        crate::model_file::save_npy(&dir.join("model"), model, params, &meta, train.scaling())?;
     }
     crate::model_file::save(&dir.join(crate::model_file::FILE_NAME), model, params, meta, train.scaling())
 }

@@ -1547,6 +1547,7 @@ fn python_reads_the_exported_model() {
         "1",
         "--run-dir",
         &s("run"),
+        "--npy",
         "-q",
     ]);
     let ours = safetensors_f32(&d.join("run/model.safetensors"));
@@ -1579,6 +1580,29 @@ for name in sorted(h):
         assert!((sum - v.iter().sum::<f32>()).abs() < 1e-4, "{line}");
     }
     assert_eq!(stdout.lines().count(), 4, "{stdout}");
+    // The same tensors as NumPy files (--npy), read with a header-parsing reader of the format
+    // (numpy.lib.format's layout: magic, version, header length, a Python dict, the data).
+    let script = r#"
+import ast, glob, json, os, struct, sys
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.npy"))):
+    b = open(path, "rb").read()
+    assert b[:8] == b"\x93NUMPY\x01\x00", b[:8]
+    n = struct.unpack("<H", b[8:10])[0]
+    assert (10 + n) % 64 == 0, n
+    h = ast.literal_eval(b[10:10 + n].decode("latin1"))
+    assert h["descr"] == "<f4" and not h["fortran_order"], h
+    count = 1
+    for s in h["shape"]:
+        count *= s
+    v = struct.unpack("<%df" % count, b[10 + n:])
+    print(os.path.basename(path)[:-4], "x".join(map(str, h["shape"])), "%.6f" % sum(v))
+print(json.load(open(os.path.join(sys.argv[1], "meta.json")))["model"])
+"#;
+    let out =
+        Command::new("python3").arg("-c").arg(script).arg(d.join("run/model")).output().expect("python3");
+    let (npy, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(npy.lines().collect::<Vec<_>>(), [&stdout.lines().collect::<Vec<_>>()[..], &["mlp"]].concat());
 }
 
 #[test]
