@@ -218,6 +218,10 @@ impl<'a, M: Model> Run<'a, M> {
             if it >= due {
                 // Before this rank's first iteration at or after the checkpoint's.
                 let at = due;
+                // Its metrics of the iterations before are on file (a resumed run keeps those).
+                if let Some((w, path)) = metrics.as_mut() {
+                    w.flush().map_err(|source| TrainError::Metrics { path: path.to_string(), source })?;
+                }
                 let Some((interval, stop)) = self.checkpoint(&mut me, &*policy, at, checkpoint)? else {
                     break;
                 };
