@@ -875,6 +875,11 @@ fn go<M: Export>(
 /// ends at once with [`EXIT_HUNG`] (threads stuck in a call cannot be unwound; the launcher ends
 /// the other ranks). The checkpoints on disk are whole: they are written aside and renamed.
 fn end_hung_job(message: &str) {
+    // Local ranks share the process: the first watchdog to fire speaks for it.
+    static ENDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if ENDING.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        return;
+    }
     eprintln!("peregrine: error: {message}; rerun the same command to resume from the last checkpoint");
     // SAFETY: `_exit` ends the process without running exit handlers, which could block on
     // the locks of threads stuck in MPI calls; nothing is half-written by skipping them (the
