@@ -211,9 +211,7 @@ pub fn render(spec: &BatchSpec) -> Result<String, Error> {
     line!("# Each rank computes on its cores: as many threads as cpus per task (per het group).");
     line!("export OMP_NUM_THREADS=\"${{SLURM_CPUS_PER_TASK:-1}}\" RAYON_NUM_THREADS=\"${{SLURM_CPUS_PER_TASK:-1}}\"");
     line!();
-    // A task that dies (killed, or ended by the watchdog) ends the step: the others would wait
-    // for it forever.
-    let mut srun = format!("srun --mpi={} --kill-on-bad-exit=1 --cpu-bind=cores", spec.mpi.as_str());
+    let mut srun = format!("srun --mpi={} --cpu-bind=cores", spec.mpi.as_str());
     if het {
         // Slurm >= 22.05 no longer passes the batch's --cpus-per-task to srun; each het group
         // keeps its own allocation with --het-group.
@@ -276,7 +274,7 @@ mod tests {
             "#SBATCH --time=01:00:00",
             "#SBATCH --signal=USR1@120",
             "#SBATCH --requeue",
-            "srun --mpi=pmix --kill-on-bad-exit=1 --cpu-bind=cores --cpus-per-task=\"$SLURM_CPUS_PER_TASK\" /shared/bin/peregrine train --config 'my run.toml' || status=$?",
+            "srun --mpi=pmix --cpu-bind=cores --cpus-per-task=\"$SLURM_CPUS_PER_TASK\" /shared/bin/peregrine train --config 'my run.toml' || status=$?",
             "if [ \"$status\" -eq 75 ]; then",
             "    scontrol requeue \"$SLURM_JOB_ID\"",
         ] {
@@ -302,7 +300,7 @@ mod tests {
             s.contains("#SBATCH --cpus-per-task=16\n#SBATCH --partition=big\n#SBATCH --constraint=fat"),
             "{s}"
         );
-        assert!(s.contains("srun --mpi=pmi2 --kill-on-bad-exit=1 --cpu-bind=cores --het-group=0-1 "), "{s}");
+        assert!(s.contains("srun --mpi=pmi2 --cpu-bind=cores --het-group=0-1 "), "{s}");
         assert!(s.contains("10 MPI ranks in a heterogeneous job"), "{s}");
     }
 
