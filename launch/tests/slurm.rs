@@ -286,8 +286,13 @@ fn a_task_killed_under_srun_ends_the_step_and_the_rerun_resumes() {
     let run = s("killed");
     let srun = |out: bool| {
         let mut c = cmd("srun");
-        c.args(["-n", "2", &mpi, exe(), "train", "--model", "lr", "--data", &s("d.pgd")])
-            .args(["--iterations", "20000", "--batch", "512", "--chunk", "64", "--checkpoint-every", "100"])
+        c.args(["-n", "2", &mpi]);
+        if plugin() == "pmi2" {
+            // As the batch scripts do: with PMI-2 nothing else ends the step (see sbatch.rs).
+            c.arg("--kill-on-bad-exit=1");
+        }
+        c.args([exe(), "train", "--model", "lr", "--data", &s("d.pgd")])
+            .args(["--iterations", "3000", "--batch", "512", "--chunk", "64", "--checkpoint-every", "100"])
             .args(["--run-dir", &run, "-q"]);
         if out {
             c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
@@ -321,7 +326,7 @@ fn a_task_killed_under_srun_ends_the_step_and_the_rerun_resumes() {
     assert!(!out.status.success(), "{all}");
     assert!(ended <= Duration::from_secs(10), "the step ended {ended:?} after task 1 was killed:\n{all}");
     // srun names the task and the signal ("srun: error: <node>: task 1: Killed"); Slurm's PMIx
-    // plugin cancels the step (no --kill-on-bad-exit needed).
+    // plugin cancels the step, under PMI-2 --kill-on-bad-exit does.
     assert!(all.contains("task 1: Killed"), "{all}");
     assert!(!dir.join("killed/summary.json").exists(), "the run finished before task 1 was killed");
     let again = srun(false).output().expect("srun");

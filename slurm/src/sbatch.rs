@@ -212,6 +212,14 @@ pub fn render(spec: &BatchSpec) -> Result<String, Error> {
     line!("export OMP_NUM_THREADS=\"${{SLURM_CPUS_PER_TASK:-1}}\" RAYON_NUM_THREADS=\"${{SLURM_CPUS_PER_TASK:-1}}\"");
     line!();
     let mut srun = format!("srun --mpi={} --cpu-bind=cores", spec.mpi.as_str());
+    if spec.mpi == MpiPlugin::Pmi2 {
+        // A task that dies must end the step: with PMI-2 nothing else does (the others would
+        // wait for it until the watchdog). With PMIx, Slurm's plugin cancels the step itself, and
+        // this flag must not be given: it would also end the step when the ranks leave with
+        // EXIT_REQUEUE, and a PMIx step ended that way leaves its socket behind (Slurm 22.05),
+        // so that the requeued job's first step cannot start.
+        srun.push_str(" --kill-on-bad-exit=1");
+    }
     if het {
         // Slurm >= 22.05 no longer passes the batch's --cpus-per-task to srun; each het group
         // keeps its own allocation with --het-group.
@@ -300,7 +308,7 @@ mod tests {
             s.contains("#SBATCH --cpus-per-task=16\n#SBATCH --partition=big\n#SBATCH --constraint=fat"),
             "{s}"
         );
-        assert!(s.contains("srun --mpi=pmi2 --cpu-bind=cores --het-group=0-1 "), "{s}");
+        assert!(s.contains("srun --mpi=pmi2 --cpu-bind=cores --kill-on-bad-exit=1 --het-group=0-1 "), "{s}");
         assert!(s.contains("10 MPI ranks in a heterogeneous job"), "{s}");
     }
 
