@@ -32,6 +32,7 @@ pub mod pool;
 pub mod queue;
 pub mod scheme;
 pub mod sim;
+pub mod straggler;
 pub mod words;
 
 pub use engine::{train, Config, Report, TrainError};

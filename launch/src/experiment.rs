@@ -66,6 +66,9 @@ pub struct ExperimentArgs {
     /// Leave compute threads unpinned.
     #[arg(long)]
     no_pin: bool,
+    /// Record every run's timeline (`trace.json` in its run directory; see `train --trace`).
+    #[arg(long)]
+    trace: bool,
     /// Check the configuration and list the runs, without running them.
     #[arg(long)]
     dry_run: bool,
@@ -438,6 +441,7 @@ fn rank(
             no_pin: a.no_pin,
             dir: Some(out.join("runs").join(slug(wname)).join("warm-up")),
             force: true,
+            trace: false,
         };
         train_cmd::rank(t, ctx, &opts, resolved, epochs, 0)?;
         // Seeds outermost: each seed is a full sweep, so that the machine's drift over a long
@@ -455,7 +459,13 @@ fn rank(
                         .join(slug(pattern))
                         .join(slug(&scheme.to_string()))
                         .join(format!("seed-{seed}"));
-                    let opts = RunOpts { quiet: true, no_pin: a.no_pin, dir: Some(dir), force: true };
+                    let opts = RunOpts {
+                        quiet: true,
+                        no_pin: a.no_pin,
+                        dir: Some(dir),
+                        force: true,
+                        trace: a.trace,
+                    };
                     let report = train_cmd::rank(t, ctx, &opts, resolved, epochs, 0)?;
                     let row = Row::new(wname, pattern, scheme, seed, &report, threads);
                     if t.rank() == 0 {

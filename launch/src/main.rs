@@ -12,6 +12,7 @@ mod model_file;
 mod plots;
 mod predict_cmd;
 mod preempt;
+mod report_cmd;
 mod sim_cmd;
 mod slurm_cmd;
 mod train_cmd;
@@ -65,6 +66,10 @@ enum Command {
     /// Run the straggler experiment: schemes x straggler patterns x workloads x seeds, with tables
     /// and plots (see `peregrine experiment --help`).
     Experiment(Box<experiment::ExperimentArgs>),
+    /// A finished run's straggler report (which ranks were slow, by how much, what it cost the
+    /// others, the pattern) and plots: loss against time, each rank's compute, communication and
+    /// waiting per iteration, chunks taken over between ranks (see `peregrine report --help`).
+    Report(report_cmd::ReportArgs),
     /// Simulate a cluster: the schemes' own policies at up to thousands of ranks in virtual time,
     /// or a real run replayed (see `peregrine simulate --help`).
     Simulate(Box<sim_cmd::SimArgs>),
@@ -155,6 +160,7 @@ fn main() -> ExitCode {
         Command::Experiment(a) => experiment::run(*a),
         Command::Predict(a) => predict_cmd::run(a),
         Command::Simulate(a) => sim_cmd::run(*a),
+        Command::Report(a) => report_cmd::run(&a),
         Command::Conformance(a) => conformance_cmd(&a),
         Command::Bench(BenchCommand::Rma(a)) => rma_cmd(&a),
         Command::Slurm(c) => slurm_cmd::run(c),

@@ -187,3 +187,147 @@ where
     root.present()?;
     Ok(())
 }
+
+/// One rank's phases per iteration (bins of iterations): `(first iteration, compute, comm,
+/// wait)` seconds, the mean over the bin.
+pub struct RankPhases {
+    /// The rank, and whether the straggler report flagged it.
+    pub rank: usize,
+    pub flagged: bool,
+    pub bins: Vec<(f64, f64, f64, f64)>,
+}
+
+/// Writes `<stem>.png` and `<stem>.svg`: one panel per rank, its compute, communication and
+/// waiting seconds per iteration stacked.
+pub fn rank_phases(stem: &Path, title: &str, ranks: &[RankPhases]) -> Result<(), AppError> {
+    both(stem, |root| draw_phases(root, title, ranks), |root| draw_phases(root, title, ranks))
+}
+
+fn draw_phases<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, title: &str, ranks: &[RankPhases]) -> Drawn
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE)?;
+    let root = root.titled(title, ("sans-serif", 20))?;
+    let top = ranks
+        .iter()
+        .flat_map(|r| r.bins.iter().map(|b| b.1 + b.2 + b.3))
+        .filter(|v| v.is_finite())
+        .fold(0.0f64, f64::max)
+        .max(1e-9)
+        * 1.1;
+    let last = ranks.iter().flat_map(|r| r.bins.last().map(|b| b.0)).fold(1.0f64, f64::max);
+    let colors = [RGBColor(66, 133, 244), RGBColor(251, 188, 5), RGBColor(219, 68, 55)];
+    for (area, r) in root.split_evenly((ranks.len().max(1), 1)).into_iter().zip(ranks) {
+        let label = format!("rank {}{}", r.rank, if r.flagged { " (straggler)" } else { "" });
+        let mut chart = ChartBuilder::on(&area)
+            .margin(4)
+            .x_label_area_size(18)
+            .y_label_area_size(60)
+            .caption(label, ("sans-serif", 13))
+            .build_cartesian_2d(0.0..last, 0.0..top)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .y_labels(3)
+            .x_labels(8)
+            .label_style(("sans-serif", 11))
+            .y_label_formatter(&|v| format!("{:.1} ms", v * 1e3))
+            .x_label_formatter(&|v| format!("{v:.0}"))
+            .draw()?;
+        // Stacked: compute, then communication on it, then waiting on both.
+        let layers = [
+            ("compute", r.bins.iter().map(|b| (b.0, b.1)).collect::<Vec<_>>()),
+            ("comm", r.bins.iter().map(|b| (b.0, b.1 + b.2)).collect()),
+            ("wait", r.bins.iter().map(|b| (b.0, b.1 + b.2 + b.3)).collect()),
+        ];
+        for (i, (name, pts)) in layers.iter().enumerate().rev() {
+            let c = colors[i];
+            chart
+                .draw_series(AreaSeries::new(pts.iter().copied(), 0.0, c.mix(0.8)).border_style(c))?
+                .label(*name)
+                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .label_font(("sans-serif", 11))
+            .background_style(WHITE.mix(0.8))
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// Writes `<stem>.png` and `<stem>.svg`: an `n x n` matrix, `cells` as `(row, column, value)`,
+/// darker for more, each cell labelled.
+pub fn matrix(
+    stem: &Path,
+    title: &str,
+    labels: (&str, &str),
+    n: usize,
+    cells: &[(usize, usize, f64)],
+) -> Result<(), AppError> {
+    both(
+        stem,
+        |root| draw_matrix(root, title, labels, n, cells),
+        |root| draw_matrix(root, title, labels, n, cells),
+    )
+}
+
+fn draw_matrix<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    title: &str,
+    (rows, cols): (&str, &str),
+    n: usize,
+    cells: &[(usize, usize, f64)],
+) -> Drawn
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE)?;
+    let top = cells.iter().map(|c| c.2).fold(0.0f64, f64::max).max(1e-9);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(50)
+        .y_label_area_size(60)
+        // A segmented range covers its end too: 0..n-1 is n cells.
+        .build_cartesian_2d((0..n.max(1) - 1).into_segmented(), (0..n.max(1) - 1).into_segmented())?;
+    let label = |v: &SegmentValue<usize>| match v {
+        SegmentValue::CenterOf(i) => i.to_string(),
+        _ => String::new(),
+    };
+    chart
+        .configure_mesh()
+        .disable_mesh()
+        .x_desc(cols)
+        .y_desc(rows)
+        .x_labels(n.min(32))
+        .y_labels(n.min(32))
+        .x_label_formatter(&label)
+        .y_label_formatter(&label)
+        .label_style(("sans-serif", 12))
+        .draw()?;
+    chart.draw_series(cells.iter().map(|&(r, c, v)| {
+        let shade = (v / top).clamp(0.0, 1.0);
+        Rectangle::new(
+            [
+                (SegmentValue::Exact(c), SegmentValue::Exact(r)),
+                (SegmentValue::Exact(c + 1), SegmentValue::Exact(r + 1)),
+            ],
+            RGBColor(219, 68, 55).mix(0.1 + 0.9 * shade).filled(),
+        )
+    }))?;
+    if n <= 16 {
+        chart.draw_series(cells.iter().map(|&(r, c, v)| {
+            Text::new(
+                format!("{v:.0}"),
+                (SegmentValue::CenterOf(c), SegmentValue::CenterOf(r)),
+                ("sans-serif", 14),
+            )
+        }))?;
+    }
+    root.present()?;
+    Ok(())
+}

@@ -205,6 +205,12 @@ pub struct TrainArgs {
     /// time-out]. Progress is any chunk, pull, push, evaluation or checkpoint finished.
     #[arg(long, value_name = "S")]
     watchdog: Option<f64>,
+    /// Record a timeline of every rank (Chrome Trace Event JSON, for https://ui.perfetto.dev or
+    /// chrome://tracing): `trace.json` in the run directory, one process per rank, one track per
+    /// thread: chunks, pulls, pushes, waits (for whom), evaluations, checkpoints, injected
+    /// delays, thread counts and the scheme's decisions.
+    #[arg(long)]
+    trace: bool,
     /// Also write the model as NumPy files, `model/<tensor>.npy` (f32, one per tensor of
     /// model.safetensors) with `model/meta.json`, in the run directory, at the end and at each
     /// checkpoint.
@@ -387,6 +393,8 @@ pub(crate) struct RunOpts {
     pub(crate) dir: Option<PathBuf>,
     /// Start again where a finished run or another run's checkpoint is.
     pub(crate) force: bool,
+    /// Record a timeline (`trace.json`).
+    pub(crate) trace: bool,
 }
 
 /// The resolved configuration, as written to `config.toml`.
@@ -643,7 +651,7 @@ pub fn run(a: TrainArgs) -> Result<(), AppError> {
     let (resolved, epochs) = resolve(&a)?;
     let default_ranks = 2;
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let opts = RunOpts { quiet: a.quiet, no_pin: a.no_pin, dir: None, force: a.force };
+    let opts = RunOpts { quiet: a.quiet, no_pin: a.no_pin, dir: None, force: a.force, trace: a.trace };
     run_world(&a.world, default_ranks, |t, ctx| {
         rank(t, ctx, &opts, resolved.clone(), epochs, stamp).map(drop)
     })
@@ -679,6 +687,13 @@ pub(crate) fn rank(
     }
     let pinning = if a.no_pin { Pinning::Off } else { Pinning::Auto };
     let pool = RankPool::new(r.threads, slot, pinning).map_err(|e| AppError::Train(e.to_string()))?;
+    if local && pool.placement().pinned {
+        // Local ranks share the machine's cores: each rank's loop stays on its own first core,
+        // so that it competes with its own compute threads, not with another rank's.
+        if let Some(&cpu) = pool.placement().cpus.first() {
+            peregrine_core::pool::pin_current_thread(cpu);
+        }
+    }
     let inject = Injection { pattern: r.straggler.parse().map_err(usage)?, seed: r.seed };
     if r.l2_per_row {
         let rows = peregrine_kernels::data::Dataset::open(&r.data)?.rows();
@@ -790,6 +805,7 @@ fn go<M: Export>(
         checkpoint_budget: budget,
         checkpoint_seconds: (r.checkpoint_seconds > 0.0).then_some(r.checkpoint_seconds),
         stop: Some(ctx.preemption.flag()),
+        trace: a.trace.then(|| dir.join(TRACE_PARTS)),
         watchdog: (r.watchdog > 0.0).then(|| Watchdog {
             after: std::time::Duration::from_secs_f64(r.watchdog),
             after_stop: std::time::Duration::from_secs_f64(r.watchdog.min(STOP_GRACE)),
@@ -853,6 +869,10 @@ fn go<M: Export>(
     if bar.shown {
         eprintln!();
     }
+    if a.trace && t.rank() == 0 {
+        // Every rank's part is whole: training ended with a barrier after the last was written.
+        join_trace(&dir.join(TRACE_PARTS), &dir.join("trace.json"), t.world_size())?;
+    }
     if t.rank() == 0 {
         let mut summary = serde_json::to_value(&report).map_err(|e| AppError::Train(e.to_string()))?;
         summary["samples_per_second"] = report.samples_per_second().into();
@@ -863,12 +883,45 @@ fn go<M: Export>(
         save_model(dir, model, &report, r)?;
         if !a.quiet {
             print_summary(&report, dir);
+            print!("{}", report.stragglers);
         }
         for w in &report.warnings {
             eprintln!("warning: {w}");
         }
     }
     Ok(report)
+}
+
+/// Where the ranks write their parts of the trace (joined into `trace.json` at the end).
+const TRACE_PARTS: &str = "trace-parts";
+
+/// Joins the ranks' trace parts (one event per line) into one Chrome Trace Event file, then
+/// removes them. Streams: memory holds one line at a time.
+fn join_trace(parts: &Path, out: &Path, world: usize) -> Result<(), AppError> {
+    use std::io::BufRead;
+    let tmp = out.with_extension("json.tmp");
+    let mut w =
+        BufWriter::new(std::fs::File::create(&tmp).map_err(io(format!("creating {}", tmp.display())))?);
+    let werr = |e| AppError::Io { what: format!("writing {}", tmp.display()), source: e };
+    w.write_all(b"{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n").map_err(werr)?;
+    let mut first = true;
+    for r in 0..world {
+        let part = parts.join(format!("rank-{r}.jsonl"));
+        let f = std::fs::File::open(&part).map_err(io(format!("reading {}", part.display())))?;
+        for line in std::io::BufReader::new(f).lines() {
+            let line = line.map_err(io(format!("reading {}", part.display())))?;
+            if !first {
+                w.write_all(b",\n").map_err(werr)?;
+            }
+            w.write_all(line.as_bytes()).map_err(werr)?;
+            first = false;
+        }
+    }
+    w.write_all(b"\n]}\n").map_err(werr)?;
+    w.flush().map_err(werr)?;
+    drop(w);
+    std::fs::rename(&tmp, out).map_err(io(format!("renaming {} to {}", tmp.display(), out.display())))?;
+    std::fs::remove_dir_all(parts).map_err(io(format!("removing {}", parts.display())))
 }
 
 /// The watchdog's end of a job whose rank stopped progressing: the message, then the process

@@ -55,6 +55,12 @@ impl<M: Model> Run<'_, M> {
             rec.reassigned += std::mem::take(&mut s.reassigned);
             rec.cloned += std::mem::take(&mut s.cloned);
             rec.discarded += std::mem::take(&mut s.discarded);
+            for (v, n) in s.taken_from.drain(..) {
+                match rec.taken_from.iter_mut().find(|(w, _)| *w == v) {
+                    Some((_, k)) => *k += n,
+                    None => rec.taken_from.push((v, n)),
+                }
+            }
             if let Some(sp) = s.spec.as_mut() {
                 delta.add_scaled(&sp.won, scale);
                 sp.won.clear();

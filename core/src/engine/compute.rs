@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::run::Run;
+use super::trace::{Args, Event, Span};
 use super::TrainError;
 use crate::model::{Delta, KeySet, Model};
 use crate::queue;
@@ -33,11 +34,20 @@ pub(super) struct Slot<W> {
     pub discarded: u64,
     /// The policy's reassignments after an own chunk (kept to reuse its buffer).
     takes: Vec<Take>,
+    /// This thread's track in the trace (the loop's is 0).
+    pub tid: u32,
+    /// Trace events since the loop last wrote them.
+    pub events: Vec<super::trace::Event>,
+    /// Chunks taken over in this iteration, by victim.
+    pub taken_from: Vec<(usize, u64)>,
 }
 
 impl<W> Slot<W> {
-    pub(super) fn new(work: W) -> Self {
+    pub(super) fn new(work: W, tid: u32) -> Self {
         Self {
+            tid,
+            events: Vec::new(),
+            taken_from: Vec::new(),
             work,
             loss: 0.0,
             rows: 0,
@@ -65,6 +75,12 @@ struct StealBuf {
     ranges: Vec<Range<usize>>,
     buf: Vec<f32>,
 }
+
+/// Chunks taken over: `(victim, victim's iteration, chunks, the share taken)`.
+type Taken = (usize, u64, Range<u32>, f64);
+
+/// A chunk as traced: `(kind, owner, owner's iteration, chunk)`.
+type ChunkId = (&'static str, usize, u64, u32);
 
 /// Injected delays sleep in slices of at most this long (see [`Run::injected_sleep`]).
 const SLEEP_SLICE: Duration = Duration::from_millis(1);
@@ -143,7 +159,7 @@ impl<M: Model> Run<'_, M> {
             match policy.own_chunks(&view)? {
                 OwnChunks::Whole => {
                     for c in r.clone() {
-                        self.run_chunk(rows(c), replica, slot);
+                        self.run_chunk(rows(c), replica, slot, ("own chunk", self.rank, it, c));
                     }
                     slot.own += u64::from(r.end - r.start);
                     self.clocks.done(self.rank, r.end - r.start)?;
@@ -153,7 +169,7 @@ impl<M: Model> Run<'_, M> {
                         // Claimed before computing, so nobody copies it, and its result goes
                         // straight into the thread's buffers (no per-chunk copy to drain).
                         if policy.claim(self.rank, tag, c)? {
-                            self.run_chunk(rows(c), replica, slot);
+                            self.run_chunk(rows(c), replica, slot, ("own chunk", self.rank, it, c));
                             slot.own += 1;
                             self.clocks.done(self.rank, 1)?;
                         }
@@ -162,7 +178,7 @@ impl<M: Model> Run<'_, M> {
                 OwnChunks::AsCopies => {
                     for c in r {
                         // One copy of the chunk, which may lose to another.
-                        if self.speculate(policy, (self.rank, tag, c), rows(c), replica, slot)? {
+                        if self.speculate(policy, (self.rank, tag, c), (it, rows(c)), replica, slot)? {
                             slot.own += 1;
                         }
                     }
@@ -173,7 +189,9 @@ impl<M: Model> Run<'_, M> {
             policy.after_own_chunk(&view, it, &mut takes)?;
             for take in &takes {
                 if let Some((g, r)) = self.queues.steal(take.rank, self.share(take.share), u32::MAX)? {
-                    self.help(take.rank, words::untag(g, it), r.clone(), replica, slot)?;
+                    let vit = words::untag(g, it);
+                    self.took(slot, "rapid reassignment", take.rank, vit, &r, self.share(take.share));
+                    self.help(take.rank, vit, r.clone(), replica, slot)?;
                     let n = u64::from(r.end - r.start);
                     slot.taken += n;
                     slot.reassigned += n;
@@ -182,26 +200,46 @@ impl<M: Model> Run<'_, M> {
             slot.takes = takes;
         }
         while self.steal && !failed.load(Ordering::Relaxed) {
-            let Some((victim, vit, r)) = self.take_over(policy, it)? else { break };
+            let Some((victim, vit, r, share)) = self.take_over(policy, it)? else { break };
+            self.took(slot, "take over", victim, vit, &r, share);
             self.help(victim, vit, r.clone(), replica, slot)?;
             slot.taken += u64::from(r.end - r.start);
         }
         Ok(())
     }
 
+    /// Counts chunks `r` taken from `victim` (its iteration `vit`), and traces the decision.
+    fn took(
+        &self,
+        slot: &mut Slot<M::Work>,
+        what: &'static str,
+        victim: usize,
+        vit: u64,
+        r: &Range<u32>,
+        share: f64,
+    ) {
+        let n = u64::from(r.end - r.start);
+        match slot.taken_from.iter_mut().find(|(v, _)| *v == victim) {
+            Some((_, k)) => *k += n,
+            None => slot.taken_from.push((victim, n)),
+        }
+        if let Some(t) = &self.trace {
+            let args =
+                Args::default().int("victim", victim).int("iter", vit).int("chunks", n).num("share", share);
+            t.instant_into(&mut slot.events, slot.tid, (what, "scheme"), args);
+        }
+    }
+
     /// Takes over chunks from the victim the policy names, of an iteration not ahead of `it`:
-    /// `(victim, victim's iteration, chunks)`. If the victim refilled its queue between the look
+    /// `(victim, victim's iteration, chunks, the share taken)`. If the victim refilled its queue between the look
     /// and the take (SSP only), the chunks are of a newer iteration, computed against older
     /// parameters like any stale worker's.
-    fn take_over(
-        &self,
-        policy: &dyn Policy,
-        it: u64,
-    ) -> Result<Option<(usize, u64, Range<u32>)>, TrainError> {
+    fn take_over(&self, policy: &dyn Policy, it: u64) -> Result<Option<Taken>, TrainError> {
         loop {
             let Some(take) = policy.victim(&self.view(), it)? else { return Ok(None) };
-            if let Some((g, r)) = self.queues.steal(take.rank, self.share(take.share), u32::MAX)? {
-                return Ok(Some((take.rank, words::untag(g, it), r)));
+            let share = self.share(take.share);
+            if let Some((g, r)) = self.queues.steal(take.rank, share, u32::MAX)? {
+                return Ok(Some((take.rank, words::untag(g, it), r, share)));
             }
         }
     }
@@ -217,8 +255,8 @@ impl<M: Model> Run<'_, M> {
     ) -> Result<(), TrainError> {
         let rows = r.clone().map(|c| self.plan.chunk_rows(vit, victim, c));
         self.with_params(rows.clone(), replica, slot, |run, params, slot| {
-            for rows in rows {
-                run.run_chunk(rows, params, slot);
+            for (c, rows) in r.clone().zip(rows) {
+                run.run_chunk(rows, params, slot, ("taken chunk", victim, vit, c));
             }
             Ok(())
         })?;
@@ -264,7 +302,7 @@ impl<M: Model> Run<'_, M> {
         &self,
         policy: &dyn Policy,
         (owner, tag, chunk): (usize, u16, u32),
-        rows: Range<usize>,
+        (it, rows): (u64, Range<usize>),
         params: &[f32],
         slot: &mut Slot<M::Work>,
     ) -> Result<bool, TrainError> {
@@ -278,9 +316,13 @@ impl<M: Model> Run<'_, M> {
             trash: Delta::new(layout),
         });
         let n = rows.len() as u64;
-        let loss = self
+        let start = Span::now();
+        let (loss, computed) = self
             .chunk_into(rows, params, &mut sp.work, &|| policy.settled(owner, tag, chunk).unwrap_or(false));
-        if policy.claim(owner, tag, chunk)? {
+        let won = policy.claim(owner, tag, chunk)?;
+        let kind = if won { "copy applied" } else { "copy dropped" };
+        self.trace_chunk((&mut slot.events, slot.tid), (kind, owner, it, chunk), start, computed);
+        if won {
             self.model.drain(&mut sp.work, 1.0, &mut sp.won);
             slot.rows += n;
             slot.loss += loss;
@@ -313,7 +355,7 @@ impl<M: Model> Run<'_, M> {
                 let rows = self.plan.chunk_rows(it, v, c);
                 let won =
                     self.with_params(std::iter::once(rows.clone()), replica, slot, |run, p, slot| {
-                        run.speculate(policy, (v, tag, c), rows, p, slot)
+                        run.speculate(policy, (v, tag, c), (it, rows), p, slot)
                     })?;
                 if won {
                     slot.cloned += 1;
@@ -323,23 +365,40 @@ impl<M: Model> Run<'_, M> {
         })
     }
 
-    fn run_chunk(&self, rows: Range<usize>, params: &[f32], slot: &mut Slot<M::Work>) {
+    /// Computes chunk `id` (`(kind, owner, owner's iteration, chunk)`), rows `rows`.
+    fn run_chunk(&self, rows: Range<usize>, params: &[f32], slot: &mut Slot<M::Work>, id: ChunkId) {
         slot.rows += rows.len() as u64;
-        slot.loss += self.chunk_into(rows, params, &mut slot.work, &|| false);
+        let start = Span::now();
+        let (loss, computed) = self.chunk_into(rows, params, &mut slot.work, &|| false);
+        slot.loss += loss;
+        self.trace_chunk((&mut slot.events, slot.tid), id, start, computed);
+    }
+
+    /// Traces a chunk computed from `start` (its injected delay, if any, from `computed` on).
+    fn trace_chunk(&self, (events, tid): (&mut Vec<Event>, u32), id: ChunkId, start: Span, computed: Span) {
+        let Some(t) = &self.trace else { return };
+        let (kind, owner, it, chunk) = id;
+        let delay = if f64::from_bits(self.delay.load(Ordering::Relaxed)) > 0.0 {
+            computed.0.elapsed().as_nanos() as u64
+        } else {
+            0
+        };
+        t.chunk(events, tid, kind, (owner, it, chunk), start, delay);
     }
 
     /// Computes rows `rows` into `work`, then sleeps the injected delay (cut short when `cancel`
-    /// says so); returns the rows' summed loss. Publishes this rank's chunk rate when the policy
-    /// reads rates.
+    /// says so); returns the rows' summed loss and when the compute (and any delay) began.
+    /// Publishes this rank's chunk rate when the policy reads rates.
     fn chunk_into(
         &self,
         rows: Range<usize>,
         params: &[f32],
         work: &mut M::Work,
         cancel: &dyn Fn() -> bool,
-    ) -> f64 {
+    ) -> (f64, Span) {
         let c0 = Instant::now();
         let loss = self.model.compute(rows, params, work);
+        let computed = Span::now();
         let delay = f64::from_bits(self.delay.load(Ordering::Relaxed));
         if delay > 0.0 {
             self.injected_sleep(c0.elapsed().mul_f64(delay), cancel);
@@ -354,7 +413,7 @@ impl<M: Model> Run<'_, M> {
             let rate = n as f64 / since.as_secs_f64().max(1e-9);
             let _ = self.rates.swap(self.rank, rate.to_bits());
         }
-        loss
+        (loss, computed)
     }
 
     /// Waits `d` in slices of at most [`SLEEP_SLICE`], touching this rank's own queue word between

@@ -182,10 +182,17 @@ impl<M: Model> Run<'_, M> {
         while ev.joined < asked {
             ev.joined += 1;
             self.watch.mark(super::watch::Phase::Evaluating, ev.iters);
+            let evaluating = super::trace::Span::now();
             // Everyone's pushes so far have landed (flushed before the barrier).
             self.t.barrier()?;
             self.evaluate(ev)?;
             self.watch.beat();
+            self.traced(
+                "evaluate",
+                "evaluate",
+                evaluating,
+                super::trace::Args::default().int("iter", ev.iters),
+            );
         }
         Ok(if asked > 0 { t0.elapsed() } else { Duration::ZERO })
     }

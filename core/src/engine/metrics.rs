@@ -18,6 +18,8 @@ pub struct IterRecord {
     pub start: f64,
     /// Seconds computing (own chunks and chunks taken over).
     pub compute: f64,
+    /// Seconds its threads spent in chunks (compute and injected delay), per active thread.
+    pub busy: f64,
     /// Seconds pulling and pushing parameters.
     pub comm: f64,
     /// Seconds waiting for other ranks.
@@ -56,6 +58,14 @@ pub struct IterRecord {
     /// Speculative execution: copies this rank computed (own chunks or clones) that finished
     /// second and were dropped.
     pub discarded: u64,
+    /// Own chunks this rank was given for the iteration (its split; LB-BSP sizes it).
+    pub chunks: u64,
+    /// The rank this rank waited for last in the iteration (the slowest it saw), if it waited.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waited_for: Option<usize>,
+    /// Chunks taken over from each rank: `[victim, chunks]` pairs.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub taken_from: Vec<(usize, u64)>,
 }
 
 /// One evaluation.
@@ -83,6 +93,8 @@ pub struct RankTotals {
     pub comm: f64,
     /// Seconds waiting.
     pub wait: f64,
+    /// Seconds its threads spent in chunks, per active thread (the compute rate's time).
+    pub busy: f64,
     /// Own chunks computed.
     pub own: u64,
     /// Chunks taken over and computed.
@@ -98,10 +110,25 @@ pub struct RankTotals {
     pub prediction_error: f64,
     /// LB-BSP: see `prediction_error`.
     pub predictions: u64,
+    /// Own chunks it was given (its splits summed).
+    pub assigned: u64,
+    /// Seconds other ranks waited for it (each wait counted for the rank last waited for).
+    pub waited_for_me: f64,
+    /// The 90th percentile of its iteration rates (rows per second of compute).
+    pub best_rate: f64,
+    /// The median of its iteration rates.
+    pub median_rate: f64,
+    /// Share of its iterations under the straggler threshold of its own best rate (see
+    /// `crate::straggler`).
+    pub slow_share: f64,
+    /// Runs of those slow iterations.
+    pub episodes: u64,
+    /// Whether the runs start at whole multiples of one period.
+    pub periodic: bool,
 }
 
 /// Numbers in [`RankTotals`], as summed over ranks.
-pub(super) const TOTALS: usize = 10;
+pub(super) const TOTALS: usize = 18;
 
 impl RankTotals {
     pub(super) fn to_array(self) -> [f64; TOTALS] {
@@ -116,6 +143,14 @@ impl RankTotals {
             self.discarded as f64,
             self.prediction_error,
             self.predictions as f64,
+            self.assigned as f64,
+            self.waited_for_me,
+            self.best_rate,
+            self.median_rate,
+            self.slow_share,
+            self.episodes as f64,
+            f64::from(u8::from(self.periodic)),
+            self.busy,
         ]
     }
 
@@ -131,6 +166,14 @@ impl RankTotals {
             discarded: a[7] as u64,
             prediction_error: a[8],
             predictions: a[9] as u64,
+            assigned: a[10] as u64,
+            waited_for_me: a[11],
+            best_rate: a[12],
+            median_rate: a[13],
+            slow_share: a[14],
+            episodes: a[15] as u64,
+            periodic: a[16] != 0.0,
+            busy: a[17],
         }
     }
 }
@@ -169,6 +212,8 @@ pub struct Report {
     pub checkpoints: u64,
     /// Seconds rank 0 spent on them, counted in the training time.
     pub checkpoint_seconds: f64,
+    /// Which ranks were slow, by how much, and the run's pattern.
+    pub stragglers: crate::straggler::StragglerReport,
     /// The final parameters, if asked for ([`Config::keep_params`]).
     #[serde(skip)]
     pub params: Option<Vec<f32>>,
@@ -214,6 +259,8 @@ impl IterRecord {
         totals.rows += self.rows;
         totals.cloned += self.cloned;
         totals.discarded += self.discarded;
+        totals.assigned += self.chunks;
+        totals.busy += self.busy;
     }
 
     /// Writes the record as one JSON line to `out` (`path` names it in errors).

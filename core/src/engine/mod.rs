@@ -67,6 +67,7 @@ pub use evals::{DIVERGED_ABOVE, RISEN_BY, STALL_EVALS};
 mod metrics;
 mod params;
 mod run;
+mod trace;
 mod watch;
 pub use watch::Watchdog;
 
@@ -241,6 +242,9 @@ pub struct Config {
     /// With `Some`, a thread beside each rank's loop ends the job when the rank makes no progress
     /// for [`Watchdog::after`] (see `watch`).
     pub watchdog: Option<Watchdog>,
+    /// With `Some(dir)`, each rank writes its timeline to `dir/rank-<r>.jsonl`, one Chrome
+    /// Trace Event per line (see `trace`).
+    pub trace: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -269,6 +273,7 @@ impl Default for Config {
             stop: None,
             resume: None,
             watchdog: None,
+            trace: None,
         }
     }
 }

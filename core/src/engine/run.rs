@@ -13,6 +13,7 @@ use super::compute::Slot;
 use super::evals::Evals;
 use super::metrics::TOTALS;
 use super::params::{Params, PushBufs};
+use super::trace::{Args, Span, Tracer};
 use super::watch::{Behind, Phase, Watch};
 use super::{Config, IterRecord, Progress, RankTotals, Report, TrainError};
 use crate::clocks::Clocks;
@@ -78,6 +79,11 @@ pub(super) struct Run<'a, M: Model> {
     pub timed: std::sync::atomic::AtomicBool,
     /// This rank's progress marks, for the watchdog.
     pub watch: &'a Watch,
+    /// This rank's timeline, when traced.
+    pub trace: Option<Tracer>,
+    /// The split and the active threads last traced (events only when they change).
+    pub traced_split: AtomicU64,
+    pub traced_threads: AtomicU64,
 }
 
 /// What the rank's main thread carries from iteration to iteration: buffers and running sums.
@@ -99,7 +105,17 @@ struct Local {
     checkpoint_time: Duration,
     /// The last checkpoint's iteration and training time (rank 0).
     last_checkpoint: (u64, f64),
+    /// Seconds this rank waited for each rank (counted for the rank last waited for).
+    waited_for: Vec<f64>,
+    /// `(start, rows per second of its threads' time in chunks)` of its iterations with rows, at most
+    /// [`MAX_RATE_SAMPLES`] (thinned by half when full).
+    rates: Vec<(f32, f32)>,
+    /// Every how many iterations a rate is kept.
+    rate_stride: u64,
 }
+
+/// Iteration rates a rank keeps for its straggler statistics.
+const MAX_RATE_SAMPLES: usize = 1 << 16;
 
 impl<'a, M: Model> Run<'a, M> {
     /// Collective: allocates the windows, writes this rank's shard of the initial model and
@@ -115,9 +131,21 @@ impl<'a, M: Model> Run<'a, M> {
         pool.set_active(cfg.threads);
         // Each rank writes the initial values of its own shard.
         let params = Params::start(t, model, cfg.optimizer, cfg.seed)?;
-        let slots = (0..pool.max_threads()).map(|_| Mutex::new(Slot::new(model.work(cfg.chunk)))).collect();
+        let slots = (0..pool.max_threads())
+            .map(|w| Mutex::new(Slot::new(model.work(cfg.chunk), w as u32 + 1)))
+            .collect();
+        let trace = match &cfg.trace {
+            Some(dir) => {
+                let path = dir.join(format!("rank-{}.jsonl", t.rank()));
+                Some(
+                    Tracer::create(&path, t.rank(), pool.max_threads())
+                        .map_err(|source| TrainError::Metrics { path: path.display().to_string(), source })?,
+                )
+            }
+            None => None,
+        };
         let policy = cfg.scheme.scheme.policy(&Setup { t, cfg, plan: &plan, simulated: false })?;
-        let run = Run {
+        let mut run = Run {
             t,
             model,
             cfg,
@@ -149,6 +177,9 @@ impl<'a, M: Model> Run<'a, M> {
             settled: AtomicU64::new(0),
             timed: std::sync::atomic::AtomicBool::new(false),
             watch,
+            trace,
+            traced_split: AtomicU64::new(u64::MAX),
+            traced_threads: AtomicU64::new(u64::MAX),
         };
         let mut policy = policy;
         if let Some(s) = &cfg.resume {
@@ -159,7 +190,35 @@ impl<'a, M: Model> Run<'a, M> {
             }
         }
         t.barrier()?;
+        if let Some(tr) = run.trace.as_mut() {
+            // Every rank's origin: its exit from the barrier just passed. The spread of the
+            // exits from a second barrier bounds how well the tracks line up.
+            let origin = Instant::now();
+            tr.align(origin);
+            t.barrier()?;
+            let exit = origin.elapsed().as_secs_f64() * 1e6;
+            let mut spread = [exit, -exit];
+            t.allreduce(&mut spread, ReduceOp::Max)?;
+            tr.write_alignment(spread[0] + spread[1])
+                .map_err(|source| TrainError::Metrics { path: tr.path().to_owned(), source })?;
+        }
         Ok((run, policy))
+    }
+
+    /// A span of the loop's from `start` to now, when traced.
+    pub(super) fn traced(&self, name: &'static str, cat: &'static str, start: Span, args: Args) {
+        if let Some(t) = &self.trace {
+            t.end(name, cat, start, args);
+        }
+    }
+
+    /// A wait's arguments: the iteration, what was waited for and for whom.
+    fn waited(&self, it: u64, who: Option<usize>, what: &'static str) -> Args {
+        let args = Args::default().int("iter", it).str("for", what);
+        match who {
+            Some(r) => args.int("rank", r),
+            None => args,
+        }
     }
 
     /// The world as the policy sees it.
@@ -244,17 +303,25 @@ impl<'a, M: Model> Run<'a, M> {
                     .min(it.checked_div(every).map_or(u64::MAX, |k| (k + 1) * every));
             }
             next = it + 1;
+            let whole = Span::now();
             let mut rec = self.open(policy, &me, it)?;
             let Local { keys, ranges, data, replica, state, .. } = &mut me;
+            let pulling = Span::now();
             self.pull_into(it, keys, ranges, data, (replica, state), &mut rec)?;
+            self.traced("pull", "comm", pulling, Args::default().int("iter", it));
             let computing = self.compute_phase(policy, &mut me.ev, &me.replica, it, &mut rec)?;
             self.push(policy, &mut me, it, computing, &mut rec)?;
             if !policy.ready(&self.view(), it)? {
                 self.watch.mark(Phase::Waiting, it);
+                self.watch.clear_behind();
+                let waiting = Span::now();
                 rec.wait +=
                     self.wait_serving(&mut me.ev, || Ok(policy.ready(&self.view(), it)?))?.as_secs_f64();
+                rec.waited_for = self.watch.behind_rank().or(rec.waited_for);
+                self.traced("wait", "wait", waiting, self.waited(it, rec.waited_for, "clocks"));
             }
             self.close(policy, &mut me, rec, &mut metrics, progress)?;
+            self.traced("iteration", "iteration", whole, Args::default().int("iter", it));
             if me.ev.to_target.is_some() {
                 break;
             }
@@ -315,6 +382,7 @@ impl<'a, M: Model> Run<'a, M> {
     ) -> Result<Option<(u64, bool)>, TrainError> {
         let c0 = Instant::now();
         self.watch.mark(Phase::Checkpointing, at);
+        let checkpointing = Span(c0);
         me.checkpoints += 1;
         self.arrivals.swap(self.rank, me.checkpoints)?;
         let mut arrived = vec![0u64; self.world];
@@ -373,6 +441,7 @@ impl<'a, M: Model> Run<'a, M> {
         }
         self.t.allreduce(&mut agreed, ReduceOp::Max)?;
         self.watch.beat();
+        self.traced("checkpoint", "checkpoint", checkpointing, Args::default().int("iter", at));
         me.checkpoint_time += c0.elapsed();
         if agreed[0] != 0 {
             return Err(TrainError::Checkpoint(if self.rank == 0 {
@@ -417,7 +486,7 @@ impl<'a, M: Model> Run<'a, M> {
         self.pool.set_active(policy.threads(planned));
         let delay = cfg.inject.delay(self.rank, it);
         self.delay.store(delay.to_bits(), Ordering::Relaxed);
-        let rec = IterRecord {
+        let mut rec = IterRecord {
             rank: self.rank,
             iter: it,
             start: me.ev.train_time(),
@@ -428,6 +497,21 @@ impl<'a, M: Model> Run<'a, M> {
         let view = self.view();
         let part = policy.chunks(&view, it, &self.plan)?;
         let n_chunks = part.len() as u32;
+        rec.chunks = u64::from(n_chunks);
+        if let Some(t) = &self.trace {
+            // The split (LB-BSP sizes it) and the active threads when they change, the delay.
+            let (split, threads) = (u64::from(n_chunks), self.pool.active() as u64);
+            if self.traced_split.swap(split, Ordering::Relaxed) != split {
+                let args = Args::default().int("iter", it).int("chunks", n_chunks).int("first", part.start);
+                t.instant("chunks", "scheme", args);
+            }
+            if self.traced_threads.swap(threads, Ordering::Relaxed) != threads {
+                t.counter("threads", Args::default().int("active", threads));
+            }
+            if delay > 0.0 {
+                t.instant("delayed", "straggler", Args::default().num("factor", delay));
+            }
+        }
         *self.own.lock().expect("own chunks") = part;
         policy.open(&view, it)?;
         let tag = queue::tag(it);
@@ -452,6 +536,7 @@ impl<'a, M: Model> Run<'a, M> {
         self.iter_busy.store(0, Ordering::Relaxed);
         *self.iter_start.lock().expect("iteration start") = c1;
         self.compute(policy, it, replica, true)?;
+        self.traced("compute", "compute", Span(c1), Args::default().int("iter", it));
         // How long one chunk takes a thread of this rank (a copy of a late rank's chunk is made
         // only after waiting that long for it).
         let own_done = c1.elapsed();
@@ -461,6 +546,8 @@ impl<'a, M: Model> Run<'a, M> {
         // Without taking over or copies, nobody reads parameters after its pull: no need to line up.
         if policy.line_up() {
             self.watch.mark(Phase::LiningUp, it);
+            self.watch.clear_behind();
+            let lining = Span::now();
             let tag = queue::tag(it);
             let w = crate::clocks::wait_until(|| -> Result<bool, TrainError> {
                 paused += self.serve_evals(ev)?;
@@ -488,6 +575,8 @@ impl<'a, M: Model> Run<'a, M> {
                 Ok(false)
             })?;
             rec.wait += w.saturating_sub(helped + paused).as_secs_f64();
+            rec.waited_for = self.watch.behind_rank();
+            self.traced("line up", "wait", lining, self.waited(it, rec.waited_for, "chunks"));
         }
         rec.compute += (c1.elapsed().saturating_sub(paused).as_secs_f64() - rec.wait).max(0.0);
         Ok(c1)
@@ -504,6 +593,7 @@ impl<'a, M: Model> Run<'a, M> {
     ) -> Result<(), TrainError> {
         let c2 = Instant::now();
         self.watch.mark(Phase::Pushing, it);
+        let pushing = Span(c2);
         let view = self.view();
         let admit = policy.admit(&view, it, computing.elapsed(), rec)?;
         let batch_rows = self.plan.batch_rows(it).len();
@@ -529,11 +619,27 @@ impl<'a, M: Model> Run<'a, M> {
             self.params.push(&mut me.delta, step, pulled, &mut me.push)?;
         }
         self.params.flush_all()?;
-        policy.before_tick(&view, it, Duration::from_nanos(self.iter_busy.load(Ordering::Relaxed)), rec)?;
+        let busy = Duration::from_nanos(self.iter_busy.load(Ordering::Relaxed));
+        // Thread time in chunks, per active thread: the rank's compute time as a speed measure
+        // (without dispatch, lining up or waiting).
+        rec.busy = busy.as_secs_f64() / self.pool.active().max(1) as f64;
+        policy.before_tick(&view, it, busy, rec)?;
         self.clocks.tick()?;
         policy.after_tick(it, admit.apply)?;
         rec.comm += c2.elapsed().as_secs_f64();
         me.samples += batch_rows as u64;
+        if let Some(t) = &self.trace {
+            let args = Args::default().int("iter", it).num("scale", f64::from(admit.scale));
+            t.end(
+                "push",
+                "comm",
+                pushing,
+                if rec.staleness > 0 { args.int("staleness", rec.staleness) } else { args },
+            );
+            if !admit.apply {
+                t.instant("update dropped", "scheme", Args::default().int("iter", it));
+            }
+        }
         Ok(())
     }
 
@@ -553,6 +659,22 @@ impl<'a, M: Model> Run<'a, M> {
         rec.disrupted = self.disruptor.as_ref().is_some_and(Disruptor::active);
         policy.end(&rec);
         rec.add_to(&mut me.totals);
+        if let Some(r) = rec.waited_for.filter(|&r| r != self.rank) {
+            me.waited_for[r] += rec.wait;
+        }
+        if rec.rows > 0 && rec.busy > 0.0 && rec.iter % me.rate_stride == 0 {
+            if me.rates.len() == MAX_RATE_SAMPLES {
+                // Keep every other one, and from now on every other iteration's.
+                let kept: Vec<_> = me.rates.iter().step_by(2).copied().collect();
+                (me.rates, me.rate_stride) = (kept, me.rate_stride * 2);
+            }
+            me.rates.push((rec.start as f32, (rec.rows as f64 / rec.busy) as f32));
+        }
+        if rec.disrupted {
+            if let Some(t) = &self.trace {
+                t.instant("disrupted", "straggler", Args::default().int("iter", rec.iter));
+            }
+        }
         if let Some((w, path)) = metrics.as_mut() {
             rec.write(*w, path)?;
         }
@@ -565,6 +687,7 @@ impl<'a, M: Model> Run<'a, M> {
             self.control.fetch_add(0, 1)?;
         }
         self.serve_evals(&mut me.ev)?;
+        self.write_trace()?;
         if self.rank == 0 {
             progress(&Progress {
                 iter: done,
@@ -576,6 +699,17 @@ impl<'a, M: Model> Run<'a, M> {
             });
         }
         Ok(())
+    }
+
+    /// Writes the iteration's trace events: the loop's and every compute thread's.
+    fn write_trace(&self) -> Result<(), TrainError> {
+        let Some(t) = &self.trace else { return Ok(()) };
+        let io = |source| TrainError::Metrics { path: t.path().to_owned(), source };
+        for s in &self.slots {
+            let mut s = s.lock().expect("a compute thread panicked");
+            t.write(&mut [&mut s.events]).map_err(io)?;
+        }
+        t.write(&mut []).map_err(io)
     }
 
     /// Done: keeps joining the evaluations rank 0 asks for until every rank is done (rank 0 asks
@@ -596,18 +730,32 @@ impl<'a, M: Model> Run<'a, M> {
         })?;
         self.serve_evals(&mut me.ev)?;
         self.t.barrier()?;
+        let evaluating = Span::now();
         self.evaluate(&mut me.ev)?;
+        self.traced("evaluate", "evaluate", evaluating, Args::default().int("iter", me.ev.iters));
         // The slowest rank's times; the most iterations any rank ran (ranks differ under SSP/ASP
         // and when a target stops them).
         let ev = me.ev;
         let (checkpoints, checkpoint_seconds) = (me.checkpoints, me.checkpoint_time.as_secs_f64());
+        let stats = crate::straggler::rate_stats(&me.rates);
+        (me.totals.best_rate, me.totals.median_rate, me.totals.slow_share) =
+            (stats.best, stats.median, stats.slow_share);
+        (me.totals.episodes, me.totals.periodic) = (stats.episodes, stats.periodic);
+        let mut waited_for = std::mem::take(&mut me.waited_for);
+        self.t.allreduce(&mut waited_for, ReduceOp::Sum)?;
         let mut most = [ev.train_time(), ev.time.as_secs_f64(), ev.iters as f64];
         self.t.allreduce(&mut most, ReduceOp::Max)?;
         policy.totals(&mut me.totals);
         let mut all = vec![0.0f64; self.world * TOTALS];
         all[self.rank * TOTALS..(self.rank + 1) * TOTALS].copy_from_slice(&me.totals.to_array());
         self.t.allreduce(&mut all, ReduceOp::Sum)?;
-        let per_rank: Vec<RankTotals> = all.chunks(TOTALS).map(RankTotals::from_array).collect();
+        let mut per_rank: Vec<RankTotals> = all.chunks(TOTALS).map(RankTotals::from_array).collect();
+        for (r, w) in per_rank.iter_mut().zip(waited_for) {
+            r.waited_for_me = w;
+        }
+        if let Some(t) = &self.trace {
+            t.finish().map_err(|source| TrainError::Metrics { path: t.path().to_owned(), source })?;
+        }
         Ok(Report {
             model: self.model.name().into(),
             scheme: self.cfg.scheme.scheme.to_string(),
@@ -620,6 +768,7 @@ impl<'a, M: Model> Run<'a, M> {
             metric: self.model.metric().name().into(),
             target_loss: self.cfg.target_loss,
             time_to_target: ev.to_target,
+            stragglers: crate::straggler::report(&per_rank),
             per_rank,
             warnings: ev.health.warnings,
             params: self.cfg.keep_params.then_some(ev.params),
@@ -665,6 +814,9 @@ impl Local {
                 run.cfg.start_iteration(),
                 run.cfg.resume.as_ref().map_or(0.0, |s| s.train_seconds),
             ),
+            waited_for: vec![0.0; run.world],
+            rates: Vec::new(),
+            rate_stride: 1,
         }
     }
 }

@@ -151,6 +151,21 @@ impl Watch {
         *self.behind.lock().expect("watch") = Some(b);
     }
 
+    /// Forgets whom the rank saw behind (a new wait begins).
+    pub fn clear_behind(&self) {
+        *self.behind.lock().expect("watch") = None;
+    }
+
+    /// The rank the rank last saw behind, if any.
+    pub fn behind_rank(&self) -> Option<usize> {
+        match *self.behind.lock().expect("watch") {
+            Some(Behind::Clock { rank, .. } | Behind::Chunks { rank } | Behind::Arrival { rank }) => {
+                Some(rank)
+            }
+            None => None,
+        }
+    }
+
     /// How long since the last mark.
     fn idle(&self) -> Duration {
         self.t0.elapsed().saturating_sub(Duration::from_nanos(self.last.load(Ordering::Relaxed)))
