@@ -108,27 +108,7 @@ mod mpi {
         let d = d_tmp.path();
         let s = |name: &str| d.join(name).to_str().expect("utf-8").to_owned();
         super::ok(&["data", "gen", "sparse", &s("d.pgd"), "--rows", "20000", "--features", "500"]);
-        let args = |run: &str| {
-            [
-                "train",
-                "--model",
-                "lr",
-                "--data",
-                &s("d.pgd"),
-                "--iterations",
-                "3000",
-                "--batch",
-                "512",
-                "--chunk",
-                "64",
-                "--checkpoint-every",
-                "100",
-                "--run-dir",
-                &s(run),
-                "-q",
-            ]
-            .map(str::to_owned)
-        };
+        let args = |run: &str| super::lr_train(&s("d.pgd"), &s(run), "3000", &[]);
         fn strs(a: &[String]) -> Vec<&str> {
             a.iter().map(String::as_str).collect()
         }
@@ -200,26 +180,8 @@ mod mpi {
         let d = d_tmp.path();
         let s = |name: &str| d.join(name).to_str().expect("utf-8").to_owned();
         super::ok(&["data", "gen", "sparse", &s("d.pgd"), "--rows", "20000", "--features", "500"]);
-        let args = [
-            "train",
-            "--model",
-            "lr",
-            "--data",
-            &s("d.pgd"),
-            "--iterations",
-            "3000",
-            "--batch",
-            "512",
-            "--chunk",
-            "64",
-            "--checkpoint-every",
-            "100",
-            "--watchdog",
-            "3",
-            "--run-dir",
-            &s("stopped"),
-            "-q",
-        ];
+        let args = super::lr_train(&s("d.pgd"), &s("stopped"), "3000", &["--watchdog", "3"]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let child = mpirun_command(2, exe(), &args)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -933,10 +895,21 @@ fn experiment_writes_tables_and_plots() {
     )
     .expect("write");
     let out = d.join("out");
-    let run =
-        peregrine(&["experiment", &cfg.to_string_lossy(), "--ranks", "2", "--out", &out.to_string_lossy()]);
+    let run = peregrine(&[
+        "experiment",
+        &cfg.to_string_lossy(),
+        "--ranks",
+        "2",
+        "--out",
+        &out.to_string_lossy(),
+        "--trace",
+    ]);
     let (stdout, stderr) = text(&run);
     assert!(run.status.success(), "{stdout}\n{stderr}");
+    // Every run traced (not the warm-up), each trace whole.
+    let traced = out.join("runs/lr/persistent_rank_0_speed_0_5/bsp_steal/seed-2/trace.json");
+    assert!(check_trace(&traced).iter().any(|e| e["name"] == "taken chunk"), "{}", traced.display());
+    assert!(!out.join("runs/lr/warm-up/trace.json").exists());
     // bsp and ideal are added: 3 schemes x 2 patterns x 2 seeds.
     assert!(stdout.contains("[12/12]"), "{stdout}");
     let csv = std::fs::read_to_string(out.join("results.csv")).expect("results.csv");
@@ -1706,13 +1679,18 @@ fn a_signal_stops_training_at_a_checkpoint_and_the_rerun_resumes() {
     assert!(summary.contains("\"iterations\": 4000"), "{summary}");
 }
 
-/// `peregrine train` of LR on `data` into `run` on 2 local ranks, started (not awaited), with
-/// `extra` flags.
+/// `train` of LR on `data` into `run`: `iterations` of batches of 512 in chunks of 64, a
+/// checkpoint every 100, quiet, then `extra` (the runs the failure tests cut short).
+fn lr_train(data: &str, run: &str, iterations: &str, extra: &[&str]) -> Vec<String> {
+    let base = ["train", "--model", "lr", "--data", data, "--iterations", iterations, "--batch", "512"];
+    let more = ["--chunk", "64", "--checkpoint-every", "100", "--run-dir", run, "--quiet"];
+    base.iter().chain(&more).chain(extra).map(|a| (*a).to_owned()).collect()
+}
+
+/// [`lr_train`] started (not awaited).
 fn spawn_train(data: &str, run: &str, iterations: &str, extra: &[&str]) -> std::process::Child {
     Command::new(env!("CARGO_BIN_EXE_peregrine"))
-        .args(["train", "--model", "lr", "--data", data, "--iterations", iterations, "--batch", "512"])
-        .args(["--chunk", "64", "--checkpoint-every", "100", "--run-dir", run, "--quiet"])
-        .args(extra)
+        .args(lr_train(data, run, iterations, extra))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -313,11 +313,10 @@ impl<'a, M: Model> Run<'a, M> {
             self.push(policy, &mut me, it, computing, &mut rec)?;
             if !policy.ready(&self.view(), it)? {
                 self.watch.mark(Phase::Waiting, it);
-                self.watch.clear_behind();
                 let waiting = Span::now();
                 rec.wait +=
                     self.wait_serving(&mut me.ev, || Ok(policy.ready(&self.view(), it)?))?.as_secs_f64();
-                rec.waited_for = self.watch.behind_rank().or(rec.waited_for);
+                rec.waited_for = self.watch.behind_in(it).or(rec.waited_for);
                 self.traced("wait", "wait", waiting, self.waited(it, rec.waited_for, "clocks"));
             }
             self.close(policy, &mut me, rec, &mut metrics, progress)?;
@@ -546,7 +545,6 @@ impl<'a, M: Model> Run<'a, M> {
         // Without taking over or copies, nobody reads parameters after its pull: no need to line up.
         if policy.line_up() {
             self.watch.mark(Phase::LiningUp, it);
-            self.watch.clear_behind();
             let lining = Span::now();
             let tag = queue::tag(it);
             let w = crate::clocks::wait_until(|| -> Result<bool, TrainError> {
@@ -575,7 +573,7 @@ impl<'a, M: Model> Run<'a, M> {
                 Ok(false)
             })?;
             rec.wait += w.saturating_sub(helped + paused).as_secs_f64();
-            rec.waited_for = self.watch.behind_rank();
+            rec.waited_for = self.watch.behind_in(it);
             self.traced("line up", "wait", lining, self.waited(it, rec.waited_for, "chunks"));
         }
         rec.compute += (c1.elapsed().saturating_sub(paused).as_secs_f64() - rec.wait).max(0.0);

@@ -111,7 +111,8 @@ pub(super) struct Watch {
     last: AtomicU64,
     iteration: AtomicU64,
     phase: AtomicU8,
-    behind: Mutex<Option<Behind>>,
+    /// Whom it last saw behind, and in which of its iterations.
+    behind: Mutex<Option<(Behind, u64)>>,
 }
 
 impl Watch {
@@ -148,21 +149,19 @@ impl Watch {
     }
 
     pub fn saw(&self, b: Behind) {
-        *self.behind.lock().expect("watch") = Some(b);
+        let it = self.iteration.load(Ordering::Relaxed);
+        *self.behind.lock().expect("watch") = Some((b, it));
     }
 
-    /// Forgets whom the rank saw behind (a new wait begins).
-    pub fn clear_behind(&self) {
-        *self.behind.lock().expect("watch") = None;
-    }
-
-    /// The rank the rank last saw behind, if any.
-    pub fn behind_rank(&self) -> Option<usize> {
+    /// The rank the rank saw behind in its iteration `it`, if any.
+    pub fn behind_in(&self, it: u64) -> Option<usize> {
         match *self.behind.lock().expect("watch") {
-            Some(Behind::Clock { rank, .. } | Behind::Chunks { rank } | Behind::Arrival { rank }) => {
+            Some((Behind::Clock { rank, .. } | Behind::Chunks { rank } | Behind::Arrival { rank }, seen))
+                if seen == it =>
+            {
                 Some(rank)
             }
-            None => None,
+            _ => None,
         }
     }
 
@@ -222,7 +221,8 @@ impl Watch {
     fn describe(&self, rank: usize, world: usize, idle: Duration, after: Duration, when: &str) -> String {
         let phase = Phase::ALL[usize::from(self.phase.load(Ordering::Relaxed))];
         let it = self.iteration.load(Ordering::Relaxed);
-        let behind = *self.behind.lock().expect("watch");
+        let seen = *self.behind.lock().expect("watch");
+        let behind = seen.map(|s| s.0);
         let suspect = match (phase.waits(), behind) {
             (false, _) => format!("rank {rank} itself looks stuck"),
             (true, Some(Behind::Clock { rank: r, clock, tied: 0 })) => format!(
@@ -237,9 +237,17 @@ impl Watch {
                 format!("rank {r} looks stuck: its chunks of iteration {it} were not done when rank {rank} last looked")
             }
             (true, Some(Behind::Arrival { rank: r })) => {
-                format!("rank {r} looks stuck: it had not arrived at the checkpoint of iteration {it}")
+                format!(
+                    "rank {r} looks stuck: it had not arrived at a checkpoint when rank {rank} last looked"
+                )
             }
             (true, None) => format!("rank {rank} had not read the other ranks' progress yet"),
+        };
+        // Seen in an earlier iteration (the rank is now blocked where it reads nothing: inside a
+        // one-sided call or a collective): still the best guess, and the message says when.
+        let suspect = match seen {
+            Some((_, at)) if at != it && phase.waits() => format!("{suspect} (seen in its iteration {at})"),
+            _ => suspect,
         };
         format!(
             "watchdog: rank {rank} of {world} made no progress for {:.1} s ({} in iteration {it}); \
