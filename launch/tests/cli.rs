@@ -4,6 +4,9 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+#[path = "support/trace_check.rs"]
+mod trace_check;
+
 fn peregrine(args: &[&str]) -> Output {
     peregrine_in(Path::new("."), args)
 }
@@ -207,49 +210,6 @@ mod mpi {
         let again = mpirun_n(2, exe(), &args);
         assert_success("mpirun -n 2 peregrine train (resumed after the watchdog)", &again);
         assert!(String::from_utf8_lossy(&again.stderr).contains("resuming from iteration"));
-    }
-
-    #[test]
-    fn a_traced_mpi_run_shows_rank_0s_chunks_taken_over_by_rank_1() {
-        let d_tmp = super::scratch("mpi-trace");
-        let d = d_tmp.path();
-        let s = |name: &str| d.join(name).to_str().expect("utf-8").to_owned();
-        super::ok(&["data", "gen", "dense", &s("d.pgd"), "--rows", "20000", "--features", "64"]);
-        let out = mpirun_n(
-            2,
-            exe(),
-            &[
-                "train",
-                "--model",
-                "mlp",
-                "--hidden",
-                "64",
-                "--data",
-                &s("d.pgd"),
-                "--iterations",
-                "200",
-                "--batch",
-                "1024",
-                "--chunk",
-                "32",
-                "--straggler",
-                "persistent:rank=0,speed=0.5",
-                "--trace",
-                "--run-dir",
-                &s("run"),
-            ],
-        );
-        assert_success("mpirun -n 2 peregrine train --trace", &out);
-        let events = super::check_trace(&d.join("run/trace.json"));
-        let taken = events
-            .iter()
-            .filter(|e| e["name"] == "taken chunk" && e["pid"] == 1 && e["args"]["owner"] == 0)
-            .count();
-        assert!(taken > 0, "no chunk of rank 0 taken over by rank 1");
-        let align = events.iter().find(|e| e["name"] == "clock_alignment").expect("alignment");
-        assert!(align["args"]["barrier_exit_spread_us"].as_f64().is_some_and(|v| v >= 0.0), "{align}");
-        let (flagged, _, scores) = super::stragglers(&d.join("run"));
-        assert_eq!(flagged, [0], "{scores:?}");
     }
 
     fn exe() -> &'static Path {
@@ -908,7 +868,11 @@ fn experiment_writes_tables_and_plots() {
     assert!(run.status.success(), "{stdout}\n{stderr}");
     // Every run traced (not the warm-up), each trace whole.
     let traced = out.join("runs/lr/persistent_rank_0_speed_0_5/bsp_steal/seed-2/trace.json");
-    assert!(check_trace(&traced).iter().any(|e| e["name"] == "taken chunk"), "{}", traced.display());
+    assert!(
+        trace_check::check_trace(&traced).iter().any(|e| e["name"] == "taken chunk"),
+        "{}",
+        traced.display()
+    );
     assert!(!out.join("runs/lr/warm-up/trace.json").exists());
     // bsp and ideal are added: 3 schemes x 2 patterns x 2 seeds.
     assert!(stdout.contains("[12/12]"), "{stdout}");
@@ -1798,144 +1762,4 @@ fn timed_checkpoints_are_taken_and_a_changed_interval_still_resumes() {
     let out = train(&["--checkpoint-seconds", "10", "--watchdog", "100"]);
     assert!(out.status.success(), "{:?}", text(&out));
     assert!(text(&out).1.contains("resuming from iteration"), "{:?}", text(&out));
-}
-
-/// Checks a Chrome Trace Event file as viewers read it: an object with `traceEvents`; every
-/// event has a name, a phase, a process and a thread, and (but metadata) a time stamp; spans
-/// have a non-negative duration; begin/end pairs balance per thread. Returns the events.
-fn check_trace(path: &Path) -> Vec<serde_json::Value> {
-    let text = std::fs::read_to_string(path).expect("trace.json");
-    let doc: serde_json::Value = serde_json::from_str(&text).expect("trace.json is JSON");
-    let events = doc["traceEvents"].as_array().expect("traceEvents").clone();
-    let mut open: std::collections::HashMap<(i64, i64), i64> = std::collections::HashMap::new();
-    for e in &events {
-        let ph = e["ph"].as_str().unwrap_or_else(|| panic!("no ph: {e}"));
-        assert!(e["name"].is_string(), "no name: {e}");
-        let (pid, tid) = (e["pid"].as_i64(), e["tid"].as_i64());
-        let (pid, tid) =
-            (pid.unwrap_or_else(|| panic!("no pid: {e}")), tid.unwrap_or_else(|| panic!("no tid: {e}")));
-        assert!(["X", "i", "C", "M", "B", "E"].contains(&ph), "phase {ph}: {e}");
-        if ph != "M" {
-            let ts = e["ts"].as_f64().unwrap_or_else(|| panic!("no ts: {e}"));
-            assert!(ts.is_finite() && ts >= 0.0, "{e}");
-        }
-        if ph == "X" {
-            let dur = e["dur"].as_f64().unwrap_or_else(|| panic!("no dur: {e}"));
-            assert!(dur >= 0.0, "negative duration: {e}");
-        }
-        match ph {
-            "B" => *open.entry((pid, tid)).or_default() += 1,
-            "E" => {
-                let n = open.entry((pid, tid)).or_default();
-                *n -= 1;
-                assert!(*n >= 0, "end without begin: {e}");
-            }
-            _ => {}
-        }
-    }
-    assert!(open.values().all(|&n| n == 0), "unbalanced begin/end: {open:?}");
-    events
-}
-
-/// The summary's straggler report: the flagged ranks, the pattern and every rank's score.
-fn stragglers(run: &Path) -> (Vec<u64>, String, Vec<f64>) {
-    let s: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).expect("summary"))
-            .expect("json");
-    let r = &s["stragglers"];
-    let flagged =
-        r["flagged"].as_array().expect("flagged").iter().map(|v| v.as_u64().expect("rank")).collect();
-    let scores =
-        r["ranks"].as_array().expect("ranks").iter().map(|v| v["score"].as_f64().expect("score")).collect();
-    (flagged, r["pattern"].as_str().expect("pattern").to_owned(), scores)
-}
-
-#[test]
-fn a_traced_run_shows_the_straggler_and_the_report_names_it() {
-    let t = scratch("trace");
-    let d = t.path();
-    let s = |name: &str| d.join(name).to_str().expect("utf-8").to_owned();
-    // An MLP: chunks long enough (tenths of a millisecond) for rates that noise does not swamp.
-    ok(&["data", "gen", "dense", &s("d.pgd"), "--rows", "20000", "--features", "64"]);
-    let train = |run: &str, ranks: &str, straggler: &str, extra: &[&str]| {
-        let base =
-            ["train", "--model", "mlp", "--hidden", "64", "--data", &s("d.pgd"), "--iterations", "200"];
-        let more = [
-            "--batch",
-            "1024",
-            "--chunk",
-            "32",
-            "--ranks",
-            ranks,
-            "--straggler",
-            straggler,
-            "--run-dir",
-            &s(run),
-        ];
-        ok(&[&base[..], &more[..], extra].concat())
-    };
-    let (stdout, _) = train("slow", "2", "persistent:rank=0,speed=0.5", &["--trace"]);
-    assert!(stdout.contains("stragglers: rank 0 (pattern: persistent"), "{stdout}");
-    let events = check_trace(&d.join("slow/trace.json"));
-    assert!(!d.join("slow/trace-parts").exists());
-    // One process per rank, named; rank 1's threads computed chunks of rank 0.
-    for r in 0..2 {
-        assert!(events.iter().any(|e| e["name"] == "process_name"
-            && e["pid"] == r
-            && e["args"]["name"] == format!("rank {r}")));
-    }
-    let taken = events
-        .iter()
-        .filter(|e| {
-            e["name"] == "taken chunk"
-                && e["pid"] == 1
-                && e["args"]["owner"] == 0
-                && e["tid"].as_i64() >= Some(1)
-        })
-        .count();
-    assert!(taken > 0, "no chunk of rank 0 taken over by rank 1");
-    assert!(events.iter().any(|e| e["name"] == "take over" && e["pid"] == 1 && e["args"]["victim"] == 0));
-    for name in
-        ["pull", "push", "compute", "iteration", "evaluate", "delayed", "chunks", "threads", "own chunk"]
-    {
-        assert!(events.iter().any(|e| e["name"] == name), "no `{name}` event");
-    }
-    // Rank 0's injected delays are inside its chunks (compute threads' runs of chunks), none
-    // in rank 1's own.
-    let delay = |pid: i64| {
-        events
-            .iter()
-            .filter(|e| e["name"] == "own chunk" && e["pid"] == pid)
-            .map(|e| e["args"]["delay_us"].as_f64().expect("delay_us"))
-            .sum::<f64>()
-    };
-    assert!(delay(0) > 0.0 && delay(1) == 0.0, "{} {}", delay(0), delay(1));
-    let waits: Vec<_> = events.iter().filter(|e| e["cat"] == "wait" && e["pid"] == 1).collect();
-    assert!(waits.iter().all(|e| e["args"]["for"].is_string()), "{waits:?}");
-    // The report: rank 0 flagged, its score well above rank 1's.
-    let (flagged, pattern, scores) = stragglers(&d.join("slow"));
-    assert_eq!((flagged, pattern.as_str()), (vec![0], "persistent"), "{scores:?}");
-    assert!(scores[0] >= 0.3 && scores[0] > scores[1] + 0.25, "{scores:?}");
-    // Nobody in an ideal run.
-    train("ideal", "2", "ideal", &[]);
-    let (flagged, pattern, scores) = stragglers(&d.join("ideal"));
-    assert!(flagged.is_empty(), "ideal run flagged {flagged:?}: {scores:?}");
-    // (A short run on a busy machine may show its noise as transient, never as a straggler.)
-    assert_ne!(pattern, "persistent", "{scores:?}");
-    // Three speeds: scored in their order.
-    train("het", "3", "heterogeneous:speed=1/0.5/0.75", &[]);
-    let (_, _, scores) = stragglers(&d.join("het"));
-    assert!(scores[1] > scores[2] && scores[2] > scores[0], "{scores:?}");
-    // `peregrine report`: the same report, and its plots.
-    let (stdout, _) = ok(&["report", &s("slow")]);
-    assert!(stdout.contains("stragglers: rank 0 (pattern: persistent"), "{stdout}");
-    for plot in ["loss", "ranks", "transfers"] {
-        for ext in ["png", "svg"] {
-            let p = d.join(format!("slow/report/{plot}.{ext}"));
-            assert!(std::fs::metadata(&p).is_ok_and(|m| m.len() > 1000), "{}", p.display());
-        }
-    }
-    let out = peregrine(&["report", &s("nothing-here")]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out).1.contains("summary.json"), "{:?}", text(&out));
 }
