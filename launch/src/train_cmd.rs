@@ -928,11 +928,21 @@ fn join_trace(parts: &Path, out: &Path, world: usize) -> Result<(), AppError> {
 /// ends at once with [`EXIT_HUNG`] (threads stuck in a call cannot be unwound; the launcher ends
 /// the other ranks). The checkpoints on disk are whole: they are written aside and renamed.
 fn end_hung_job(message: &str) {
-    // Local ranks share the process: the first watchdog to fire speaks for it.
-    static ENDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if ENDING.swap(true, std::sync::atomic::Ordering::SeqCst) {
+    // Local ranks share the process: their watchdogs fire together. The first waits a moment
+    // for the others and speaks for them all, preferring a rank that found itself stuck (a
+    // waiting rank sees only whose chunks are not done, not who holds them).
+    static HEARD: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let first = {
+        let mut heard = HEARD.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        heard.push(message.to_owned());
+        heard.len() == 1
+    };
+    if !first {
         return;
     }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let heard = HEARD.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let message = heard.iter().find(|m| m.contains("itself looks stuck")).unwrap_or(&heard[0]);
     eprintln!("peregrine: error: {message}; rerun the same command to resume from the last checkpoint");
     // SAFETY: `_exit` ends the process without running exit handlers, which could block on
     // the locks of threads stuck in MPI calls; nothing is half-written by skipping them (the

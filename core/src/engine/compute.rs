@@ -397,6 +397,7 @@ impl<M: Model> Run<'_, M> {
         cancel: &dyn Fn() -> bool,
     ) -> (f64, Span) {
         let c0 = Instant::now();
+        self.watch.chunk_started();
         let loss = self.model.compute(rows, params, work);
         let computed = Span::now();
         let delay = f64::from_bits(self.delay.load(Ordering::Relaxed));
@@ -404,7 +405,7 @@ impl<M: Model> Run<'_, M> {
             self.injected_sleep(c0.elapsed().mul_f64(delay), cancel);
         }
         self.iter_busy.fetch_add(c0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        self.watch.beat();
+        self.watch.chunk_done();
         let n = self.iter_chunks.fetch_add(1, Ordering::Relaxed) + 1;
         if self.publish_rates {
             // This iteration's completion rate (a failed store just skips one update; the next

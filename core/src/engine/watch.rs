@@ -85,11 +85,6 @@ impl Phase {
             Phase::Finishing => "waiting for the other ranks to finish",
         }
     }
-
-    /// Whether the rank is waiting on others (else it is stuck itself).
-    fn waits(self) -> bool {
-        !matches!(self, Phase::Computing)
-    }
 }
 
 /// Whom the rank saw behind, last time it looked.
@@ -111,6 +106,9 @@ pub(super) struct Watch {
     last: AtomicU64,
     iteration: AtomicU64,
     phase: AtomicU8,
+    /// Chunks being computed now (a rank stuck with none in progress is blocked in a call, not
+    /// in its own compute).
+    in_chunk: AtomicU64,
     /// Whom it last saw behind, and in which of its iterations.
     behind: Mutex<Option<(Behind, u64)>>,
 }
@@ -123,6 +121,7 @@ impl Watch {
             iteration: AtomicU64::new(iteration),
             phase: AtomicU8::new(Phase::Starting as u8),
             behind: Mutex::new(None),
+            in_chunk: AtomicU64::new(0),
         }
     }
 
@@ -133,7 +132,18 @@ impl Watch {
         self.beat();
     }
 
-    /// Progress within the phase (a chunk done).
+    /// A compute thread starts a chunk.
+    pub fn chunk_started(&self) {
+        self.in_chunk.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A compute thread finished a chunk: progress.
+    pub fn chunk_done(&self) {
+        self.in_chunk.fetch_sub(1, Ordering::Relaxed);
+        self.beat();
+    }
+
+    /// Progress within the phase.
     pub fn beat(&self) {
         self.last.store(self.t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
@@ -223,7 +233,10 @@ impl Watch {
         let it = self.iteration.load(Ordering::Relaxed);
         let seen = *self.behind.lock().expect("watch");
         let behind = seen.map(|s| s.0);
-        let suspect = match (phase.waits(), behind) {
+        // Computing with no chunk in progress: its threads are blocked in a one-sided call (taking
+        // over, counting a chunk done), waiting on another rank like the other phases.
+        let own = phase == Phase::Computing && self.in_chunk.load(Ordering::Relaxed) > 0;
+        let suspect = match (!own, behind) {
             (false, _) => format!("rank {rank} itself looks stuck"),
             (true, Some(Behind::Clock { rank: r, clock, tied: 0 })) => format!(
                 "rank {r} looks stuck: the last clocks rank {rank} read put it at iteration {clock}, \
@@ -246,7 +259,7 @@ impl Watch {
         // Seen in an earlier iteration (the rank is now blocked where it reads nothing: inside a
         // one-sided call or a collective): still the best guess, and the message says when.
         let suspect = match seen {
-            Some((_, at)) if at != it && phase.waits() => format!("{suspect} (seen in its iteration {at})"),
+            Some((_, at)) if at != it && !own => format!("{suspect} (seen in its iteration {at})"),
             _ => suspect,
         };
         format!(
@@ -322,6 +335,7 @@ mod tests {
         let w = Watch::new(0);
         w.saw(Behind::Chunks { rank: 3 });
         w.mark(Phase::Computing, 2);
+        w.chunk_started();
         let (_tx, rx) = mpsc::channel();
         w.guard(0, 4, &dog(50, seen.clone()), None, &rx);
         let seen = seen.lock().expect("seen");
