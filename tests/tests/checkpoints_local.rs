@@ -118,18 +118,7 @@ fn a_bsp_run_resumed_at_a_checkpoint_ends_with_the_uninterrupted_model_at_any_ra
 fn every_scheme_resumes_from_a_checkpoint_and_runs_to_the_end() {
     let tmp = tempfile::tempdir().expect("tmp");
     let data = data(tmp.path());
-    for name in [
-        "ssp:2",
-        "asp",
-        "dynsgd:2",
-        "backup:1",
-        "backup-dynamic",
-        "lb-bsp",
-        "speculative",
-        "flexrr:2",
-        "falcon",
-        "falcon:slack:2",
-    ] {
+    for name in SCHEMES.into_iter().filter(|&n| n != "bsp") {
         let (_, taken, _) = run(3, &data, name, Optimizer::Sgd, None);
         let at =
             taken.iter().find(|s| s.iteration == 20).unwrap_or_else(|| panic!("{name}: {taken:?}")).clone();
