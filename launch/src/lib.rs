@@ -1,1 +1,325 @@
+//! `peregrine`: straggler-resilient data-parallel training for CPU clusters.
+//!
+//! One SPMD program for every launch: `mpirun -n N peregrine ...` or `srun peregrine ...` (MPI
+//! backend, when built with `--features mpi`), or `peregrine ... --ranks N` with no MPI at all
+//! (ranks as threads of this process).
 
+mod checkpoint;
+mod data_cmd;
+mod experiment;
+mod meta;
+mod model_file;
+mod plots;
+mod predict_cmd;
+mod preempt;
+mod report_cmd;
+mod sim_cmd;
+mod slurm_cmd;
+mod train_cmd;
+mod world;
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use peregrine_benches::rma;
+use peregrine_transport::conformance::{self, Params, CASES};
+use serde::{Deserialize, Serialize};
+
+use preempt::{Checkpoint, EXIT_REQUEUE};
+use world::{run_world, AppError, RunContext, WorldArgs};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "peregrine",
+    version,
+    about = "Straggler-resilient data-parallel training for CPU clusters",
+    long_about = "Straggler-resilient data-parallel training for CPU clusters.\n\n\
+        Peregrine is one SPMD program. Start it under an MPI launcher (`mpirun -n 4 peregrine ...`, \
+        `srun peregrine ...`) to run one rank per process over MPI-3 one-sided windows, or without \
+        one (`peregrine ... --ranks 4`) to run the ranks as threads of this process.",
+    after_help = "Examples:\n  \
+        peregrine conformance --ranks 4          # transport conformance suite, 4 threads\n  \
+        mpirun -n 4 peregrine conformance        # the same over MPI (build with --features mpi)\n  \
+        mpirun -n 2 peregrine bench rma          # OSU-style RMA latency/bandwidth vs raw MPI\n  \
+        peregrine slurm sbatch --nodes 2 --ntasks-per-node 4 --cpus-per-task 8 --time 1:00:00 \\\n      \
+        --dry-run -- conformance --repeat 100   # a batch script for Slurm\n\n\
+        Exit codes: 0 success, 1 failure, 2 bad command line, 75 stopped on a signal with its state saved \
+        (resume by running the same command with the same --run-dir), 124 ended by the watchdog (a rank \
+        made no progress for --watchdog seconds; rerun to resume from the last checkpoint)."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Train a model data-parallel over the ranks (see `peregrine train --help`).
+    ///
+    /// Parameters are sharded over all ranks in one-sided windows; each rank computes its part of
+    /// every mini-batch on its own pinned threads and takes over chunks from slower ranks.
+    Train(Box<train_cmd::TrainArgs>),
+    /// Apply a trained model (model.safetensors from `peregrine train`) to a dataset: predictions
+    /// as CSV, and the loss and accuracy/RMSE when the rows have labels (see `peregrine predict
+    /// --help`).
+    Predict(predict_cmd::PredictArgs),
+    /// Run the straggler experiment: schemes x straggler patterns x workloads x seeds, with tables
+    /// and plots (see `peregrine experiment --help`).
+    Experiment(Box<experiment::ExperimentArgs>),
+    /// A finished run's straggler report (which ranks were slow, by how much, what it cost the
+    /// others, the pattern) and plots: loss against time, each rank's compute, communication and
+    /// waiting per iteration, chunks taken over between ranks (see `peregrine report --help`).
+    Report(report_cmd::ReportArgs),
+    /// Simulate a cluster: the schemes' own policies at up to thousands of ranks in virtual time,
+    /// or a real run replayed (see `peregrine simulate --help`).
+    Simulate(Box<sim_cmd::SimArgs>),
+    /// Run the transport conformance suite on every rank; exit 0 iff every case passes everywhere.
+    ///
+    /// Cases: collectives; uneven shards and ranges that cross them; every rank accumulating into
+    /// every shard (f32, f64, u64); fetch_add tickets; compare-and-swap election and spin lock;
+    /// bad use reported as errors.
+    Conformance(ConformanceArgs),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+    /// Datasets: convert LIBSVM, MNIST IDX and ratings text; describe; generate synthetic ones.
+    #[command(subcommand)]
+    Data(data_cmd::DataCommand),
+    /// Slurm: batch scripts, and the job environment as Peregrine reads it.
+    #[command(subcommand)]
+    Slurm(slurm_cmd::SlurmCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// OSU-style one-sided latency (8 B) and bandwidth (8 B..4 MiB) of get, put, accumulate and
+    /// fetch_add, rank 0 -> rank 1; under MPI, next to raw MPI measured in the same run.
+    Rma(RmaArgs),
+}
+
+#[derive(Debug, Args)]
+struct ConformanceArgs {
+    #[command(flatten)]
+    world: WorldArgs,
+    /// fetch_add calls per rank on the shared counter.
+    #[arg(long, default_value_t = Params::default().tickets_per_rank, value_name = "K")]
+    tickets: usize,
+    /// Rounds of the compare-and-swap election and critical sections of the spin lock.
+    #[arg(long, default_value_t = Params::default().election_rounds, value_name = "R")]
+    rounds: usize,
+    /// Run the whole suite this many times (a long job, e.g. to try preemption and requeueing).
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    repeat: usize,
+}
+
+#[derive(Debug, Args)]
+struct RmaArgs {
+    #[command(flatten)]
+    world: WorldArgs,
+    /// Smallest message of the bandwidth sweep, bytes (a multiple of 8).
+    #[arg(long, default_value_t = 8, value_name = "BYTES", value_parser = size_parser)]
+    min_size: usize,
+    /// Largest message of the bandwidth sweep, bytes (a multiple of 8; K/M suffixes allowed).
+    #[arg(long, default_value = "4M", value_name = "BYTES", value_parser = size_parser)]
+    max_size: usize,
+    /// Timed iterations of each latency loop.
+    #[arg(long, default_value_t = rma::Config::default().latency_iters, value_name = "N")]
+    iters: usize,
+    /// Trials per figure; the median is reported.
+    #[arg(long, default_value_t = rma::Config::default().trials, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    trials: usize,
+    /// Skip the raw-MPI reference.
+    #[arg(long)]
+    no_raw: bool,
+}
+
+/// Parses `4096`, `64K`, `4M` (binary units) into bytes; must be a positive multiple of 8.
+fn size_parser(s: &str) -> Result<usize, String> {
+    let (digits, unit) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => s.split_at(i),
+        None => (s, ""),
+    };
+    let mult = match unit {
+        "" | "B" => 1,
+        "K" | "KiB" | "k" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        _ => return Err(format!("`{s}`: expected a size like 4096, 64K or 4M")),
+    };
+    let n: usize = digits.parse().map_err(|_| format!("`{s}`: expected a size like 4096, 64K or 4M"))?;
+    let bytes = n.checked_mul(mult).ok_or_else(|| format!("`{s}` is too large"))?;
+    if bytes == 0 || bytes % 8 != 0 {
+        return Err(format!("`{s}`: sizes must be positive multiples of 8 bytes"));
+    }
+    Ok(bytes)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Train(a) => train_cmd::run(*a),
+        Command::Experiment(a) => experiment::run(*a),
+        Command::Predict(a) => predict_cmd::run(a),
+        Command::Simulate(a) => sim_cmd::run(*a),
+        Command::Report(a) => report_cmd::run(&a),
+        Command::Conformance(a) => conformance_cmd(&a),
+        Command::Bench(BenchCommand::Rma(a)) => rma_cmd(&a),
+        Command::Slurm(c) => slurm_cmd::run(c),
+        Command::Data(c) => data_cmd::run(c),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ AppError::Preempted { .. }) => {
+            eprintln!("peregrine: {e}");
+            ExitCode::from(EXIT_REQUEUE as u8)
+        }
+        Err(e @ AppError::Usage(_)) => {
+            eprintln!("peregrine: error: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("peregrine: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Where a repeated conformance run stands: the next case to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct ConformanceState {
+    repeat: usize,
+    round: usize,
+    case: usize,
+}
+
+fn conformance_cmd(a: &ConformanceArgs) -> Result<(), AppError> {
+    let params = Params { tickets_per_rank: a.tickets, election_rounds: a.rounds, lock_sections: a.rounds };
+    run_world(&a.world, 4, |t, ctx| conformance_rank(t, ctx, a, &params))
+}
+
+fn conformance_rank(
+    t: &peregrine_transport::Transport,
+    ctx: &RunContext,
+    a: &ConformanceArgs,
+    params: &Params,
+) -> Result<(), AppError> {
+    let checkpoint = ctx.run_dir.as_deref().map(Checkpoint::in_dir);
+    let mut at = ConformanceState { repeat: a.repeat, round: 0, case: 0 };
+    if let Some(cp) = &checkpoint {
+        if let Some(saved) = cp.load::<ConformanceState>()? {
+            if saved.repeat != a.repeat || saved.case >= CASES.len() {
+                return Err(AppError::Data {
+                    what: cp.path().display().to_string(),
+                    detail: format!(
+                        "checkpoint of a different run ({saved:?}); remove it or use another --run-dir"
+                    ),
+                });
+            }
+            at = saved;
+            if t.rank() == 0 {
+                println!(
+                    "resuming from {}: round {} of {}, case {}",
+                    cp.path().display(),
+                    at.round + 1,
+                    a.repeat,
+                    CASES[at.case].name
+                );
+            }
+        }
+    }
+    if let Some(dir) = &ctx.run_dir {
+        meta::write(t, dir, ctx.slurm.as_ref())?;
+    }
+    while at.round < a.repeat {
+        while at.case < CASES.len() {
+            if ctx.preemption.should_stop(t)? {
+                let Some(cp) = &checkpoint else {
+                    return Err(AppError::Launch(
+                        "stopped on a signal; no --run-dir to save the state in".into(),
+                    ));
+                };
+                if t.rank() == 0 {
+                    cp.save(&at)?;
+                }
+                t.barrier()?;
+                return Err(AppError::Preempted { checkpoint: cp.path().display().to_string() });
+            }
+            let r = conformance::run_case(t, &CASES[at.case], params);
+            if t.rank() == 0 || r.outcome.is_err() {
+                let round =
+                    if a.repeat > 1 { format!("[{}/{}] ", at.round + 1, a.repeat) } else { String::new() };
+                println!("{round}{}", r.line(t));
+            }
+            r.outcome.map_err(|e| AppError::Conformance(e.to_string()))?;
+            at.case += 1;
+        }
+        at.case = 0;
+        at.round += 1;
+    }
+    if t.rank() == 0 {
+        if let Some(cp) = &checkpoint {
+            cp.remove()?;
+        }
+        println!("{}", conformance::summary_line(t));
+    }
+    Ok(())
+}
+
+fn rma_cmd(a: &RmaArgs) -> Result<(), AppError> {
+    if a.min_size > a.max_size {
+        return Err(AppError::Usage(format!(
+            "--min-size {} is larger than --max-size {}",
+            a.min_size, a.max_size
+        )));
+    }
+    let cfg = rma::Config {
+        min_size: a.min_size,
+        max_size: a.max_size,
+        latency_iters: a.iters,
+        trials: a.trials,
+        raw: !a.no_raw,
+        ..rma::Config::default()
+    };
+    run_world(&a.world, 2, |t, _| {
+        if t.rank() == 0 {
+            println!(
+                "# peregrine bench rma: backend {}, {} ranks, rank 0 -> rank {}; median of {} trials",
+                t.backend(),
+                t.world_size(),
+                usize::from(t.world_size() > 1),
+                cfg.trials
+            );
+            println!("{}", rma::Row::header(rma::Kind::Latency));
+        }
+        let mut last = rma::Kind::Latency;
+        rma::run(t, &cfg, |row| {
+            if row.kind != last {
+                last = row.kind;
+                println!("{}", rma::Row::header(row.kind));
+            }
+            println!("{row}");
+        })?;
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(size_parser("8"), Ok(8));
+        assert_eq!(size_parser("64K"), Ok(64 << 10));
+        assert_eq!(size_parser("4M"), Ok(4 << 20));
+        assert!(size_parser("12").is_err());
+        assert!(size_parser("0").is_err());
+        assert!(size_parser("4G").is_err());
+        assert!(size_parser("x").is_err());
+    }
+
+    #[test]
+    fn cli_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -358,6 +358,8 @@ impl Drop for Writer {
 /// A dataset file mapped into memory.
 #[derive(Debug)]
 pub struct Dataset {
+    /// Registered with the `SIGBUS` handler ([`super::guard`]); dropped before the mapping.
+    _guard: super::guard::Registration,
     map: Mmap,
     header: Header,
     kind: Kind,
@@ -382,11 +384,15 @@ impl Dataset {
     /// Maps `path` and checks its header: O(1) in the dataset's size.
     pub fn open(path: &Path) -> Result<Self> {
         let file = File::open(path).map_err(DataError::io(path, "opening"))?;
-        // SAFETY: the file is mapped read-only. Another process truncating or rewriting it while
-        // mapped would be undefined behaviour; datasets are written once, into a temporary file
+        // SAFETY: the file is mapped read-only. Datasets are written once, into a temporary file
         // renamed into place, and never modified after (a rewrite replaces the directory entry,
-        // not the mapped inode).
+        // not the mapped inode). A file truncated anyway raises SIGBUS on a read past its new
+        // end, which the guard registered below turns into an error naming the file; a file
+        // rewritten in place with the same length shows the new bytes, which are data like any
+        // other to the kernels (indices are checked before they are used: `check_rows`).
         let map = unsafe { Mmap::map(&file) }.map_err(DataError::io(path, "mapping"))?;
+        let guard =
+            super::guard::Registration::new(map.as_ptr(), map.len(), path, file.metadata().ok().as_ref());
         let bad = |d: String| DataError::format(path, d);
         if map.len() < MAGIC.len() || map[..MAGIC.len()] != MAGIC {
             let found = &map[..map.len().min(MAGIC.len())];
@@ -439,7 +445,7 @@ impl Dataset {
                 map.len()
             )));
         }
-        let d = Self { map, header, kind, path: path.to_owned() };
+        let d = Self { _guard: guard, map, header, kind, path: path.to_owned() };
         if kind == Kind::Sparse {
             let rp: &[u64] = d.section(0);
             if rp.first() != Some(&0) || rp.last() != Some(&header.nnz) {
@@ -542,60 +548,135 @@ impl Dataset {
 
     /// Checks the data checksum and every structural invariant: O(size).
     pub fn verify(&self) -> Result<()> {
-        let bad = |d: String| DataError::format(&self.path, d);
+        let crc = self.crc_part(0, 1).0;
+        self.check_crc(crc)?;
+        self.check_rows(0..self.rows())
+    }
+
+    /// The data checksum recorded in the header.
+    pub fn data_crc(&self) -> u32 {
+        self.header.data_crc
+    }
+
+    /// Bytes covered by the data checksum (every section, in order).
+    fn data_bytes(&self) -> u64 {
+        self.header.sections.iter().map(|[_, len]| len).sum()
+    }
+
+    /// The CRC-32 of part `part` of `parts` equal parts of the checksummed bytes, and its length:
+    /// combined in order with [`combine_crcs`], the parts give the checksum of the whole, so that
+    /// each of `parts` ranks reads only its share.
+    pub fn crc_part(&self, part: usize, parts: usize) -> (u32, u64) {
+        assert!(part < parts, "part {part} of {parts}");
+        let total = self.data_bytes();
+        let at = |p: usize| (u128::from(total) * p as u128 / parts as u128) as u64;
+        let (lo, hi) = (at(part), at(part + 1));
         let mut crc = crc32fast::Hasher::new();
+        let mut pos = 0u64;
         for [off, len] in self.header.sections {
-            crc.update(&self.map[off as usize..(off + len) as usize]);
+            let (a, b) = (lo.max(pos), hi.min(pos + len));
+            if a < b {
+                crc.update(&self.map[(off + a - pos) as usize..(off + b - pos) as usize]);
+            }
+            pos += len;
         }
-        let crc = crc.finalize();
+        (crc.finalize(), hi - lo)
+    }
+
+    /// An error unless `crc` (computed over the data) is the header's.
+    pub fn check_crc(&self, crc: u32) -> Result<()> {
         if crc != self.header.data_crc {
-            return Err(bad(format!(
-                "data checksum mismatch: {crc:#010x}, header says {:#010x}",
-                self.header.data_crc
-            )));
+            return Err(DataError::format(
+                &self.path,
+                format!(
+                    "data checksum mismatch: {crc:#010x}, header says {:#010x}: the data is corrupt (or was \
+                     modified after it was written)",
+                    self.header.data_crc
+                ),
+            ));
         }
+        Ok(())
+    }
+
+    /// Checks the structural invariants the kernels rely on, for rows `range` (O(rows in range)):
+    /// sparse `row_ptr` non-decreasing, indices increasing within a row and below the feature
+    /// count, labels 0 or 1, values finite; dense labels below the class count, features finite;
+    /// ratings' users and items below their counts, ratings finite.
+    pub fn check_rows(&self, range: Range<usize>) -> Result<()> {
+        let bad = |d: String| DataError::format(&self.path, d);
+        if range.start > range.end || range.end > self.rows() {
+            return Err(bad(format!("rows {range:?} of {}", self.rows())));
+        }
+        let first = range.start;
         match self.kind {
             Kind::Sparse => {
                 let s = self.sparse()?;
-                for r in 0..s.len() {
-                    let (lo, hi) = (s.row_ptr[r], s.row_ptr[r + 1]);
-                    if hi < lo {
-                        return Err(bad(format!("row_ptr decreases at row {r}")));
-                    }
-                    let idx = &s.indices[lo as usize..hi as usize];
+                let row_ptr = &s.row_ptr[range.start..=range.end];
+                if let Some(w) = row_ptr.windows(2).position(|w| w[1] < w[0]) {
+                    return Err(bad(format!("row_ptr decreases at row {}", first + w)));
+                }
+                // Every rank checks its rows; the ends of the whole are checked at open.
+                let (lo, hi) = (row_ptr[0], row_ptr[row_ptr.len() - 1]);
+                if hi > s.indices.len() as u64 {
+                    return Err(bad(format!("row_ptr points past the {} nonzeros", s.indices.len())));
+                }
+                for r in range.clone() {
+                    let (a, b) = (s.row_ptr[r] as usize, s.row_ptr[r + 1] as usize);
+                    let idx = &s.indices[a..b];
                     if let Some(w) = idx.windows(2).find(|w| w[0] >= w[1]) {
                         return Err(bad(format!("row {r}: indices not increasing ({} then {})", w[0], w[1])));
                     }
-                    if idx.last().is_some_and(|&i| i as usize >= s.cols) {
-                        return Err(bad(format!("row {r}: index beyond {} features", s.cols)));
+                    if let Some(&i) = idx.last().filter(|&&i| i as usize >= s.cols) {
+                        return Err(bad(format!("row {r}: index {i} beyond {} features", s.cols)));
                     }
                 }
-                if let Some(r) = s.labels.iter().position(|&y| y != 0.0 && y != 1.0) {
-                    return Err(bad(format!("row {r}: label {} is not 0 or 1", s.labels[r])));
+                let labels = &s.labels[range];
+                if let Some(r) = labels.iter().position(|&y| y != 0.0 && y != 1.0) {
+                    return Err(bad(format!("row {}: label {} is not 0 or 1", first + r, labels[r])));
                 }
-                if let Some(i) = s.values.iter().position(|v| !v.is_finite()) {
-                    return Err(bad(format!("value {i} is not finite")));
+                let values = &s.values[lo as usize..hi as usize];
+                if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+                    return Err(bad(format!("value {} is not finite", lo as usize + i)));
                 }
             }
             Kind::Dense => {
-                let d = self.dense()?;
+                let d = self.dense()?.rows(range);
                 if let Some(r) = d.labels.iter().position(|&y| y as usize >= d.classes) {
-                    return Err(bad(format!("row {r}: label {} >= {} classes", d.labels[r], d.classes)));
+                    return Err(bad(format!(
+                        "row {}: label {} >= {} classes",
+                        first + r,
+                        d.labels[r],
+                        d.classes
+                    )));
                 }
                 if let Some(i) = d.features.iter().position(|v| !v.is_finite()) {
-                    return Err(bad(format!("feature value {i} is not finite")));
+                    return Err(bad(format!(
+                        "row {}: feature {} is not finite",
+                        first + i / d.cols,
+                        i % d.cols
+                    )));
                 }
             }
             Kind::Ratings => {
-                let t = self.ratings()?;
+                let t = self.ratings()?.rows(range);
                 if let Some(i) = t.users.iter().position(|&u| u as usize >= t.n_users) {
-                    return Err(bad(format!("rating {i}: user {} >= {} users", t.users[i], t.n_users)));
+                    return Err(bad(format!(
+                        "rating {}: user {} >= {} users",
+                        first + i,
+                        t.users[i],
+                        t.n_users
+                    )));
                 }
                 if let Some(i) = t.items.iter().position(|&u| u as usize >= t.n_items) {
-                    return Err(bad(format!("rating {i}: item {} >= {} items", t.items[i], t.n_items)));
+                    return Err(bad(format!(
+                        "rating {}: item {} >= {} items",
+                        first + i,
+                        t.items[i],
+                        t.n_items
+                    )));
                 }
                 if let Some(i) = t.ratings.iter().position(|v| !v.is_finite()) {
-                    return Err(bad(format!("rating {i} is not finite")));
+                    return Err(bad(format!("rating {} is not finite", first + i)));
                 }
             }
         }
@@ -748,6 +829,16 @@ impl<'a> Ratings<'a> {
             n_items: self.n_items,
         }
     }
+}
+
+/// The checksum of consecutive parts from their (CRC-32, length) pairs, in order
+/// ([`Dataset::crc_part`]).
+pub fn combine_crcs(parts: &[(u32, u64)]) -> u32 {
+    let mut whole = crc32fast::Hasher::new();
+    for &(crc, len) in parts {
+        whole.combine(&crc32fast::Hasher::new_with_initial_len(crc, len));
+    }
+    whole.finalize()
 }
 
 /// Rank `rank`'s rows of `rows` split over `world` ranks, as even as possible (the first

@@ -12,6 +12,7 @@ pub mod csv;
 pub mod error;
 pub mod format;
 pub mod gen;
+pub mod guard;
 pub mod idx;
 pub mod libsvm;
 pub mod npy;
@@ -22,7 +23,9 @@ pub mod standardize;
 pub mod text;
 
 pub use error::{DataError, Result};
-pub use format::{chunks, shard, Dataset, DenseRows, Kind, Ratings, Shape, SparseRows, Truth, Writer};
+pub use format::{
+    chunks, combine_crcs, shard, Dataset, DenseRows, Kind, Ratings, Shape, SparseRows, Truth, Writer,
+};
 pub use libsvm::Converted;
 
 #[cfg(test)]

@@ -219,6 +219,100 @@ fn corrupt_files_are_refused() {
     case("empty.pgd", Vec::new(), "not a Peregrine dataset");
 }
 
+/// A dataset's bytes with `cols` replaced and the header checksum recomputed: a valid header
+/// over data that contradicts it.
+fn with_cols(bytes: &[u8], cols: u64) -> Vec<u8> {
+    let mut b = bytes.to_vec();
+    b[24..32].copy_from_slice(&cols.to_le_bytes());
+    let crc = crc32fast::hash(&b[..156]);
+    b[156..160].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+fn header_sections(ds: &Dataset) -> [[u64; 2]; format::SECTIONS] {
+    ds.header().sections
+}
+
+#[test]
+fn datasets_modified_in_place_are_told_from_replaced_ones() {
+    let d_tmp = dir("modified");
+    let d = d_tmp.path();
+    let s = gen::SparseSpec { rows: 100, cols: 20, nnz_per_row: 3, zipf: 0.0, seed: 1 };
+    gen::sparse(&s, &d.join("a.pgd")).expect("gen");
+    gen::sparse(&s, &d.join("b.pgd")).expect("gen");
+    let a = Dataset::open(&d.join("a.pgd")).expect("open");
+    let b = Dataset::open(&d.join("b.pgd")).expect("open");
+    let ours = |d: &Path| -> Vec<String> {
+        let prefix = d.display().to_string();
+        guard::modified().into_iter().filter(|m| m.starts_with(&prefix)).collect()
+    };
+    assert!(ours(d).is_empty(), "{:?}", ours(d));
+    // a.pgd rewritten in place (a longer file); b.pgd replaced by a new file renamed over it.
+    let mut f = std::fs::OpenOptions::new().append(true).open(d.join("a.pgd")).expect("open for append");
+    std::io::Write::write_all(&mut f, &[0; 64]).expect("append");
+    gen::sparse(&gen::SparseSpec { seed: 2, ..s }, &d.join("b.pgd")).expect("gen over it");
+    let m = ours(d);
+    assert_eq!(m.len(), 1, "{m:?}");
+    assert!(m[0].contains("a.pgd") && m[0].contains("length went from"), "{m:?}");
+    drop((a, b));
+    assert!(ours(d).is_empty(), "closed datasets are not listed");
+}
+
+#[test]
+fn rows_are_checked_by_range_and_the_checksum_by_parts() {
+    let d_tmp = dir("check");
+    let d = d_tmp.path();
+    let s = gen::SparseSpec { rows: 300, cols: 50, nnz_per_row: 5, zipf: 0.0, seed: 3 };
+    gen::sparse(&s, &d.join("g.pgd")).expect("gen");
+    let ds = Dataset::open(&d.join("g.pgd")).expect("open");
+    for parts in 1..=7 {
+        let crcs: Vec<(u32, u64)> = (0..parts).map(|p| ds.crc_part(p, parts)).collect();
+        let total: u64 = header_sections(&ds).iter().map(|[_, len]| len).sum();
+        assert_eq!(crcs.iter().map(|c| c.1).sum::<u64>(), total, "the parts tile the data");
+        assert_eq!(combine_crcs(&crcs), ds.data_crc(), "{parts} parts");
+    }
+    for w in 1..=4 {
+        for r in 0..w {
+            ds.check_rows(shard(300, r, w)).expect("a generated file is sound");
+        }
+    }
+
+    // A header saying fewer columns than the indices use (checksum recomputed): opens, and the
+    // rows holding an index beyond it are refused.
+    let input = write(d, "in.txt", "+1 1:1 2:1\n-1 2:3\n0 5:1\n1 1:2\n");
+    libsvm::convert(&input, &d.join("ok.pgd"), None).expect("convert");
+    let good = std::fs::read(d.join("ok.pgd")).expect("read");
+    for cols in [0, 1] {
+        let p = d.join(format!("cols{cols}.pgd"));
+        std::fs::write(&p, with_cols(&good, cols)).expect("write");
+        let ds = Dataset::open(&p).expect("the header alone is valid");
+        let e = ds.check_rows(0..4).expect_err("indices beyond cols");
+        assert!(e.to_string().contains(&format!("row 0: index 1 beyond {cols} features")), "{e}");
+        assert!(ds.verify().is_err());
+    }
+    let p = d.join("cols2.pgd");
+    std::fs::write(&p, with_cols(&good, 2)).expect("write");
+    let ds = Dataset::open(&p).expect("open");
+    ds.check_rows(0..2).expect("rows 0 and 1 use features 0 and 1");
+    let e = ds.check_rows(2..4).expect_err("row 2 uses feature 4");
+    assert!(e.to_string().contains("row 2: index 4 beyond 2 features"), "{e}");
+
+    // A flipped index byte: only the range holding its row is refused; the checksum of the
+    // parts no longer matches.
+    let mut bad = std::fs::read(d.join("g.pgd")).expect("read");
+    let header: format::Header = bytemuck::pod_read_unaligned(&bad[..format::HEADER_BYTES]);
+    let [off, len] = header.sections[1];
+    let at = (off + len * 3 / 4) as usize / 4 * 4;
+    bad[at + 3] = 0x7f;
+    std::fs::write(d.join("bad.pgd"), &bad).expect("write");
+    let ds = Dataset::open(&d.join("bad.pgd")).expect("open: O(1) checks only");
+    let failed: Vec<usize> = (0..4).filter(|&r| ds.check_rows(shard(300, r, 4)).is_err()).collect();
+    assert_eq!(failed, [2], "only the quarter holding the flipped index");
+    let crcs: Vec<(u32, u64)> = (0..3).map(|p| ds.crc_part(p, 3)).collect();
+    let e = ds.check_crc(combine_crcs(&crcs)).expect_err("checksum");
+    assert!(e.to_string().contains("data checksum mismatch"), "{e}");
+}
+
 #[test]
 fn generators_are_seeded_and_hold_their_truth() {
     let d_tmp = dir("gen");
