@@ -42,7 +42,7 @@ cargo test --locked --all-features -p peregrine --test slurm -- srun_ an_sbatch_
 # The straggler experiment's small configuration, end to end (release build, tables and plots).
 unset MPICC CARGO_TARGET_DIR PEREGRINE_MPIRUN PEREGRINE_SRUN_MPI
 step "straggler experiment, small configuration"
-bash scripts/experiment.sh small --out target/experiment/small-ci
+bash scripts/experiment.sh small --out target/experiment/small-ci --force
 test -s target/experiment/small-ci/summary.csv
 test -s target/experiment/small-ci/plots/mlp-persistent_rank_0_speed_0_5-loss.png
 

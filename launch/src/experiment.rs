@@ -72,6 +72,9 @@ pub struct ExperimentArgs {
     /// Check the configuration and list the runs, without running them.
     #[arg(long)]
     dry_run: bool,
+    /// Write into an --out that already holds an experiment's results (replacing them).
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -246,8 +249,62 @@ fn slug(s: &str) -> String {
 
 /// `peregrine experiment`.
 pub fn run(a: ExperimentArgs) -> Result<(), AppError> {
-    let mut f: ExperimentFile = read_toml(&a.config)?;
+    let f = load(&a)?;
+    if f.mode == Mode::Simulate {
+        return simulate(&a, &f);
+    }
+    let ranks = check_training(&a, &f)?;
     let base = a.config.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let out =
+        a.out.clone().unwrap_or_else(|| PathBuf::from("runs").join(format!("experiment-{}", slug(&f.name))));
+    let runs = f.workloads.len() * f.patterns.len() * f.schemes.len() * f.seeds.len();
+    if a.dry_run {
+        println!(
+            "{}: {runs} runs: {} workloads ({}) x {} patterns x {} schemes x {} seeds, into {}",
+            a.config.display(),
+            f.workloads.len(),
+            f.workloads.keys().cloned().collect::<Vec<_>>().join(", "),
+            f.patterns.len(),
+            f.schemes.len(),
+            f.seeds.len(),
+            out.display()
+        );
+        return Ok(());
+    }
+    if a.out.is_some() && out.join("results.json").exists() && !a.force {
+        return Err(AppError::Usage(format!(
+            "{} holds an experiment's results ({}); give another --out, or --force to replace them",
+            out.display(),
+            out.join("results.json").display()
+        )));
+    }
+    run_world(&a.world, ranks.unwrap_or(2), |t, ctx| {
+        // The default directory is never one an earlier experiment wrote: rank 0 picks a free
+        // name (runs/experiment-<name>, -2, -3, ...) and tells the others.
+        let out = if a.out.is_some() { out.clone() } else { train_cmd::agree_fresh_dir(t, &out)? };
+        let rows = rank(t, ctx, &a, &f, &base, &out, runs)?;
+        if t.rank() == 0 {
+            write_results(&out, &rows, !a.no_plots)?;
+        }
+        Ok(())
+    })
+}
+
+/// The file's checks, without running anything (the fuzz targets' entry): reading it and those
+/// of a training experiment (a simulated one's further checks run its simulations, and are left
+/// to `simulate`).
+pub(crate) fn check(a: &ExperimentArgs) -> Result<(), AppError> {
+    let f = load(a)?;
+    match f.mode {
+        Mode::Simulate => Ok(()),
+        _ => check_training(a, &f).map(drop),
+    }
+}
+
+/// The experiment file, read and checked (patterns parse), with the reference scheme and the
+/// ideal pattern added.
+fn load(a: &ExperimentArgs) -> Result<ExperimentFile, AppError> {
+    let mut f: ExperimentFile = read_toml(&a.config)?;
     for p in &f.patterns {
         p.parse::<Pattern>().map_err(|e| AppError::Usage(format!("experiment pattern: {e}")))?;
     }
@@ -257,9 +314,11 @@ pub fn run(a: ExperimentArgs) -> Result<(), AppError> {
     if !f.patterns.iter().any(|p| p == "ideal") {
         f.patterns.insert(0, "ideal".into());
     }
-    if f.mode == Mode::Simulate {
-        return simulate(&a, &f);
-    }
+    Ok(f)
+}
+
+/// The checks of a training experiment's file: the ranks to run with (else the default).
+fn check_training(a: &ExperimentArgs, f: &ExperimentFile) -> Result<Option<usize>, AppError> {
     if f.simulate.is_some() || f.threads.is_some() {
         return Err(AppError::Usage(format!(
             "{}: `simulate` and `threads` are for mode = \"simulate\"",
@@ -293,29 +352,7 @@ pub fn run(a: ExperimentArgs) -> Result<(), AppError> {
             )));
         }
     }
-    let out =
-        a.out.clone().unwrap_or_else(|| PathBuf::from("runs").join(format!("experiment-{}", slug(&f.name))));
-    let runs = f.workloads.len() * f.patterns.len() * f.schemes.len() * f.seeds.len();
-    if a.dry_run {
-        println!(
-            "{}: {runs} runs: {} workloads ({}) x {} patterns x {} schemes x {} seeds, into {}",
-            a.config.display(),
-            f.workloads.len(),
-            f.workloads.keys().cloned().collect::<Vec<_>>().join(", "),
-            f.patterns.len(),
-            f.schemes.len(),
-            f.seeds.len(),
-            out.display()
-        );
-        return Ok(());
-    }
-    run_world(&a.world, ranks.unwrap_or(2), |t, ctx| {
-        let rows = rank(t, ctx, &a, &f, &base, &out, runs)?;
-        if t.rank() == 0 {
-            write_results(&out, &rows, !a.no_plots)?;
-        }
-        Ok(())
-    })
+    Ok(ranks)
 }
 
 /// `mode = "simulate"`: every (ranks, threads) pair x pattern x scheme x seed, simulated.

@@ -3,10 +3,15 @@
 //! One SPMD program for every launch: `mpirun -n N peregrine ...` or `srun peregrine ...` (MPI
 //! backend, when built with `--features mpi`), or `peregrine ... --ranks N` with no MPI at all
 //! (ranks as threads of this process).
+//!
+//! The binary is [`main`]; the library exists so that the parsers of outside input behind the
+//! commands can be reached by the fuzz targets (`fuzz/`, see [`fuzzing`]).
 
 mod checkpoint;
 mod data_cmd;
 mod experiment;
+mod faults;
+pub mod fuzzing;
 mod meta;
 mod model_file;
 mod plots;
@@ -43,9 +48,11 @@ use world::{run_world, AppError, RunContext, WorldArgs};
         mpirun -n 2 peregrine bench rma          # OSU-style RMA latency/bandwidth vs raw MPI\n  \
         peregrine slurm sbatch --nodes 2 --ntasks-per-node 4 --cpus-per-task 8 --time 1:00:00 \\\n      \
         --dry-run -- conformance --repeat 100   # a batch script for Slurm\n\n\
-        Exit codes: 0 success, 1 failure, 2 bad command line, 75 stopped on a signal with its state saved \
-        (resume by running the same command with the same --run-dir), 124 ended by the watchdog (a rank \
-        made no progress for --watchdog seconds; rerun to resume from the last checkpoint)."
+        Exit codes: 0 success, 1 failure, 2 bad command line, 75 stopped on a signal (resume by running \
+        the same command with the same --run-dir: from the stop's checkpoint, or the last one when a rank \
+        could not reach the stop within 5 s), 101 a panic in any thread (a bug: the message names the rank \
+        and thread), 124 ended by the watchdog (a rank made no progress for --watchdog seconds; rerun to \
+        resume from the last checkpoint)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -153,8 +160,14 @@ fn size_parser(s: &str) -> Result<usize, String> {
     Ok(bytes)
 }
 
-fn main() -> ExitCode {
+/// The `peregrine` command: parses the command line, runs the command, and maps its outcome to
+/// the exit code.
+pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Err(e) = faults::install() {
+        eprintln!("peregrine: error: {e}");
+        return ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Command::Train(a) => train_cmd::run(*a),
         Command::Experiment(a) => experiment::run(*a),

@@ -2,7 +2,7 @@
 
 use std::io::{BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use peregrine_core::engine::{self, Config, Progress, Report, Watchdog};
@@ -16,7 +16,7 @@ use peregrine_transport::{Backend, Transport};
 use serde::{Deserialize, Serialize};
 
 use crate::meta;
-use crate::preempt::write_atomically;
+use crate::preempt::{write_atomically, EXIT_REQUEUE};
 use crate::world::{run_world, AppError, RunContext, WorldArgs};
 
 /// Which model to train.
@@ -202,7 +202,10 @@ pub struct TrainArgs {
     checkpoint_seconds: Option<f64>,
     /// End the job, naming the rank, when a rank makes no progress for S seconds (a rank stopped,
     /// hung or unreachable; exit code 124); 0: never [default: 600, as PyTorch's collective
-    /// time-out]. Progress is any chunk, pull, push, evaluation or checkpoint finished.
+    /// time-out]. Progress is any chunk, pull, push, evaluation or checkpoint finished. Once asked
+    /// to stop (SIGTERM, SIGUSR1), a rank has 5 s (or S if shorter) without progress to reach the
+    /// stop's checkpoint, also with 0; past that the job ends with exit code 75 (requeue: the last
+    /// checkpoint stands).
     #[arg(long, value_name = "S")]
     watchdog: Option<f64>,
     /// Record a timeline of every rank (Chrome Trace Event JSON, for https://ui.perfetto.dev or
@@ -445,6 +448,9 @@ pub(crate) struct Resolved {
     /// Also write the model as `.npy` files (how the run is written out, not what it computes).
     #[serde(skip)]
     npy: bool,
+    /// Seconds this rank spent checking the datasets before training (not a setting).
+    #[serde(skip)]
+    data_check_seconds: f64,
 }
 
 /// An `f32` written as its shortest decimal (`0.1`, not the `0.10000000149011612` of its `f64`
@@ -511,6 +517,11 @@ impl TrainFile {
 fn read_file(path: &Path) -> Result<TrainFile, AppError> {
     let f: TrainFile = read_toml(path)?;
     Ok(f.rebase(path.parent().unwrap_or(Path::new("."))))
+}
+
+/// The configuration's checks, without running anything (the fuzz targets' entry).
+pub(crate) fn check(a: &TrainArgs) -> Result<(), AppError> {
+    resolve(a).map(drop)
 }
 
 fn resolve(a: &TrainArgs) -> Result<(Resolved, Option<f64>), AppError> {
@@ -614,6 +625,7 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
         hidden: f.hidden.unwrap_or_else(|| vec![128]),
         straggler: f.straggler.unwrap_or_else(|| "ideal".into()),
         npy: false,
+        data_check_seconds: 0.0,
     };
     if !(r.lr.is_finite() && r.lr > 0.0) {
         return Err(usage(format!("the learning rate must be positive, got {}", r.lr)));
@@ -662,22 +674,49 @@ pub(crate) fn rank(
     t: &Transport,
     ctx: &RunContext,
     a: &RunOpts,
-    mut r: Resolved,
+    r: Resolved,
     epochs: Option<f64>,
     stamp: u64,
 ) -> Result<Report, AppError> {
-    let scheme = SchemeSpec::new(r.scheme.clone(), r.steal);
     // Every rank must agree on the run directory's name: rank 0's clock decides.
     let mut when = [stamp];
     t.broadcast(&mut when, 0)?;
-    let dir = a.dir.clone().or_else(|| ctx.run_dir.clone()).unwrap_or_else(|| {
-        PathBuf::from("runs").join(format!(
-            "{}-{}-{}",
-            r.model_name(),
-            r.scheme.to_string().replace(':', ""),
-            when[0]
-        ))
-    });
+    let mut parent_existed = true;
+    let (dir, made) = match a.dir.clone().or_else(|| ctx.run_dir.clone()) {
+        Some(d) => (d, false),
+        None => {
+            let base = PathBuf::from("runs").join(format!(
+                "{}-{}-{}",
+                r.model_name(),
+                r.scheme.to_string().replace(':', ""),
+                when[0]
+            ));
+            parent_existed = base.parent().is_none_or(Path::exists);
+            // Runs started within the same second (a seed sweep's) each get their own.
+            (agree_fresh_dir(t, &base)?, true)
+        }
+    };
+    let result = rank_in(t, ctx, a, r, epochs, &dir);
+    if made && result.is_err() && t.rank() == 0 {
+        // A run refused or failed before writing anything leaves no directory (only an empty
+        // one is removed).
+        let _ = std::fs::remove_dir(&dir);
+        if !parent_existed {
+            let _ = dir.parent().map(std::fs::remove_dir);
+        }
+    }
+    result
+}
+
+fn rank_in(
+    t: &Transport,
+    ctx: &RunContext,
+    a: &RunOpts,
+    mut r: Resolved,
+    epochs: Option<f64>,
+    dir: &Path,
+) -> Result<Report, AppError> {
+    let scheme = SchemeSpec::new(r.scheme.clone(), r.steal);
     let local = t.backend() == Backend::Local;
     let slot = if local { Slot { index: t.rank(), of: t.world_size() } } else { Slot::WHOLE };
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -695,6 +734,9 @@ pub(crate) fn rank(
         }
     }
     let inject = Injection { pattern: r.straggler.parse().map_err(usage)?, seed: r.seed };
+    // Before anything reads them: the rows every rank will read, and the checksum.
+    let datasets: Vec<&Path> = std::iter::once(r.data.as_path()).chain(r.eval.as_deref()).collect();
+    r.data_check_seconds = crate::faults::check_datasets(t, &datasets)?;
     if r.l2_per_row {
         let rows = peregrine_kernels::data::Dataset::open(&r.data)?.rows();
         r.l2 = 1.0 / rows.max(1) as f32;
@@ -704,23 +746,67 @@ pub(crate) fn rank(
         ModelKind::Lr => {
             let m =
                 LogReg::new(&r.data, r.eval.as_deref(), r.lr, r.intercept).map_err(data_err)?.with_l2(r.l2);
-            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, &dir, &m)
+            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m)
         }
         ModelKind::Softmax => {
             let m = Softmax::new(&r.data, r.eval.as_deref(), r.lr).map_err(data_err)?.with_l2(r.l2);
-            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, &dir, &m)
+            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m)
         }
         ModelKind::Mf => {
             let m = Mf::new(&r.data, r.eval.as_deref(), r.k, r.lr, r.l2)
                 .map_err(data_err)?
                 .with_biases(r.intercept);
-            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, &dir, &m)
+            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m)
         }
         ModelKind::Mlp => {
             let m = Mlp::new(&r.data, r.eval.as_deref(), &r.hidden, r.lr).map_err(data_err)?.with_l2(r.l2);
-            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, &dir, &m)
+            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m)
         }
     }
+}
+
+/// Collective: rank 0 creates `base`, or `base-2`, `base-3`, ... if taken (by an earlier run,
+/// or one started at the same time), and every rank gets its name.
+pub(crate) fn agree_fresh_dir(t: &Transport, base: &Path) -> Result<PathBuf, AppError> {
+    let mut n = [0u64];
+    let made = if t.rank() == 0 { fresh_dir(base).map(|k| n[0] = k) } else { Ok(()) };
+    let mut ok = [u64::from(made.is_ok())];
+    t.broadcast(&mut ok, 0)?;
+    made?;
+    if ok[0] == 0 {
+        return Err(AppError::Elsewhere {
+            rank: 0,
+            what: format!("creating a directory {}", base.display()),
+        });
+    }
+    t.broadcast(&mut n, 0)?;
+    Ok(numbered(base, n[0]))
+}
+
+/// Creates `base`, or `base-2`, `base-3`, ... if taken: the number used (1 for `base`).
+fn fresh_dir(base: &Path) -> Result<u64, AppError> {
+    if let Some(parent) = base.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
+    }
+    for n in 1.. {
+        let dir = numbered(base, n);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(n),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(AppError::Io { what: format!("creating {}", dir.display()), source: e }),
+        }
+    }
+    unreachable!("a free name is found before the counter wraps")
+}
+
+/// `base` for 1, `base-n` after.
+fn numbered(base: &Path, n: u64) -> PathBuf {
+    if n <= 1 {
+        return base.to_owned();
+    }
+    let mut name = base.as_os_str().to_owned();
+    name.push(format!("-{n}"));
+    PathBuf::from(name)
 }
 
 impl Resolved {
@@ -806,9 +892,15 @@ fn go<M: Export>(
         checkpoint_seconds: (r.checkpoint_seconds > 0.0).then_some(r.checkpoint_seconds),
         stop: Some(ctx.preemption.flag()),
         trace: a.trace.then(|| dir.join(TRACE_PARTS)),
-        watchdog: (r.watchdog > 0.0).then(|| Watchdog {
-            after: std::time::Duration::from_secs_f64(r.watchdog),
-            after_stop: std::time::Duration::from_secs_f64(r.watchdog.min(STOP_GRACE)),
+        // Off (--watchdog 0), a rank asked to stop still has STOP_GRACE without progress to reach
+        // the stop's checkpoint: the signal is never swallowed by a rank that cannot get there.
+        watchdog: Some(Watchdog {
+            after: if r.watchdog > 0.0 { Duration::from_secs_f64(r.watchdog) } else { Duration::MAX },
+            after_stop: Duration::from_secs_f64(if r.watchdog > 0.0 {
+                r.watchdog.min(STOP_GRACE)
+            } else {
+                STOP_GRACE
+            }),
             on_hang: std::sync::Arc::new(end_hung_job),
         }),
         ..Config::default()
@@ -882,7 +974,7 @@ fn go<M: Export>(
         write_atomically(&dir.join("summary.json"), text.as_bytes())?;
         save_model(dir, model, &report, r)?;
         if !a.quiet {
-            print_summary(&report, dir);
+            print_summary(&report, dir, r.data_check_seconds);
             print!("{}", report.stragglers);
         }
         for w in &report.warnings {
@@ -925,9 +1017,11 @@ fn join_trace(parts: &Path, out: &Path, world: usize) -> Result<(), AppError> {
 }
 
 /// The watchdog's end of a job whose rank stopped progressing: the message, then the process
-/// ends at once with [`EXIT_HUNG`] (threads stuck in a call cannot be unwound; the launcher ends
-/// the other ranks). The checkpoints on disk are whole: they are written aside and renamed.
-fn end_hung_job(message: &str) {
+/// ends at once with [`EXIT_HUNG`], or [`EXIT_REQUEUE`] when it had been asked to stop (by Slurm
+/// before a time limit or a preemption: a batch script requeues the job, which resumes from the
+/// last checkpoint). Threads stuck in a call cannot be unwound; the launcher ends the other
+/// ranks. The checkpoints on disk are whole: they are written aside and renamed.
+fn end_hung_job(message: &str, stopping: bool) {
     // Local ranks share the process: their watchdogs fire together. The first waits a moment
     // for the others and speaks for them all, preferring a rank that found itself stuck (a
     // waiting rank sees only whose chunks are not done, not who holds them).
@@ -943,11 +1037,20 @@ fn end_hung_job(message: &str) {
     std::thread::sleep(std::time::Duration::from_millis(200));
     let heard = HEARD.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let message = heard.iter().find(|m| m.contains("itself looks stuck")).unwrap_or(&heard[0]);
-    eprintln!("peregrine: error: {message}; rerun the same command to resume from the last checkpoint");
+    let code = if stopping {
+        eprintln!(
+            "peregrine: error: {message}: the stop's checkpoint cannot be reached; the last checkpoint \
+             stands (exit {EXIT_REQUEUE}: rerun, or let the batch script requeue, to resume from it)"
+        );
+        EXIT_REQUEUE
+    } else {
+        eprintln!("peregrine: error: {message}; rerun the same command to resume from the last checkpoint");
+        EXIT_HUNG
+    };
     // SAFETY: `_exit` ends the process without running exit handlers, which could block on
     // the locks of threads stuck in MPI calls; nothing is half-written by skipping them (the
     // files that matter are renamed into place whole).
-    unsafe { libc::_exit(EXIT_HUNG) }
+    unsafe { libc::_exit(code) }
 }
 
 /// The exit code of a job the watchdog ended (as `timeout(1)`'s).
@@ -1181,9 +1284,10 @@ fn rate_text(r: f64) -> String {
     }
 }
 
-fn print_summary(r: &Report, dir: &Path) {
+fn print_summary(r: &Report, dir: &Path, data_check_seconds: f64) {
     println!(
-        "{} | {} | {} rank{} | {} iterations | {} samples in {:.3} s ({}; evaluation {:.3} s, not counted)",
+        "{} | {} | {} rank{} | {} iterations | {} samples in {:.3} s ({}; evaluation {:.3} s, data check \
+         {:.3} s, not counted)",
         r.model,
         r.scheme,
         r.ranks,
@@ -1192,7 +1296,8 @@ fn print_summary(r: &Report, dir: &Path) {
         r.samples,
         r.train_seconds,
         rate_text(r.samples_per_second()),
-        r.eval_seconds
+        r.eval_seconds,
+        data_check_seconds
     );
     if let Some(e) = r.last_eval() {
         let train = e.train_loss.map(|l| format!("; training loss {l:.4} since the previous evaluation"));

@@ -50,6 +50,14 @@ pub enum AppError {
     /// Training could not start or go on (thread pool, divergence, reports).
     #[error("{0}")]
     Train(String),
+    /// Another rank found the fault and reports it (this rank's error is secondary).
+    #[error("{what}")]
+    Elsewhere {
+        /// The rank that found it.
+        rank: usize,
+        /// What it found, in short.
+        what: String,
+    },
     /// The ranks stopped at a safe point after a signal and saved their state: not a failure, but
     /// the run is not complete (exit code [`crate::preempt::EXIT_REQUEUE`]).
     #[error("stopped on a signal; state saved in {checkpoint}")]
@@ -147,7 +155,10 @@ where
             let mut errors: Vec<AppError> = outcomes.into_iter().filter_map(Result::err).collect();
             let root = errors
                 .iter()
-                .position(|e| !matches!(e, AppError::Transport(t) if matches!(t.kind(), TransportErrorKind::PeerExited { .. })))
+                .position(|e| {
+                    !matches!(e, AppError::Elsewhere { .. })
+                        && !matches!(e, AppError::Transport(t) if matches!(t.kind(), TransportErrorKind::PeerExited { .. }))
+                })
                 .unwrap_or(0);
             if errors.is_empty() {
                 Ok(())
@@ -162,6 +173,8 @@ where
             match result {
                 // Every rank agreed to stop (collectively): a normal exit on every rank.
                 Err(e @ AppError::Preempted { .. }) => Err(e),
+                // Every rank knows (a collective found it): each exits with its message.
+                Err(e @ AppError::Elsewhere { .. }) => Err(e),
                 Err(e) => {
                     eprintln!("peregrine: error: {e}");
                     if t.world_size() > 1 {

@@ -216,6 +216,98 @@ mod mpi {
         Path::new(env!("CARGO_BIN_EXE_peregrine"))
     }
 
+    /// [`super::long_run`] under `mpirun -n 2`.
+    fn long_run(d: &Path) -> (std::path::PathBuf, std::process::Child) {
+        let data = d.join("big.pgd");
+        let s = data.to_str().expect("utf-8");
+        super::ok(&[
+            "data",
+            "gen",
+            "sparse",
+            s,
+            "--rows",
+            "100000",
+            "--features",
+            "5000",
+            "--nnz-per-row",
+            "20",
+        ]);
+        let run = d.join("run");
+        let args = super::lr_train(s, run.to_str().expect("utf-8"), "100000000", &["--watchdog", "0"]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let child = mpirun_command(2, exe(), &args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("mpirun");
+        super::wait_for_file(&run.join("metrics").join("rank-1.jsonl"));
+        (data, child)
+    }
+
+    fn all_output(out: &std::process::Output) -> String {
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    }
+
+    #[test]
+    fn a_dataset_truncated_under_mpirun_is_an_error_naming_it() {
+        let t = super::scratch("mpi-truncated");
+        let (data, child) = long_run(t.path());
+        let len = std::fs::metadata(&data).expect("stat").len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&data)
+            .expect("open")
+            .set_len(len / 2)
+            .expect("truncate");
+        let (out, took) = super::finish_within(child, std::time::Duration::from_secs(60));
+        let all = all_output(&out);
+        assert!(!out.status.success(), "{all}");
+        assert!(took.as_secs() < 20, "{took:?}: {all}");
+        assert!(all.contains("big.pgd shrank while this run had it mapped"), "{all}");
+    }
+
+    #[test]
+    fn a_panic_on_a_compute_thread_under_mpirun_aborts_the_job_naming_rank_and_thread() {
+        let t = super::scratch("mpi-panic");
+        let (data, child) = long_run(t.path());
+        super::scribble_indices(&data);
+        let (out, took) = super::finish_within(child, std::time::Duration::from_secs(60));
+        let all = all_output(&out);
+        assert!(!out.status.success(), "{all}");
+        assert!(took.as_secs() < 20, "{took:?}: {all}");
+        assert!(all.contains(", compute thread") && all.contains("modified in place"), "{all}");
+        assert!(all.contains("rank 0, compute") || all.contains("rank 1, compute"), "{all}");
+    }
+
+    #[test]
+    fn a_corrupt_dataset_under_mpirun_is_refused_by_the_rank_that_reads_it() {
+        let t = super::scratch("mpi-corrupt");
+        let d = t.path();
+        let p = d.join("g.pgd");
+        super::ok(&[
+            "data",
+            "gen",
+            "sparse",
+            p.to_str().expect("utf-8"),
+            "--rows",
+            "4000",
+            "--features",
+            "300",
+        ]);
+        let mut bytes = std::fs::read(&p).expect("read");
+        let (at, len) = super::section(&bytes, 1);
+        bytes[at + len * 3 / 4 / 4 * 4 + 3] = 0x7f; // rank 1's rows
+        std::fs::write(&p, bytes).expect("write");
+        let run = d.join("run");
+        let args = super::lr_train(p.to_str().expect("utf-8"), run.to_str().expect("utf-8"), "20", &[]);
+        let out = mpirun_n(2, exe(), &args.iter().map(String::as_str).collect::<Vec<_>>());
+        let all = all_output(&out);
+        assert!(!out.status.success(), "{all}");
+        assert!(all.contains("rank 1: ") && all.contains("corrupt"), "{all}");
+        assert!(!all.contains("panicked"), "{all}");
+        assert!(!run.exists(), "nothing written");
+    }
+
     #[test]
     fn conformance_under_mpirun() {
         let out = mpirun_n(2, exe(), &["conformance", "--tickets", "5000"]);
@@ -896,6 +988,12 @@ fn experiment_writes_tables_and_plots() {
     let row = table.lines().find(|l| l.starts_with("| persistent:rank=0,speed=0.5 |")).expect("pattern row");
     assert!(row.starts_with("| persistent:rank=0,speed=0.5 | 1.33 |"), "{row}");
     assert!(table.lines().any(|l| l.starts_with("| ideal | 1.00 | 1.00 |")), "{table}");
+    // Its results are not replaced without --force.
+    let again =
+        peregrine(&["experiment", &cfg.to_string_lossy(), "--ranks", "2", "--out", &out.to_string_lossy()]);
+    assert_eq!(again.status.code(), Some(2), "{}", text(&again).1);
+    assert!(text(&again).1.contains("holds an experiment's results") && text(&again).1.contains("--force"));
+    assert_eq!(std::fs::read_to_string(out.join("results.csv")).expect("results.csv"), csv, "kept");
 }
 
 #[test]
@@ -1762,4 +1860,218 @@ fn timed_checkpoints_are_taken_and_a_changed_interval_still_resumes() {
     let out = train(&["--checkpoint-seconds", "10", "--watchdog", "100"]);
     assert!(out.status.success(), "{:?}", text(&out));
     assert!(text(&out).1.contains("resuming from iteration"), "{:?}", text(&out));
+}
+
+// Hostile inputs and faults: no panic, hang or death by signal; a message naming what and where.
+
+/// Section `i`'s (offset, bytes) in a dataset file's header.
+fn section(bytes: &[u8], i: usize) -> (usize, usize) {
+    let at = 56 + 16 * i;
+    let word = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().expect("8 bytes")) as usize;
+    (word(at), word(at + 8))
+}
+
+/// Writes `bytes` with `cols` replaced and the header checksum recomputed: a valid header over
+/// data that contradicts it.
+fn with_cols(bytes: &[u8], cols: u64) -> Vec<u8> {
+    let mut b = bytes.to_vec();
+    b[24..32].copy_from_slice(&cols.to_le_bytes());
+    let crc = crc32fast::hash(&b[..156]);
+    b[156..160].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// `peregrine train` (2 local ranks) on `data`, in `cwd`, with the default run directory.
+fn train_on(cwd: &Path, data: &Path) -> Output {
+    let data = data.to_str().expect("utf-8");
+    peregrine_in(cwd, &["train", "--model", "lr", "--data", data, "--iterations", "20", "--ranks", "2"])
+}
+
+#[test]
+fn datasets_whose_bytes_contradict_their_header_are_refused_before_training() {
+    let t = scratch("corrupt-data");
+    let d = t.path();
+    ok(&[
+        "data",
+        "gen",
+        "sparse",
+        d.join("g.pgd").to_str().expect("utf-8"),
+        "--rows",
+        "4000",
+        "--features",
+        "300",
+    ]);
+    let good = std::fs::read(d.join("g.pgd")).expect("read");
+    let (idx_at, idx_len) = section(&good, 1);
+    let (val_at, val_len) = section(&good, 2);
+    let mut flipped_index = good.clone();
+    flipped_index[idx_at + idx_len * 3 / 4 / 4 * 4 + 3] = 0x7f; // in rank 1's half of the rows
+    let mut flipped_value = good.clone();
+    flipped_value[val_at + val_len / 3 / 4 * 4] ^= 1; // a value's lowest bit: still a valid float
+                                                      // Converted data (no generating model, whose size the column count fixes).
+    let rows: String = (0..400).map(|r| format!("{} {}:1 {}:2\n", r % 2, 1 + r % 7, 8 + r % 40)).collect();
+    std::fs::write(d.join("c.svm"), rows).expect("write");
+    ok(&[
+        "data",
+        "convert",
+        "libsvm",
+        d.join("c.svm").to_str().expect("utf-8"),
+        d.join("c.pgd").to_str().expect("utf-8"),
+    ]);
+    let converted = std::fs::read(d.join("c.pgd")).expect("read");
+    let cases: [(&str, Vec<u8>, &[&str]); 4] = [
+        ("cols0.pgd", with_cols(&converted, 0), &["rank 0", "beyond 0 features", "corrupt"]),
+        ("cols1.pgd", with_cols(&converted, 1), &["rank 0", "beyond 1 features", "corrupt"]),
+        ("index.pgd", flipped_index, &["rank 1", "index.pgd: row", "corrupt"]),
+        ("value.pgd", flipped_value, &["value.pgd", "data checksum mismatch"]),
+    ];
+    for (name, bytes, expected) in cases {
+        let p = d.join(name);
+        std::fs::write(&p, bytes).expect("write");
+        let cwd = scratch("corrupt-data-cwd");
+        let out = train_on(cwd.path(), &p);
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{name}: {stderr}");
+        for e in expected {
+            assert!(stderr.contains(e), "{name}: expected `{e}` in {stderr}");
+        }
+        assert!(!stderr.contains("panicked"), "{name}: {stderr}");
+        assert!(!cwd.path().join("runs").exists(), "{name}: a run directory was left");
+        // `data info` stays O(1); --verify finds it.
+        let out = peregrine(&["data", "info", "--verify", p.to_str().expect("utf-8")]);
+        assert_eq!(out.status.code(), Some(1), "{name}: {}", text(&out).1);
+    }
+}
+
+/// A generated dataset large enough that training maps it for a while, and a run on it that
+/// goes on until stopped.
+fn long_run(d: &Path, extra: &[&str]) -> (std::path::PathBuf, std::process::Child) {
+    let data = d.join("big.pgd");
+    let s = data.to_str().expect("utf-8");
+    ok(&["data", "gen", "sparse", s, "--rows", "100000", "--features", "5000", "--nnz-per-row", "20"]);
+    let run = d.join("run");
+    let child = spawn_train(s, run.to_str().expect("utf-8"), "100000000", extra);
+    wait_for_file(&run.join("metrics").join("rank-1.jsonl"));
+    (data, child)
+}
+
+/// Waits for `child` at most `limit`; its output and how long it took.
+fn finish_within(child: std::process::Child, limit: std::time::Duration) -> (Output, std::time::Duration) {
+    let started = std::time::Instant::now();
+    let pid = child.id();
+    let watcher = std::thread::spawn(move || {
+        std::thread::sleep(limit);
+        let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+    });
+    let out = child.wait_with_output().expect("wait");
+    let took = started.elapsed();
+    assert!(took < limit, "still running after {limit:?}: killed");
+    drop(watcher);
+    (out, took)
+}
+
+#[test]
+fn a_dataset_truncated_under_a_run_is_an_error_naming_it_not_a_bus_error() {
+    let t = scratch("truncated");
+    let (data, child) = long_run(t.path(), &["--ranks", "2"]);
+    let len = std::fs::metadata(&data).expect("stat").len();
+    std::fs::OpenOptions::new().write(true).open(&data).expect("open").set_len(len / 2).expect("truncate");
+    let (out, _) = finish_within(child, std::time::Duration::from_secs(60));
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("big.pgd shrank while this run had it mapped"), "{stderr}");
+}
+
+/// Overwrites part of the indices of a mapped dataset in place with indices far beyond its
+/// features: the kernels index out of bounds on a compute thread.
+fn scribble_indices(data: &Path) {
+    use std::io::{Seek, SeekFrom, Write};
+    let head = std::fs::read(data).expect("read")[..192].to_vec();
+    let (at, len) = section(&head, 1);
+    let mut f = std::fs::OpenOptions::new().write(true).open(data).expect("open");
+    f.seek(SeekFrom::Start((at + len / 2) as u64)).expect("seek");
+    f.write_all(&[0xff; 1 << 16]).expect("write");
+}
+
+#[test]
+fn a_panic_on_a_compute_thread_ends_the_run_naming_rank_and_thread() {
+    let t = scratch("panic");
+    let (data, child) = long_run(t.path(), &["--ranks", "2", "--watchdog", "0"]);
+    scribble_indices(&data);
+    let (out, took) = finish_within(child, std::time::Duration::from_secs(60));
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(101), "{stderr}");
+    assert!(took.as_secs() < 20, "{took:?}");
+    assert!(stderr.contains("compute thread") && stderr.contains("(pgr-s"), "{stderr}");
+    assert!(stderr.contains("big.pgd (its modification time changed)"), "{stderr}");
+}
+
+#[test]
+fn a_rank_that_cannot_reach_the_stop_exits_75_even_without_the_watchdog() {
+    let t = scratch("stop-deadline");
+    let d = t.path();
+    let s = |name: &str| d.join(name).to_str().expect("utf-8").to_owned();
+    ok(&["data", "gen", "sparse", &s("d.pgd"), "--rows", "20000", "--features", "500"]);
+    // Rank 1 computes at a ten-millionth of its speed: it never reaches a checkpoint.
+    let extra = ["--ranks", "3", "--straggler", "persistent:rank=1,speed=1e-7", "--watchdog", "0"];
+    let child = spawn_train(&s("d.pgd"), &s("r"), "3000", &extra);
+    wait_for_file(&d.join("r").join("metrics").join("rank-1.jsonl"));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    signal(child.id(), "-TERM");
+    let (out, took) = finish_within(child, std::time::Duration::from_secs(60));
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(75), "{stderr}");
+    assert!(took.as_secs_f64() < 15.0, "{took:?}");
+    assert!(
+        stderr.contains("once asked to stop") && stderr.contains("the last checkpoint stands"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn default_run_directories_are_unique_and_results_are_not_overwritten() {
+    let t = scratch("unique");
+    let d = t.path();
+    let data = d.join("d.pgd");
+    ok(&["data", "gen", "sparse", data.to_str().expect("utf-8"), "--rows", "2000", "--features", "100"]);
+    // Four runs started at once (a seed sweep) in one directory: four run directories.
+    let runs: Vec<_> = (1..=4)
+        .map(|seed| {
+            Command::new(env!("CARGO_BIN_EXE_peregrine"))
+                .args([
+                    "train",
+                    "--model",
+                    "lr",
+                    "--data",
+                    data.to_str().expect("utf-8"),
+                    "--iterations",
+                    "5",
+                ])
+                .args(["--seed", &seed.to_string(), "--quiet"])
+                .current_dir(d)
+                .output()
+                .expect("run")
+        })
+        .collect();
+    for out in &runs {
+        assert!(out.status.success(), "{}", text(out).1);
+    }
+    let dirs: Vec<_> =
+        std::fs::read_dir(d.join("runs")).expect("runs/").map(|e| e.expect("entry").path()).collect();
+    assert_eq!(dirs.len(), 4, "{dirs:?}");
+    for dir in &dirs {
+        assert!(dir.join("summary.json").exists(), "{}", dir.display());
+    }
+    // A finished run directory is not written again without --force.
+    let again = peregrine_in(d, &["train", "--model", "lr", "--data", "d.pgd", "--iterations", "5"]);
+    assert!(again.status.success());
+    let run = dirs[0].to_str().expect("utf-8");
+    let before = std::fs::read(dirs[0].join("summary.json")).expect("summary");
+    let out = peregrine_in(
+        d,
+        &["train", "--model", "lr", "--data", "d.pgd", "--iterations", "7", "--run-dir", run],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out).1);
+    assert!(text(&out).1.contains("holds a finished run"), "{}", text(&out).1);
+    assert_eq!(std::fs::read(dirs[0].join("summary.json")).expect("summary"), before, "results kept");
 }

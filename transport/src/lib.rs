@@ -218,6 +218,31 @@ impl Transport {
     }
 }
 
+/// This process's MPI rank in `MPI_COMM_WORLD`, once an MPI transport was created ([`Transport::mpi`]);
+/// `None` before, and always for the local backend (whose ranks are threads: see their names).
+pub fn process_rank() -> Option<usize> {
+    #[cfg(feature = "mpi")]
+    {
+        mpi::process_rank()
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        None
+    }
+}
+
+/// Ends the whole MPI job from any thread (`MPI_Abort` on `MPI_COMM_WORLD`) if MPI is
+/// initialized and not yet finalized, and does not return then; returns otherwise (no MPI, or not
+/// live), leaving the caller to end the process. For fatal faults outside the normal error path
+/// (a panic hook, a signal handler's last resort): the peers of a dead rank would otherwise wait
+/// for it.
+pub fn abort_world(code: i32) {
+    #[cfg(feature = "mpi")]
+    mpi::abort_world(code);
+    #[cfg(not(feature = "mpi"))]
+    let _ = code;
+}
+
 /// Runs `f` on every rank of a fresh in-process world of `world_size` ranks, one thread per rank
 /// (named `rank-<r>`), and returns the ranks' results in rank order.
 ///

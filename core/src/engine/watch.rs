@@ -23,6 +23,9 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// [`Watchdog::on_hang`]: the message, and whether the run had been asked to stop.
+pub type OnHang = dyn Fn(&str, bool) + Send + Sync;
+
 /// What the watchdog does with a rank that stopped progressing.
 #[derive(Clone)]
 pub struct Watchdog {
@@ -33,9 +36,10 @@ pub struct Watchdog {
     /// ending a step sends the survivors SIGTERM, and SIGKILL only after its grace time, 30 s
     /// by default under Slurm) ends the job instead of waiting for the SIGKILL.
     pub after_stop: Duration,
-    /// Called once, from the watchdog's thread, with a message naming the stuck rank; expected
-    /// to end the process.
-    pub on_hang: Arc<dyn Fn(&str) + Send + Sync>,
+    /// Called once, from the watchdog's thread, with a message naming the stuck rank and whether
+    /// the run had been asked to stop (the [`Watchdog::after_stop`] limit ran out); expected to end
+    /// the process.
+    pub on_hang: Arc<OnHang>,
 }
 
 impl fmt::Debug for Watchdog {
@@ -218,11 +222,11 @@ impl Watch {
             }
             let stopping = stop_seen.map(|t| idle.min(t.elapsed()));
             if idle >= dog.after {
-                (dog.on_hang)(&self.describe(rank, world, idle, dog.after, ""));
+                (dog.on_hang)(&self.describe(rank, world, idle, dog.after, ""), false);
                 return;
             }
             if let Some(idle) = stopping.filter(|&i| i >= dog.after_stop) {
-                (dog.on_hang)(&self.describe(rank, world, idle, dog.after_stop, " once asked to stop"));
+                (dog.on_hang)(&self.describe(rank, world, idle, dog.after_stop, " once asked to stop"), true);
                 return;
             }
         }
@@ -281,7 +285,7 @@ mod tests {
         Watchdog {
             after: Duration::from_millis(after_ms),
             after_stop: Duration::from_millis(after_ms),
-            on_hang: Arc::new(move |m: &str| seen.lock().expect("seen").push(m.to_owned())),
+            on_hang: Arc::new(move |m: &str, _| seen.lock().expect("seen").push(m.to_owned())),
         }
     }
 

@@ -103,6 +103,29 @@ impl Drop for Comm {
     }
 }
 
+/// `MPI_COMM_WORLD`'s rank of this process, set once MPI is initialized ([`MpiRank::init`]).
+static PROCESS_RANK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+pub(crate) fn process_rank() -> Option<usize> {
+    PROCESS_RANK.get().copied()
+}
+
+/// `MPI_Abort(MPI_COMM_WORLD, code)` if MPI is live; returns if it is not.
+pub(crate) fn abort_world(code: i32) {
+    let (mut init, mut fini): (c_int, c_int) = (0, 0);
+    // SAFETY: MPI_Initialized and MPI_Finalized may be called at any time, from any thread, with
+    // valid out-pointers.
+    unsafe {
+        ffi::MPI_Initialized(&mut init);
+        ffi::MPI_Finalized(&mut fini);
+    }
+    if init != 0 && fini == 0 {
+        // SAFETY: MPI is initialized and not finalized; RSMPI_COMM_WORLD is a constant handle;
+        // MPI_Abort does not return.
+        unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, code) };
+    }
+}
+
 /// One MPI process of the world.
 #[derive(Debug)]
 pub struct MpiRank {
@@ -131,6 +154,7 @@ impl MpiRank {
         check(0, "MPI_Comm_rank", unsafe { ffi::MPI_Comm_rank(comm, &mut rank) })?;
         // SAFETY: as above.
         check(0, "MPI_Comm_size", unsafe { ffi::MPI_Comm_size(comm, &mut size) })?;
+        let _ = PROCESS_RANK.set(usize::try_from(rank).expect("MPI ranks are non-negative"));
         let comm = Comm {
             comm,
             rank: usize::try_from(rank).expect("MPI ranks are non-negative"),

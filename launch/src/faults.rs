@@ -1,0 +1,122 @@
+//! Faults turned into errors that name what and where: a panic in any thread, a dataset that
+//! shrinks while mapped, a dataset whose bytes contradict its header.
+
+use std::path::Path;
+use std::time::Instant;
+
+use peregrine_kernels::data::{combine_crcs, shard, Dataset};
+use peregrine_transport::{ReduceOp, Transport};
+
+use crate::world::AppError;
+
+/// Exit code of a process ended by a panic (Rust's own).
+pub const EXIT_PANIC: i32 = 101;
+
+/// Installs the process-wide handlers: a panic in any thread (a rank's loop, a compute thread,
+/// a watchdog) prints the panic, then a line naming the rank and thread, and ends the whole
+/// job: `MPI_Abort` under MPI, the process otherwise (local ranks share it). A panicking thread
+/// would otherwise leave its peers waiting for chunks or clocks that never come. And the
+/// `SIGBUS` guard of mapped datasets.
+pub fn install() -> Result<(), AppError> {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        let thread = std::thread::current();
+        let who = who(thread.name().unwrap_or("unnamed"), peregrine_transport::process_rank());
+        let modified = peregrine_kernels::data::guard::modified();
+        if modified.is_empty() {
+            eprintln!(
+                "peregrine: error: {who} panicked: this is a bug in Peregrine (please report it with the \
+                 message above); ending the job"
+            );
+        } else {
+            eprintln!(
+                "peregrine: error: {who} failed while this run's datasets were modified in place under it: \
+                 {}. A dataset must not change while a job reads it: write the new one to another file \
+                 and rename it into place; ending the job",
+                modified.join(", ")
+            );
+        }
+        peregrine_transport::abort_world(EXIT_PANIC);
+        // SAFETY: `_exit` ends the process without running exit handlers, which could wait for
+        // the threads that wait for this one; every file that matters is written aside and
+        // renamed into place, so nothing is left half-written.
+        unsafe { libc::_exit(EXIT_PANIC) }
+    }));
+    peregrine_kernels::data::guard::install()
+        .map_err(|source| AppError::Io { what: "installing the SIGBUS handler".into(), source })
+}
+
+/// "rank R, compute thread W (pgr-sRwW)" from a thread's name: local ranks run as threads
+/// `rank-R` with compute threads `pgr-sRwW` (R the rank's slot); under MPI the process's rank
+/// decides.
+fn who(name: &str, mpi_rank: Option<usize>) -> String {
+    let (rank, what) = if let Some(r) = name.strip_prefix("rank-") {
+        (r.parse().ok(), "its loop thread".to_owned())
+    } else if let Some((slot, w)) = name.strip_prefix("pgr-s").and_then(|s| s.split_once('w')) {
+        (slot.parse().ok(), format!("compute thread {w}"))
+    } else if name == "main" {
+        (None, "the main thread".to_owned())
+    } else {
+        (None, "thread".to_owned())
+    };
+    match mpi_rank.or(rank) {
+        Some(r) => format!("rank {r}, {what} ({name})"),
+        None => format!("{what} ({name})"),
+    }
+}
+
+/// Collective: checks, before training reads them, the datasets every rank will read. Each
+/// rank checks the structure of its own shard of rows ([`Dataset::check_rows`]) and the
+/// checksum of its share of the bytes; the shares' checksums are combined into the whole
+/// file's. Every row any rank reads (its own, or chunks taken over from a peer) lies in some
+/// rank's shard, so the whole file is checked once, at the cost of reading it once over all
+/// ranks. A rank that finds a fault names it; the others report which rank found it. Returns the
+/// seconds it took on this rank.
+pub fn check_datasets(t: &Transport, paths: &[&Path]) -> Result<f64, AppError> {
+    let started = Instant::now();
+    let (rank, world) = (t.rank(), t.world_size());
+    for path in paths {
+        let ds = Dataset::open(path)?;
+        let mine = ds.check_rows(shard(ds.rows(), rank, world));
+        let (crc, len) = ds.crc_part(rank, world);
+        let mut words = vec![0u64; 3 * world];
+        words[3 * rank] = u64::from(mine.is_err());
+        words[3 * rank + 1] = u64::from(crc);
+        words[3 * rank + 2] = len;
+        t.allreduce(&mut words, ReduceOp::Sum)?;
+        mine.map_err(|e| AppError::Data {
+            what: format!("rank {rank}"),
+            detail: format!(
+                "{e}: the dataset is corrupt (checked before training; `peregrine data info --verify {}` \
+                 checks the whole file)",
+                path.display()
+            ),
+        })?;
+        if let Some(r) = (0..world).find(|&r| words[3 * r] != 0) {
+            return Err(AppError::Elsewhere {
+                rank: r,
+                what: format!("{}: rank {r} found the dataset corrupt", path.display()),
+            });
+        }
+        let parts: Vec<(u32, u64)> =
+            (0..world).map(|r| (words[3 * r + 1] as u32, words[3 * r + 2])).collect();
+        ds.check_crc(combine_crcs(&parts))?;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_are_named_with_their_rank() {
+        assert_eq!(who("pgr-s1w3", None), "rank 1, compute thread 3 (pgr-s1w3)");
+        assert_eq!(who("rank-2", None), "rank 2, its loop thread (rank-2)");
+        assert_eq!(who("pgr-s0w0", Some(5)), "rank 5, compute thread 0 (pgr-s0w0)");
+        assert_eq!(who("main", Some(1)), "rank 1, the main thread (main)");
+        assert_eq!(who("main", None), "the main thread (main)");
+        assert_eq!(who("pgr-watch", None), "thread (pgr-watch)");
+    }
+}
