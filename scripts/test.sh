@@ -21,6 +21,8 @@ step "clippy, all features"
 cargo clippy --locked --workspace --all-targets --all-features -- -D warnings
 
 step "a single-node Slurm on loopback, for the Slurm tests"
+# Its state under target/, not /tmp: the suite leaves nothing behind outside the tree.
+export PEREGRINE_SLURM_DIR="$PWD/target/slurm-local"
 scripts/slurm-local.sh start
 eval "$(scripts/slurm-local.sh env)"
 trap 'scripts/slurm-local.sh stop' EXIT
@@ -45,5 +47,10 @@ step "straggler experiment, small configuration"
 bash scripts/experiment.sh small --out target/experiment/small-ci --force
 test -s target/experiment/small-ci/summary.csv
 test -s target/experiment/small-ci/plots/mlp-persistent_rank_0_speed_0_5-loss.png
+
+# Every parser of outside input fuzzed for 30 s (scripts/fuzz.sh; nightly and cargo-fuzz are
+# installed by it).
+step "fuzzing, 30 s per target"
+bash scripts/fuzz.sh 30
 
 step "all tests passed"

@@ -50,14 +50,16 @@ pub fn convert(images: &Path, labels: &Path, output: &Path) -> Result<Converted>
         ));
     }
     let (n, rows, cols) = (be32(&img, 4) as usize, be32(&img, 8) as usize, be32(&img, 12) as usize);
-    let pixels = rows * cols;
-    let need = 16 + n * pixels;
-    if img.len() != need {
+    let pixels = rows.checked_mul(cols);
+    let need = pixels.and_then(|p| n.checked_mul(p)).and_then(|b| b.checked_add(16));
+    if need != Some(img.len()) {
+        let need = need.map_or_else(|| "more bytes than an address holds".to_owned(), |b| b.to_string());
         return Err(DataError::format(
             images,
             format!("{} bytes, the header ({n} images of {rows}x{cols}) needs {need}", img.len()),
         ));
     }
+    let pixels = pixels.unwrap_or(0);
     let nl = be32(&lab, 4) as usize;
     if lab.len() != 8 + nl {
         return Err(DataError::format(

@@ -160,6 +160,9 @@ fn dict_value<'h>(header: &'h str, key: &str) -> Option<&'h str> {
 }
 
 fn parse_dtype(d: &str) -> std::result::Result<Dtype, String> {
+    if !d.is_ascii() {
+        return Err("not a plain numeric type".into());
+    }
     let (order, code) = d.split_at(1.min(d.len()));
     let (kind, size) = code.split_at(1.min(code.len()));
     let size: usize = size.parse().map_err(|_| "not a plain numeric type".to_string())?;

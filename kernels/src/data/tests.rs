@@ -145,6 +145,23 @@ fn idx_files(d: &Path, n: u32, magic: u32, labels: &[u8]) -> (PathBuf, PathBuf) 
 }
 
 #[test]
+fn idx_counts_whose_product_overflows_are_errors() {
+    // Found by fuzzing: images x rows x cols beyond 64 bits.
+    let d_tmp = dir("idx-overflow");
+    let d = d_tmp.path();
+    let mut img = Vec::new();
+    for w in [0x803u32, u32::MAX, u32::MAX, u32::MAX] {
+        img.extend_from_slice(&w.to_be_bytes());
+    }
+    let (pi, pl) = (d.join("img.idx"), d.join("lab.idx"));
+    std::fs::write(&pi, img).expect("write");
+    std::fs::write(&pl, [0, 0, 8, 1, 0, 0, 0, 0]).expect("write");
+    let e = idx::convert(&pi, &pl, &d.join("out.pgd")).expect_err("overflow");
+    assert!(e.to_string().contains("needs more bytes than an address holds"), "{e}");
+    no_leftovers(d, &["img.idx", "lab.idx"]);
+}
+
+#[test]
 fn idx_plain_and_gzipped() {
     use std::io::Write;
     let d_tmp = dir("idx");

@@ -87,6 +87,12 @@ fn malformed_arrays_are_errors_naming_what_and_where() {
         (write(d, "be.npy", &npy(">f4", false, "(2, 2)", &[0; 16])), y.clone(), "big-endian"),
         (write(d, "f2.npy", &npy("<f2", false, "(2, 2)", &[0; 8])), y.clone(), "float16"),
         (write(d, "obj.npy", &npy("|O", false, "(2, 2)", &[0; 32])), y.clone(), "not a plain numeric type"),
+        // Found by fuzzing: a dtype starting with a multi-byte character.
+        (
+            write(d, "utf8.npy", &npy("\u{e9}f4", false, "(2, 2)", &[0; 32])),
+            y.clone(),
+            "not a plain numeric type",
+        ),
         (
             write(d, "3d.npy", &npy("<f4", false, "(2, 1, 2)", &[0; 16])),
             y.clone(),
