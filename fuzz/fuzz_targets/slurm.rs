@@ -13,7 +13,10 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(again, hosts);
     }
     if let Ok(counts) = parse_tasks_per_node(text) {
-        assert_eq!(parse_tasks_per_node(&format_tasks_per_node(&counts)).expect("formatted counts parse"), counts);
+        assert_eq!(
+            parse_tasks_per_node(&format_tasks_per_node(&counts)).expect("formatted counts parse"),
+            counts
+        );
     }
     let vars: Vec<(&str, &str)> = text.lines().filter_map(|l| l.split_once('=')).collect();
     let env = SlurmEnv::from_vars(|k| vars.iter().rev().find(|(n, _)| *n == k).map(|(_, v)| (*v).to_owned()));
