@@ -46,6 +46,9 @@ pub fn run(a: PredictArgs) -> Result<(), AppError> {
         what: saved.path.display().to_string(),
         detail: "unknown model".into(),
     })?;
+    // The kernels read every row: the file is checked whole first (checksum, indices, labels), as
+    // training checks it.
+    Dataset::open(&a.data)?.verify()?;
     check_scaling(&saved, &a.data)?;
     let shape = |name: &str| saved.tensors.get(name).map(|t| t.0.clone()).unwrap_or_default();
     match kind {

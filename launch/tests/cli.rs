@@ -1391,7 +1391,12 @@ fn predict_refuses_mismatched_data_and_other_files() {
         "--quiet",
     ]);
     std::fs::write(d.join("junk.safetensors"), b"not a model").expect("write");
+    let mut flipped = std::fs::read(d.join("s.pgd")).expect("read");
+    let at = section(&flipped, 2).0 + 4;
+    flipped[at] ^= 1;
+    std::fs::write(d.join("flipped.pgd"), flipped).expect("write");
     for (model, data, says) in [
+        ("lr", "flipped.pgd", "data checksum mismatch"),
         ("sm", "wide.pgd", "shape [3, 6], the data needs [3, 7]"),
         ("sm", "s.pgd", "this model needs"),
         ("lr", "s-wide.pgd", "convert it with --features 40"),
