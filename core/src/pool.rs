@@ -961,6 +961,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "sched_getcpu is a foreign function Miri cannot run")]
     fn pinned_threads_run_on_their_cpu() {
         let cpus = sched::allowed_cpus().expect("affinity").len();
         let pool = RankPool::new(cpus, Slot::WHOLE, Pinning::Auto).expect("pool");

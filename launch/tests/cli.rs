@@ -117,11 +117,7 @@ mod mpi {
         }
         let full = mpirun_n(2, exe(), &strs(&args("full")));
         assert_success("mpirun -n 2 peregrine train", &full);
-        let child = mpirun_command(2, exe(), &strs(&args("cut")))
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("mpirun");
+        let child = spawn_mpirun(&args("cut"));
         let ckpt = d.join("cut/checkpoint.safetensors");
         let start = std::time::Instant::now();
         while !ckpt.exists() {
@@ -143,8 +139,7 @@ mod mpi {
         // The launcher names the process and the signal (OpenMPI on standard error: "process
         // rank 1 ... exited on signal 9"; MPICH on standard output, by PID: "PID 123 RUNNING AT
         // ... Killed (signal 9)").
-        let stderr =
-            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let stderr = all_output(&out);
         assert!(!out.status.success());
         assert!(ended.as_secs() <= 10, "the job ended {ended:?} after a rank was killed");
         let lower = stderr.to_lowercase();
@@ -184,12 +179,8 @@ mod mpi {
         let s = |name: &str| d.join(name).to_str().expect("utf-8").to_owned();
         super::ok(&["data", "gen", "sparse", &s("d.pgd"), "--rows", "20000", "--features", "500"]);
         let args = super::lr_train(&s("d.pgd"), &s("stopped"), "3000", &["--watchdog", "3"]);
+        let child = spawn_mpirun(&args);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let child = mpirun_command(2, exe(), &args)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("mpirun");
         super::wait_for_file(&d.join("stopped/checkpoint.safetensors"));
         // Rank 1 stops (SIGSTOP: alive, holding its share of the windows, never answering).
         let victim = rank_pid(&s("stopped"), 1);
@@ -201,7 +192,7 @@ mod mpi {
         // while stopped).
         let _ = std::process::Command::new("kill").args(["-CONT", &victim.to_string()]).output();
         let _ = std::process::Command::new("kill").args(["-KILL", &victim.to_string()]).output();
-        let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let all = all_output(&out);
         assert!(!out.status.success(), "{all}");
         assert!(ended.as_secs() <= 3 + 10, "the job ended {ended:?} after rank 1 stopped:\n{all}");
         assert!(all.contains("watchdog: rank 0 of 2 made no progress"), "{all}");
@@ -233,17 +224,27 @@ mod mpi {
             "20",
         ]);
         let run = d.join("run");
-        let args = super::lr_train(s, run.to_str().expect("utf-8"), "100000000", &["--watchdog", "0"]);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let child = mpirun_command(2, exe(), &args)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("mpirun");
+        let child = spawn_mpirun(&super::lr_train(
+            s,
+            run.to_str().expect("utf-8"),
+            "100000000",
+            &["--watchdog", "0"],
+        ));
         super::wait_for_file(&run.join("metrics").join("rank-1.jsonl"));
         (data, child)
     }
 
+    /// `peregrine args` under `mpirun -n 2`, started with its output piped (not awaited).
+    fn spawn_mpirun(args: &[String]) -> std::process::Child {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        mpirun_command(2, exe(), &args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("mpirun")
+    }
+
+    /// Standard output then standard error.
     fn all_output(out: &std::process::Output) -> String {
         format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
     }

@@ -246,10 +246,6 @@ fn with_cols(bytes: &[u8], cols: u64) -> Vec<u8> {
     b
 }
 
-fn header_sections(ds: &Dataset) -> [[u64; 2]; format::SECTIONS] {
-    ds.header().sections
-}
-
 #[test]
 fn datasets_modified_in_place_are_told_from_replaced_ones() {
     let d_tmp = dir("modified");
@@ -284,7 +280,7 @@ fn rows_are_checked_by_range_and_the_checksum_by_parts() {
     let ds = Dataset::open(&d.join("g.pgd")).expect("open");
     for parts in 1..=7 {
         let crcs: Vec<(u32, u64)> = (0..parts).map(|p| ds.crc_part(p, parts)).collect();
-        let total: u64 = header_sections(&ds).iter().map(|[_, len]| len).sum();
+        let total: u64 = ds.header().sections.iter().map(|[_, len]| len).sum();
         assert_eq!(crcs.iter().map(|c| c.1).sum::<u64>(), total, "the parts tile the data");
         assert_eq!(combine_crcs(&crcs), ds.data_crc(), "{parts} parts");
     }
