@@ -137,12 +137,15 @@ for t in "${targets[@]}"; do
 done
 for k in "${!pids[@]}"; do wait "${pids[$k]}" || failed+=("${names[$k]}"); done
 
-printf '%-18s %12s %8s %8s\n' target executions seconds crashes
+printf '%-18s %12s %8s %8s %6s\n' target executions seconds crashes slow
 for t in "${targets[@]}"; do
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/$t.log" | awk '{print $2}' | tail -n 1 || true)
     secs=$(grep -o 'Done [0-9]* runs in [0-9]* second' "$work/$t.log" | awk '{print $5}' | tail -n 1 || true)
-    crashes=$(find "$work/artifacts/$t" -type f | wc -l)
-    printf '%-18s %12s %8s %8s\n' "$t" "${runs:-?}" "${secs:-?}" "$crashes"
+    # crash-, timeout-, oom- and leak- files are findings; slow-unit- files are inputs slower than
+    # the rest (reported, not failures).
+    crashes=$(find "$work/artifacts/$t" -type f ! -name 'slow-unit-*' | wc -l)
+    slow=$(find "$work/artifacts/$t" -type f -name 'slow-unit-*' | wc -l)
+    printf '%-18s %12s %8s %8s %6s\n' "$t" "${runs:-?}" "${secs:-?}" "$crashes" "$slow"
 done
 if [ ${#failed[@]} -gt 0 ]; then
     echo "fuzz: findings in ${failed[*]} (logs: $work/<target>.log, inputs: $work/artifacts/)" >&2

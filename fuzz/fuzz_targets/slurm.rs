@@ -7,7 +7,9 @@ use peregrine_slurm::{compress, expand, format_tasks_per_node, parse_tasks_per_n
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };
-    if let Ok(hosts) = expand(text) {
+    // A list may expand to a million hosts (MAX_HOSTS, 64 MiB): a short input can take a second
+    // natively and ten under the sanitizer; the round trip is checked on lists of a usual size.
+    if let Some(hosts) = expand(text).ok().filter(|h| h.len() <= 10_000) {
         // What compress writes, expand reads back.
         let again = expand(&compress(&hosts)).expect("a compressed list expands");
         assert_eq!(again, hosts);

@@ -631,17 +631,17 @@ impl Dataset {
                     }
                 }
                 let labels = &s.labels[range];
-                if let Some(r) = labels.iter().position(|&y| y != 0.0 && y != 1.0) {
+                if let Some(r) = first_bad(labels, |y| y == 0.0 || y == 1.0) {
                     return Err(bad(format!("row {}: label {} is not 0 or 1", first + r, labels[r])));
                 }
                 let values = &s.values[lo as usize..hi as usize];
-                if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+                if let Some(i) = first_bad(values, f32::is_finite) {
                     return Err(bad(format!("value {} is not finite", lo as usize + i)));
                 }
             }
             Kind::Dense => {
                 let d = self.dense()?.rows(range);
-                if let Some(r) = d.labels.iter().position(|&y| y as usize >= d.classes) {
+                if let Some(r) = first_bad(d.labels, |y| (y as usize) < d.classes) {
                     return Err(bad(format!(
                         "row {}: label {} >= {} classes",
                         first + r,
@@ -649,7 +649,7 @@ impl Dataset {
                         d.classes
                     )));
                 }
-                if let Some(i) = d.features.iter().position(|v| !v.is_finite()) {
+                if let Some(i) = first_bad(d.features, f32::is_finite) {
                     return Err(bad(format!(
                         "row {}: feature {} is not finite",
                         first + i / d.cols,
@@ -659,7 +659,7 @@ impl Dataset {
             }
             Kind::Ratings => {
                 let t = self.ratings()?.rows(range);
-                if let Some(i) = t.users.iter().position(|&u| u as usize >= t.n_users) {
+                if let Some(i) = first_bad(t.users, |u| (u as usize) < t.n_users) {
                     return Err(bad(format!(
                         "rating {}: user {} >= {} users",
                         first + i,
@@ -667,7 +667,7 @@ impl Dataset {
                         t.n_users
                     )));
                 }
-                if let Some(i) = t.items.iter().position(|&u| u as usize >= t.n_items) {
+                if let Some(i) = first_bad(t.items, |u| (u as usize) < t.n_items) {
                     return Err(bad(format!(
                         "rating {}: item {} >= {} items",
                         first + i,
@@ -675,7 +675,7 @@ impl Dataset {
                         t.n_items
                     )));
                 }
-                if let Some(i) = t.ratings.iter().position(|v| !v.is_finite()) {
+                if let Some(i) = first_bad(t.ratings, f32::is_finite) {
                     return Err(bad(format!("rating {} is not finite", first + i)));
                 }
             }
@@ -829,6 +829,20 @@ impl<'a> Ratings<'a> {
             n_items: self.n_items,
         }
     }
+}
+
+/// The index of the first element of `xs` that is not `ok`. Runs of 4096 are tested whole
+/// without an early exit (which the compiler vectorizes), and searched only when one fails: the
+/// checks before training read whole files.
+fn first_bad<T: Copy>(xs: &[T], ok: impl Fn(T) -> bool) -> Option<usize> {
+    let mut at = 0;
+    for run in xs.chunks(4096) {
+        if !run.iter().fold(true, |all, &x| all & ok(x)) {
+            return run.iter().position(|&x| !ok(x)).map(|i| at + i);
+        }
+        at += run.len();
+    }
+    None
 }
 
 /// The checksum of consecutive parts from their (CRC-32, length) pairs, in order
