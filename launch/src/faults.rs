@@ -37,14 +37,27 @@ pub fn install() -> Result<(), AppError> {
                 modified.join(", ")
             );
         }
+        // MPI_Abort may itself hang (MPICH, a peer inside MPI_Finalize): the process ends
+        // within ABORT_GRACE whatever it does, and the launcher then ends the others.
+        std::thread::spawn(|| {
+            std::thread::sleep(ABORT_GRACE);
+            exit_now();
+        });
         peregrine_transport::abort_world(EXIT_PANIC);
-        // SAFETY: `_exit` ends the process without running exit handlers, which could wait for
-        // the threads that wait for this one; every file that matters is written aside and
-        // renamed into place, so nothing is left half-written.
-        unsafe { libc::_exit(EXIT_PANIC) }
+        exit_now();
     }));
     peregrine_kernels::data::guard::install()
         .map_err(|source| AppError::Io { what: "installing the SIGBUS handler".into(), source })
+}
+
+/// How long `MPI_Abort` may take before the process ends without it.
+const ABORT_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn exit_now() -> ! {
+    // SAFETY: `_exit` ends the process without running exit handlers, which could wait for the
+    // threads that wait for the panicked one; every file that matters is written aside and
+    // renamed into place, so nothing is left half-written.
+    unsafe { libc::_exit(EXIT_PANIC) }
 }
 
 /// "rank R, compute thread W (pgr-sRwW)" from a thread's name: local ranks run as threads
@@ -85,13 +98,16 @@ pub fn check_datasets(t: &Transport, paths: &[&Path]) -> Result<f64, AppError> {
         words[3 * rank + 1] = u64::from(crc);
         words[3 * rank + 2] = len;
         t.allreduce(&mut words, ReduceOp::Sum)?;
-        mine.map_err(|e| AppError::Data {
-            what: format!("rank {rank}"),
-            detail: format!(
-                "{e}: the dataset is corrupt (checked before training; `peregrine data info --verify {}` \
-                 checks the whole file)",
-                path.display()
-            ),
+        // Every rank learns of a fault in the allreduce: each exits with its own message.
+        mine.map_err(|e| {
+            AppError::Agreed(Box::new(AppError::Data {
+                what: format!("rank {rank}"),
+                detail: format!(
+                    "{e}: the dataset is corrupt (checked before training; `peregrine data info --verify {}` \
+                     checks the whole file)",
+                    path.display()
+                ),
+            }))
         })?;
         if let Some(r) = (0..world).find(|&r| words[3 * r] != 0) {
             return Err(AppError::Elsewhere {
@@ -101,7 +117,7 @@ pub fn check_datasets(t: &Transport, paths: &[&Path]) -> Result<f64, AppError> {
         }
         let parts: Vec<(u32, u64)> =
             (0..world).map(|r| (words[3 * r + 1] as u32, words[3 * r + 2])).collect();
-        ds.check_crc(combine_crcs(&parts))?;
+        ds.check_crc(combine_crcs(&parts)).map_err(|e| AppError::Agreed(Box::new(e.into())))?;
     }
     Ok(started.elapsed().as_secs_f64())
 }

@@ -50,6 +50,11 @@ pub enum AppError {
     /// Training could not start or go on (thread pool, divergence, reports).
     #[error("{0}")]
     Train(String),
+    /// An error every rank learned in the same collective (the rank that found it carries its
+    /// message; the others carry [`AppError::Elsewhere`]): each rank exits with it, and nothing
+    /// needs aborting (under MPICH an `MPI_Abort` while a peer is in `MPI_Finalize` hangs).
+    #[error("{0}")]
+    Agreed(Box<AppError>),
     /// Another rank found the fault and reports it (this rank's error is secondary).
     #[error("{what}")]
     Elsewhere {
@@ -174,7 +179,7 @@ where
                 // Every rank agreed to stop (collectively): a normal exit on every rank.
                 Err(e @ AppError::Preempted { .. }) => Err(e),
                 // Every rank knows (a collective found it): each exits with its message.
-                Err(e @ AppError::Elsewhere { .. }) => Err(e),
+                Err(e @ (AppError::Elsewhere { .. } | AppError::Agreed(_))) => Err(e),
                 Err(e) => {
                     eprintln!("peregrine: error: {e}");
                     if t.world_size() > 1 {

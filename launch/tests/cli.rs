@@ -1965,14 +1965,19 @@ fn long_run(d: &Path, extra: &[&str]) -> (std::path::PathBuf, std::process::Chil
 fn finish_within(child: std::process::Child, limit: std::time::Duration) -> (Output, std::time::Duration) {
     let started = std::time::Instant::now();
     let pid = child.id();
+    // Kills the child only if it is still running at the limit: told it ended otherwise, so that
+    // it never signals a process ID that was reused since.
+    let (ended, ends) = std::sync::mpsc::channel::<()>();
     let watcher = std::thread::spawn(move || {
-        std::thread::sleep(limit);
-        let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = ends.recv_timeout(limit) {
+            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+        }
     });
     let out = child.wait_with_output().expect("wait");
     let took = started.elapsed();
+    drop(ended);
+    watcher.join().expect("watcher");
     assert!(took < limit, "still running after {limit:?}: killed");
-    drop(watcher);
     (out, took)
 }
 
