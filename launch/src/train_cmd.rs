@@ -448,9 +448,6 @@ pub(crate) struct Resolved {
     /// Also write the model as `.npy` files (how the run is written out, not what it computes).
     #[serde(skip)]
     npy: bool,
-    /// Seconds this rank spent checking the datasets before training (not a setting).
-    #[serde(skip)]
-    data_check_seconds: f64,
 }
 
 /// An `f32` written as its shortest decimal (`0.1`, not the `0.10000000149011612` of its `f64`
@@ -625,7 +622,6 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
         hidden: f.hidden.unwrap_or_else(|| vec![128]),
         straggler: f.straggler.unwrap_or_else(|| "ideal".into()),
         npy: false,
-        data_check_seconds: 0.0,
     };
     if !(r.lr.is_finite() && r.lr > 0.0) {
         return Err(usage(format!("the learning rate must be positive, got {}", r.lr)));
@@ -736,7 +732,7 @@ fn rank_in(
     let inject = Injection { pattern: r.straggler.parse().map_err(usage)?, seed: r.seed };
     // Before anything reads them: the rows every rank will read, and the checksum.
     let datasets: Vec<&Path> = std::iter::once(r.data.as_path()).chain(r.eval.as_deref()).collect();
-    r.data_check_seconds = crate::faults::check_datasets(t, &datasets)?;
+    let checked = crate::faults::check_datasets(t, &datasets)?;
     if r.l2_per_row {
         let rows = peregrine_kernels::data::Dataset::open(&r.data)?.rows();
         r.l2 = 1.0 / rows.max(1) as f32;
@@ -746,21 +742,21 @@ fn rank_in(
         ModelKind::Lr => {
             let m =
                 LogReg::new(&r.data, r.eval.as_deref(), r.lr, r.intercept).map_err(data_err)?.with_l2(r.l2);
-            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m)
+            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
         ModelKind::Softmax => {
             let m = Softmax::new(&r.data, r.eval.as_deref(), r.lr).map_err(data_err)?.with_l2(r.l2);
-            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m)
+            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
         ModelKind::Mf => {
             let m = Mf::new(&r.data, r.eval.as_deref(), r.k, r.lr, r.l2)
                 .map_err(data_err)?
                 .with_biases(r.intercept);
-            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m)
+            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
         ModelKind::Mlp => {
             let m = Mlp::new(&r.data, r.eval.as_deref(), &r.hidden, r.lr).map_err(data_err)?.with_l2(r.l2);
-            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m)
+            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
     }
 }
@@ -856,6 +852,7 @@ fn go<M: Export>(
     pool: &RankPool,
     dir: &Path,
     model: &M,
+    data_check_seconds: f64,
 ) -> Result<Report, AppError> {
     let plan = Plan::new(model.rows(), r.batch, t.world_size(), r.chunk, r.seed).map_err(usage)?;
     if let Some(e) = epochs {
@@ -974,7 +971,7 @@ fn go<M: Export>(
         write_atomically(&dir.join("summary.json"), text.as_bytes())?;
         save_model(dir, model, &report, r)?;
         if !a.quiet {
-            print_summary(&report, dir, r.data_check_seconds);
+            print_summary(&report, dir, data_check_seconds);
             print!("{}", report.stragglers);
         }
         for w in &report.warnings {

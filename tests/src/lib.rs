@@ -5,6 +5,22 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+/// Every synchronization scheme, each with a parameter that runs on 2 ranks: what the tests run
+/// "under every scheme".
+pub const SCHEMES: [&str; 11] = [
+    "bsp",
+    "ssp:2",
+    "asp",
+    "dynsgd:2",
+    "backup:1",
+    "backup-dynamic",
+    "lb-bsp",
+    "speculative",
+    "flexrr:2",
+    "falcon",
+    "falcon:slack:2",
+];
+
 /// The MPI launcher to use: `$PEREGRINE_MPIRUN` (e.g. `mpirun.mpich`), else `mpirun`.
 pub fn mpirun() -> String {
     std::env::var("PEREGRINE_MPIRUN").unwrap_or_else(|_| "mpirun".to_owned())

@@ -35,21 +35,6 @@ fn run(
     (report.params.expect("params"), taken, report.iterations)
 }
 
-/// Every scheme the stop and timed-checkpoint tests run.
-const SCHEMES: [&str; 11] = [
-    "bsp",
-    "ssp:2",
-    "asp",
-    "dynsgd:2",
-    "backup:1",
-    "backup-dynamic",
-    "lb-bsp",
-    "speculative",
-    "flexrr:2",
-    "falcon",
-    "falcon:slack:2",
-];
-
 /// A 40-iteration run of `name` on `world` ranks, rank 0 asked to stop after `stop_after`
 /// iterations, with `tune` applied to the configuration: every rank's outcome (the final
 /// parameters, or the iteration of the checkpoint it stopped at) and rank 0's checkpoints.
@@ -118,7 +103,7 @@ fn a_bsp_run_resumed_at_a_checkpoint_ends_with_the_uninterrupted_model_at_any_ra
 fn every_scheme_resumes_from_a_checkpoint_and_runs_to_the_end() {
     let tmp = tempfile::tempdir().expect("tmp");
     let data = data(tmp.path());
-    for name in SCHEMES.into_iter().filter(|&n| n != "bsp") {
+    for name in peregrine_tests::SCHEMES.into_iter().filter(|&n| n != "bsp") {
         let (_, taken, _) = run(3, &data, name, Optimizer::Sgd, None);
         let at =
             taken.iter().find(|s| s.iteration == 20).unwrap_or_else(|| panic!("{name}: {taken:?}")).clone();
@@ -162,7 +147,7 @@ fn a_stop_on_one_rank_becomes_a_checkpoint_every_rank_agrees_on_under_every_sche
     let tmp = tempfile::tempdir().expect("tmp");
     let data = data(tmp.path());
     let (full, _, _) = run(2, &data, "bsp", Optimizer::Sgd, None);
-    for name in SCHEMES {
+    for name in peregrine_tests::SCHEMES {
         let world = if name == "bsp" { 2 } else { 3 };
         // Rank 0 is asked to stop after 13 iterations; the others learn it from the windows.
         let out = stopped(world, &data, name, 13, |_| {});
@@ -186,7 +171,7 @@ fn timed_checkpoints_agree_on_their_iterations_under_every_scheme_and_leave_the_
     let tmp = tempfile::tempdir().expect("tmp");
     let data = data(tmp.path());
     let (full, _, _) = run(2, &data, "bsp", Optimizer::Sgd, None);
-    for name in SCHEMES {
+    for name in peregrine_tests::SCHEMES {
         let world = if name == "bsp" { 2 } else { 3 };
         // A request as soon as the previous checkpoint is taken: one after another, all run long;
         // then (second pass) rank 0 is also asked to stop after 25 iterations.

@@ -308,23 +308,10 @@ fn every_scheme_reaches_the_target_with_every_optimizer() {
     let sparse = tmp.path().join("wide.pgd");
     gen::sparse(&SparseSpec { rows: 4000, cols: 400_000, nnz_per_row: 10, zipf: 1.8, seed: 4 }, &sparse)
         .expect("gen");
-    let schemes = [
-        "bsp",
-        "asp",
-        "ssp:2",
-        "dynsgd:2",
-        "backup:1",
-        "backup-dynamic",
-        "lb-bsp",
-        "speculative",
-        "flexrr:2",
-        "falcon",
-        "falcon:slack:2",
-    ];
     let mut failures = Vec::new();
     let mut check = |what: &str, blind: f64, loss: &dyn Fn(&str, bool) -> f64| {
         let ideal = loss("bsp", false);
-        for s in schemes {
+        for s in peregrine_tests::SCHEMES {
             let l = loss(s, true);
             if !(l < 0.8 * blind && l <= 1.35 * ideal) {
                 failures.push(format!("{s} {what}: loss {l:.4}, BSP without a straggler {ideal:.4}"));
