@@ -386,6 +386,12 @@ fn summary(since: SystemTime) {
     let dir = criterion_dir();
     let t = |id: &str| mean_s(&dir, id, since);
     println!("\n== kernels: figures against their references (this run, one core, noisy shared machine) ==");
+    let cpu = peregrine_kernels::cpu::features();
+    println!(
+        "instruction set: SIMD kernels compiled for {}; this CPU: {}",
+        peregrine_kernels::cpu::compiled_level(),
+        peregrine_kernels::cpu::detected_level(&cpu)
+    );
     let ooc = (16u64 << 20) as f64;
     let triad = t("stream/triad").map(|s| 12.0 * (32 << 20 >> 2) as f64 / s / 1e9);
     if let Some(tr) = triad {

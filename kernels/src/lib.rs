@@ -2,10 +2,12 @@
 //!
 //! - Gradient kernels, each a plain scalar reference (always compiled, the definition of correct)
 //!   and a `wide` SIMD version checked against it: [`dense`], [`lr`], [`softmax`], [`mf`], [`mlp`].
+//! - [`cpu`]: the instruction set this build was compiled for, checked against the CPU's.
 //! - [`data`]: the binary dataset format, read zero-copy from a memory mapping, its converters
 //!   (LIBSVM, MNIST IDX, ratings text) and seeded generators.
 #![warn(missing_docs)]
 
+pub mod cpu;
 pub mod data;
 pub mod dense;
 pub mod lr;

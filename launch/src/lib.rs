@@ -163,6 +163,11 @@ fn size_parser(s: &str) -> Result<usize, String> {
 /// The `peregrine` command: parses the command line, runs the command, and maps its outcome to
 /// the exit code.
 pub fn main() -> ExitCode {
+    // First, before any code compiled for this build's instruction set can meet a CPU without it.
+    if let Err(e) = cpu_check() {
+        eprintln!("peregrine: error: {e}");
+        return ExitCode::from(EXIT_CPU as u8);
+    }
     let cli = Cli::parse();
     if let Err(e) = faults::install() {
         eprintln!("peregrine: error: {e}");
@@ -194,6 +199,18 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Exit status when the CPU lacks an instruction-set feature this binary was compiled for
+/// (the shells' 128 + SIGILL, which the binary would otherwise die with, silently).
+pub const EXIT_CPU: i32 = 132;
+
+/// [`peregrine_kernels::cpu::check`] against the CPU, or against the comma-separated feature
+/// names in `PEREGRINE_ASSUME_CPU_FEATURES` (for tests: a CPU that lacks some).
+fn cpu_check() -> Result<(), String> {
+    let assumed = std::env::var("PEREGRINE_ASSUME_CPU_FEATURES").ok();
+    let assumed: Option<Vec<&str>> = assumed.as_deref().map(|s| s.split(',').map(str::trim).collect());
+    peregrine_kernels::cpu::check(assumed.as_deref())
 }
 
 /// Where a repeated conformance run stands: the next case to run.

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use peregrine_slurm::SlurmEnv;
-use peregrine_transport::{ReduceOp, ShardMap, Transport, Window};
+use peregrine_transport::{Backend, ReduceOp, ShardMap, Transport, Window};
 use serde::{Deserialize, Serialize};
 
 use crate::preempt::write_atomically;
@@ -25,11 +25,28 @@ pub struct RankInfo {
     /// The Slurm task's variables, when started by Slurm.
     #[serde(skip_serializing_if = "BTreeMap::is_empty", default)]
     pub slurm: BTreeMap<String, String>,
+    /// The CPU's model name (`/proc/cpuinfo`).
+    #[serde(default)]
+    pub cpu_model: String,
+    /// The instruction set the SIMD kernels were compiled for, and the best this CPU has.
+    #[serde(default)]
+    pub simd: String,
+    /// RDMA devices on this host (`/sys/class/infiniband`, what `ibv_devices` lists).
+    #[serde(default)]
+    pub rdma_devices: Vec<String>,
+    /// The MPI library (`MPI_Get_library_version`, first line); empty on the local backend.
+    #[serde(skip_serializing_if = "String::is_empty", default)]
+    pub mpi_library: String,
+    /// Under OpenMPI, the one-sided component asked for, e.g. `osc=sm,pt2pt`, with the rule that
+    /// chose it (see `world::openmpi_defaults`); empty otherwise.
+    #[serde(skip_serializing_if = "String::is_empty", default)]
+    pub mpi_components: String,
 }
 
 impl RankInfo {
     /// This rank's description.
-    pub fn here(rank: usize, slurm: Option<&SlurmEnv>) -> Self {
+    pub fn here(t: &Transport, slurm: Option<&SlurmEnv>) -> Self {
+        let rank = t.rank();
         let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
         let host = read("/proc/sys/kernel/hostname").trim().to_owned();
         let cpus_allowed = read("/proc/self/status")
@@ -40,12 +57,35 @@ impl RankInfo {
         let slurm = slurm
             .map(|s| s.summary().into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
             .unwrap_or_default();
+        let cpu_model = read("/proc/cpuinfo")
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("model name").and_then(|v| v.split_once(':')).map(|(_, v)| v.trim().to_owned())
+            })
+            .unwrap_or_default();
+        let features = peregrine_kernels::cpu::features();
+        let simd = format!(
+            "compiled for {}; CPU: {}",
+            peregrine_kernels::cpu::compiled_level(),
+            peregrine_kernels::cpu::detected_level(&features)
+        );
+        let mpi_library = match t.backend() {
+            Backend::Mpi => peregrine_transport::mpi_library_version().unwrap_or_default(),
+            Backend::Local => String::new(),
+        };
+        let mpi_components =
+            if mpi_library.starts_with("Open MPI") { crate::world::mpi_components() } else { String::new() };
         Self {
             rank,
             host: if host.is_empty() { "unknown".into() } else { host },
             pid: std::process::id(),
             cpus_allowed,
             slurm,
+            cpu_model,
+            simd,
+            rdma_devices: crate::world::rdma_devices(),
+            mpi_library,
+            mpi_components,
         }
     }
 }
@@ -103,7 +143,7 @@ pub fn gather(t: &Transport, mine: &RankInfo) -> Result<Option<Vec<RankInfo>>, A
 
 /// Collective: writes `<run_dir>/meta.json` (rank 0).
 pub fn write(t: &Transport, run_dir: &Path, slurm: Option<&SlurmEnv>) -> Result<(), AppError> {
-    let mine = RankInfo::here(t.rank(), slurm);
+    let mine = RankInfo::here(t, slurm);
     if let Some(ranks) = gather(t, &mine)? {
         let meta = Meta {
             peregrine_version: env!("CARGO_PKG_VERSION"),

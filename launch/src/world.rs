@@ -2,12 +2,13 @@
 //! into one clear message and a non-zero exit instead of a hang.
 
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use crate::preempt::Preemption;
 use clap::{Args, ValueEnum};
 use peregrine_slurm::SlurmEnv;
 use peregrine_transport::{
-    run_local, Backend, Error as TransportError, ErrorKind as TransportErrorKind, Transport,
+    run_local, Backend, Error as TransportError, ErrorKind as TransportErrorKind, ReduceOp, Transport,
 };
 
 /// Errors of the `peregrine` commands.
@@ -174,7 +175,9 @@ where
         Backend::Mpi => {
             openmpi_defaults();
             let t = Transport::mpi()?;
-            let result = check_slurm_world(&t, ctx.slurm.as_ref()).and_then(|()| body(&t, &ctx));
+            let result = check_slurm_world(&t, ctx.slurm.as_ref())
+                .and_then(|()| check_components_agree(&t))
+                .and_then(|()| body(&t, &ctx));
             match result {
                 // Every rank agreed to stop (collectively): a normal exit on every rank.
                 Err(e @ AppError::Preempted { .. }) => Err(e),
@@ -218,13 +221,196 @@ fn check_slurm_world(t: &Transport, slurm: Option<&SlurmEnv>) -> Result<(), AppE
 }
 
 /// OpenMPI 4.1's default one-sided component (osc/rdma over shared memory) crashes in
-/// `MPI_Compare_and_swap`: unless the user chose components, use `sm` on a node and `pt2pt`
-/// between nodes. Set whatever the MPI library (under `srun` an OpenMPI process has no `OMPI_*`
-/// variable before `MPI_Init`, and MPICH ignores it); read by `MPI_Init`, so it must be set before.
+/// `MPI_Compare_and_swap`, so unless the user chose (`OMPI_MCA_osc` set), Peregrine chooses:
+/// - `osc=ucx` (and `pml=ucx` unless `OMPI_MCA_pml` is set) when this host has an RDMA device
+///   (`/sys/class/infiniband`) and `ucx_info -d` lists an RDMA transport for it (`rc_*`, `dc_*`,
+///   `ud_*`): one-sided operations are then done by the network card, without the target's CPU;
+/// - `osc=sm,pt2pt` otherwise: `sm` within a node, `pt2pt` between nodes (which makes progress only
+///   when the target enters MPI).
+///
+/// Set whatever the MPI library (under `srun` an OpenMPI process has no `OMPI_*` variable before
+/// `MPI_Init`, and MPICH ignores it); read by `MPI_Init`, so it must be set before. Every rank
+/// chooses alone; [`check_components_agree`] then checks that all chose alike.
 fn openmpi_defaults() {
-    if std::env::var_os("OMPI_MCA_osc").is_none() {
+    let choice = choose_components(
+        std::env::var("OMPI_MCA_osc").ok().as_deref(),
+        std::env::var("OMPI_MCA_pml").ok().as_deref(),
+        &rdma_devices(),
+        ucx_rdma_transports,
+    );
+    for (var, value) in &choice.set {
         // Edition 2021: `set_var` is safe but process-global. This runs on the main thread before
         // MPI_Init, while no other thread exists.
-        std::env::set_var("OMPI_MCA_osc", "sm,pt2pt");
+        std::env::set_var(var, value);
+    }
+    let _ = COMPONENTS.set(choice);
+}
+
+/// What [`openmpi_defaults`] chose, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Components {
+    /// `OMPI_MCA_osc` as MPI_Init reads it.
+    pub osc: String,
+    /// The variables set (not set by the user).
+    pub set: Vec<(&'static str, String)>,
+    /// Why, in words.
+    pub reason: String,
+    /// 0: the user's choice, 1: the default `sm,pt2pt`, 2: `ucx` for RDMA (compared across ranks).
+    pub code: u64,
+}
+
+static COMPONENTS: OnceLock<Components> = OnceLock::new();
+
+/// The one-sided component choice, in words, for meta.json (empty before MPI, or on the local
+/// backend).
+pub fn mpi_components() -> String {
+    COMPONENTS.get().map_or_else(String::new, |c| format!("osc={} ({})", c.osc, c.reason))
+}
+
+/// The rule of [`openmpi_defaults`]; `ucx` lists UCX's RDMA transports (called only when there
+/// are RDMA devices).
+pub fn choose_components(
+    osc: Option<&str>,
+    pml: Option<&str>,
+    devices: &[String],
+    ucx: impl FnOnce() -> Result<Vec<String>, String>,
+) -> Components {
+    if let Some(osc) = osc {
+        return Components {
+            osc: osc.to_owned(),
+            set: vec![],
+            reason: "OMPI_MCA_osc set by the user".into(),
+            code: 0,
+        };
+    }
+    let default = |reason: String| Components {
+        osc: "sm,pt2pt".into(),
+        set: vec![("OMPI_MCA_osc", "sm,pt2pt".into())],
+        reason,
+        code: 1,
+    };
+    if devices.is_empty() {
+        return default("no RDMA device on this host".into());
+    }
+    match ucx() {
+        Ok(rdma) if !rdma.is_empty() => {
+            let mut set = vec![("OMPI_MCA_osc", "ucx".to_owned())];
+            if pml.is_none() {
+                set.push(("OMPI_MCA_pml", "ucx".to_owned()));
+            }
+            Components {
+                osc: "ucx".into(),
+                set,
+                reason: format!("RDMA devices {}, UCX transports {}", devices.join(","), rdma.join(",")),
+                code: 2,
+            }
+        }
+        Ok(_) => {
+            default(format!("RDMA devices {} but no RDMA transport in `ucx_info -d`", devices.join(",")))
+        }
+        Err(e) => {
+            default(format!("RDMA devices {} but {e}: set OMPI_MCA_osc=ucx to use them", devices.join(",")))
+        }
+    }
+}
+
+/// RDMA devices on this host: the names under `/sys/class/infiniband` (as `ibv_devices` lists).
+pub fn rdma_devices() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir("/sys/class/infiniband")
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// The RDMA transports `ucx_info -d` lists (InfiniBand/RoCE: `rc_verbs`, `rc_mlx5`, `dc_mlx5`,
+/// `ud_verbs`, `ud_mlx5`).
+fn ucx_rdma_transports() -> Result<Vec<String>, String> {
+    let out = std::process::Command::new("ucx_info")
+        .arg("-d")
+        .output()
+        .map_err(|e| format!("`ucx_info -d` could not run ({e}; Debian's package is ucx-utils)"))?;
+    if !out.status.success() {
+        return Err(format!("`ucx_info -d` failed ({})", out.status));
+    }
+    Ok(rdma_transports(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The RDMA transports named on `Transport:` lines of `ucx_info -d` output, once each.
+pub fn rdma_transports(ucx_info: &str) -> Vec<String> {
+    let mut found: Vec<String> = ucx_info
+        .lines()
+        .filter_map(|l| l.split_once("Transport:").map(|(_, t)| t.trim().to_owned()))
+        .filter(|t| ["rc", "dc", "ud"].iter().any(|p| t == p || t.starts_with(&format!("{p}_"))))
+        .collect();
+    found.sort();
+    found.dedup();
+    found
+}
+
+/// Collective: every rank chose the same one-sided components (mixed components cannot talk).
+fn check_components_agree(t: &Transport) -> Result<(), AppError> {
+    let Some(c) = COMPONENTS.get() else { return Ok(()) };
+    let mut lo = [c.code];
+    let mut hi = [c.code];
+    t.allreduce(&mut lo, ReduceOp::Min)?;
+    t.allreduce(&mut hi, ReduceOp::Max)?;
+    if lo != hi {
+        return Err(AppError::Agreed(Box::new(AppError::Launch(format!(
+            "rank {}: ranks chose different MPI one-sided components (this one: osc={}, {}): some hosts have \
+             RDMA and others not; set OMPI_MCA_osc (and OMPI_MCA_pml) for the whole job",
+            t.rank(),
+            c.osc,
+            c.reason
+        )))));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `ucx_info -d` on a node with a ConnectX card (abridged), and on this machine (no RDMA).
+    const UCX_IB: &str =
+        "#      Memory domain: mlx5_0\n#      Transport: rc_verbs\n#         Device: mlx5_0:1\n\
+                          #      Transport: rc_mlx5\n#      Transport: dc_mlx5\n#      Transport: ud_verbs\n\
+                          #      Transport: ud_mlx5\n#      Transport: rc_mlx5\n#      Memory domain: tcp\n\
+                          #      Transport: tcp\n#      Transport: self\n";
+    const UCX_TCP: &str = "#      Memory domain: tcp\n#      Transport: tcp\n#         Device: eth0\n\
+                           #      Memory domain: sysv\n#      Transport: sysv\n#      Transport: posix\n\
+                           #      Transport: cma\n#      Transport: self\n";
+
+    #[test]
+    fn rdma_transports_are_read_from_ucx_info() {
+        assert_eq!(rdma_transports(UCX_IB), ["dc_mlx5", "rc_mlx5", "rc_verbs", "ud_mlx5", "ud_verbs"]);
+        assert!(rdma_transports(UCX_TCP).is_empty());
+        assert!(rdma_transports("#      Transport: rdmacm_cm\n#      Transport: udp\n").is_empty());
+    }
+
+    #[test]
+    fn the_one_sided_component_follows_the_rule() {
+        let ib = vec!["mlx5_0".to_owned()];
+        let never = || -> Result<Vec<String>, String> { panic!("ucx_info asked without RDMA devices") };
+        // The user's choice stands, whatever the host has.
+        let c = choose_components(Some("pt2pt"), None, &ib, never);
+        assert_eq!((c.osc.as_str(), c.set.len(), c.code), ("pt2pt", 0, 0));
+        // No RDMA device: sm within a node, pt2pt between nodes; UCX is not asked.
+        let c = choose_components(None, None, &[], never);
+        assert_eq!((c.osc.as_str(), c.code), ("sm,pt2pt", 1));
+        assert_eq!(c.set, [("OMPI_MCA_osc", "sm,pt2pt".to_owned())]);
+        // RDMA devices and an RDMA transport in UCX: osc and pml ucx (pml only when unset).
+        let c = choose_components(None, None, &ib, || Ok(rdma_transports(UCX_IB)));
+        assert_eq!((c.osc.as_str(), c.code), ("ucx", 2));
+        assert_eq!(c.set, [("OMPI_MCA_osc", "ucx".to_owned()), ("OMPI_MCA_pml", "ucx".to_owned())]);
+        assert!(c.reason.contains("mlx5_0") && c.reason.contains("rc_mlx5"), "{}", c.reason);
+        let c = choose_components(None, Some("ob1"), &ib, || Ok(rdma_transports(UCX_IB)));
+        assert_eq!(c.set, [("OMPI_MCA_osc", "ucx".to_owned())]);
+        // Devices but UCX has no RDMA transport for them, or cannot say: the default, with why.
+        let c = choose_components(None, None, &ib, || Ok(rdma_transports(UCX_TCP)));
+        assert_eq!((c.osc.as_str(), c.code), ("sm,pt2pt", 1));
+        let c = choose_components(None, None, &ib, || Err("`ucx_info -d` could not run".into()));
+        assert_eq!(c.osc, "sm,pt2pt");
+        assert!(c.reason.contains("ucx_info") && c.reason.contains("OMPI_MCA_osc=ucx"), "{}", c.reason);
     }
 }

@@ -76,6 +76,42 @@ fn asking_for_mpi_without_the_feature_names_the_feature() {
     assert!(text(&out).1.contains("rebuild with `--features mpi`"), "{:?}", text(&out));
 }
 
+/// The start-up check against a CPU that lacks AVX2 and FMA (the feature set injected): the
+/// binary stops before anything else, naming them, with exit 132; with every feature it was
+/// compiled for, it runs.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_cpu_without_the_compiled_instruction_set_is_named_at_start() {
+    let run = |features: &str| {
+        Command::new(env!("CARGO_BIN_EXE_peregrine"))
+            .args(["train", "--model", "lr", "--data", "/nonexistent.pgd"])
+            .env("PEREGRINE_ASSUME_CPU_FEATURES", features)
+            .output()
+            .expect("run peregrine")
+    };
+    use peregrine_kernels::cpu;
+    let compiled: Vec<&str> = cpu::features().iter().filter(|f| f.compiled).map(|f| f.name).collect();
+    // The test binary is built with the same flags as `peregrine` (x86-64-v3 unless overridden).
+    assert!(compiled.contains(&"avx2") && compiled.contains(&"fma"), "{compiled:?}");
+    let below_v3 = ["sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "cmpxchg16b", "avx"];
+    let lacking: Vec<&str> = compiled.iter().copied().filter(|f| !below_v3.contains(f)).collect();
+    let out = run(&below_v3.join(","));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(132), "{stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
+    let expected = format!("peregrine: error: this binary was compiled for {}", cpu::compiled_level());
+    assert!(
+        stderr.starts_with(&expected)
+            && stderr.contains(&format!("this CPU lacks {}:", lacking.join(", ")))
+            && stderr.contains("target-cpu=native"),
+        "{stderr}"
+    );
+    // Everything the build needs: the check passes and the command runs (and fails on its data).
+    let out = run(&compiled.join(","));
+    assert_eq!(out.status.code(), Some(1), "{:?}", text(&out));
+    assert!(text(&out).1.contains("/nonexistent.pgd"), "{:?}", text(&out));
+}
+
 #[test]
 fn rma_bench_prints_every_operation_on_local_ranks() {
     let out = peregrine(&[
@@ -150,6 +186,50 @@ mod mpi {
         assert!(String::from_utf8_lossy(&again.stderr).contains("resuming from iteration"));
         let dist = super::model_distance(&d.join("full/model.safetensors"), &d.join("cut/model.safetensors"));
         assert!(dist <= 1e-5, "{dist:e} from the uninterrupted model");
+    }
+
+    /// `peregrine train` under OpenMPI's UCX one-sided component (TCP transport, as between nodes
+    /// without RDMA): BSP gives the model the default components (`sm,pt2pt`) give, and meta.json
+    /// records which components each rank used and why.
+    #[test]
+    fn training_over_ucx_gives_the_model_of_the_default_components() {
+        let d_tmp = super::scratch("mpi-ucx");
+        let d = d_tmp.path();
+        let s = |name: &str| d.join(name).to_str().expect("utf-8").to_owned();
+        super::ok(&["data", "gen", "sparse", &s("d.pgd"), "--rows", "4000", "--features", "300"]);
+        let args = |run: &str| super::lr_train(&s("d.pgd"), &s(run), "200", &["--scheme", "bsp"]);
+        let default_args = args("default");
+        let argv: Vec<&str> = default_args.iter().map(String::as_str).collect();
+        let mut cmd = mpirun_command(2, exe(), &argv);
+        cmd.env_remove("OMPI_MCA_osc");
+        assert_success("mpirun -n 2 peregrine train (default components)", &cmd.output().expect("mpirun"));
+        let ucx_args = args("ucx");
+        let argv: Vec<&str> = ucx_args.iter().map(String::as_str).collect();
+        let mut cmd = mpirun_command(2, exe(), &argv);
+        let out = peregrine_tests::with_ucx(&mut cmd, "tcp,self").output().expect("mpirun");
+        assert_success("UCX_TLS=tcp,self mpirun -n 2 peregrine train", &out);
+        let dist =
+            super::model_distance(&d.join("default/model.safetensors"), &d.join("ucx/model.safetensors"));
+        assert!(
+            f64::from(dist) <= peregrine_tests::training::BSP_TOLERANCE,
+            "{dist:e} between the components' models"
+        );
+        let meta = |run: &str| std::fs::read_to_string(d.join(run).join("meta.json")).expect("meta.json");
+        let (default, ucx) = (meta("default"), meta("ucx"));
+        let components = |m: &str| m.matches("\"mpi_components\"").count();
+        // The components are OpenMPI's (MPICH ignores OMPI_* variables; its leg checks the model).
+        if default.contains("\"mpi_library\": \"Open MPI") {
+            assert_eq!((components(&default), components(&ucx)), (2, 2), "one per rank:\n{default}\n{ucx}");
+            assert!(default.contains("osc=sm,pt2pt (no RDMA device on this host)"), "{default}");
+            assert!(ucx.contains("osc=ucx (OMPI_MCA_osc set by the user)"), "{ucx}");
+        } else {
+            assert_eq!((components(&default), components(&ucx)), (0, 0), "{default}\n{ucx}");
+            assert!(default.contains("\"mpi_library\": \"MPICH"), "{default}");
+        }
+        assert!(
+            default.contains("\"rdma_devices\": []") && default.contains("\"simd\": \"compiled for"),
+            "{default}"
+        );
     }
 
     /// The PID of MPI rank `rank` among the `peregrine` processes whose command line has `pattern`

@@ -44,6 +44,18 @@ pub fn mpirun_command(ranks: usize, program: &Path, args: &[&str]) -> Command {
     cmd
 }
 
+/// OpenMPI's UCX one-sided path (what InfiniBand clusters use) over UCX transports `tls`, e.g.
+/// `tcp,self` (between nodes, no RDMA) or `sm,self` (one node): `osc` and `pml` UCX, with the UCX
+/// components allowed on transports other than InfiniBand (by default OpenMPI 4.1 selects them
+/// only when an `mlx*` device is present).
+pub fn with_ucx<'a>(cmd: &'a mut Command, tls: &str) -> &'a mut Command {
+    cmd.env("OMPI_MCA_osc", "ucx")
+        .env("OMPI_MCA_pml", "ucx")
+        .env("OMPI_MCA_pml_ucx_tls", "any")
+        .env("OMPI_MCA_pml_ucx_devices", "any")
+        .env("UCX_TLS", tls)
+}
+
 /// Runs `program args` under `mpirun -n ranks` ([`mpirun_command`]) to completion.
 pub fn mpirun_n(ranks: usize, program: &Path, args: &[&str]) -> Output {
     let launcher = mpirun();

@@ -231,6 +231,21 @@ pub fn process_rank() -> Option<usize> {
     }
 }
 
+/// The MPI library's version string (`MPI_Get_library_version`: "Open MPI v4.1.4, ...",
+/// "MPICH Version: 4.0.2 ..."), first line only; `None` without the `mpi` feature.
+pub fn mpi_library_version() -> Option<String> {
+    #[cfg(feature = "mpi")]
+    {
+        ::mpi::environment::library_version()
+            .ok()
+            .map(|v| v.lines().next().unwrap_or_default().trim().to_owned())
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        None
+    }
+}
+
 /// Ends the whole MPI job from any thread (`MPI_Abort` on `MPI_COMM_WORLD`) if MPI is
 /// initialized and not yet finalized, and does not return then; returns otherwise (no MPI, or not
 /// live), leaving the caller to end the process. For fatal faults outside the normal error path

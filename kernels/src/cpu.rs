@@ -1,0 +1,165 @@
+//! Which instruction set the kernels were compiled for, and whether this CPU has it.
+//!
+//! The `wide` kernels use AVX2/FMA/AVX-512 only when the crate is compiled with those target
+//! features, so the instruction set is fixed at build time (`.cargo/config.toml`: `x86-64-v3` by
+//! default). A binary run on a CPU without one of its features dies with SIGILL at the first such
+//! instruction, with no message; [`check`] compares the compiled-for features with the CPU's
+//! (`is_x86_feature_detected!`) so that the binary can stop first, naming what is missing.
+
+/// One x86-64 feature: its name (as `target_feature` and `is_x86_feature_detected!` spell it),
+/// whether this build was compiled for it, and whether the CPU running it has it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Feature {
+    /// The feature's name, e.g. `avx2`.
+    pub name: &'static str,
+    /// Compiled with `-C target-feature=+name` (directly or through `target-cpu`).
+    pub compiled: bool,
+    /// Reported by the CPU (CPUID, as the standard library detects it).
+    pub detected: bool,
+}
+
+/// The features that the x86-64 micro-architecture levels add (v2, v3, v4), the ones a
+/// `target-cpu` choice can make the compiler emit in ordinary code.
+macro_rules! features {
+    ($($f:tt),* $(,)?) => {
+        /// Every feature of the x86-64-v2, v3 and v4 levels: compiled for, detected.
+        #[cfg(target_arch = "x86_64")]
+        pub fn features() -> Vec<Feature> {
+            vec![$(Feature {
+                name: $f,
+                compiled: cfg!(target_feature = $f),
+                detected: std::arch::is_x86_feature_detected!($f),
+            }),*]
+        }
+    };
+}
+
+features!(
+    "sse3",
+    "ssse3",
+    "sse4.1",
+    "sse4.2",
+    "popcnt",
+    "cmpxchg16b", // x86-64-v2
+    "avx",
+    "avx2",
+    "bmi1",
+    "bmi2",
+    "f16c",
+    "fma",
+    "lzcnt",
+    "movbe",
+    "xsave", // x86-64-v3
+    "avx512f",
+    "avx512bw",
+    "avx512cd",
+    "avx512dq",
+    "avx512vl", // x86-64-v4
+);
+
+/// Other architectures: the build targets the CPU it runs on; nothing to check.
+#[cfg(not(target_arch = "x86_64"))]
+pub fn features() -> Vec<Feature> {
+    Vec::new()
+}
+
+/// The instruction set the SIMD kernels were compiled for, in words.
+pub fn compiled_level() -> &'static str {
+    if cfg!(all(target_feature = "avx512f", target_feature = "avx512bw", target_feature = "avx512vl")) {
+        "AVX-512 (x86-64-v4)"
+    } else if cfg!(all(target_feature = "avx2", target_feature = "fma")) {
+        "AVX2+FMA (x86-64-v3)"
+    } else if cfg!(target_feature = "avx") {
+        "AVX"
+    } else if cfg!(target_arch = "x86_64") {
+        "SSE2 (x86-64)"
+    } else {
+        std::env::consts::ARCH
+    }
+}
+
+/// The best level this CPU supports, in words.
+pub fn detected_level(features: &[Feature]) -> &'static str {
+    let has = |names: &[&str]| names.iter().all(|n| features.iter().any(|f| f.name == *n && f.detected));
+    if features.is_empty() {
+        std::env::consts::ARCH
+    } else if has(&["avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"]) {
+        "AVX-512 (x86-64-v4)"
+    } else if has(&["avx2", "fma", "bmi1", "bmi2", "lzcnt", "movbe", "f16c"]) {
+        "AVX2+FMA (x86-64-v3)"
+    } else {
+        "below x86-64-v3"
+    }
+}
+
+/// Features this build was compiled for that the CPU lacks. `detected`, when given, replaces the
+/// CPU's answer with that set of names (to test the check on a CPU that has everything).
+pub fn missing(features: &[Feature], detected: Option<&[&str]>) -> Vec<&'static str> {
+    features
+        .iter()
+        .filter(|f| f.compiled)
+        .filter(|f| match detected {
+            Some(set) => !set.contains(&f.name),
+            None => !f.detected,
+        })
+        .map(|f| f.name)
+        .collect()
+}
+
+/// `Err` with a message naming the missing features when this CPU cannot run this build.
+/// `detected` as in [`missing`].
+pub fn check(detected: Option<&[&str]>) -> Result<(), String> {
+    let all = features();
+    let lacking = missing(&all, detected);
+    if lacking.is_empty() {
+        return Ok(());
+    }
+    let compiled: Vec<&str> = all.iter().filter(|f| f.compiled).map(|f| f.name).collect();
+    Err(format!(
+        "this binary was compiled for {} (target features {}) but this CPU lacks {}: it would stop with \
+         an illegal instruction. Run it on a newer CPU, or build for this one: \
+         RUSTFLAGS=\"-C target-cpu=native\" cargo build --release (or -C target-cpu=x86-64 for any x86-64)",
+        compiled_level(),
+        compiled.join(","),
+        lacking.join(", ")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_build_runs_on_this_cpu() {
+        assert_eq!(check(None), Ok(()));
+        assert!(missing(&features(), None).is_empty());
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn a_cpu_without_the_compiled_features_is_named() {
+        let all = features();
+        let compiled: Vec<&str> = all.iter().filter(|f| f.compiled).map(|f| f.name).collect();
+        // The default build targets x86-64-v3: it must be compiled for AVX2 and FMA.
+        assert!(compiled.contains(&"avx2") && compiled.contains(&"fma"), "{compiled:?}");
+        let without_avx2: Vec<&str> = compiled.iter().copied().filter(|n| *n != "avx2").collect();
+        assert_eq!(missing(&all, Some(&without_avx2)), vec!["avx2"]);
+        let e = check(Some(&["sse3"])).expect_err("a CPU with only SSE3 cannot run this build");
+        assert!(e.contains("lacks") && e.contains("avx2") && e.contains("fma"), "{e}");
+        assert_eq!(check(Some(&compiled)), Ok(()));
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn levels_read_the_feature_sets() {
+        let f = |names: &[&'static str]| -> Vec<Feature> {
+            names.iter().map(|n| Feature { name: n, compiled: false, detected: true }).collect()
+        };
+        assert_eq!(detected_level(&f(&["sse3", "avx"])), "below x86-64-v3");
+        let v3 = ["avx2", "fma", "bmi1", "bmi2", "lzcnt", "movbe", "f16c"];
+        assert_eq!(detected_level(&f(&v3)), "AVX2+FMA (x86-64-v3)");
+        let v4: Vec<&'static str> =
+            v3.iter().copied().chain(["avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"]).collect();
+        assert_eq!(detected_level(&f(&v4)), "AVX-512 (x86-64-v4)");
+    }
+}

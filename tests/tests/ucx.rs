@@ -1,0 +1,58 @@
+//! The SPMD programs under OpenMPI's UCX one-sided component (`osc=ucx`, what InfiniBand clusters
+//! use; here without RDMA): over UCX's TCP transport, as between nodes, and over its shared-memory
+//! transport on one node. UCX emulates one-sided operations and atomics over TCP, so this is the
+//! slow path here; on RDMA hardware the network card does them.
+
+use peregrine_tests::{assert_success, mpirun_command, with_ucx};
+use std::path::Path;
+
+const TRANSPORTS: [&str; 2] = ["tcp,self", "sm,self"];
+
+fn run(program: &str, args: &[&str], tls: &str) -> String {
+    let exe = match program {
+        "conformance" => env!("CARGO_BIN_EXE_conformance"),
+        "stealing" => env!("CARGO_BIN_EXE_stealing"),
+        _ => env!("CARGO_BIN_EXE_training"),
+    };
+    let mut cmd = mpirun_command(2, Path::new(exe), args);
+    let out = with_ucx(&mut cmd, tls).output().expect("start mpirun");
+    assert_success(&format!("UCX_TLS={tls} mpirun -n 2 {program} {}", args.join(" ")), &out);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn conformance_over_ucx() {
+    for tls in TRANSPORTS {
+        let stdout = run("conformance", &["--backend", "mpi"], tls);
+        assert!(stdout.contains("conformance: all cases passed on 2 ranks (mpi)"), "{tls}:\n{stdout}");
+        for case in peregrine_transport::conformance::CASES {
+            assert!(
+                stdout.lines().any(|l| l.starts_with("ok") && l.contains(case.name)),
+                "{tls}: case {} not reported:\n{stdout}",
+                case.name
+            );
+        }
+        assert!(!stdout.contains("FAIL"), "{tls}:\n{stdout}");
+    }
+}
+
+#[test]
+fn chunk_queues_hand_out_every_chunk_exactly_once_over_ucx() {
+    for tls in TRANSPORTS {
+        let stdout = run("stealing", &["--backend", "mpi", "--iterations", "10", "--threads", "2"], tls);
+        assert!(stdout.contains("every chunk handed out exactly once: 2 ranks"), "{tls}:\n{stdout}");
+    }
+}
+
+#[test]
+fn training_computes_every_chunk_exactly_once_over_ucx() {
+    for tls in TRANSPORTS {
+        let stdout = run("training", &["exactly-once", "--backend", "mpi", "--threads", "2"], tls);
+        for s in ["bsp", "ssp:2", "asp", "falcon"] {
+            assert!(
+                stdout.contains(&format!("training {s}: every chunk computed exactly once, 2 ranks")),
+                "{tls}:\n{stdout}"
+            );
+        }
+    }
+}
