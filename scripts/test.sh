@@ -2,7 +2,8 @@
 # The whole test suite, as CI runs it: installs what it needs on a fresh Debian machine, checks
 # formatting and lints, builds the default (no native libraries) and the all-features builds, runs
 # every unit and integration test (local backend), then the MPI and Slurm tests (a real
-# single-node Slurm, started here) under OpenMPI and, as a second leg, MPICH.
+# single-node Slurm and a 4-node Slurm in network namespaces, started here) under OpenMPI and, as a
+# second leg, MPICH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/common.sh
@@ -20,12 +21,13 @@ cargo test --locked --workspace
 step "clippy, all features"
 cargo clippy --locked --workspace --all-targets --all-features -- -D warnings
 
-step "a single-node Slurm on loopback, for the Slurm tests"
-# Its state under target/, not /tmp: the suite leaves nothing behind outside the tree.
-export PEREGRINE_SLURM_DIR="$PWD/target/slurm-local"
+step "a single-node Slurm on loopback, and a 4-node one in network namespaces, for the Slurm tests"
+# Their state under target/, not /tmp: the suite leaves nothing behind outside the tree.
+export PEREGRINE_SLURM_DIR="$PWD/target/slurm-local" PEREGRINE_CLUSTER_DIR="$PWD/target/cluster-local"
+trap 'scripts/slurm-local.sh stop; scripts/cluster-local.sh stop' EXIT
 scripts/slurm-local.sh start
 eval "$(scripts/slurm-local.sh env)"
-trap 'scripts/slurm-local.sh stop' EXIT
+scripts/cluster-local.sh start
 
 step "build and test, all features (MPI under OpenMPI: $(mpirun --version | head -n 1); Slurm $(sinfo --version))"
 cargo test --locked --workspace --all-features

@@ -49,6 +49,10 @@ pub struct SbatchArgs {
     /// Partition.
     #[arg(long, value_name = "P")]
     partition: Option<String>,
+    /// Node features the first (or only) node type must have (`#SBATCH --constraint`), e.g. a
+    /// node type; the --het groups name theirs in their fifth field.
+    #[arg(long, value_name = "FEATURES")]
+    constraint: Option<String>,
     /// Account to charge.
     #[arg(long, value_name = "A")]
     account: Option<String>,
@@ -150,7 +154,7 @@ fn sbatch_cmd(a: &SbatchArgs) -> Result<(), AppError> {
         ntasks_per_node: a.ntasks_per_node,
         cpus_per_task: a.cpus_per_task,
         partition: None,
-        constraint: None,
+        constraint: a.constraint.clone(),
     }];
     for h in &a.het {
         groups.push(parse_group(h)?);

@@ -221,23 +221,24 @@ fn check_slurm_world(t: &Transport, slurm: Option<&SlurmEnv>) -> Result<(), AppE
 }
 
 /// OpenMPI 4.1's default one-sided component (osc/rdma over shared memory) crashes in
-/// `MPI_Compare_and_swap`, so unless the user chose (`OMPI_MCA_osc` set), Peregrine chooses:
+/// `MPI_Compare_and_swap`, and its `pt2pt` component refuses `MPI_THREAD_MULTIPLE` (which
+/// Peregrine's threads need) as soon as a window spans nodes. So unless the user chose
+/// (`OMPI_MCA_osc` set), Peregrine chooses:
 /// - `osc=ucx` (and `pml=ucx` unless `OMPI_MCA_pml` is set) when this host has an RDMA device
 ///   (`/sys/class/infiniband`) and `ucx_info -d` lists an RDMA transport for it (`rc_*`, `dc_*`,
 ///   `ud_*`): one-sided operations are then done by the network card, without the target's CPU;
-/// - `osc=sm,pt2pt` otherwise: `sm` within a node, `pt2pt` between nodes (which makes progress only
-///   when the target enters MPI).
+/// - `osc=ucx` and `pml=ucx` over UCX's TCP transport when the job's ranks are on several nodes
+///   without RDMA (UCX emulates one-sided operations there; the target's UCX progress serves
+///   them, which `pml=ucx` drives whenever the rank is in MPI: with `pml=ob1`, a rank waiting in a
+///   barrier leaves the others' atomics unserved);
+/// - `osc=sm,pt2pt` otherwise (one node: `sm`).
 ///
 /// Set whatever the MPI library (under `srun` an OpenMPI process has no `OMPI_*` variable before
 /// `MPI_Init`, and MPICH ignores it); read by `MPI_Init`, so it must be set before. Every rank
 /// chooses alone; [`check_components_agree`] then checks that all chose alike.
 fn openmpi_defaults() {
-    let choice = choose_components(
-        std::env::var("OMPI_MCA_osc").ok().as_deref(),
-        std::env::var("OMPI_MCA_pml").ok().as_deref(),
-        &rdma_devices(),
-        ucx_rdma_transports,
-    );
+    let var = |k: &str| std::env::var(k).ok();
+    let choice = choose_components(&var, &rdma_devices(), ucx_rdma_transports);
     for (var, value) in &choice.set {
         // Edition 2021: `set_var` is safe but process-global. This runs on the main thread before
         // MPI_Init, while no other thread exists.
@@ -255,7 +256,8 @@ pub struct Components {
     pub set: Vec<(&'static str, String)>,
     /// Why, in words.
     pub reason: String,
-    /// 0: the user's choice, 1: the default `sm,pt2pt`, 2: `ucx` for RDMA (compared across ranks).
+    /// 0: the user's choice, 1: the default `sm,pt2pt`, 2: `ucx` for RDMA, 3: `ucx` over TCP
+    /// between nodes (compared across ranks).
     pub code: u64,
 }
 
@@ -267,51 +269,76 @@ pub fn mpi_components() -> String {
     COMPONENTS.get().map_or_else(String::new, |c| format!("osc={} ({})", c.osc, c.reason))
 }
 
-/// The rule of [`openmpi_defaults`]; `ucx` lists UCX's RDMA transports (called only when there
-/// are RDMA devices).
+/// The rule of [`openmpi_defaults`], reading the environment through `var`; `ucx` lists UCX's
+/// RDMA transports (called only when there are RDMA devices).
 pub fn choose_components(
-    osc: Option<&str>,
-    pml: Option<&str>,
+    var: &dyn Fn(&str) -> Option<String>,
     devices: &[String],
     ucx: impl FnOnce() -> Result<Vec<String>, String>,
 ) -> Components {
-    if let Some(osc) = osc {
-        return Components {
-            osc: osc.to_owned(),
-            set: vec![],
-            reason: "OMPI_MCA_osc set by the user".into(),
-            code: 0,
-        };
+    if let Some(osc) = var("OMPI_MCA_osc") {
+        return Components { osc, set: vec![], reason: "OMPI_MCA_osc set by the user".into(), code: 0 };
     }
-    let default = |reason: String| Components {
-        osc: "sm,pt2pt".into(),
-        set: vec![("OMPI_MCA_osc", "sm,pt2pt".into())],
-        reason,
-        code: 1,
+    let ucx_components = |extra: &[(&'static str, &str)]| {
+        let mut set = vec![("OMPI_MCA_osc", "ucx".to_owned())];
+        if var("OMPI_MCA_pml").is_none() {
+            set.push(("OMPI_MCA_pml", "ucx".to_owned()));
+            set.extend(extra.iter().filter(|(k, _)| var(k).is_none()).map(|(k, v)| (*k, (*v).to_owned())));
+        }
+        set
+    };
+    let nodes = job_nodes(var);
+    let between_nodes = |why: String| {
+        match nodes {
+        Some(n) if n > 1 => Components {
+            osc: "ucx".into(),
+            // OpenMPI 4.1 selects pml ucx only on InfiniBand devices unless told otherwise.
+            set: ucx_components(&[("OMPI_MCA_pml_ucx_tls", "any"), ("OMPI_MCA_pml_ucx_devices", "any")]),
+            reason: format!(
+                "{why}; ranks on {n} nodes: UCX over TCP, since the pt2pt component refuses MPI_THREAD_MULTIPLE \
+                 between nodes"
+            ),
+            code: 3,
+        },
+        _ => Components {
+            osc: "sm,pt2pt".into(),
+            set: vec![("OMPI_MCA_osc", "sm,pt2pt".into())],
+            reason: why,
+            code: 1,
+        },
+    }
     };
     if devices.is_empty() {
-        return default("no RDMA device on this host".into());
+        return between_nodes("no RDMA device on this host".into());
     }
     match ucx() {
-        Ok(rdma) if !rdma.is_empty() => {
-            let mut set = vec![("OMPI_MCA_osc", "ucx".to_owned())];
-            if pml.is_none() {
-                set.push(("OMPI_MCA_pml", "ucx".to_owned()));
-            }
-            Components {
-                osc: "ucx".into(),
-                set,
-                reason: format!("RDMA devices {}, UCX transports {}", devices.join(","), rdma.join(",")),
-                code: 2,
-            }
-        }
-        Ok(_) => {
-            default(format!("RDMA devices {} but no RDMA transport in `ucx_info -d`", devices.join(",")))
-        }
-        Err(e) => {
-            default(format!("RDMA devices {} but {e}: set OMPI_MCA_osc=ucx to use them", devices.join(",")))
-        }
+        Ok(rdma) if !rdma.is_empty() => Components {
+            osc: "ucx".into(),
+            set: ucx_components(&[]),
+            reason: format!("RDMA devices {}, UCX transports {}", devices.join(","), rdma.join(",")),
+            code: 2,
+        },
+        Ok(_) => between_nodes(format!(
+            "RDMA devices {} but no RDMA transport in `ucx_info -d`",
+            devices.join(",")
+        )),
+        Err(e) => between_nodes(format!(
+            "RDMA devices {} but {e}: set OMPI_MCA_osc=ucx to use them",
+            devices.join(",")
+        )),
     }
+}
+
+/// How many nodes the job's ranks are on, as the launcher tells each process before `MPI_Init`:
+/// `SLURM_STEP_NUM_NODES` under `srun`, more than one when OpenMPI's `mpirun` says a rank has
+/// fewer local peers than the world (`OMPI_COMM_WORLD_LOCAL_SIZE` < `OMPI_COMM_WORLD_SIZE`);
+/// `None` when neither says.
+pub fn job_nodes(var: &dyn Fn(&str) -> Option<String>) -> Option<u64> {
+    let num = |k: &str| var(k).and_then(|v| v.trim().parse::<u64>().ok());
+    if let (Some(local), Some(world)) = (num("OMPI_COMM_WORLD_LOCAL_SIZE"), num("OMPI_COMM_WORLD_SIZE")) {
+        return Some(if local < world { world.div_ceil(local.max(1)) } else { 1 });
+    }
+    num("SLURM_STEP_NUM_NODES")
 }
 
 /// RDMA devices on this host: the names under `/sys/class/infiniband` (as `ibv_devices` lists).
@@ -351,6 +378,15 @@ pub fn rdma_transports(ucx_info: &str) -> Vec<String> {
 /// Collective: every rank chose the same one-sided components (mixed components cannot talk).
 fn check_components_agree(t: &Transport) -> Result<(), AppError> {
     let Some(c) = COMPONENTS.get() else { return Ok(()) };
+    let nodes = job_nodes(&|k: &str| std::env::var(k).ok()).unwrap_or(1);
+    if c.code == 0 && c.osc.contains("pt2pt") && !c.osc.contains("ucx") && nodes > 1 && t.rank() == 0 {
+        eprintln!(
+            "peregrine: warning: OMPI_MCA_osc={} with ranks on {nodes} nodes: OpenMPI 4.1's pt2pt one-sided \
+             component refuses MPI_THREAD_MULTIPLE between nodes (MPI_Win_allocate then fails); unset \
+             OMPI_MCA_osc to let Peregrine choose (ucx), or set it to ucx",
+            c.osc
+        );
+    }
     let mut lo = [c.code];
     let mut hi = [c.code];
     t.allreduce(&mut lo, ReduceOp::Min)?;
@@ -388,28 +424,68 @@ mod tests {
         assert!(rdma_transports("#      Transport: rdmacm_cm\n#      Transport: udp\n").is_empty());
     }
 
+    /// An environment of `pairs`.
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let pairs: Vec<(String, String)> =
+            pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        move |k: &str| pairs.iter().find(|(name, _)| name == k).map(|(_, v)| v.clone())
+    }
+
     #[test]
     fn the_one_sided_component_follows_the_rule() {
         let ib = vec!["mlx5_0".to_owned()];
         let never = || -> Result<Vec<String>, String> { panic!("ucx_info asked without RDMA devices") };
+        let own = |k: &'static str, v: &str| (k, v.to_owned());
         // The user's choice stands, whatever the host has.
-        let c = choose_components(Some("pt2pt"), None, &ib, never);
+        let c = choose_components(&env(&[("OMPI_MCA_osc", "pt2pt")]), &ib, never);
         assert_eq!((c.osc.as_str(), c.set.len(), c.code), ("pt2pt", 0, 0));
-        // No RDMA device: sm within a node, pt2pt between nodes; UCX is not asked.
-        let c = choose_components(None, None, &[], never);
+        // No RDMA device, one node: sm; UCX is not asked.
+        let c = choose_components(&env(&[]), &[], never);
         assert_eq!((c.osc.as_str(), c.code), ("sm,pt2pt", 1));
-        assert_eq!(c.set, [("OMPI_MCA_osc", "sm,pt2pt".to_owned())]);
+        assert_eq!(c.set, [own("OMPI_MCA_osc", "sm,pt2pt")]);
+        let one_node = env(&[("OMPI_COMM_WORLD_SIZE", "4"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "4")]);
+        assert_eq!(choose_components(&one_node, &[], never).code, 1);
+        // No RDMA, several nodes (srun, or mpirun): UCX over TCP, with pml ucx allowed on it.
+        for several in [
+            env(&[("SLURM_STEP_NUM_NODES", "2")]),
+            env(&[
+                ("OMPI_COMM_WORLD_SIZE", "4"),
+                ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+                ("SLURM_STEP_NUM_NODES", "1"),
+            ]),
+        ] {
+            let c = choose_components(&several, &[], never);
+            assert_eq!((c.osc.as_str(), c.code), ("ucx", 3));
+            assert_eq!(
+                c.set,
+                [
+                    own("OMPI_MCA_osc", "ucx"),
+                    own("OMPI_MCA_pml", "ucx"),
+                    own("OMPI_MCA_pml_ucx_tls", "any"),
+                    own("OMPI_MCA_pml_ucx_devices", "any")
+                ]
+            );
+            assert!(
+                c.reason.contains("on 2 nodes") && c.reason.contains("MPI_THREAD_MULTIPLE"),
+                "{}",
+                c.reason
+            );
+        }
+        // The user's pml stands (and then its UCX settings are the user's too).
+        let c =
+            choose_components(&env(&[("SLURM_STEP_NUM_NODES", "3"), ("OMPI_MCA_pml", "ob1")]), &[], never);
+        assert_eq!(c.set, [own("OMPI_MCA_osc", "ucx")]);
         // RDMA devices and an RDMA transport in UCX: osc and pml ucx (pml only when unset).
-        let c = choose_components(None, None, &ib, || Ok(rdma_transports(UCX_IB)));
+        let c = choose_components(&env(&[]), &ib, || Ok(rdma_transports(UCX_IB)));
         assert_eq!((c.osc.as_str(), c.code), ("ucx", 2));
-        assert_eq!(c.set, [("OMPI_MCA_osc", "ucx".to_owned()), ("OMPI_MCA_pml", "ucx".to_owned())]);
+        assert_eq!(c.set, [own("OMPI_MCA_osc", "ucx"), own("OMPI_MCA_pml", "ucx")]);
         assert!(c.reason.contains("mlx5_0") && c.reason.contains("rc_mlx5"), "{}", c.reason);
-        let c = choose_components(None, Some("ob1"), &ib, || Ok(rdma_transports(UCX_IB)));
-        assert_eq!(c.set, [("OMPI_MCA_osc", "ucx".to_owned())]);
-        // Devices but UCX has no RDMA transport for them, or cannot say: the default, with why.
-        let c = choose_components(None, None, &ib, || Ok(rdma_transports(UCX_TCP)));
+        let c = choose_components(&env(&[("OMPI_MCA_pml", "ob1")]), &ib, || Ok(rdma_transports(UCX_IB)));
+        assert_eq!(c.set, [own("OMPI_MCA_osc", "ucx")]);
+        // Devices but UCX has no RDMA transport for them, or cannot say: as without devices.
+        let c = choose_components(&env(&[]), &ib, || Ok(rdma_transports(UCX_TCP)));
         assert_eq!((c.osc.as_str(), c.code), ("sm,pt2pt", 1));
-        let c = choose_components(None, None, &ib, || Err("`ucx_info -d` could not run".into()));
+        let c = choose_components(&env(&[]), &ib, || Err("`ucx_info -d` could not run".into()));
         assert_eq!(c.osc, "sm,pt2pt");
         assert!(c.reason.contains("ucx_info") && c.reason.contains("OMPI_MCA_osc=ucx"), "{}", c.reason);
     }

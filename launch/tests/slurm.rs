@@ -5,42 +5,24 @@
 //!
 //! Needs a running Slurm whose `SLURM_CONF` is in the environment (`scripts/slurm-local.sh start`
 //! starts a single-node one on loopback; `scripts/test.sh` does it before running these tests).
+//!
+//! [`cluster`]: the same across nodes, on the multi-node cluster in network namespaces of
+//! `scripts/cluster-local.sh` (started by `scripts/test.sh` too).
 
-use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn exe() -> &'static str {
     env!("CARGO_BIN_EXE_peregrine")
 }
 
-/// Fails with a clear message if there is no Slurm to talk to.
-fn slurm_up() {
-    let conf = std::env::var("SLURM_CONF").unwrap_or_default();
-    assert!(
-        !conf.is_empty() && Path::new(&conf).exists(),
-        "these tests need a running Slurm: run `scripts/slurm-local.sh start` and export the SLURM_CONF it prints"
-    );
-    let out =
-        Command::new("sinfo").args(["-h", "-o", "%T"]).output().expect("sinfo (slurm-client installed?)");
-    assert!(out.status.success(), "sinfo failed: {}", String::from_utf8_lossy(&out.stderr));
-}
+#[path = "support/slurm_jobs.rs"]
+mod slurm_jobs;
+use slurm_jobs::{plugin, read, text, Slurm};
 
-/// A command with the environment OpenMPI needs on this small machine: more ranks than cores, so
-/// idle ranks must yield (srun, unlike mpirun, does not tell OpenMPI that it oversubscribes).
-fn cmd(program: &str) -> Command {
-    let mut c = Command::new(program);
-    c.env("OMPI_MCA_mpi_yield_when_idle", "1");
-    c
-}
-
-/// srun's `--mpi` plugin for the MPI library this binary was built against.
-fn plugin() -> String {
-    std::env::var("PEREGRINE_SRUN_MPI").unwrap_or_else(|_| "pmix".to_owned())
-}
-
-fn text(out: &Output) -> String {
-    format!("{}\n--- stderr\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+/// The single-node cluster of the environment's `SLURM_CONF`.
+fn slurm() -> Slurm {
+    Slurm::from_env()
 }
 
 /// A fresh directory for one test (the jobs run as root, as the test does), removed when it ends.
@@ -48,77 +30,19 @@ fn scratch(name: &str) -> tempfile::TempDir {
     tempfile::Builder::new().prefix(&format!("peregrine-slurm-{name}-")).tempdir().expect("scratch dir")
 }
 
-fn job_field(id: &str, field: &str) -> String {
-    let out = Command::new("scontrol").args(["show", "job", id]).output().expect("scontrol");
-    let s = String::from_utf8_lossy(&out.stdout).into_owned();
-    s.split_whitespace()
-        .find_map(|kv| kv.strip_prefix(&format!("{field}=")).map(str::to_owned))
-        .unwrap_or_default()
-}
-
-/// Waits (at most `limit`) until `done()`; on time-out cancels the job and panics with `context()`.
-fn wait_for(
-    id: &str,
-    limit: Duration,
-    what: &str,
-    mut done: impl FnMut() -> bool,
-    context: impl Fn() -> String,
-) {
-    let start = Instant::now();
-    while !done() {
-        if start.elapsed() > limit {
-            let _ = Command::new("scancel").arg(id).status();
-            panic!("job {id}: timed out after {limit:?} waiting for {what}\n{}", context());
-        }
-        std::thread::sleep(Duration::from_millis(300));
-    }
-}
-
-/// Submits `peregrine slurm sbatch ... -- <command>` from `dir`; returns the job id.
-fn submit(dir: &Path, command: &[&str]) -> String {
-    let out = cmd(exe())
-        .current_dir(dir)
-        .args(["slurm", "sbatch", "--ntasks-per-node", "4", "--time", "5", "--job-name", "ptest", "--submit"])
-        .args(["--mpi", &plugin(), "--"])
-        .args(command)
-        .output()
-        .expect("run peregrine slurm sbatch");
-    assert!(out.status.success(), "peregrine slurm sbatch failed:\n{}", text(&out));
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    assert!(!id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()), "not a job id: `{id}`");
-    id
-}
-
-/// Sends job `id` what Slurm sends before a time limit, waits for its requeue, lets it start
-/// again at once and waits (at most `limit`) for it to complete; `output` is its log.
-fn warn_requeue_and_complete(id: &str, output: &Path, limit: Duration) {
-    let status = Command::new("scancel").args(["--signal=USR1", id]).status().expect("scancel");
-    assert!(status.success());
-    wait_for(
-        id,
-        Duration::from_secs(120),
-        "the requeue",
-        || job_field(id, "Restarts") == "1",
-        || read(output),
-    );
-    // A requeued job waits (BeginTime) before it may start again: let it start now.
-    let _ = Command::new("scontrol").args(["update", &format!("jobid={id}"), "StartTime=now"]).status();
-    wait_for(id, limit, "completion", || job_field(id, "JobState") == "COMPLETED", || read(output));
-}
+/// The options of the tests' batch jobs on one node.
+const ONE_NODE: [&str; 6] = ["--ntasks-per-node", "4", "--time", "5", "--job-name", "ptest"];
 
 /// Held by the tests whose jobs are requeued: the single node runs one 4-task job at a time, so
 /// two such tests at once would queue each other's requeued job behind their own.
 static REQUEUE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
-}
-
 #[test]
 fn srun_n4_runs_one_mpi_world() {
-    slurm_up();
+    let slurm = slurm();
     let mpi = format!("--mpi={}", plugin());
-    let out = cmd("srun")
+    let out = slurm
+        .cmd("srun")
         .args(["-n", "4", &mpi, exe(), "conformance", "--tickets", "5000", "--rounds", "20"])
         .output()
         .expect("srun");
@@ -132,8 +56,8 @@ fn srun_n4_runs_one_mpi_world() {
 
 #[test]
 fn srun_tasks_read_their_slurm_environment() {
-    slurm_up();
-    let out = cmd("srun").args(["-n", "4", exe(), "slurm", "env"]).output().expect("srun");
+    let slurm = slurm();
+    let out = slurm.cmd("srun").args(["-n", "4", exe(), "slurm", "env"]).output().expect("srun");
     assert!(out.status.success(), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let mut procids: Vec<&str> = stdout.lines().filter_map(|l| l.strip_prefix("slurm_procid=")).collect();
@@ -144,18 +68,19 @@ fn srun_tasks_read_their_slurm_environment() {
 
 #[test]
 fn srun_without_an_mpi_plugin_is_a_clear_error() {
-    slurm_up();
-    let out = cmd("srun").args(["-n", "2", "--mpi=none", exe(), "conformance"]).output().expect("srun");
+    let slurm = slurm();
+    let out = slurm.cmd("srun").args(["-n", "2", "--mpi=none", exe(), "conformance"]).output().expect("srun");
     assert!(!out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("no MPI launcher is visible"), "{}", text(&out));
 }
 
 #[test]
 fn srun_singletons_are_detected() {
-    slurm_up();
+    let slurm = slurm();
     // Without a PMI plugin, MPICH starts 4 one-rank worlds (OpenMPI fails in MPI_Init): either way
     // the job must fail, not run 4 copies of the work.
-    let out = cmd("srun")
+    let out = slurm
+        .cmd("srun")
         .args(["-n", "4", "--mpi=none", exe(), "conformance", "--backend", "mpi"])
         .output()
         .expect("srun");
@@ -167,16 +92,16 @@ fn srun_singletons_are_detected() {
 
 #[test]
 fn an_sbatch_job_runs_4_ranks_and_records_them() {
-    slurm_up();
+    let slurm = slurm();
     let dir_tmp = scratch("sbatch");
     let dir = dir_tmp.path();
-    let id = submit(dir, &["conformance", "--tickets", "5000", "--rounds", "20"]);
+    let id = slurm.submit(dir, &ONE_NODE, &["conformance", "--tickets", "5000", "--rounds", "20"]);
     let output = dir.join(format!("ptest-{id}.out"));
-    wait_for(
+    slurm.wait_for(
         &id,
         Duration::from_secs(120),
         "completion",
-        || job_field(&id, "JobState") == "COMPLETED",
+        || slurm.job_field(&id, "JobState") == "COMPLETED",
         || read(&output),
     );
     let log = read(&output);
@@ -193,21 +118,21 @@ fn an_sbatch_job_runs_4_ranks_and_records_them() {
 
 #[test]
 fn a_job_warned_before_its_time_limit_saves_requeues_and_resumes() {
-    slurm_up();
+    let slurm = slurm();
     let _node = REQUEUE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir_tmp = scratch("requeue");
     let dir = dir_tmp.path();
-    let id = submit(dir, &["conformance", "--tickets", "2000", "--repeat", "300"]);
+    let id = slurm.submit(dir, &ONE_NODE, &["conformance", "--tickets", "2000", "--repeat", "300"]);
     let output = dir.join(format!("ptest-{id}.out"));
     // Once it is well under way, send what Slurm sends before the time limit.
-    wait_for(
+    slurm.wait_for(
         &id,
         Duration::from_secs(120),
         "round 3",
         || read(&output).contains("[3/300]"),
         || read(&output),
     );
-    warn_requeue_and_complete(&id, &output, Duration::from_secs(180));
+    slurm.warn_requeue_and_complete(&id, &output, Duration::from_secs(180));
     let log = read(&output);
     assert!(log.contains("state saved in runs/ptest-"), "{log}");
     assert!(log.contains(&format!("requeueing job {id}")), "{log}");
@@ -222,7 +147,7 @@ fn a_job_warned_before_its_time_limit_saves_requeues_and_resumes() {
 
 #[test]
 fn a_training_job_warned_before_its_time_limit_checkpoints_requeues_and_resumes() {
-    slurm_up();
+    let slurm = slurm();
     let _node = REQUEUE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir_tmp = scratch("train-requeue");
     let dir = dir_tmp.path();
@@ -246,18 +171,18 @@ fn a_training_job_warned_before_its_time_limit_checkpoints_requeues_and_resumes(
         "64",
         "-q",
     ];
-    let id = submit(dir, &args);
+    let id = slurm.submit(dir, &ONE_NODE, &args);
     let output = dir.join(format!("ptest-{id}.out"));
     let metrics = dir.join(format!("runs/ptest-{id}/metrics/rank-0.jsonl"));
     // Once it is well under way, send what Slurm sends before the time limit.
-    wait_for(
+    slurm.wait_for(
         &id,
         Duration::from_secs(120),
         "200 iterations",
         || read(&metrics).lines().count() >= 200,
         || read(&output),
     );
-    warn_requeue_and_complete(&id, &output, Duration::from_secs(300));
+    slurm.warn_requeue_and_complete(&id, &output, Duration::from_secs(300));
     let log = read(&output);
     assert!(log.contains("stopped on a signal; state saved in"), "{log}");
     assert!(log.contains(&format!("requeueing job {id}")), "{log}");
@@ -272,7 +197,7 @@ fn a_training_job_warned_before_its_time_limit_checkpoints_requeues_and_resumes(
 
 #[test]
 fn a_task_killed_under_srun_ends_the_step_and_the_rerun_resumes() {
-    slurm_up();
+    let slurm = slurm();
     let _node = REQUEUE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir_tmp = scratch("srun-kill");
     let dir = dir_tmp.path();
@@ -285,7 +210,7 @@ fn a_task_killed_under_srun_ends_the_step_and_the_rerun_resumes() {
     let mpi = format!("--mpi={}", plugin());
     let run = s("killed");
     let srun = |out: bool| {
-        let mut c = cmd("srun");
+        let mut c = slurm.cmd("srun");
         c.args(["-n", "2", &mpi]);
         if plugin() == "pmi2" {
             // As the batch scripts do: with PMI-2 nothing else ends the step (see sbatch.rs).
@@ -332,4 +257,217 @@ fn a_task_killed_under_srun_ends_the_step_and_the_rerun_resumes() {
     let again = srun(false).output().expect("srun");
     assert!(again.status.success(), "{}", text(&again));
     assert!(String::from_utf8_lossy(&again.stderr).contains("resuming from iteration"), "{}", text(&again));
+}
+
+/// Across nodes: the cluster of `scripts/cluster-local.sh` (4 nodes in network namespaces, two of
+/// node type `type-a`, two of `type-b`; MPI between them over TCP). The ranks choose OpenMPI's
+/// one-sided component themselves (the tests' `OMPI_MCA_osc` is removed): UCX over TCP between
+/// nodes. One job at a time: the machine has 2 cores, and UCX polls.
+mod cluster {
+    use super::{exe, plugin, read, text, Slurm};
+    use std::path::{Path, PathBuf};
+    use std::time::Duration;
+
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn cluster() -> (Slurm, std::sync::MutexGuard<'static, ()>) {
+        let guard = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        (Slurm::namespaced(), guard)
+    }
+
+    /// A scratch directory on the shared file system (each node has its own /tmp).
+    fn scratch(name: &str) -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix(&format!("cluster-{name}-"))
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .expect("scratch dir")
+    }
+
+    fn srun(slurm: &Slurm, args: &[&str]) -> std::process::Command {
+        let mut c = slurm.cmd("srun");
+        c.arg(format!("--mpi={}", plugin())).args(args);
+        c
+    }
+
+    fn gen_data(dir: &Path) -> PathBuf {
+        let data = dir.join("d.pgd");
+        let out = std::process::Command::new(exe())
+            .args(["data", "gen", "sparse", &data.to_string_lossy(), "--rows", "8000", "--features", "300"])
+            .output()
+            .expect("data gen");
+        assert!(out.status.success(), "{}", text(&out));
+        data
+    }
+
+    /// The hosts of meta.json's ranks, in rank order.
+    fn hosts(meta: &str) -> Vec<String> {
+        let v: serde_json::Value = serde_json::from_str(meta).unwrap_or_else(|e| panic!("{e}: {meta}"));
+        let ranks = v["ranks"].as_array().unwrap_or_else(|| panic!("no ranks: {meta}"));
+        ranks.iter().map(|r| r["host"].as_str().unwrap_or_default().to_owned()).collect()
+    }
+
+    #[test]
+    fn conformance_across_two_nodes() {
+        let (slurm, _one) = cluster();
+        let out =
+            srun(&slurm, &["-N", "2", "-n", "4", exe(), "conformance", "--tickets", "200", "--rounds", "5"])
+                .output()
+                .expect("srun");
+        assert!(out.status.success(), "{}", text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("all cases passed on 4 ranks (mpi)"),
+            "{}",
+            text(&out)
+        );
+    }
+
+    #[test]
+    fn bsp_training_across_two_nodes_gives_the_model_of_one_node() {
+        let (slurm, _one) = cluster();
+        let d_tmp = scratch("bsp");
+        let d = d_tmp.path();
+        let data = gen_data(d).to_string_lossy().into_owned();
+        let train = ["train", "--model", "lr", "--data", &data, "--iterations", "150", "--batch", "512"];
+        let run = |name: &str| d.join(name).to_string_lossy().into_owned();
+        let (nodes, local) = (run("nodes"), run("local"));
+        let more = ["--chunk", "64", "--scheme", "bsp", "-q", "--run-dir"];
+        let out = srun(&slurm, &["-N", "2", "-n", "4", exe()])
+            .args(train)
+            .args(more)
+            .arg(&nodes)
+            .output()
+            .expect("srun");
+        assert!(out.status.success(), "{}", text(&out));
+        let out = std::process::Command::new(exe())
+            .args(train)
+            .args(more)
+            .arg(&local)
+            .args(["--backend", "local", "--ranks", "4"])
+            .output()
+            .expect("peregrine");
+        assert!(out.status.success(), "{}", text(&out));
+        let model = |run: &str| -> Vec<f32> {
+            let bytes = std::fs::read(Path::new(run).join("model.safetensors")).expect("model.safetensors");
+            let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+            let mut names: Vec<String> = st.names().into_iter().map(str::to_owned).collect();
+            names.sort();
+            names
+                .iter()
+                .flat_map(|n| {
+                    let t = st.tensor(n).expect("tensor");
+                    t.data()
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect::<Vec<f32>>()
+                })
+                .collect()
+        };
+        let (a, b) = (model(&nodes), model(&local));
+        let diff: f64 = a.iter().zip(&b).map(|(x, y)| f64::from(x - y).powi(2)).sum::<f64>().sqrt();
+        let norm: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum::<f64>().sqrt();
+        assert_eq!(a.len(), b.len());
+        assert!(
+            diff <= peregrine_tests::training::BSP_TOLERANCE * norm.max(1.0),
+            "{diff:e} apart (norm {norm})"
+        );
+        let meta = read(&Path::new(&nodes).join("meta.json"));
+        let mut h = hosts(&meta);
+        h.sort();
+        h.dedup();
+        assert_eq!(h, ["pgr-n1", "pgr-n2"], "{meta}");
+        assert!(meta.contains("osc=ucx (no RDMA device on this host; ranks on 2 nodes"), "{meta}");
+    }
+
+    #[test]
+    fn rma_bench_between_nodes() {
+        let (slurm, _one) = cluster();
+        let args = [
+            "-N",
+            "2",
+            "-n",
+            "2",
+            exe(),
+            "bench",
+            "rma",
+            "--max-size",
+            "64K",
+            "--iters",
+            "200",
+            "--trials",
+            "1",
+        ];
+        let out = srun(&slurm, &args).output().expect("srun");
+        assert!(out.status.success(), "{}", text(&out));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        for op in ["get", "put", "accumulate", "fetch_add"] {
+            assert!(stdout.lines().any(|l| l.contains(op)), "{op} missing:\n{stdout}");
+        }
+        assert!(stdout.to_lowercase().contains("raw"), "no raw-MPI reference:\n{stdout}");
+    }
+
+    /// One rank on a `type-a` node and two on a `type-b` node (2 and 4 CPUs), one MPI world: a
+    /// BSP training job.
+    #[test]
+    fn a_heterogeneous_job_runs_across_two_node_types() {
+        let (slurm, _one) = cluster();
+        let d_tmp = scratch("het");
+        let d = d_tmp.path();
+        gen_data(d);
+        let options =
+            ["--constraint", "type-a", "--het", "1:2:1::type-b", "--time", "5", "--job-name", "het"];
+        let train = ["train", "--model", "lr", "--data", "d.pgd", "--iterations", "150", "--batch", "512"];
+        let id =
+            slurm.submit(d, &options, &[&train[..], &["--chunk", "64", "--scheme", "bsp", "-q"]].concat());
+        let output = d.join(format!("het-{id}.out"));
+        let run = d.join(format!("runs/het-{id}"));
+        slurm.wait_for(
+            &id,
+            Duration::from_secs(240),
+            "completion",
+            || slurm.job_field(&format!("{id}+0"), "JobState") == "COMPLETED",
+            || read(&output),
+        );
+        let summary = read(&run.join("summary.json"));
+        assert!(summary.contains("\"iterations\": 150"), "{summary}\n{}", read(&output));
+        let meta = read(&run.join("meta.json"));
+        let h = hosts(&meta);
+        assert_eq!(h.len(), 3, "{meta}");
+        assert!(["pgr-n1", "pgr-n2"].contains(&h[0].as_str()), "rank 0 not on a type-a node: {meta}");
+        assert!(
+            h[1..].iter().all(|x| x == "pgr-n3" || x == "pgr-n4"),
+            "ranks 1, 2 not on type-b nodes: {meta}"
+        );
+        assert!(meta.contains("\"slurm_het_size\": \"2\""), "{meta}");
+    }
+
+    #[test]
+    fn a_training_job_on_two_nodes_warned_before_its_time_limit_requeues_and_resumes() {
+        let (slurm, _one) = cluster();
+        let d_tmp = scratch("requeue");
+        let d = d_tmp.path();
+        gen_data(d);
+        let options = ["--nodes", "2", "--ntasks-per-node", "1", "--time", "5", "--job-name", "pq"];
+        let train = ["train", "--model", "lr", "--data", "d.pgd", "--iterations", "1500", "--batch", "512"];
+        let id = slurm.submit(d, &options, &[&train[..], &["--chunk", "64", "-q"]].concat());
+        let output = d.join(format!("pq-{id}.out"));
+        let metrics = d.join(format!("runs/pq-{id}/metrics/rank-0.jsonl"));
+        slurm.wait_for(
+            &id,
+            Duration::from_secs(120),
+            "100 iterations",
+            || read(&metrics).lines().count() >= 100,
+            || read(&output),
+        );
+        slurm.warn_requeue_and_complete(&id, &output, Duration::from_secs(300));
+        let log = read(&output);
+        assert!(log.contains("stopped on a signal; state saved in"), "{log}");
+        assert!(log.contains(&format!("requeueing job {id}")), "{log}");
+        assert!(log.lines().any(|l| l.starts_with("resuming from iteration")), "no resume:\n{log}");
+        let summary = read(&d.join(format!("runs/pq-{id}/summary.json")));
+        assert!(summary.contains("\"iterations\": 1500"), "{summary}\n{log}");
+        let mut h = hosts(&read(&d.join(format!("runs/pq-{id}/meta.json"))));
+        h.sort();
+        h.dedup();
+        assert_eq!(h.len(), 2, "{h:?}");
+    }
 }

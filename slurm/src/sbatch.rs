@@ -202,8 +202,8 @@ pub fn render(spec: &BatchSpec) -> Result<String, Error> {
     }
     line!();
     line!("set -u");
-    line!("# One-sided MPI: OpenMPI 4.1's default osc component crashes in MPI_Compare_and_swap.");
-    line!("export OMPI_MCA_osc=\"${{OMPI_MCA_osc:-sm,pt2pt}}\"");
+    line!("# One-sided MPI: unless OMPI_MCA_osc is exported, each rank picks OpenMPI's component itself:");
+    line!("# ucx where UCX reports an RDMA transport (InfiniBand, RoCE), else sm,pt2pt.");
     line!(
         "# The run directory (meta.json, checkpoint.json): the same for a requeued job, which resumes there."
     );
