@@ -33,8 +33,9 @@ fn scratch(name: &str) -> tempfile::TempDir {
 /// The options of the tests' batch jobs on one node.
 const ONE_NODE: [&str; 6] = ["--ntasks-per-node", "4", "--time", "5", "--job-name", "ptest"];
 
-/// Held by the tests whose jobs are requeued: the single node runs one 4-task job at a time, so
-/// two such tests at once would queue each other's requeued job behind their own.
+/// Held by the tests whose jobs are requeued (the single node runs one 4-task job at a time, so
+/// two such tests at once would queue each other's requeued job behind their own), and by the
+/// tests on the multi-node cluster.
 static REQUEUE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[test]
@@ -268,10 +269,10 @@ mod cluster {
     use std::path::{Path, PathBuf};
     use std::time::Duration;
 
-    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
+    /// One job at a time, also with the single-node cluster's long jobs: two training jobs polling
+    /// at once on 2 cores starve each other past the tests' limits.
     fn cluster() -> (Slurm, std::sync::MutexGuard<'static, ()>) {
-        let guard = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let guard = super::REQUEUE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         (Slurm::namespaced(), guard)
     }
 
