@@ -43,23 +43,9 @@ write_conf() {
 # Multi-node Slurm in network namespaces, written by scripts/cluster-local.sh.
 ClusterName=peregrine-ns
 SlurmctldHost=$ctl($net.1)
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-MpiDefault=pmix
-SlurmdParameters=config_overrides
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-JobRequeue=1
-ReturnToService=2
-MinJobAge=600
-SlurmctldPort=6817
-SlurmdPort=6818
+CONF
+        slurm_conf_common
+        cat <<CONF
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool/%n
 SlurmctldLogFile=$dir/log/slurmctld.log
@@ -150,11 +136,7 @@ start() {
     add_ns "$ctl" "$net.1"
     local k
     for k in $(seq 1 "$nodes"); do add_ns "pgr-n$k" "$net.$((10 + k))"; done
-    if ! pgrep -x munged >/dev/null; then
-        mkdir -p /run/munge /var/log/munge /var/lib/munge
-        chown munge:munge /run/munge /var/log/munge /var/lib/munge
-        runuser -u munge -- /usr/sbin/munged
-    fi
+    start_munge
     in_ns "$ctl" "$ctl" /usr/sbin/slurmctld -f "$conf"
     for k in $(seq 1 "$nodes"); do
         mkdir -p "$dir/spool/pgr-n$k"

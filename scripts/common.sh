@@ -52,3 +52,36 @@ summary_field() { sed -n "s/^  \"$2\": \([0-9.e+-]*\),\{0,1\}$/\1/p" "$1/summary
 per_rank_sum() {
     sed -n "s/^ *\"$2\": \([0-9.e+-]*\),\{0,1\}$/\1/p" "$1/summary.json" | awk '{s += $1} END {printf "%.3f", s}'
 }
+
+# Slurm without systemd, shared by slurm-local.sh and cluster-local.sh.
+# slurm_conf_common: the slurm.conf lines both test clusters share (root daemons, munge, no
+# cgroups, no accounting, requeue allowed).
+slurm_conf_common() {
+    cat <<'CONF'
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+MpiDefault=pmix
+SlurmdParameters=config_overrides
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobRequeue=1
+ReturnToService=2
+MinJobAge=600
+SlurmctldPort=6817
+SlurmdPort=6818
+CONF
+}
+
+# start_munge: munged, unless one runs (its key is created when the package is installed).
+start_munge() {
+    pgrep -x munged >/dev/null && return 0
+    mkdir -p /run/munge /var/log/munge /var/lib/munge
+    chown munge:munge /run/munge /var/log/munge /var/lib/munge
+    runuser -u munge -- /usr/sbin/munged
+}

@@ -18,27 +18,14 @@ host="$(hostname -s)"
 
 write_conf() {
     mkdir -p "$dir"/{state,spool,log}
-    cat > "$conf" <<CONF
+    {
+        cat <<CONF
 # Single-node Slurm on loopback, written by scripts/slurm-local.sh.
 ClusterName=peregrine
 SlurmctldHost=$host(127.0.0.1)
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-MpiDefault=pmix
-SlurmdParameters=config_overrides
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-JobRequeue=1
-ReturnToService=2
-MinJobAge=600
-SlurmctldPort=6817
-SlurmdPort=6818
+CONF
+        slurm_conf_common
+        cat <<CONF
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
 SlurmctldLogFile=$dir/log/slurmctld.log
@@ -48,17 +35,14 @@ SlurmdPidFile=$dir/slurmd.pid
 NodeName=$host NodeAddr=127.0.0.1 CPUs=4 Sockets=1 CoresPerSocket=4 ThreadsPerCore=1 RealMemory=8000 State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
 CONF
+    } > "$conf"
 }
 
 start() {
     ensure_packages slurmctld slurmd slurm-client munge
     write_conf
     export SLURM_CONF="$conf"
-    if ! pgrep -x munged >/dev/null; then
-        mkdir -p /run/munge /var/log/munge /var/lib/munge
-        chown munge:munge /run/munge /var/log/munge /var/lib/munge
-        runuser -u munge -- /usr/sbin/munged
-    fi
+    start_munge
     stop
     /usr/sbin/slurmctld -f "$conf"
     /usr/sbin/slurmd -f "$conf"

@@ -39,9 +39,10 @@ export MPICC=mpicc.mpich CARGO_TARGET_DIR=target/mpich PEREGRINE_MPIRUN=mpirun.m
 # One test at a time: MPICH ranks busy-poll, and two mpirun worlds at once on two cores starve
 # each other (a slowed rank's peers then never get the CPU while it still has chunks to take).
 cargo test --locked --all-features -p peregrine-tests -p peregrine --test mpi --test cli -- --test-threads=1
-# Under srun (pmi2); the requeue test is left to the OpenMPI leg: MPICH busy-polls, and 300
-# oversubscribed rounds would take minutes.
-cargo test --locked --all-features -p peregrine --test slurm -- srun_ an_sbatch_job
+# Under srun (pmi2), on one node and across two; the requeue tests (and the heterogeneous job) are
+# left to the OpenMPI leg: MPICH busy-polls, and 300 oversubscribed rounds would take minutes.
+cargo test --locked --all-features -p peregrine --test slurm -- srun_ an_sbatch_job \
+    cluster::conformance_across cluster::bsp_training cluster::rma_bench
 
 # The straggler experiment's small configuration, end to end (release build, tables and plots).
 unset MPICC CARGO_TARGET_DIR PEREGRINE_MPIRUN PEREGRINE_SRUN_MPI

@@ -87,6 +87,21 @@ pub fn run_spmd(
     }
 }
 
+/// Panics unless the `conformance` SPMD program's output says every case passed on `ranks` MPI
+/// ranks: the summary line, every case reported `ok` by rank 0, none failed.
+pub fn assert_conformance_passed(stdout: &str, ranks: usize, what: &str) {
+    let expected = format!("conformance: all cases passed on {ranks} ranks (mpi)");
+    assert!(stdout.contains(&expected), "{what}: missing `{expected}` in:\n{stdout}");
+    for case in peregrine_transport::conformance::CASES {
+        assert!(
+            stdout.lines().any(|l| l.starts_with("ok") && l.contains(case.name)),
+            "{what}: case {} not reported:\n{stdout}",
+            case.name
+        );
+    }
+    assert!(!stdout.contains("FAIL"), "{what}:\n{stdout}");
+}
+
 /// Panics with the child's output unless it exited with status 0.
 pub fn assert_success(what: &str, out: &Output) {
     assert!(
