@@ -259,6 +259,8 @@ pub struct Components {
     /// 0: the user's choice, 1: the default `sm,pt2pt`, 2: `ucx` for RDMA, 3: `ucx` over TCP
     /// between nodes (compared across ranks).
     pub code: u64,
+    /// How many nodes the launcher said the job's ranks are on ([`job_nodes`]).
+    pub nodes: Option<u64>,
 }
 
 static COMPONENTS: OnceLock<Components> = OnceLock::new();
@@ -276,10 +278,12 @@ pub fn choose_components(
     devices: &[String],
     ucx: impl FnOnce() -> Result<Vec<String>, String>,
 ) -> Components {
+    let nodes = job_nodes(var);
+    let made = |osc: &str, set, reason, code| Components { osc: osc.to_owned(), set, reason, code, nodes };
     if let Some(osc) = var("OMPI_MCA_osc") {
-        return Components { osc, set: vec![], reason: "OMPI_MCA_osc set by the user".into(), code: 0 };
+        return made(&osc, vec![], "OMPI_MCA_osc set by the user".into(), 0);
     }
-    let ucx_components = |extra: &[(&'static str, &str)]| {
+    let ucx_set = |extra: &[(&'static str, &str)]| {
         let mut set = vec![("OMPI_MCA_osc", "ucx".to_owned())];
         if var("OMPI_MCA_pml").is_none() {
             set.push(("OMPI_MCA_pml", "ucx".to_owned()));
@@ -287,45 +291,32 @@ pub fn choose_components(
         }
         set
     };
-    let nodes = job_nodes(var);
-    let between_nodes = |why: String| {
-        match nodes {
-        Some(n) if n > 1 => Components {
-            osc: "ucx".into(),
+    // UCX's RDMA transports, or why there are none.
+    let rdma = if devices.is_empty() {
+        Err("no RDMA device on this host".to_owned())
+    } else {
+        let on = devices.join(",");
+        match ucx() {
+            Ok(t) if !t.is_empty() => Ok(t),
+            Ok(_) => Err(format!("RDMA devices {on} but no RDMA transport in `ucx_info -d`")),
+            Err(e) => Err(format!("RDMA devices {on} but {e}: set OMPI_MCA_osc=ucx to use them")),
+        }
+    };
+    match (rdma, nodes) {
+        (Ok(t), _) => {
+            made("ucx", ucx_set(&[]), format!("RDMA devices {}, UCX transports {}", devices.join(","), t.join(",")), 2)
+        }
+        (Err(why), Some(n)) if n > 1 => made(
+            "ucx",
             // OpenMPI 4.1 selects pml ucx only on InfiniBand devices unless told otherwise.
-            set: ucx_components(&[("OMPI_MCA_pml_ucx_tls", "any"), ("OMPI_MCA_pml_ucx_devices", "any")]),
-            reason: format!(
+            ucx_set(&[("OMPI_MCA_pml_ucx_tls", "any"), ("OMPI_MCA_pml_ucx_devices", "any")]),
+            format!(
                 "{why}; ranks on {n} nodes: UCX over TCP, since the pt2pt component refuses MPI_THREAD_MULTIPLE \
                  between nodes"
             ),
-            code: 3,
-        },
-        _ => Components {
-            osc: "sm,pt2pt".into(),
-            set: vec![("OMPI_MCA_osc", "sm,pt2pt".into())],
-            reason: why,
-            code: 1,
-        },
-    }
-    };
-    if devices.is_empty() {
-        return between_nodes("no RDMA device on this host".into());
-    }
-    match ucx() {
-        Ok(rdma) if !rdma.is_empty() => Components {
-            osc: "ucx".into(),
-            set: ucx_components(&[]),
-            reason: format!("RDMA devices {}, UCX transports {}", devices.join(","), rdma.join(",")),
-            code: 2,
-        },
-        Ok(_) => between_nodes(format!(
-            "RDMA devices {} but no RDMA transport in `ucx_info -d`",
-            devices.join(",")
-        )),
-        Err(e) => between_nodes(format!(
-            "RDMA devices {} but {e}: set OMPI_MCA_osc=ucx to use them",
-            devices.join(",")
-        )),
+            3,
+        ),
+        (Err(why), _) => made("sm,pt2pt", vec![("OMPI_MCA_osc", "sm,pt2pt".to_owned())], why, 1),
     }
 }
 
@@ -378,7 +369,7 @@ pub fn rdma_transports(ucx_info: &str) -> Vec<String> {
 /// Collective: every rank chose the same one-sided components (mixed components cannot talk).
 fn check_components_agree(t: &Transport) -> Result<(), AppError> {
     let Some(c) = COMPONENTS.get() else { return Ok(()) };
-    let nodes = job_nodes(&|k: &str| std::env::var(k).ok()).unwrap_or(1);
+    let nodes = c.nodes.unwrap_or(1);
     if c.code == 0 && c.osc.contains("pt2pt") && !c.osc.contains("ucx") && nodes > 1 && t.rank() == 0 {
         eprintln!(
             "peregrine: warning: OMPI_MCA_osc={} with ranks on {nodes} nodes: OpenMPI 4.1's pt2pt one-sided \

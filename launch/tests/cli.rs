@@ -7,6 +7,10 @@ use std::process::{Command, Output};
 #[path = "support/trace_check.rs"]
 mod trace_check;
 
+#[path = "support/models.rs"]
+mod models;
+use models::{model_distance, safetensors_f32};
+
 fn peregrine(args: &[&str]) -> Output {
     peregrine_in(Path::new("."), args)
 }
@@ -411,19 +415,7 @@ mod mpi {
         let d_tmp = super::scratch("train-mpi");
         let d = d_tmp.path();
         let data = super::train_data(d);
-        for scheme in [
-            "bsp",
-            "ssp:1",
-            "asp",
-            "dynsgd:2",
-            "backup:1",
-            "backup-dynamic",
-            "lb-bsp",
-            "speculative",
-            "flexrr:1",
-            "falcon",
-            "falcon:slack:1",
-        ] {
+        for scheme in peregrine_tests::SCHEMES {
             // A run directory of its own: one holding a finished run is refused.
             let run = d.join(format!("run-{}", scheme.replace(':', "")));
             let out = mpirun_n(
@@ -1537,47 +1529,6 @@ fn two_class_csv_converts_to_sparse_rows_for_logistic_regression() {
     assert!(stderr.contains("three.csv: 3 classes") && stderr.contains("needs two"), "{stderr}");
     let left: Vec<_> = std::fs::read_dir(d).expect("list").map(|e| e.expect("entry").file_name()).collect();
     assert!(!left.iter().any(|n| n.to_string_lossy().starts_with("three.pgd")), "{left:?}");
-}
-
-/// A safetensors file's f32 tensors, read by its documented layout (8-byte header length, JSON
-/// header with each tensor's dtype, shape and data offsets, then the data).
-fn safetensors_f32(path: &Path) -> std::collections::BTreeMap<String, Vec<f32>> {
-    let bytes = std::fs::read(path).expect("read model");
-    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
-    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).expect("json header");
-    let data = &bytes[8 + n..];
-    let mut out = std::collections::BTreeMap::new();
-    for (name, t) in header.as_object().expect("object") {
-        if name == "__metadata__" {
-            continue;
-        }
-        assert_eq!(t["dtype"], "F32", "{name}");
-        let off: Vec<usize> = t["data_offsets"]
-            .as_array()
-            .expect("offsets")
-            .iter()
-            .map(|v| v.as_u64().expect("u64") as usize)
-            .collect();
-        let v = data[off[0]..off[1]]
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        out.insert(name.clone(), v);
-    }
-    out
-}
-
-/// Largest difference between two model files' parameters, relative to each tensor's largest
-/// magnitude.
-fn model_distance(a: &Path, b: &Path) -> f32 {
-    let (a, b) = (safetensors_f32(a), safetensors_f32(b));
-    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>(), "different tensors");
-    a.iter()
-        .map(|(name, x)| {
-            let scale = x.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-            x.iter().zip(&b[name]).map(|(p, q)| (p - q).abs() / scale).fold(0f32, f32::max)
-        })
-        .fold(0f32, f32::max)
 }
 
 #[test]

@@ -9,6 +9,7 @@
 //! [`cluster`]: the same across nodes, on the multi-node cluster in network namespaces of
 //! `scripts/cluster-local.sh` (started by `scripts/test.sh` too).
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -20,6 +21,9 @@ fn exe() -> &'static str {
 mod slurm_jobs;
 use slurm_jobs::{plugin, read, text, Slurm};
 
+#[path = "support/models.rs"]
+mod models;
+
 /// The single-node cluster of the environment's `SLURM_CONF`.
 fn slurm() -> Slurm {
     Slurm::from_env()
@@ -28,6 +32,58 @@ fn slurm() -> Slurm {
 /// A fresh directory for one test (the jobs run as root, as the test does), removed when it ends.
 fn scratch(name: &str) -> tempfile::TempDir {
     tempfile::Builder::new().prefix(&format!("peregrine-slurm-{name}-")).tempdir().expect("scratch dir")
+}
+
+/// `peregrine data gen sparse <dir>/d.pgd` with `rows` rows of 300 features.
+fn gen_data(dir: &Path, rows: usize) -> PathBuf {
+    let data = dir.join("d.pgd");
+    let out = Command::new(exe())
+        .args(["data", "gen", "sparse", &data.to_string_lossy(), "--rows", &rows.to_string()])
+        .args(["--features", "300"])
+        .output()
+        .expect("data gen");
+    assert!(out.status.success(), "{}", text(&out));
+    data
+}
+
+/// Submits `peregrine slurm sbatch <options> -- train --model lr --data d.pgd --iterations
+/// <iterations> ...` from `dir` (`options` name the job `name`), sends it what Slurm sends before a time limit
+/// once rank 0 logged `warn_after` iterations, and waits for its requeue and completion. Checks
+/// that it saved, was requeued, resumed and ran every iteration; returns the job id and the log's
+/// resume line.
+fn train_warned_requeued_resumed(
+    slurm: &Slurm,
+    dir: &Path,
+    name: &str,
+    options: &[&str],
+    iterations: usize,
+    warn_after: usize,
+) -> (String, String) {
+    let iters = iterations.to_string();
+    let train = ["train", "--model", "lr", "--data", "d.pgd", "--iterations", &iters, "--batch", "512"];
+    let id = slurm.submit(dir, options, &[&train[..], &["--chunk", "64", "-q"]].concat());
+    let output = dir.join(format!("{name}-{id}.out"));
+    let metrics = dir.join(format!("runs/{name}-{id}/metrics/rank-0.jsonl"));
+    // Once it is well under way, send what Slurm sends before the time limit.
+    slurm.wait_for(
+        &id,
+        Duration::from_secs(120),
+        &format!("{warn_after} iterations"),
+        || read(&metrics).lines().count() >= warn_after,
+        || read(&output),
+    );
+    slurm.warn_requeue_and_complete(&id, &output, Duration::from_secs(300));
+    let log = read(&output);
+    assert!(log.contains("stopped on a signal; state saved in"), "{log}");
+    assert!(log.contains(&format!("requeueing job {id}")), "{log}");
+    let resumed = log
+        .lines()
+        .find(|l| l.starts_with("resuming from iteration"))
+        .unwrap_or_else(|| panic!("no resume:\n{log}"))
+        .to_owned();
+    let summary = read(&dir.join(format!("runs/{name}-{id}/summary.json")));
+    assert!(summary.contains(&format!("\"iterations\": {iterations}")), "{summary}\n{log}");
+    (id, resumed)
 }
 
 /// The options of the tests' batch jobs on one node.
@@ -152,48 +208,9 @@ fn a_training_job_warned_before_its_time_limit_checkpoints_requeues_and_resumes(
     let _node = REQUEUE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir_tmp = scratch("train-requeue");
     let dir = dir_tmp.path();
-    let data = dir.join("d.pgd");
-    let out = Command::new(exe())
-        .args(["data", "gen", "sparse", &data.to_string_lossy(), "--rows", "20000", "--features", "500"])
-        .output()
-        .expect("data gen");
-    assert!(out.status.success(), "{}", text(&out));
-    let args = [
-        "train",
-        "--model",
-        "lr",
-        "--data",
-        "d.pgd",
-        "--iterations",
-        "10000",
-        "--batch",
-        "512",
-        "--chunk",
-        "64",
-        "-q",
-    ];
-    let id = slurm.submit(dir, &ONE_NODE, &args);
-    let output = dir.join(format!("ptest-{id}.out"));
-    let metrics = dir.join(format!("runs/ptest-{id}/metrics/rank-0.jsonl"));
-    // Once it is well under way, send what Slurm sends before the time limit.
-    slurm.wait_for(
-        &id,
-        Duration::from_secs(120),
-        "200 iterations",
-        || read(&metrics).lines().count() >= 200,
-        || read(&output),
-    );
-    slurm.warn_requeue_and_complete(&id, &output, Duration::from_secs(300));
-    let log = read(&output);
-    assert!(log.contains("stopped on a signal; state saved in"), "{log}");
-    assert!(log.contains(&format!("requeueing job {id}")), "{log}");
-    let resumed = log
-        .lines()
-        .find(|l| l.starts_with("resuming from iteration"))
-        .unwrap_or_else(|| panic!("no resume:\n{log}"));
+    gen_data(dir, 20000);
+    let (id, resumed) = train_warned_requeued_resumed(&slurm, dir, "ptest", &ONE_NODE, 10000, 200);
     assert!(resumed.contains(&format!("runs/ptest-{id}/checkpoint.safetensors")), "{resumed}");
-    let summary = read(&dir.join(format!("runs/ptest-{id}/summary.json")));
-    assert!(summary.contains("\"iterations\": 10000"), "{summary}\n{log}");
 }
 
 #[test]
@@ -203,11 +220,7 @@ fn a_task_killed_under_srun_ends_the_step_and_the_rerun_resumes() {
     let dir_tmp = scratch("srun-kill");
     let dir = dir_tmp.path();
     let s = |name: &str| dir.join(name).to_string_lossy().into_owned();
-    let out = Command::new(exe())
-        .args(["data", "gen", "sparse", &s("d.pgd"), "--rows", "20000", "--features", "500"])
-        .output()
-        .expect("data gen");
-    assert!(out.status.success(), "{}", text(&out));
+    gen_data(dir, 20000);
     let mpi = format!("--mpi={}", plugin());
     let run = s("killed");
     let srun = |out: bool| {
@@ -266,7 +279,7 @@ fn a_task_killed_under_srun_ends_the_step_and_the_rerun_resumes() {
 /// nodes. One job at a time: the machine has 2 cores, and UCX polls.
 mod cluster {
     use super::{exe, plugin, read, text, Slurm};
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
     use std::time::Duration;
 
     /// One job at a time, also with the single-node cluster's long jobs: two training jobs polling
@@ -288,16 +301,6 @@ mod cluster {
         let mut c = slurm.cmd("srun");
         c.arg(format!("--mpi={}", plugin())).args(args);
         c
-    }
-
-    fn gen_data(dir: &Path) -> PathBuf {
-        let data = dir.join("d.pgd");
-        let out = std::process::Command::new(exe())
-            .args(["data", "gen", "sparse", &data.to_string_lossy(), "--rows", "8000", "--features", "300"])
-            .output()
-            .expect("data gen");
-        assert!(out.status.success(), "{}", text(&out));
-        data
     }
 
     /// The hosts of meta.json's ranks, in rank order.
@@ -327,7 +330,7 @@ mod cluster {
         let (slurm, _one) = cluster();
         let d_tmp = scratch("bsp");
         let d = d_tmp.path();
-        let data = gen_data(d).to_string_lossy().into_owned();
+        let data = super::gen_data(d, 8000).to_string_lossy().into_owned();
         let train = ["train", "--model", "lr", "--data", &data, "--iterations", "150", "--batch", "512"];
         let run = |name: &str| d.join(name).to_string_lossy().into_owned();
         let (nodes, local) = (run("nodes"), run("local"));
@@ -347,30 +350,11 @@ mod cluster {
             .output()
             .expect("peregrine");
         assert!(out.status.success(), "{}", text(&out));
-        let model = |run: &str| -> Vec<f32> {
-            let bytes = std::fs::read(Path::new(run).join("model.safetensors")).expect("model.safetensors");
-            let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
-            let mut names: Vec<String> = st.names().into_iter().map(str::to_owned).collect();
-            names.sort();
-            names
-                .iter()
-                .flat_map(|n| {
-                    let t = st.tensor(n).expect("tensor");
-                    t.data()
-                        .chunks_exact(4)
-                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                        .collect::<Vec<f32>>()
-                })
-                .collect()
-        };
-        let (a, b) = (model(&nodes), model(&local));
-        let diff: f64 = a.iter().zip(&b).map(|(x, y)| f64::from(x - y).powi(2)).sum::<f64>().sqrt();
-        let norm: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum::<f64>().sqrt();
-        assert_eq!(a.len(), b.len());
-        assert!(
-            diff <= peregrine_tests::training::BSP_TOLERANCE * norm.max(1.0),
-            "{diff:e} apart (norm {norm})"
+        let dist = super::models::model_distance(
+            &Path::new(&nodes).join("model.safetensors"),
+            &Path::new(&local).join("model.safetensors"),
         );
+        assert!(f64::from(dist) <= peregrine_tests::training::BSP_TOLERANCE, "{dist:e} apart");
         let meta = read(&Path::new(&nodes).join("meta.json"));
         let mut h = hosts(&meta);
         h.sort();
@@ -418,7 +402,7 @@ mod cluster {
         let (slurm, _one) = cluster();
         let d_tmp = scratch("het");
         let d = d_tmp.path();
-        gen_data(d);
+        super::gen_data(d, 8000);
         let options =
             ["--constraint", "type-a", "--het", "1:2:1::type-b", "--time", "5", "--job-name", "het"];
         let train = ["train", "--model", "lr", "--data", "d.pgd", "--iterations", "150", "--batch", "512"];
@@ -451,26 +435,9 @@ mod cluster {
         let (slurm, _one) = cluster();
         let d_tmp = scratch("requeue");
         let d = d_tmp.path();
-        gen_data(d);
-        let options = ["--nodes", "2", "--ntasks-per-node", "1", "--time", "5", "--job-name", "pq"];
-        let train = ["train", "--model", "lr", "--data", "d.pgd", "--iterations", "1500", "--batch", "512"];
-        let id = slurm.submit(d, &options, &[&train[..], &["--chunk", "64", "-q"]].concat());
-        let output = d.join(format!("pq-{id}.out"));
-        let metrics = d.join(format!("runs/pq-{id}/metrics/rank-0.jsonl"));
-        slurm.wait_for(
-            &id,
-            Duration::from_secs(120),
-            "100 iterations",
-            || read(&metrics).lines().count() >= 100,
-            || read(&output),
-        );
-        slurm.warn_requeue_and_complete(&id, &output, Duration::from_secs(300));
-        let log = read(&output);
-        assert!(log.contains("stopped on a signal; state saved in"), "{log}");
-        assert!(log.contains(&format!("requeueing job {id}")), "{log}");
-        assert!(log.lines().any(|l| l.starts_with("resuming from iteration")), "no resume:\n{log}");
-        let summary = read(&d.join(format!("runs/pq-{id}/summary.json")));
-        assert!(summary.contains("\"iterations\": 1500"), "{summary}\n{log}");
+        super::gen_data(d, 8000);
+        let two_nodes = ["--nodes", "2", "--ntasks-per-node", "1", "--time", "5", "--job-name", "pq"];
+        let (id, _) = super::train_warned_requeued_resumed(&slurm, d, "pq", &two_nodes, 1500, 100);
         let mut h = hosts(&read(&d.join(format!("runs/pq-{id}/meta.json"))));
         h.sort();
         h.dedup();
