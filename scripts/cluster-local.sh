@@ -125,7 +125,7 @@ in_ns() {
 
 start() {
     [ "$(id -u)" -eq 0 ] || { echo "$0: needs root (network namespaces)" >&2; return 1; }
-    if [ "$nodes" -lt 2 ] || [ "$nodes" -gt 9 ]; then
+    if ! [[ "$nodes" =~ ^[2-9]$ ]]; then
         echo "$0: PEREGRINE_CLUSTER_NODES=$nodes: between 2 and 9 nodes" >&2
         return 1
     fi
