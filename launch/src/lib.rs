@@ -102,6 +102,23 @@ enum BenchCommand {
     /// OSU-style one-sided latency (8 B) and bandwidth (8 B..4 MiB) of get, put, accumulate and
     /// fetch_add, rank 0 -> rank 1; under MPI, next to raw MPI measured in the same run.
     Rma(RmaArgs),
+    /// LB-BSP's speed predictors (ARX, moving average, NARX) on synthetic speed traces with and
+    /// without structure: mean relative prediction error per trace and the cost of an
+    /// observation. One process, no ranks.
+    Predictors(PredictorArgs),
+}
+
+#[derive(Debug, Args)]
+struct PredictorArgs {
+    /// Iterations per trace.
+    #[arg(long, default_value_t = 600, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(50..=1_000_000))]
+    len: usize,
+    /// Seeds of the traces (comma-separated); each trace's error is the mean over them.
+    #[arg(long, default_value = "2,3,4", value_delimiter = ',', value_name = "S,...", num_args = 1..)]
+    seeds: Vec<u64>,
+    /// First iterations of each trace not counted (warm-up).
+    #[arg(long, default_value_t = 30, value_name = "N")]
+    skip: usize,
 }
 
 #[derive(Debug, Args)]
@@ -181,6 +198,10 @@ pub fn main() -> ExitCode {
         Command::Report(a) => report_cmd::run(&a),
         Command::Conformance(a) => conformance_cmd(&a),
         Command::Bench(BenchCommand::Rma(a)) => rma_cmd(&a),
+        Command::Bench(BenchCommand::Predictors(a)) => {
+            predictors_cmd(&a);
+            Ok(())
+        }
         Command::Slurm(c) => slurm_cmd::run(c),
         Command::Data(c) => data_cmd::run(c),
     };
@@ -292,6 +313,49 @@ fn conformance_rank(
         println!("{}", conformance::summary_line(t));
     }
     Ok(())
+}
+
+/// Prints the predictors' table: one row per trace, the mean relative error of each predictor
+/// over the seeds, the best in bold; then microseconds per observation.
+fn predictors_cmd(a: &PredictorArgs) {
+    use peregrine_core::scheme::lbbsp::Predictor;
+    use peregrine_core::scheme::traces;
+    let skip = a.skip.min(a.len - 1);
+    println!(
+        "# peregrine bench predictors: {} iterations per trace, seeds {:?}, first {skip} not counted; \
+         mean |predicted - speed| / speed",
+        a.len, a.seeds
+    );
+    let names: Vec<String> = Predictor::ALL.iter().map(|p| format!("lb-bsp:{p}")).collect();
+    println!("| trace | {} |", names.join(" | "));
+    println!("|---|{}", "---:|".repeat(names.len()));
+    let mut cost = [std::time::Duration::ZERO; 3];
+    for name in traces::NAMES {
+        let mut err = [0.0; 3];
+        for &seed in &a.seeds {
+            let t = traces::trace(name, a.len, seed);
+            for (k, &p) in Predictor::ALL.iter().enumerate() {
+                let t0 = std::time::Instant::now();
+                err[k] += traces::error(p, &t, skip) / a.seeds.len() as f64;
+                cost[k] += t0.elapsed();
+            }
+        }
+        let best = err.iter().copied().fold(f64::INFINITY, f64::min);
+        let cells: Vec<String> =
+            err.iter()
+                .map(|&e| {
+                    if e == best {
+                        format!("**{:.2} %**", 100.0 * e)
+                    } else {
+                        format!("{:.2} %", 100.0 * e)
+                    }
+                })
+                .collect();
+        println!("| {name} | {} |", cells.join(" | "));
+    }
+    let per = (traces::NAMES.len() * a.seeds.len() * a.len) as f64;
+    let us: Vec<String> = cost.iter().map(|c| format!("{:.1}", c.as_secs_f64() * 1e6 / per)).collect();
+    println!("| us per observation | {} |", us.join(" | "));
 }
 
 fn rma_cmd(a: &RmaArgs) -> Result<(), AppError> {

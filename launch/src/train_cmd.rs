@@ -121,8 +121,8 @@ pub struct TrainArgs {
     /// Synchronization: bsp, asp, ssp[:<staleness>] (staleness 3 if not given),
     /// dynsgd[:<staleness>] (SSP, or ASP without a bound, with updates scaled by 1 / (1 +
     /// staleness)), backup:<b> (each iteration applies the first N - b updates), backup-dynamic
-    /// (b chosen per iteration from compute times), lb-bsp[:arx|:ma] (batch shares by predicted
-    /// speed), speculative (BSP with copies of slow ranks' running chunks, the first result
+    /// (b chosen per iteration from compute times), lb-bsp[:arx|:ma|:narx] (batch shares by
+    /// predicted speed: ARX, moving average or NARX network), speculative (BSP with copies of slow ranks' running chunks, the first result
     /// applied), flexrr[:<staleness>] (SSP, staleness 3 if not given, with rapid reassignment in
     /// helper groups), falcon (EPSP, enforced: BSP with straggler projection, task transfer and
     /// elastic threads), falcon:slack[:<staleness>] (EPSP over SSP, staleness 2 if not given)

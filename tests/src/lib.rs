@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 
 /// Every synchronization scheme, each with a parameter that runs on 2 ranks: what the tests run
 /// "under every scheme".
-pub const SCHEMES: [&str; 11] = [
+pub const SCHEMES: [&str; 12] = [
     "bsp",
     "ssp:2",
     "asp",
@@ -15,6 +15,7 @@ pub const SCHEMES: [&str; 11] = [
     "backup:1",
     "backup-dynamic",
     "lb-bsp",
+    "lb-bsp:narx",
     "speculative",
     "flexrr:2",
     "falcon",

@@ -453,4 +453,5 @@ fn check_lb_bsp(name: &str) {
 fn lb_bsp_sizes_batches_by_predicted_speed() {
     check_lb_bsp("lb-bsp:arx");
     check_lb_bsp("lb-bsp:ma");
+    check_lb_bsp("lb-bsp:narx");
 }

@@ -9,9 +9,13 @@
 //!   `s(t+1) = a0 + a1 s(t) + a2 s(t-1) + b1 cpu(t) + b2 mem(t)`, fitted online by recursive least
 //!   squares with forgetting (0.95), inputs: the node's CPU load (1-minute load average per CPU)
 //!   and memory load (1 - available/total);
-//! - **moving average** of the last 5 speeds.
+//! - **moving average** of the last 5 speeds;
+//! - **NARX** (`lb-bsp:narx`, [`super::narx`]), the paper's choice: a small tanh network over
+//!   the last 8 speeds, the level of the speed and the same two loads, trained online on the
+//!   rank's last 64 observations.
 //!
-//! Until a rank has 4 observations the ARX predictor returns the last speed.
+//! Until a rank has 4 observations the ARX predictor returns the last speed. `peregrine bench
+//! predictors` compares the three on speed traces with and without structure ([`super::traces`]).
 //!
 //! LB-BSP synchronizes as BSP and never takes chunks over (resizing the shares is its answer to
 //! stragglers). The predictions live in a window, two words per rank (one per iteration parity).
@@ -20,21 +24,23 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use peregrine_transport::{ShardMap, Window};
 
+use super::narx::Narx;
 use super::staleness::Bound;
 use super::{Family, Kind, Parsed, Policy, Result, Setup, View};
 use crate::engine::{IterRecord, RankTotals};
 use crate::plan::Plan;
 
-pub(crate) const FAMILY: Family = Family { forms: "lb-bsp[:arx|:ma]", parse };
+pub(crate) const FAMILY: Family = Family { forms: "lb-bsp[:arx|:ma|:narx]", parse };
 
 fn parse(s: &str) -> Option<Parsed> {
     let p = match s {
         "lb-bsp" | "lb-bsp:arx" => Predictor::Arx,
         "lb-bsp:ma" => Predictor::MovingAverage,
+        "lb-bsp:narx" => Predictor::Narx,
         _ => return None,
     };
     Some(Ok(Arc::new(LbBsp { predictor: p })))
@@ -66,6 +72,7 @@ impl Kind for LbBsp {
             error: 0.0,
             predictions: 0,
             speeds: Vec::with_capacity(t.world_size()),
+            budget: (!setup.simulated && self.predictor == Predictor::Narx).then(TrainBudget::default),
         }))
     }
 }
@@ -84,6 +91,49 @@ struct Balanced {
     error: f64,
     predictions: u64,
     speeds: Vec<f64>,
+    /// NARX's training time (none in a simulated world: it trains every step there).
+    budget: Option<TrainBudget>,
+}
+
+/// Share of a rank's wall-clock time that NARX's training may take.
+const TRAIN_SHARE: f64 = 0.05;
+
+/// NARX's training time in a run: [`TRAIN_SHARE`] of the time between observations, spent in
+/// whole steps (up to [`super::narx::STEPS`] per observation). A step over 256 pairs costs about
+/// 50 us; with iterations of a millisecond, training every step would take a fifth of the run.
+#[derive(Debug, Default)]
+struct TrainBudget {
+    /// Time earned and not spent.
+    left: Duration,
+    /// When the last observation ended.
+    last: Option<Instant>,
+    /// Measured cost of a step (0: not measured yet).
+    step: Duration,
+}
+
+impl TrainBudget {
+    /// Steps affordable now, the time since the last observation earned.
+    fn steps(&mut self, now: Instant) -> usize {
+        if let Some(last) = self.last {
+            self.left += now.saturating_duration_since(last).mul_f64(TRAIN_SHARE);
+        }
+        let max = super::narx::STEPS;
+        if self.step.is_zero() {
+            return max;
+        }
+        // Unspent time is kept for at most one observation's full training.
+        self.left = self.left.min(self.step * max as u32);
+        ((self.left.as_secs_f64() / self.step.as_secs_f64()) as usize).min(max)
+    }
+
+    /// `steps` took `spent`.
+    fn spent(&mut self, steps: usize, spent: Duration) {
+        self.left = self.left.saturating_sub(spent);
+        if steps > 0 {
+            self.step = spent / steps as u32;
+        }
+        self.last = Some(Instant::now());
+    }
 }
 
 /// Rows per second of a thread's time in chunks, times the threads (0 when the rank computed no
@@ -145,7 +195,16 @@ impl Policy for Balanced {
                 self.error += (self.last - speed).abs() / speed;
                 self.predictions += 1;
             }
-            self.last = self.history.observe(speed, cpu, mem);
+            self.last = match self.budget.as_mut() {
+                Some(b) => {
+                    let now = Instant::now();
+                    let steps = b.steps(now);
+                    let p = self.history.observe_with(speed, cpu, mem, steps);
+                    b.spent(steps, now.elapsed());
+                    p
+                }
+                None => self.history.observe(speed, cpu, mem),
+            };
         }
         rec.predicted = self.last;
         // Slot (t + 1) mod 2: a rank still starting t reads slot t mod 2, and nobody can write
@@ -175,6 +234,14 @@ pub enum Predictor {
     Arx,
     /// Mean of the last 5 speeds.
     MovingAverage,
+    /// A nonlinear autoregressive network with the loads as exogenous inputs, trained online
+    /// ([`Narx`]).
+    Narx,
+}
+
+impl Predictor {
+    /// Every predictor, in the order tables list them.
+    pub const ALL: [Predictor; 3] = [Predictor::Arx, Predictor::MovingAverage, Predictor::Narx];
 }
 
 impl fmt::Display for Predictor {
@@ -182,6 +249,7 @@ impl fmt::Display for Predictor {
         f.write_str(match self {
             Self::Arx => "arx",
             Self::MovingAverage => "ma",
+            Self::Narx => "narx",
         })
     }
 }
@@ -210,6 +278,8 @@ pub struct History {
     theta: [f64; FEATURES],
     p: [[f64; FEATURES]; FEATURES],
     observed: usize,
+    /// The network (NARX only).
+    narx: Option<Box<Narx>>,
 }
 
 impl History {
@@ -222,12 +292,18 @@ impl History {
         // Start from "the next speed is the last one".
         let mut theta = [0.0; FEATURES];
         theta[1] = 1.0;
-        Self { predictor, speeds: VecDeque::new(), scale: 0.0, last_x: None, theta, p, observed: 0 }
+        let narx = (predictor == Predictor::Narx).then(|| Box::new(Narx::new()));
+        Self { predictor, speeds: VecDeque::new(), scale: 0.0, last_x: None, theta, p, observed: 0, narx }
     }
 
     /// Records the speed of the iteration just done (with the loads seen during it) and returns
     /// the prediction for the next one (positive).
     pub fn observe(&mut self, speed: f64, cpu: f64, mem: f64) -> f64 {
+        self.observe_with(speed, cpu, mem, super::narx::STEPS)
+    }
+
+    /// [`History::observe`] with at most `steps` training steps of the NARX network.
+    pub fn observe_with(&mut self, speed: f64, cpu: f64, mem: f64, steps: usize) -> f64 {
         let speed = speed.max(1e-9);
         if self.scale == 0.0 {
             self.scale = speed;
@@ -245,6 +321,11 @@ impl History {
         let x = [1.0, s, prev, cpu, mem];
         self.last_x = Some(x);
         let predicted = match self.predictor {
+            Predictor::Narx => {
+                let net = self.narx.get_or_insert_with(|| Box::new(Narx::new()));
+                let y = net.observe_with(speed, cpu, mem, steps) / self.scale;
+                y.clamp(s / MAX_JUMP, MAX_JUMP * s)
+            }
             Predictor::MovingAverage => self.speeds.iter().sum::<f64>() / self.speeds.len() as f64,
             Predictor::Arx if self.observed < 4 => s,
             Predictor::Arx => {
@@ -257,20 +338,38 @@ impl History {
     }
 
     /// The history as numbers: scale, observations, the last features (a flag, then
-    /// `FEATURES` values), theta, P row by row, then the speeds in the window.
+    /// `FEATURES` values), theta, P row by row, the speeds in the window (as many as
+    /// observations, up to 5), then the network's numbers (NARX only, [`Narx::to_vec`]).
     pub fn to_vec(&self) -> Vec<f64> {
         let mut v = vec![self.scale, self.observed as f64, f64::from(u8::from(self.last_x.is_some()))];
         v.extend(self.last_x.unwrap_or_default());
         v.extend(self.theta);
         v.extend(self.p.iter().flatten());
         v.extend(&self.speeds);
+        if let Some(net) = &self.narx {
+            v.extend(net.to_vec());
+        }
         v
     }
 
     /// A history of `predictor` from [`History::to_vec`]'s numbers (`None` if they do not fit).
     pub fn from_vec(predictor: Predictor, v: &[f64]) -> Option<Self> {
         let fixed = 3 + FEATURES + FEATURES + FEATURES * FEATURES;
-        if v.len() < fixed || v.len() > fixed + WINDOW || v.iter().any(|x| !x.is_finite()) {
+        if v.len() < fixed || v[..fixed].iter().any(|x| !x.is_finite()) || v[1] < 0.0 || v[1].fract() != 0.0 {
+            return None;
+        }
+        let in_window = (v[1] as usize).min(WINDOW);
+        let speeds = v.get(fixed..fixed + in_window)?;
+        let rest = &v[fixed + in_window..];
+        let narx = match predictor {
+            Predictor::Narx => match Narx::from_vec(rest)? {
+                (net, used) if used == rest.len() => Some(Box::new(net)),
+                _ => return None,
+            },
+            _ if rest.is_empty() => None,
+            _ => return None,
+        };
+        if speeds.iter().any(|x| !x.is_finite()) {
             return None;
         }
         let arr = |at: usize| -> [f64; FEATURES] { std::array::from_fn(|i| v[at + i]) };
@@ -285,7 +384,8 @@ impl History {
             last_x: (v[2] != 0.0).then(|| arr(3)),
             theta: arr(3 + FEATURES),
             p,
-            speeds: v[fixed..].iter().copied().collect(),
+            speeds: speeds.iter().copied().collect(),
+            narx,
         })
     }
 
@@ -445,6 +545,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn narx_trains_within_its_share_of_the_time() {
+        let mut b = TrainBudget::default();
+        let t0 = Instant::now();
+        assert_eq!(b.steps(t0), super::super::narx::STEPS, "cost unknown: a full observation");
+        b.step = Duration::from_micros(50);
+        b.left = Duration::ZERO;
+        b.last = Some(t0);
+        // 1 ms later, 5 % of it: one 50 us step.
+        assert_eq!(b.steps(t0 + Duration::from_millis(1)), 1);
+        b.spent(1, Duration::from_micros(50));
+        assert!(b.left < Duration::from_micros(5), "{:?}", b.left);
+        // 100 ms later: capped at a full observation's steps, and so is what is kept.
+        b.last = Some(t0);
+        assert_eq!(b.steps(t0 + Duration::from_millis(100)), 4);
+        assert_eq!(b.left, Duration::from_micros(200));
+    }
+
+    #[test]
     fn measured_speed_counts_every_thread() {
         // 600 rows by 2 threads that were busy 0.3 s together: each thread did 300 rows in
         // 0.15 s of its own time, 2000 rows per second each, 4000 together.
@@ -467,7 +585,7 @@ mod tests {
 
     #[test]
     fn a_history_saved_and_restored_predicts_as_the_original_goes_on() {
-        for predictor in [Predictor::Arx, Predictor::MovingAverage] {
+        for predictor in Predictor::ALL {
             let mut a = History::new(predictor);
             for k in 0..9 {
                 a.observe(100.0 + 10.0 * f64::from(k % 3), 0.1 * f64::from(k), 0.5);

@@ -32,8 +32,10 @@ mod dynsgd;
 mod falcon;
 mod flexrr;
 pub mod lbbsp;
+pub mod narx;
 mod speculative;
 mod staleness;
+pub mod traces;
 
 /// Failures of window operations inside a policy.
 pub(crate) type Result<T> = std::result::Result<T, peregrine_transport::Error>;
@@ -634,6 +636,7 @@ mod tests {
             ("lb-bsp", "lb-bsp"),
             ("lb-bsp:arx", "lb-bsp"),
             ("lb-bsp:ma", "lb-bsp:ma"),
+            ("lb-bsp:narx", "lb-bsp:narx"),
         ] {
             let got: Scheme = given.parse().unwrap_or_else(|e| panic!("{given}: {e}"));
             assert_eq!(got.to_string(), canonical, "{given}");
@@ -651,7 +654,7 @@ mod tests {
             let e = bad.parse::<Scheme>().expect_err(bad).to_string();
             assert!(e.contains(bad) && e.contains("must be"), "{bad}: {e}");
         }
-        for unknown in ["bulk", "speculative:3", "falcon:lazy", "lb-bsp:narx", "backup"] {
+        for unknown in ["bulk", "speculative:3", "falcon:lazy", "lb-bsp:nar", "backup"] {
             let e = unknown.parse::<Scheme>().expect_err(unknown).to_string();
             assert!(e.contains("unknown scheme") || e.contains("must be"), "{unknown}: {e}");
         }

@@ -298,6 +298,7 @@ mod tests {
             "backup-dynamic",
             "lb-bsp",
             "lb-bsp:ma",
+            "lb-bsp:narx",
             "speculative",
             "flexrr:2",
             "falcon",
