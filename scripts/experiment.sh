@@ -2,6 +2,7 @@
 # The straggler experiment: prepares its data and runs `peregrine experiment`.
 #   scripts/experiment.sh small        generated data, every scheme and pattern (what CI runs)
 #   scripts/experiment.sh full         Adult, MovieLens-100k, Fashion-MNIST (a benchmark)
+#   scripts/experiment.sh predictors   LB-BSP's predictors under speed traces (Fashion-MNIST MLP)
 # Extra arguments go to `peregrine experiment` (e.g. --out DIR, --no-plots).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,20 +21,22 @@ small)
     [ -f "$d/ratings.pgd" ] || "$P" data gen ratings "$d/ratings.pgd" --ratings 40000 --users 400 --items 300 --rank 4
     [ -f "$d/dense.pgd" ] || "$P" data gen dense "$d/dense.pgd" --rows 8000 --features 64 --classes 4 --noise 0.3
     ;;
-full)
+full | predictors)
     ensure_packages dataset-fashion-mnist
-    fetch_movielens
     fm=${PEREGRINE_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
-    [ -f "$d/adult.pgd" ] || "$P" data convert libsvm tests/data/adult.libsvm.gz "$d/adult.pgd"
     [ -f "$d/fmnist-train.pgd" ] || "$P" data convert idx --images "$fm/train-images-idx3-ubyte.gz" \
         --labels "$fm/train-labels-idx1-ubyte.gz" "$d/fmnist-train.pgd"
-    if [ ! -f "$d/ml100k-train.pgd" ]; then
-        "$P" data convert ratings "$PEREGRINE_ML100K" "$d/ml100k.pgd"
-        "$P" data split "$d/ml100k.pgd" --train "$d/ml100k-train.pgd" --test "$d/ml100k-test.pgd"
+    if [ "$size" = full ]; then
+        fetch_movielens
+        [ -f "$d/adult.pgd" ] || "$P" data convert libsvm tests/data/adult.libsvm.gz "$d/adult.pgd"
+        if [ ! -f "$d/ml100k-train.pgd" ]; then
+            "$P" data convert ratings "$PEREGRINE_ML100K" "$d/ml100k.pgd"
+            "$P" data split "$d/ml100k.pgd" --train "$d/ml100k-train.pgd" --test "$d/ml100k-test.pgd"
+        fi
     fi
     ;;
 *)
-    echo "usage: scripts/experiment.sh small|full [peregrine experiment flags]" >&2
+    echo "usage: scripts/experiment.sh small|full|predictors [peregrine experiment flags]" >&2
     exit 2
     ;;
 esac

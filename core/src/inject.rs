@@ -16,6 +16,7 @@
 //! | power law | `power-law:alpha=4` | each rank's per-iteration delay factor `x - 1`, `x` Pareto with density `~ x^-alpha`, `x >= 1` (the study used 4, 7, 11) |
 //! | persistent | `persistent:rank=0/2,speed=0.5` or `persistent:rank=0,threads=1` | chosen ranks permanently run at `speed` of their speed, or with fewer threads |
 //! | heterogeneous | `heterogeneous:speed=1/0.5/0.75,threads=2/1` | per-rank speeds and thread counts (a mix of node types; lists cycle over the ranks) |
+//! | speed trace | `trace:name=periodic,rank=0` | chosen ranks run at the speed of a synthetic trace ([`crate::scheme::traces`]: `noise`, `periodic`, `trend`, `load`, `mix`) iteration by iteration, full speed being the trace's 1000 (faster iterations of the trace run at full speed) |
 
 use std::fmt;
 use std::str::FromStr;
@@ -68,7 +69,17 @@ pub enum Pattern {
         /// Thread counts (empty: unchanged).
         threads: Vec<usize>,
     },
+    /// Chosen ranks at the speed of a synthetic trace, iteration by iteration.
+    Trace {
+        /// The trace (one of [`crate::scheme::traces::NAMES`]).
+        name: &'static str,
+        /// The ranks.
+        ranks: Vec<usize>,
+    },
 }
+
+/// Iterations over which a trace's mean speed is taken for [`Pattern::capacity`].
+const TRACE_CAPACITY_ITERATIONS: u64 = 1200;
 
 /// An injection: a pattern and its seed.
 #[derive(Clone, Debug, PartialEq)]
@@ -128,6 +139,13 @@ impl Pattern {
                     let s = speeds.get(r % speeds.len().max(1)).copied().unwrap_or(1.0);
                     s * if t.is_empty() { 1.0 } else { cores(t[r % t.len()]) }
                 }
+                Self::Trace { name, ranks } if ranks.contains(&r) => {
+                    (0..TRACE_CAPACITY_ITERATIONS)
+                        .map(|it| 1.0 / (1.0 + trace_delay(name, 1, it)))
+                        .sum::<f64>()
+                        / TRACE_CAPACITY_ITERATIONS as f64
+                }
+                Self::Trace { .. } => 1.0,
             }
         };
         (0..world).map(per_rank).sum::<f64>() / world as f64
@@ -169,6 +187,8 @@ impl Injection {
             Pattern::Heterogeneous { speeds, .. } => {
                 speeds.get(rank % speeds.len().max(1)).map_or(0.0, |s| 1.0 / s - 1.0)
             }
+            Pattern::Trace { name, ranks } if ranks.contains(&rank) => trace_delay(name, self.seed, it),
+            Pattern::Trace { .. } => 0.0,
         }
     }
 
@@ -226,6 +246,12 @@ impl Injection {
             .ok()?;
         Some(Disruptor { stop, active, handle: Some(handle), busy })
     }
+}
+
+/// The delay factor of iteration `it` of trace `name`: `1000 / speed - 1`, none where the trace
+/// runs faster than 1000.
+fn trace_delay(name: &str, seed: u64, it: u64) -> f64 {
+    (1000.0 / crate::scheme::traces::speed(name, seed, it).0 - 1.0).max(0.0)
 }
 
 /// Runs `n` threads spinning until `until` (or `stop`), each pinned to one of `cpus` in turn.
@@ -304,6 +330,7 @@ impl fmt::Display for Pattern {
                     write!(f, ",threads={}", list(threads))
                 }
             }
+            Self::Trace { name, ranks } => write!(f, "trace:name={name},rank={}", list(ranks)),
         }
     }
 }
@@ -333,10 +360,11 @@ impl FromStr for Pattern {
             "power-law" => &["alpha"],
             "persistent" => &["rank", "speed", "threads"],
             "heterogeneous" => &["speed", "threads"],
+            "trace" => &["name", "rank"],
             _ => {
                 return Err(PatternError(format!(
                     "unknown straggler pattern `{name}`: expected ideal, slow-worker, disrupted, power-law, \
-                     persistent or heterogeneous"
+                     persistent, heterogeneous or trace"
                 )))
             }
         };
@@ -393,8 +421,32 @@ impl FromStr for Pattern {
                 Err(PatternError(format!("straggler pattern `{name}`: speed {v} must be in (0, 1]")))
             }
         };
+        let ranks = || -> Result<Vec<usize>, PatternError> {
+            let ranks =
+                list("rank")?.into_iter().map(|r| count(r, "ranks")).collect::<Result<Vec<_>, _>>()?;
+            if ranks.is_empty() {
+                return Err(PatternError(format!("straggler pattern `{name}` needs rank=R[/R...]")));
+            }
+            Ok(ranks)
+        };
         Ok(match name {
             "ideal" | "none" => Self::Ideal,
+            "trace" => {
+                let names = crate::scheme::traces::NAMES;
+                let trace = get("name").ok_or_else(|| {
+                    PatternError(format!(
+                        "straggler pattern `{name}` needs name=... (one of {})",
+                        names.join(", ")
+                    ))
+                })?;
+                let Some(&trace) = names.iter().find(|n| **n == trace) else {
+                    return Err(PatternError(format!(
+                        "straggler pattern `{name}`: unknown trace `{trace}` (traces: {})",
+                        names.join(", ")
+                    )));
+                };
+                Self::Trace { name: trace, ranks: ranks()? }
+            }
             "slow-worker" => {
                 Self::SlowWorker { p: prob(num("p", None)?)?, max: num("max", Some(2.0))?.max(0.0) }
             }
@@ -422,11 +474,7 @@ impl FromStr for Pattern {
                 Self::PowerLaw { alpha }
             }
             "persistent" => {
-                let ranks =
-                    list("rank")?.into_iter().map(|r| count(r, "ranks")).collect::<Result<Vec<_>, _>>()?;
-                if ranks.is_empty() {
-                    return Err(PatternError(format!("straggler pattern `{name}` needs rank=R[/R...]")));
-                }
+                let ranks = ranks()?;
                 let threads = get("threads")
                     .map(|_| num("threads", None).and_then(|t| count(t, "threads")))
                     .transpose()?;
@@ -477,6 +525,7 @@ mod tests {
             "persistent:rank=0/2,speed=0.5",
             "persistent:rank=1,speed=1,threads=1",
             "heterogeneous:speed=1/0.5/0.75,threads=2/1",
+            "trace:name=periodic,rank=0/3",
         ] {
             let p: Pattern = s.parse().expect(s);
             assert_eq!(p.to_string(), s);
@@ -496,6 +545,9 @@ mod tests {
             ("persistent:rank=0,speed=0", "must be in (0, 1]"),
             ("persistent:rank=0.5,speed=0.5", "whole numbers"),
             ("heterogeneous:speed=1/x", "`x` is not a number"),
+            ("trace:rank=0", "needs name=... (one of noise, periodic, trend, load, mix)"),
+            ("trace:name=saw,rank=0", "unknown trace `saw`"),
+            ("trace:name=trend", "needs rank=R"),
             ("disrupted:p=0.1,period=0", "must be positive"),
             ("slow-worker:p", "is not key=value"),
         ] {
@@ -531,6 +583,10 @@ mod tests {
             (0.0, 1.0, 0.0, 1.0)
         );
         assert_eq!((het.threads(0, 8), het.threads(1, 8)), (2, 1));
+        let trace = inj("trace:name=periodic,rank=0");
+        assert!((trace.delay(0, 3) - 1.0).abs() < 0.12, "a disrupted iteration: half speed");
+        assert!(trace.delay(0, 10) < 0.06, "a quiet one: full speed");
+        assert_eq!(trace.delay(1, 3), 0.0, "rank 1 is not traced");
         assert_eq!(inj("ideal").delay(0, 0), 0.0);
     }
 
@@ -544,6 +600,10 @@ mod tests {
         assert!((cap("heterogeneous:speed=1/0.5", 4, None) - 0.75).abs() < 1e-12);
         assert!((cap("power-law:alpha=4", 3, None) - 0.75).abs() < 1e-12);
         assert!((cap("disrupted:p=0.5,intensity=200", 2, Some(1)) - 2.0 / 3.0).abs() < 1e-12);
+        // Periodic trace: 6 iterations in 20 at half speed, the rest at full speed (+-5 % noise,
+        // the faster half of it clipped): about 0.85 for the traced rank.
+        let periodic = cap("trace:name=periodic,rank=0", 2, None);
+        assert!((periodic - (1.0 + 0.85) / 2.0).abs() < 0.01, "{periodic}");
         // Slow worker: against the mean of 1 / (1 + d) over many seeded draws.
         let inj = Injection { pattern: "slow-worker:p=0.3".parse().expect("pattern"), seed: 3 };
         let n = 200_000;
