@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::{Args, Subcommand};
-use peregrine_kernels::data::{csv, gen, idx, libsvm, npy, ratings, Converted, Dataset};
+use peregrine_kernels::data::{bow, csv, gen, idx, libsvm, npy, ratings, Converted, Dataset};
 
 use crate::world::AppError;
 
@@ -79,6 +79,28 @@ pub enum ConvertCommand {
         /// Feature count (default: the largest index); an index beyond it is an error.
         #[arg(long, value_name = "N")]
         features: Option<u64>,
+    },
+    /// UCI bag-of-words `docword.*.txt` (header lines D, W, NNZ, then `docID wordID count`, IDs
+    /// 1-based, sorted by document) to a sparse dataset of word counts for `--model lda`.
+    Docword {
+        /// Input text (gzip detected from the content).
+        input: PathBuf,
+        /// Output dataset.
+        output: PathBuf,
+        /// Vocabulary size (default: the header's W); a word ID beyond it is an error.
+        #[arg(long, value_name = "W")]
+        vocabulary: Option<u64>,
+    },
+    /// LDA-C (Blei's lda-c: one document per line, `N id:count ...`, IDs 0-based) to a sparse
+    /// dataset of word counts for `--model lda`.
+    Ldac {
+        /// Input text (gzip detected from the content).
+        input: PathBuf,
+        /// Output dataset.
+        output: PathBuf,
+        /// Vocabulary size (default: the largest ID + 1); an ID at or beyond it is an error.
+        #[arg(long, value_name = "W")]
+        vocabulary: Option<u64>,
     },
     /// MNIST-style IDX (images idx3-ubyte + labels idx1-ubyte, gzipped or not) to a dense
     /// multiclass dataset, pixels scaled to [0, 1].
@@ -273,6 +295,14 @@ pub fn run(cmd: DataCommand) -> Result<(), AppError> {
         DataCommand::Convert(c) => match c {
             ConvertCommand::Libsvm { input, output, features } => {
                 let c = libsvm::convert(&input, &output, features)?;
+                done("wrote", &output, c, start);
+            }
+            ConvertCommand::Docword { input, output, vocabulary } => {
+                let c = bow::convert(&input, &output, bow::Format::Docword, vocabulary)?;
+                done("wrote", &output, c, start);
+            }
+            ConvertCommand::Ldac { input, output, vocabulary } => {
+                let c = bow::convert(&input, &output, bow::Format::Ldac, vocabulary)?;
                 done("wrote", &output, c, start);
             }
             ConvertCommand::Idx { images, labels, output } => {

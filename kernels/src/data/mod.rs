@@ -8,6 +8,7 @@
 //! column; converters write into a temporary file renamed into place, so a failed conversion
 //! leaves nothing behind.
 
+pub mod bow;
 pub mod csv;
 pub mod error;
 pub mod format;
