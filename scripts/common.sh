@@ -45,6 +45,23 @@ zipfile.ZipFile(wheel).extract("recbole/dataset_example/ml-100k/ml-100k.inter", 
 PY
 }
 
+# fetch_lda_reference: the `lda` package (PyPI lda==3.0.2, collapsed Gibbs sampling for LDA),
+# the LDA tests' reference, and the Reuters corpus its wheel carries (395 documents, LDA-C).
+# Exports PEREGRINE_REUTERS (the corpus), PEREGRINE_LDA_PYTHONPATH (where the package is) and
+# PEREGRINE_LDA_PYTHON (Debian's python3, whose python3-numpy the package needs).
+fetch_lda_reference() {
+    local dir=target/datasets/lda-3.0.2
+    export PEREGRINE_REUTERS="$PWD/$dir/site/lda/tests/reuters.ldac"
+    export PEREGRINE_LDA_PYTHONPATH="$PWD/$dir/site" PEREGRINE_LDA_PYTHON=/usr/bin/python3
+    ensure_packages python3-numpy
+    [ -f "$PEREGRINE_REUTERS" ] && return 0
+    step "fetching the lda package and its Reuters corpus (PyPI wheel lda==3.0.2)"
+    mkdir -p "$dir/site"
+    "$PEREGRINE_LDA_PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --dest "$dir" lda==3.0.2
+    # A wheel is a zip of what an install puts in site-packages.
+    "$PEREGRINE_LDA_PYTHON" -m zipfile -e "$dir"/lda-3.0.2-*.whl "$dir/site"
+}
+
 # summary_field RUN_DIR NAME: a top-level number of RUN_DIR/summary.json (empty if null).
 summary_field() { sed -n "s/^  \"$2\": \([0-9.e+-]*\),\{0,1\}$/\1/p" "$1/summary.json"; }
 

@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 ensure_packages "${MPI_BUILD_PACKAGES[@]}" mpich libmpich-dev dataset-fashion-mnist libhwloc-dev libudev-dev fonts-dejavu-core
 
 fetch_movielens
+fetch_lda_reference
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

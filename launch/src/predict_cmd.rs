@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use peregrine_core::model::{lr::LogReg, metric_value, mf::Mf, mlp::Mlp, softmax::Softmax, Export};
+use peregrine_core::model::{lda::Lda, lr::LogReg, metric_value, mf::Mf, mlp::Mlp, softmax::Softmax, Export};
 use peregrine_kernels::data::Dataset;
 
 use crate::model_file::Saved;
@@ -70,6 +70,18 @@ pub fn run(a: PredictArgs) -> Result<(), AppError> {
                     },
                 )?;
             write(&Mlp::new(&a.data, None, &hidden, 0.0).map_err(data_err)?, &saved, &a, start)
+        }
+        ModelKind::Lda => {
+            // The topic proportions of the training documents (the model holds their counts).
+            let number = |key: &str| -> Result<f64, AppError> {
+                saved.get(key)?.parse().map_err(|_| AppError::Data {
+                    what: saved.path.display().to_string(),
+                    detail: format!("bad metadata `{key}`"),
+                })
+            };
+            let topics = shape("topic").first().copied().unwrap_or(0);
+            let m = Lda::new(&a.data, None, topics, number("alpha")?, number("eta")?).map_err(data_err)?;
+            write(&m, &saved, &a, start)
         }
         ModelKind::Mf => {
             let (u, v) = (shape("users"), shape("items"));

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use peregrine_core::engine::{self, Config, Progress, Report, Watchdog};
 use peregrine_core::inject::{Injection, Pattern};
-use peregrine_core::model::{lr::LogReg, mf::Mf, mlp::Mlp, softmax::Softmax, Export};
+use peregrine_core::model::{lda::Lda, lr::LogReg, mf::Mf, mlp::Mlp, softmax::Softmax, Export};
 use peregrine_core::optim::{Decay, Optimizer, Schedule};
 use peregrine_core::plan::Plan;
 use peregrine_core::pool::{Pinning, RankPool, Slot};
@@ -31,6 +31,9 @@ pub enum ModelKind {
     Mf,
     /// Multilayer perceptron on a dense multiclass dataset.
     Mlp,
+    /// Latent Dirichlet allocation (collapsed Gibbs sampling) on a dataset of word counts
+    /// (converted UCI docword or LDA-C).
+    Lda,
 }
 
 /// A model's training defaults, chosen by the sweep of docs/defaults.md
@@ -54,6 +57,8 @@ impl ModelKind {
             Self::Softmax => (adam, 256, 64, 3000),
             Self::Mf => (Optimizer::Sgd, 8192, 1024, 0),
             Self::Mlp => (Optimizer::Momentum { mu: 0.9, nesterov: false }, 128, 64, 10_000),
+            // One epoch is one Gibbs sweep; documents are rows.
+            Self::Lda => (Optimizer::Sgd, 256, 32, 0),
         };
         Defaults { optimizer, batch, chunk, at_least }
     }
@@ -68,6 +73,8 @@ impl ModelKind {
         const COSINE: Decay = Decay::Cosine;
         let (lr, decay) = match (self, o) {
             (Self::Mf, _) => (0.01, NONE),
+            // Not a gradient model: the rate is not used.
+            (Self::Lda, _) => (1.0, NONE),
             (Self::Lr, Sgd) => (1.0, NONE),
             (Self::Lr, Momentum { .. }) => (0.1, NONE),
             (Self::Lr, AdaGrad { .. }) => (0.03, NONE),
@@ -233,9 +240,15 @@ pub struct TrainArgs {
     /// and MLP always have their biases.
     #[arg(long)]
     no_intercept: bool,
-    /// MF: factor rank [default: 40].
+    /// MF: factor rank [default: 40]; LDA: topics [default: 20].
     #[arg(long, value_name = "K")]
     k: Option<usize>,
+    /// LDA: the symmetric document-topic prior [default: 0.1, as the `lda` package].
+    #[arg(long, value_name = "A")]
+    alpha: Option<f64>,
+    /// LDA: the symmetric topic-word prior [default: 0.01, as the `lda` package].
+    #[arg(long, value_name = "E")]
+    eta: Option<f64>,
     /// L2 regularization of the weights (never of an intercept or bias): `0.5 F |w|^2` added to
     /// the mean loss; LR applies it where rows touch features (sparse-SGD form) [default: mf 0.05,
     /// others 1 / training rows, as scikit-learn's C = 1].
@@ -288,6 +301,8 @@ pub(crate) struct TrainFile {
     stop_on_stall: Option<bool>,
     intercept: Option<bool>,
     k: Option<usize>,
+    alpha: Option<f64>,
+    eta: Option<f64>,
     l2: Option<f32>,
     hidden: Option<Vec<usize>>,
     pub(crate) straggler: Option<String>,
@@ -328,6 +343,8 @@ impl TrainFile {
             stop_on_stall: top.stop_on_stall.or(self.stop_on_stall),
             intercept: top.intercept.or(self.intercept),
             k: top.k.or(self.k),
+            alpha: top.alpha.or(self.alpha),
+            eta: top.eta.or(self.eta),
             l2: top.l2.or(self.l2),
             hidden: top.hidden.or(self.hidden),
             straggler: top.straggler.or(self.straggler),
@@ -378,6 +395,8 @@ impl TrainArgs {
             stop_on_stall: self.stop_on_stall.then_some(true),
             intercept: self.no_intercept.then_some(false),
             k: self.k,
+            alpha: self.alpha,
+            eta: self.eta,
             l2: self.l2,
             hidden: self.hidden.clone(),
             straggler: self.straggler.clone(),
@@ -438,6 +457,8 @@ pub(crate) struct Resolved {
     stop_on_stall: bool,
     intercept: bool,
     k: usize,
+    alpha: f64,
+    eta: f64,
     #[serde(serialize_with = "short_f32")]
     l2: f32,
     /// `l2` is still to be set to 1 / training rows (the default; scikit-learn's C = 1).
@@ -461,10 +482,11 @@ impl Resolved {
     fn to_toml(&self) -> Result<String, toml::ser::Error> {
         let mut t = toml::Table::try_from(self)?;
         let others: &[&str] = match self.model {
-            ModelKind::Lr => &["k", "hidden"],
-            ModelKind::Softmax => &["intercept", "k", "hidden", "l1"],
-            ModelKind::Mf => &["hidden", "l1", "optimizer"],
-            ModelKind::Mlp => &["intercept", "k", "l1"],
+            ModelKind::Lr => &["k", "hidden", "alpha", "eta"],
+            ModelKind::Softmax => &["intercept", "k", "hidden", "l1", "alpha", "eta"],
+            ModelKind::Mf => &["hidden", "l1", "optimizer", "alpha", "eta"],
+            ModelKind::Mlp => &["intercept", "k", "l1", "alpha", "eta"],
+            ModelKind::Lda => &["intercept", "hidden", "l1", "l2", "optimizer", "lr", "lr_decay", "warmup"],
         };
         for k in others {
             t.remove(*k);
@@ -534,8 +556,9 @@ fn resolve(a: &TrainArgs) -> Result<(Resolved, Option<f64>), AppError> {
 /// The configuration `f` with every default filled in and checked; `Some(epochs)` when the
 /// iteration count is still to be derived from the data.
 pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> {
-    let model =
-        f.model.ok_or_else(|| usage("no model: give --model lr|softmax|mf|mlp (or `model` in --config)"))?;
+    let model = f
+        .model
+        .ok_or_else(|| usage("no model: give --model lr|softmax|mf|mlp|lda (or `model` in --config)"))?;
     let data = f.data.ok_or_else(|| usage("no training data: give --data FILE (or `data` in --config)"))?;
     let d = model.defaults();
     let (epochs, iterations) = (f.epochs, f.iterations);
@@ -574,6 +597,27 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
     }
     if matches!(optimizer, Optimizer::Ftrl { .. }) && model != ModelKind::Lr {
         return Err(usage(format!("--optimizer ftrl is for --model lr, not {}", model.name())));
+    }
+    if model == ModelKind::Lda {
+        let set: Vec<&str> = [
+            ("--lr", f.lr.is_some()),
+            ("--optimizer", f.optimizer.is_some()),
+            ("--l2", f.l2.is_some()),
+            ("--lr-decay", f.lr_decay.is_some()),
+            ("--warmup", f.warmup.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect();
+        if !set.is_empty() {
+            return Err(usage(format!(
+                "{}: lda samples topics (collapsed Gibbs), it has no learning rate, optimizer or L2; its \
+                 settings are --k (topics), --alpha and --eta",
+                set.join(", ")
+            )));
+        }
+    } else if f.alpha.is_some() || f.eta.is_some() {
+        return Err(usage(format!("--alpha and --eta are for --model lda, not {}", model.name())));
     }
     if optimizer != Optimizer::Sgd && model == ModelKind::Mf {
         return Err(usage(format!(
@@ -616,9 +660,11 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
         seed: f.seed.unwrap_or(1),
         stop_on_stall: f.stop_on_stall.unwrap_or(false),
         intercept: f.intercept.unwrap_or(true),
-        k: f.k.unwrap_or(40),
+        k: f.k.unwrap_or(if model == ModelKind::Lda { 20 } else { 40 }),
+        alpha: f.alpha.unwrap_or(0.1),
+        eta: f.eta.unwrap_or(0.01),
         l2: f.l2.unwrap_or(if model == ModelKind::Mf { 0.05 } else { 0.0 }),
-        l2_per_row: f.l2.is_none() && model != ModelKind::Mf,
+        l2_per_row: f.l2.is_none() && !matches!(model, ModelKind::Mf | ModelKind::Lda),
         hidden: f.hidden.unwrap_or_else(|| vec![128]),
         straggler: f.straggler.unwrap_or_else(|| "ideal".into()),
         npy: false,
@@ -758,6 +804,10 @@ fn rank_in(
             let m = Mlp::new(&r.data, r.eval.as_deref(), &r.hidden, r.lr).map_err(data_err)?.with_l2(r.l2);
             go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
+        ModelKind::Lda => {
+            let m = Lda::new(&r.data, r.eval.as_deref(), r.k, r.alpha, r.eta).map_err(data_err)?;
+            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
+        }
     }
 }
 
@@ -809,6 +859,14 @@ impl Resolved {
     fn model_name(&self) -> &'static str {
         self.model.name()
     }
+
+    /// Why the model cannot run under the scheme, if it cannot (LDA needs a scheme whose pulls
+    /// follow every earlier update; the engine refuses the others, `check_model`).
+    pub(crate) fn unsuited_scheme(&self) -> Option<String> {
+        (self.model == ModelKind::Lda && !self.scheme.pulls_every_update()).then(|| {
+            format!("{} needs a scheme whose pulls follow every earlier update (bsp, lb-bsp, speculative, falcon)", self.model.name())
+        })
+    }
 }
 
 impl ModelKind {
@@ -819,6 +877,7 @@ impl ModelKind {
             ModelKind::Softmax => "softmax",
             ModelKind::Mf => "mf",
             ModelKind::Mlp => "mlp",
+            ModelKind::Lda => "lda",
         }
     }
 }
@@ -904,6 +963,7 @@ fn go<M: Export>(
     };
     // Refused configurations leave no run directory behind.
     peregrine_core::engine::check(&cfg, t.world_size(), model.rows()).map_err(train_err)?;
+    peregrine_core::engine::check_model(&cfg, model).map_err(train_err)?;
     let text = r.to_toml().map_err(|e| AppError::Train(format!("config.toml: {e}")))?;
     let store = crate::checkpoint::Store::new(dir);
     cfg.resume = resume_point(t, a, dir, &store, &text)?;
@@ -1081,6 +1141,10 @@ fn save_model_params<M: Export>(
     meta.insert("train_data".into(), data.display().to_string());
     if r.model == ModelKind::Mlp {
         meta.insert("hidden".into(), r.hidden.iter().map(ToString::to_string).collect::<Vec<_>>().join(","));
+    }
+    if r.model == ModelKind::Lda {
+        meta.insert("alpha".into(), r.alpha.to_string());
+        meta.insert("eta".into(), r.eta.to_string());
     }
     if let Some(report) = report {
         meta.insert("ranks".into(), report.ranks.to_string());

@@ -4,16 +4,18 @@
 //! Adult and heart_scale ship in tests/data. Fashion-MNIST comes from Debian's
 //! `dataset-fashion-mnist` (`$PEREGRINE_FASHION_MNIST`, default /usr/share/datasets/fashion-mnist)
 //! and MovieLens-100k from the PyPI wheel `recbole==1.2.1` (`$PEREGRINE_ML100K` names the
-//! extracted `ml-100k.inter`); `scripts/test.sh` installs and fetches both. A missing dataset is a
+//! extracted `ml-100k.inter`); the Reuters corpus and the `lda` package it is compared with come
+//! from the PyPI wheel `lda==3.0.2` (`$PEREGRINE_REUTERS`, `$PEREGRINE_LDA_PYTHONPATH`,
+//! `$PEREGRINE_LDA_PYTHON`); `scripts/test.sh` installs and fetches them. A missing dataset is a
 //! failure that says how to get it, not a skipped test.
 
 use std::path::{Path, PathBuf};
 
 use peregrine_core::engine::{self, Config, Report};
-use peregrine_core::model::{lr::LogReg, mf::Mf, mlp::Mlp, softmax::Softmax, Model};
+use peregrine_core::model::{lda::Lda, lr::LogReg, mf::Mf, mlp::Mlp, softmax::Softmax, Model};
 use peregrine_core::optim::{Decay, Schedule};
 use peregrine_core::pool::{Pinning, RankPool};
-use peregrine_kernels::data::{idx, libsvm, ratings, split, Dataset, Kind};
+use peregrine_kernels::data::{bow, idx, libsvm, ratings, split, Dataset, Kind};
 use peregrine_tests::training::slot;
 use peregrine_transport::run_local;
 
@@ -120,7 +122,12 @@ fn movielens_100k() {
 
 /// Trains the model `make` builds on 2 local ranks: rank 0's report.
 fn train_2_ranks<M: Model>(make: impl Fn() -> M + Sync, cfg: &Config) -> Report {
-    let mut r = run_local(2, |t| {
+    train_ranks(2, make, cfg)
+}
+
+/// Trains the model `make` builds on `n` local ranks: rank 0's report.
+fn train_ranks<M: Model>(n: usize, make: impl Fn() -> M + Sync, cfg: &Config) -> Report {
+    let mut r = run_local(n, |t| {
         let pool = RankPool::new(cfg.threads, slot(&t), Pinning::Off).map_err(|e| e.to_string())?;
         engine::train(&t, &make(), cfg, &pool, None, &mut |_| {}).map_err(|e| e.to_string())
     })
@@ -202,4 +209,76 @@ fn mf_on_movielens_reaches_rmse_0_93() {
     let r = train_2_ranks(|| Mf::new(&train, Some(&test), 40, 0.01, 0.05).expect("model"), &cfg);
     let e = r.last_eval().expect("evaluated");
     assert!(e.metric <= 0.93, "k = 40 test RMSE {} after 20 epochs", e.metric);
+}
+
+/// `$name`, which must name an existing file or directory.
+fn env_path(name: &str) -> PathBuf {
+    let path = std::env::var(name).unwrap_or_default();
+    assert!(
+        !path.is_empty() && Path::new(&path).exists(),
+        "{name}={path:?} not found: scripts/test.sh (fetch_lda_reference in scripts/common.sh) fetches the \
+         Reuters corpus and the lda package from the PyPI wheel lda==3.0.2"
+    );
+    PathBuf::from(path)
+}
+
+/// LDA on the Reuters corpus of the `lda` package (395 documents, 4,258 words, 84,010 tokens),
+/// 20 topics, alpha 0.1, eta 0.01, 100 sweeps: the joint log-likelihood per token rises from
+/// evaluation to evaluation and ends within 2 % of the package's (mean of 3 seeds), with 1, 2 and
+/// 4 ranks alike.
+#[test]
+fn lda_on_reuters_matches_the_lda_package() {
+    let corpus = env_path("PEREGRINE_REUTERS");
+    let d_tmp = scratch("reuters");
+    let pgd = d_tmp.path().join("reuters.pgd");
+    let c = bow::convert(&corpus, &pgd, bow::Format::Ldac, None).expect("convert Reuters");
+    assert_eq!((c.rows, c.cols), (395, 4258));
+    let (topics, sweeps, alpha, eta) = (20, 100, 0.1, 0.01);
+    let reference = std::process::Command::new(env_path("PEREGRINE_LDA_PYTHON"))
+        .env("PYTHONPATH", env_path("PEREGRINE_LDA_PYTHONPATH"))
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/lda_reference.py"))
+        .arg(&corpus)
+        .args([topics, sweeps].map(|v: u64| v.to_string()))
+        .args([alpha, eta].map(|v: f64| v.to_string()))
+        .args(["1", "2", "3"])
+        .output()
+        .expect("run scripts/lda_reference.py");
+    let text = String::from_utf8_lossy(&reference.stdout);
+    assert!(reference.status.success(), "lda_reference.py: {}", String::from_utf8_lossy(&reference.stderr));
+    let json: serde_json::Value = serde_json::from_str(text.trim()).expect("reference output");
+    assert_eq!(json["tokens"], 84_010);
+    let per_seed: Vec<f64> = json["loglikelihood_per_token"]
+        .as_object()
+        .expect("per seed")
+        .values()
+        .map(|v| v.as_f64().expect("number"))
+        .collect();
+    let theirs = per_seed.iter().sum::<f64>() / per_seed.len() as f64;
+    let batch = 64;
+    let cfg = Config {
+        batch,
+        chunk: 8,
+        iterations: epochs(395, batch, sweeps),
+        eval_every: epochs(395, batch, 10),
+        ..Config::default()
+    };
+    let mut finals = Vec::new();
+    for ranks in [1, 2, 4] {
+        let r =
+            train_ranks(ranks, || Lda::new(&pgd, None, topics as usize, alpha, eta).expect("model"), &cfg);
+        // The loss is -log p(w, z) per token.
+        let losses: Vec<f64> = r.evals.iter().map(|e| e.loss).collect();
+        assert!(losses.len() >= 10, "{ranks} ranks: evaluations {losses:?}");
+        for w in losses.windows(2) {
+            assert!(w[1] <= w[0] * 1.002, "{ranks} ranks: the log-likelihood fell: {losses:?}");
+        }
+        let ours = -losses[losses.len() - 1];
+        assert!(
+            ((ours - theirs) / theirs).abs() <= 0.02,
+            "{ranks} ranks: log-likelihood per token {ours:.4}, the lda package's {theirs:.4} ({per_seed:?})"
+        );
+        finals.push(ours);
+    }
+    let (lo, hi) = finals.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+    assert!(hi - lo <= 0.005 * hi.abs(), "1, 2, 4 ranks: {finals:?}");
 }

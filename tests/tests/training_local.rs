@@ -455,3 +455,77 @@ fn lb_bsp_sizes_batches_by_predicted_speed() {
     check_lb_bsp("lb-bsp:ma");
     check_lb_bsp("lb-bsp:narx");
 }
+
+/// A small corpus in LDA-C: 120 documents of 5 to 34 tokens over 50 words.
+fn lda_corpus(dir: &Path) -> PathBuf {
+    let mut text = String::new();
+    for d in 0..120u64 {
+        let mut words: Vec<(u64, u64)> = Vec::new();
+        let n = 5 + peregrine_core::plan::mix(d) % 30;
+        for t in 0..n {
+            let w = peregrine_core::plan::mix(d * 1000 + t) % 50;
+            match words.iter_mut().find(|(x, _)| *x == w) {
+                Some((_, c)) => *c += 1,
+                None => words.push((w, 1)),
+            }
+        }
+        words.sort_unstable();
+        let pairs: Vec<String> = words.iter().map(|(w, c)| format!("{w}:{c}")).collect();
+        text.push_str(&format!("{} {}\n", words.len(), pairs.join(" ")));
+    }
+    let (ldac, pgd) = (dir.join("corpus.ldac"), dir.join("corpus.pgd"));
+    std::fs::write(&ldac, text).expect("write corpus");
+    peregrine_kernels::data::bow::convert(&ldac, &pgd, peregrine_kernels::data::bow::Format::Ldac, None)
+        .expect("convert corpus");
+    pgd
+}
+
+/// LDA's count tables stay exactly the counts of its tokens' topics under every scheme whose pulls
+/// follow every earlier update, with rank 0 at half speed and chunks taken over: each chunk's
+/// update lands once, or (a speculative copy's) not at all, never in part. The other schemes are
+/// refused, naming the ones LDA runs under (a stale read of a document's topics, measured under
+/// backup workers, FlexRR and slack Falcon, left counts below zero).
+#[test]
+fn lda_counts_stay_the_counts_of_the_topics_under_every_scheme() {
+    use peregrine_core::engine::{self, Config};
+    use peregrine_core::model::lda::Lda;
+    use peregrine_core::pool::{Pinning, RankPool};
+    use peregrine_core::SchemeSpec;
+    let dir = scratch("lda");
+    let pgd = lda_corpus(dir.path());
+    for name in peregrine_tests::SCHEMES {
+        let out = run_local(2, |t| {
+            let model = Lda::new(&pgd, None, 5, 0.1, 0.01).map_err(|e| e.to_string())?;
+            let cfg = Config {
+                scheme: SchemeSpec::new(scheme(name), true),
+                batch: 40,
+                chunk: 4,
+                iterations: 12,
+                threads: 2,
+                inject: peregrine_tests::training::slowed(0, 0.5),
+                keep_params: true,
+                ..Config::default()
+            };
+            let pool = RankPool::new(2, peregrine_tests::training::slot(&t), Pinning::Off)
+                .map_err(|e| e.to_string())?;
+            let r = match engine::train(&t, &model, &cfg, &pool, None, &mut |_| {}) {
+                Err(e) if !cfg.scheme.scheme.pulls_every_update() => {
+                    let e = e.to_string();
+                    assert!(
+                        e.contains("bsp, lb-bsp, speculative or falcon") && e.contains(name),
+                        "{name}: {e}"
+                    );
+                    return Ok(0);
+                }
+                r => r.map_err(|e| format!("{name}: {e}"))?,
+            };
+            let params = r.params.ok_or("no parameters")?;
+            model.check_counts(&params).map_err(|e| format!("{name}: {e}"))?;
+            Ok::<_, String>(r.iterations)
+        })
+        .expect("world");
+        for r in out {
+            r.unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}

@@ -47,11 +47,13 @@ impl Health {
         let no_better = |m: f64| match self.metric {
             Metric::Accuracy => m <= constant + 0.002,
             Metric::Rmse => m >= constant - 0.002,
+            Metric::Perplexity => m >= 0.999 * constant,
         };
         // Still improving (however slowly from a poor start) is not a stall.
         let improving = match self.metric {
             Metric::Accuracy => last.metric > recent[0].metric + 0.002,
             Metric::Rmse => last.metric < recent[0].metric - 0.002,
+            Metric::Perplexity => last.metric < 0.999 * recent[0].metric,
         };
         // A falling loss is learning too (the metric of imbalanced classes can stay at the
         // majority's while probabilities improve).
@@ -61,6 +63,7 @@ impl Health {
             let (name, what) = match self.metric {
                 Metric::Accuracy => ("accuracy", "always predicting the most frequent class"),
                 Metric::Rmse => ("RMSE", "always predicting the mean rating"),
+                Metric::Perplexity => ("perplexity", "every word and topic equally likely"),
             };
             self.report(
                 format!(

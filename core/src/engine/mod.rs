@@ -362,6 +362,26 @@ pub fn check_optimizer(cfg: &Config, model: &str, gradient: bool) -> Result<(), 
     Ok(())
 }
 
+/// Checks that `cfg` suits `model`: its optimizer and schedule ([`check_optimizer`]), and, for a
+/// model whose rows carry state of their own ([`Model::needs_current_rows`]), a scheme whose
+/// pulls follow every earlier update ([`crate::Scheme::pulls_every_update`]).
+pub fn check_model<M: Model>(cfg: &Config, model: &M) -> Result<(), TrainError> {
+    check_optimizer(cfg, model.name(), model.lr().is_some())?;
+    if model.needs_current_rows() && !cfg.scheme.scheme.pulls_every_update() {
+        return Err(TrainError::Setting {
+            setting: "the scheme",
+            accepted: format!(
+                "one whose every pull follows every earlier update for {} (its rows' own state, the topic of \
+                 each token, is updated by deltas against what was read, and a stale read would corrupt it): \
+                 bsp, lb-bsp, speculative or falcon",
+                model.name()
+            ),
+            got: cfg.scheme.scheme.to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// Trains `model` on this rank (collective: every rank calls it with the same model and
 /// configuration). `metrics`, if given, receives one JSON line per iteration; `progress` is called
 /// on rank 0 after every iteration.
@@ -388,7 +408,7 @@ pub fn train_checkpointed<M: Model>(
     checkpoint: &mut dyn FnMut(&Snapshot) -> Result<(), String>,
 ) -> Result<Report, TrainError> {
     let plan = check(cfg, t.world_size(), model.rows())?;
-    check_optimizer(cfg, model.name(), model.lr().is_some())?;
+    check_model(cfg, model)?;
     if let Some(s) = &cfg.resume {
         let layout = model.layout();
         let slots = cfg.optimizer.slots();

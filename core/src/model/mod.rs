@@ -15,6 +15,7 @@ use std::ops::Range;
 
 use peregrine_kernels::data::{Dataset, Kind};
 
+pub mod lda;
 pub mod lr;
 pub mod mf;
 pub mod mlp;
@@ -214,6 +215,8 @@ pub enum Metric {
     Accuracy,
     /// Root mean squared error of predicted ratings.
     Rmse,
+    /// `exp` of the negative log-likelihood per token (topic models; lower is better).
+    Perplexity,
 }
 
 impl Metric {
@@ -222,6 +225,7 @@ impl Metric {
         match self {
             Self::Accuracy => "accuracy",
             Self::Rmse => "rmse",
+            Self::Perplexity => "perplexity",
         }
     }
 }
@@ -235,6 +239,7 @@ pub fn metric_value(metric: Metric, s: EvalSums) -> f64 {
     match metric {
         Metric::Accuracy => s[1] / s[2].max(1.0),
         Metric::Rmse => (s[1] / s[2].max(1.0)).sqrt(),
+        Metric::Perplexity => (s[1] / s[2].max(1.0)).exp(),
     }
 }
 
@@ -315,6 +320,14 @@ pub trait Model: Send + Sync {
     /// Parameters L1 regularization leaves alone (an intercept).
     fn unpenalized(&self) -> Range<usize> {
         0..0
+    }
+
+    /// Whether rows carry state of their own in the parameters that each visit updates by a
+    /// delta against what it read (LDA's topic assignments): such a model needs every pull to
+    /// follow every earlier update ([`crate::Scheme::pulls_every_update`]), or a delta lands on
+    /// a state it was not computed from.
+    fn needs_current_rows(&self) -> bool {
+        false
     }
 
     /// Evaluates full parameters `params` on evaluation rows `rows`.

@@ -60,6 +60,10 @@ impl fmt::Display for Falcon {
 }
 
 impl Kind for Falcon {
+    fn pulls_every_update(&self) -> bool {
+        self.slack.is_none()
+    }
+
     fn policy(&self, _setup: &Setup<'_>) -> Result<Box<dyn Policy>> {
         Ok(Box::new(Epsp { slack: self.slack, best_per_thread: 0.0, active: None, cap: 1 }))
     }

@@ -62,6 +62,10 @@ impl fmt::Display for LbBsp {
 }
 
 impl Kind for LbBsp {
+    fn pulls_every_update(&self) -> bool {
+        true
+    }
+
     fn policy(&self, setup: &Setup<'_>) -> Result<Box<dyn Policy>> {
         let t = setup.t;
         Ok(Box::new(Balanced {

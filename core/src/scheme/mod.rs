@@ -71,6 +71,13 @@ pub(crate) trait Kind: fmt::Debug + fmt::Display + Send + Sync {
         Ok(())
     }
 
+    /// Whether every iteration's pull follows every update of the iterations before it, each
+    /// applied whole (BSP's guarantee): what a model whose rows carry state of their own needs
+    /// ([`crate::model::Model::needs_current_rows`]).
+    fn pulls_every_update(&self) -> bool {
+        false
+    }
+
     /// This rank's policy for a run (collective: every rank builds its own, and policies that
     /// own windows allocate them here).
     fn policy(&self, setup: &Setup<'_>) -> Result<Box<dyn Policy>>;
@@ -170,6 +177,13 @@ impl Scheme {
     /// written): the error names the scheme and the accepted range.
     pub fn validate(&self, ranks: usize) -> std::result::Result<(), SchemeError> {
         self.0.validate(ranks)
+    }
+
+    /// Whether every iteration's pull follows every update of the iterations before it, each
+    /// applied whole: BSP, LB-BSP, speculative execution and enforced Falcon (not SSP, ASP,
+    /// DynSGD's scaled updates, backup workers' skipping ahead, FlexRR, slack Falcon).
+    pub fn pulls_every_update(&self) -> bool {
+        self.0.pulls_every_update()
     }
 
     /// Every accepted form, for help texts.

@@ -46,6 +46,10 @@ impl fmt::Display for Speculative {
 }
 
 impl Kind for Speculative {
+    fn pulls_every_update(&self) -> bool {
+        true
+    }
+
     fn policy(&self, setup: &Setup<'_>) -> Result<Box<dyn Policy>> {
         // A rank owns at most this many chunks of an iteration.
         let most = setup.plan.batch().div_ceil(setup.plan.chunk()).div_ceil(setup.t.world_size());

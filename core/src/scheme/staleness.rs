@@ -69,6 +69,10 @@ impl fmt::Display for Bound {
 }
 
 impl Kind for Bound {
+    fn pulls_every_update(&self) -> bool {
+        *self == Bound::Bsp
+    }
+
     fn policy(&self, setup: &Setup<'_>) -> Result<Box<dyn Policy>> {
         Ok(Box::new(Staleness { bound: *self, steal: setup.steal() }))
     }
