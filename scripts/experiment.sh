@@ -3,6 +3,7 @@
 #   scripts/experiment.sh small        generated data, every scheme and pattern (what CI runs)
 #   scripts/experiment.sh full         Adult, MovieLens-100k, Fashion-MNIST (a benchmark)
 #   scripts/experiment.sh predictors   LB-BSP's predictors under speed traces (Fashion-MNIST MLP)
+#   scripts/experiment.sh lda          LDA (Reuters, the lda package's corpus) under stragglers
 # Extra arguments go to `peregrine experiment` (e.g. --out DIR, --no-plots).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,8 +36,12 @@ full | predictors)
         fi
     fi
     ;;
+lda)
+    fetch_lda_reference
+    [ -f "$d/reuters.pgd" ] || "$P" data convert ldac "$PEREGRINE_REUTERS" "$d/reuters.pgd"
+    ;;
 *)
-    echo "usage: scripts/experiment.sh small|full|predictors [peregrine experiment flags]" >&2
+    echo "usage: scripts/experiment.sh small|full|predictors|lda [peregrine experiment flags]" >&2
     exit 2
     ;;
 esac

@@ -489,6 +489,14 @@ fn rank(
                     k += 1;
                     let file = w.clone().rebase(base).overlay(TrainFile::only(scheme, pattern, seed));
                     let (resolved, epochs) = train_cmd::finish(file)?;
+                    if let Some(why) = resolved.unsuited_scheme() {
+                        if t.rank() == 0 {
+                            println!(
+                                "[{k}/{runs}] {wname} | {pattern} | {scheme} | seed {seed}: skipped: {why}"
+                            );
+                        }
+                        continue;
+                    }
                     let threads = resolved.threads();
                     let dir = out
                         .join("runs")
