@@ -2,6 +2,7 @@
 # Fuzzes every parser of outside input (cargo fuzz, libFuzzer):
 #   scripts/fuzz.sh [SECONDS] [TARGET...]   each target for SECONDS (default 600), all by default
 # Targets: the dataset file (open, verify, per-rank checks), LIBSVM, IDX, ratings text, CSV, npy,
+# bag-of-words (UCI docword, LDA-C),
 # training and experiment TOML, checkpoints, model files, Slurm hostlists/task counts/environment.
 # Seeds: the files in fuzz/seeds/<target>/, and files made here from the repository's real data
 # (Adult, heart_scale, MovieLens-100k) and from the malformed cases of the tests. The
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/.."
 
 seconds=${1:-600}
 shift || true
-all=(dataset libsvm idx ratings csv npy train_config experiment_config checkpoint model_file slurm)
+all=(dataset libsvm idx ratings csv npy bow train_config experiment_config checkpoint model_file slurm)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 
