@@ -10,8 +10,8 @@ use crate::world::AppError;
 
 #[derive(Debug, Subcommand)]
 pub enum DataCommand {
-    /// Convert LIBSVM/SVMlight, CSV, NumPy arrays, MNIST IDX or ratings text (gzipped or not) to
-    /// a dataset file.
+    /// Convert LIBSVM/SVMlight, CSV, NumPy arrays, MNIST IDX, ratings or bag-of-words text
+    /// (gzipped or not) to a dataset file.
     #[command(subcommand)]
     Convert(ConvertCommand),
     /// Describe a dataset file (O(1)); --verify also checks its checksum and every index (O(size)).

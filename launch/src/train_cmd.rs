@@ -259,8 +259,8 @@ pub struct TrainArgs {
     hidden: Option<Vec<usize>>,
     /// Injected stragglers, seeded by --seed: ideal, slow-worker:p=P[,max=2],
     /// disrupted:p=P[,period=SECONDS,intensity=PERCENT], power-law:alpha=A,
-    /// persistent:rank=R[/R...],speed=S[,threads=T], heterogeneous:speed=S/S/...[,threads=T/T/...]
-    /// [default: ideal].
+    /// persistent:rank=R[/R...],speed=S[,threads=T], heterogeneous:speed=S/S/...[,threads=T/T/...],
+    /// trace:name=noise|periodic|trend|load|mix,rank=R[/R...] [default: ideal].
     #[arg(long, value_name = "PATTERN")]
     straggler: Option<String>,
     /// Leave compute threads unpinned.
