@@ -17,7 +17,7 @@
 //! runs it must see, and leave, the state its documents were in. A document's counts are read
 //! and written only by the chunk holding the document, once per epoch.
 //!
-//! A chunk copies the keys its documents touch from the iteration's snapshot (as MF does),
+//! A chunk copies the keys its documents touch from the iteration's snapshot ([`Copies`], as MF),
 //! resamples each token in order from
 //! `p(z = k) ~ (n_dk + alpha) (n_wk + eta) / (n_k + V eta)` (the token's own count taken out
 //! first), and its update is what it changed: integer deltas, added to the window by
@@ -41,7 +41,7 @@ use std::path::Path;
 use peregrine_kernels::data::{Kind, SparseRows};
 
 use super::{
-    Baseline, Block, Built, Delta, EvalSums, Export, KeySet, Layout, Metric, Model, ModelError, Sets,
+    Baseline, Block, Built, Copies, Delta, EvalSums, Export, KeySet, Layout, Metric, Model, ModelError, Sets,
 };
 
 /// LDA over a corpus of word counts.
@@ -60,14 +60,11 @@ pub struct Lda {
     total_tokens: u64,
 }
 
-/// Per-thread copies of the keys a chunk touches, and what the chunk changed.
+/// Per-thread copies of the keys a chunk touches and what the chunk changed, and the topics'
+/// unnormalised probabilities (prefix sums).
 #[derive(Debug)]
 pub struct Work {
-    local: Vec<f32>,
-    acc: Vec<f32>,
-    chunk_keys: KeySet,
-    keys: KeySet,
-    /// Unnormalised probabilities (prefix sums) of the topics.
+    copies: Copies,
     p: Vec<f64>,
 }
 
@@ -293,48 +290,22 @@ impl Model for Lda {
     }
 
     fn work(&self, _chunk: usize) -> Work {
-        let l = self.layout();
-        Work {
-            local: vec![0.0; l.params],
-            acc: vec![0.0; l.params],
-            chunk_keys: KeySet::new(l.keys()),
-            keys: KeySet::new(l.keys()),
-            p: vec![0.0; self.topics],
-        }
+        Work { copies: Copies::new(self.layout()), p: vec![0.0; self.topics] }
     }
 
     fn compute(&self, rows: Range<usize>, params: &[f32], work: &mut Work) -> f64 {
         let l = self.layout();
-        self.keys(rows.clone(), &mut work.chunk_keys);
-        for &key in work.chunk_keys.keys() {
-            let r = l.range(key);
-            work.local[r.clone()].copy_from_slice(&params[r]);
-        }
+        let local = work.copies.take(l, params, |set| self.keys(rows.clone(), set));
         let mut loss = 0.0;
         for d in rows {
-            loss += self.sample_doc(d, &mut work.local, &mut work.p);
+            loss += self.sample_doc(d, local, &mut work.p);
         }
-        for &key in work.chunk_keys.keys() {
-            let r = l.range(key);
-            for ((a, &new), &old) in
-                work.acc[r.clone()].iter_mut().zip(&work.local[r.clone()]).zip(&params[r])
-            {
-                *a += new - old;
-            }
-            work.keys.insert(key);
-        }
-        work.chunk_keys.clear();
+        work.copies.settle(l, params);
         loss
     }
 
     fn drain(&self, work: &mut Work, scale: f32, delta: &mut Delta) {
-        let l = self.layout();
-        for &key in work.keys.keys() {
-            let r = l.range(key);
-            delta.add(key, scale, &work.acc[r.clone()]);
-            work.acc[r].fill(0.0);
-        }
-        work.keys.clear();
+        work.copies.drain(self.layout(), scale, delta);
     }
 
     fn scale(&self, _rows: usize) -> f32 {

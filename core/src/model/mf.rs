@@ -5,8 +5,9 @@
 //!
 //! A chunk runs plain SGD, one step per rating in order (the kernel of libmf and of every
 //! Hogwild-style MF), on a private copy of the factor rows its ratings touch, taken from the
-//! iteration's snapshot; what the chunk changed is its update. Chunks of one iteration thus start
-//! from the same parameters whichever rank or thread computes them, and their updates add up.
+//! iteration's snapshot ([`Copies`]); what the chunk changed is its update. Chunks of one
+//! iteration thus start from the same parameters whichever rank or thread computes them, and their
+//! updates add up.
 
 use std::ops::Range;
 use std::path::Path;
@@ -15,7 +16,7 @@ use peregrine_kernels::data::{Dataset, Kind, Ratings};
 use peregrine_kernels::mf;
 
 use super::{
-    Baseline, Block, Built, Delta, EvalSums, Export, KeySet, Layout, Metric, Model, ModelError, Sets,
+    Baseline, Block, Built, Copies, Delta, EvalSums, Export, KeySet, Layout, Metric, Model, ModelError, Sets,
 };
 
 /// Matrix factorization with L2-regularised squared error.
@@ -31,15 +32,6 @@ pub struct Mf {
     biases: bool,
     /// The training ratings' mean (used with biases).
     mean: f32,
-}
-
-/// Per-thread factor copies and accumulated change.
-#[derive(Debug)]
-pub struct Work {
-    local: Vec<f32>,
-    acc: Vec<f32>,
-    chunk_keys: KeySet,
-    keys: KeySet,
 }
 
 impl Mf {
@@ -106,7 +98,7 @@ impl Mf {
 }
 
 impl Model for Mf {
-    type Work = Work;
+    type Work = Copies;
 
     fn name(&self) -> &'static str {
         "mf"
@@ -149,50 +141,25 @@ impl Model for Mf {
         }
     }
 
-    fn work(&self, _chunk: usize) -> Work {
-        let l = self.layout();
-        Work {
-            local: vec![0.0; l.params],
-            acc: vec![0.0; l.params],
-            chunk_keys: KeySet::new(l.keys()),
-            keys: KeySet::new(l.keys()),
-        }
+    fn work(&self, _chunk: usize) -> Copies {
+        Copies::new(self.layout())
     }
 
-    fn compute(&self, rows: Range<usize>, params: &[f32], work: &mut Work) -> f64 {
+    fn compute(&self, rows: Range<usize>, params: &[f32], work: &mut Copies) -> f64 {
         let l = self.layout();
-        self.keys(rows.clone(), &mut work.chunk_keys);
-        for &key in work.chunk_keys.keys() {
-            let r = l.range(key);
-            work.local[r.clone()].copy_from_slice(&params[r]);
-        }
+        let local = work.take(l, params, |set| self.keys(rows.clone(), set));
         let x = Self::rows_of(&self.data.train).rows(rows);
-        let (u, v) = work.local.split_at_mut(self.users * self.width());
+        let (u, v) = local.split_at_mut(self.users * self.width());
         let sse = match self.mean() {
             Some(m) => mf::sgd_chunk_biased(x.users, x.items, x.ratings, u, v, self.k, self.lr, self.l2, m),
             None => mf::sgd_chunk(x.users, x.items, x.ratings, u, v, self.k, self.lr, self.l2),
         };
-        for &key in work.chunk_keys.keys() {
-            let r = l.range(key);
-            for ((a, &new), &old) in
-                work.acc[r.clone()].iter_mut().zip(&work.local[r.clone()]).zip(&params[r])
-            {
-                *a += new - old;
-            }
-            work.keys.insert(key);
-        }
-        work.chunk_keys.clear();
+        work.settle(l, params);
         sse
     }
 
-    fn drain(&self, work: &mut Work, scale: f32, delta: &mut Delta) {
-        let l = self.layout();
-        for &key in work.keys.keys() {
-            let r = l.range(key);
-            delta.add(key, scale, &work.acc[r.clone()]);
-            work.acc[r].fill(0.0);
-        }
-        work.keys.clear();
+    fn drain(&self, work: &mut Copies, scale: f32, delta: &mut Delta) {
+        work.drain(self.layout(), scale, delta);
     }
 
     fn scale(&self, _rows: usize) -> f32 {

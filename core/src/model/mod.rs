@@ -208,6 +208,65 @@ impl Delta {
     }
 }
 
+/// A thread's private copy of the keys a chunk touches, and the change its chunks made: the
+/// buffers of models whose chunk runs on a copy of the iteration's snapshot and whose update is
+/// what the chunk changed (matrix factorization's SGD, LDA's Gibbs sweep). Chunks of one
+/// iteration thus start from the same parameters whichever rank or thread computes them.
+#[derive(Debug)]
+pub struct Copies {
+    local: Vec<f32>,
+    acc: Vec<f32>,
+    chunk_keys: KeySet,
+    keys: KeySet,
+}
+
+impl Copies {
+    /// Buffers over the whole of `layout`.
+    pub fn new(layout: Layout) -> Self {
+        Self {
+            local: vec![0.0; layout.params],
+            acc: vec![0.0; layout.params],
+            chunk_keys: KeySet::new(layout.keys()),
+            keys: KeySet::new(layout.keys()),
+        }
+    }
+
+    /// Copies the keys `keys` adds (the chunk's) from `params`; returns the copy to work on
+    /// (valid at those keys).
+    pub fn take(&mut self, layout: Layout, params: &[f32], keys: impl FnOnce(&mut KeySet)) -> &mut [f32] {
+        keys(&mut self.chunk_keys);
+        for &key in self.chunk_keys.keys() {
+            let r = layout.range(key);
+            self.local[r.clone()].copy_from_slice(&params[r]);
+        }
+        &mut self.local
+    }
+
+    /// Adds what the chunk changed (the copy against `params`, at its keys) to the update.
+    pub fn settle(&mut self, layout: Layout, params: &[f32]) {
+        for &key in self.chunk_keys.keys() {
+            let r = layout.range(key);
+            for ((a, &new), &old) in
+                self.acc[r.clone()].iter_mut().zip(&self.local[r.clone()]).zip(&params[r])
+            {
+                *a += new - old;
+            }
+            self.keys.insert(key);
+        }
+        self.chunk_keys.clear();
+    }
+
+    /// Adds `scale` times the accumulated change to `delta`, and clears it.
+    pub fn drain(&mut self, layout: Layout, scale: f32, delta: &mut Delta) {
+        for &key in self.keys.keys() {
+            let r = layout.range(key);
+            delta.add(key, scale, &self.acc[r.clone()]);
+            self.acc[r].fill(0.0);
+        }
+        self.keys.clear();
+    }
+}
+
 /// What an evaluation reports besides the loss.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Metric {

@@ -14,7 +14,6 @@
 use std::path::Path;
 
 use super::error::{DataError, Result};
-use super::format::{Kind, Shape, Truth, Writer};
 use super::libsvm::{Converted, SparseText};
 use super::text::{parse_error, parse_u64, Lines};
 
@@ -200,23 +199,7 @@ pub fn convert(input: &Path, output: &Path, format: Format, vocabulary: Option<u
         Some(v) => v,
         None => t.max_index,
     };
-    let shape = Shape {
-        kind: Kind::Sparse,
-        rows: t.labels.len() as u64,
-        cols,
-        nnz: t.indices.len() as u64,
-        classes: 2,
-        users: 0,
-        truth: Truth::None,
-        scaled: false,
-    };
-    let mut w = Writer::create(output, shape)?;
-    w.write(0, &t.row_ptr)?;
-    w.write(1, &t.indices)?;
-    w.write(2, &t.values)?;
-    w.write(3, &t.labels)?;
-    w.finish()?;
-    Ok(Converted { rows: shape.rows, cols, nnz: shape.nnz, input_bytes: t.bytes })
+    t.write(output, cols)
 }
 
 #[cfg(test)]

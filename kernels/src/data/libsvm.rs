@@ -159,21 +159,28 @@ pub fn convert(input: &Path, output: &Path, features: Option<u64>) -> Result<Con
         Some(f) => f,
         None => t.max_index,
     };
-    let shape = Shape {
-        kind: Kind::Sparse,
-        rows: t.labels.len() as u64,
-        cols,
-        nnz: t.indices.len() as u64,
-        classes: 2,
-        users: 0,
-        truth: Truth::None,
-        scaled: false,
-    };
-    let mut w = Writer::create(output, shape)?;
-    w.write(0, &t.row_ptr)?;
-    w.write(1, &t.indices)?;
-    w.write(2, &t.values)?;
-    w.write(3, &t.labels)?;
-    w.finish()?;
-    Ok(Converted { rows: shape.rows, cols, nnz: shape.nnz, input_bytes: t.bytes })
+    t.write(output, cols)
+}
+
+impl SparseText {
+    /// Writes the rows as a sparse dataset of `cols` columns at `output`.
+    pub fn write(&self, output: &Path, cols: u64) -> Result<Converted> {
+        let shape = Shape {
+            kind: Kind::Sparse,
+            rows: self.labels.len() as u64,
+            cols,
+            nnz: self.indices.len() as u64,
+            classes: 2,
+            users: 0,
+            truth: Truth::None,
+            scaled: false,
+        };
+        let mut w = Writer::create(output, shape)?;
+        w.write(0, &self.row_ptr)?;
+        w.write(1, &self.indices)?;
+        w.write(2, &self.values)?;
+        w.write(3, &self.labels)?;
+        w.finish()?;
+        Ok(Converted { rows: shape.rows, cols, nnz: shape.nnz, input_bytes: self.bytes })
+    }
 }
