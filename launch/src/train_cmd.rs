@@ -860,12 +860,13 @@ impl Resolved {
         self.model.name()
     }
 
-    /// Why the model cannot run under the scheme, if it cannot (LDA needs a scheme whose pulls
-    /// follow every earlier update; the engine refuses the others, `check_model`).
+    /// Why the model cannot run under the scheme, if it cannot: the engine's refusal
+    /// ([`engine::check_scheme_for_rows`]) before the model is built (LDA's rows carry state of
+    /// their own, `Lda::needs_current_rows`).
     pub(crate) fn unsuited_scheme(&self) -> Option<String> {
-        (self.model == ModelKind::Lda && !self.scheme.pulls_every_update()).then(|| {
-            format!("{} needs a scheme whose pulls follow every earlier update (bsp, lb-bsp, speculative, falcon)", self.model.name())
-        })
+        engine::check_scheme_for_rows(&self.scheme, self.model.name(), self.model == ModelKind::Lda)
+            .err()
+            .map(|e| e.to_string())
     }
 }
 

@@ -58,7 +58,7 @@ use crate::model::Model;
 use crate::optim::{Optimizer, Schedule};
 use crate::plan::{Plan, PlanError};
 use crate::pool::RankPool;
-use crate::scheme::{SchemeError, SchemeSpec};
+use crate::scheme::{Scheme, SchemeError, SchemeSpec};
 
 mod comm;
 mod compute;
@@ -367,16 +367,26 @@ pub fn check_optimizer(cfg: &Config, model: &str, gradient: bool) -> Result<(), 
 /// pulls follow every earlier update ([`crate::Scheme::pulls_every_update`]).
 pub fn check_model<M: Model>(cfg: &Config, model: &M) -> Result<(), TrainError> {
     check_optimizer(cfg, model.name(), model.lr().is_some())?;
-    if model.needs_current_rows() && !cfg.scheme.scheme.pulls_every_update() {
+    check_scheme_for_rows(&cfg.scheme.scheme, model.name(), model.needs_current_rows())
+}
+
+/// Refuses `scheme` for a model named `model` whose rows carry state of their own
+/// (`needs_current_rows`, [`Model::needs_current_rows`]) unless every pull under it follows every
+/// earlier update.
+pub fn check_scheme_for_rows(
+    scheme: &Scheme,
+    model: &str,
+    needs_current_rows: bool,
+) -> Result<(), TrainError> {
+    if needs_current_rows && !scheme.pulls_every_update() {
         return Err(TrainError::Setting {
             setting: "the scheme",
             accepted: format!(
-                "one whose every pull follows every earlier update for {} (its rows' own state, the topic of \
-                 each token, is updated by deltas against what was read, and a stale read would corrupt it): \
-                 bsp, lb-bsp, speculative or falcon",
-                model.name()
+                "one whose every pull follows every earlier update for {model} (its rows' own state, the topic \
+                 of each token, is updated by deltas against what was read, and a stale read would corrupt \
+                 it): bsp, lb-bsp, speculative or falcon"
             ),
-            got: cfg.scheme.scheme.to_string(),
+            got: scheme.to_string(),
         });
     }
     Ok(())

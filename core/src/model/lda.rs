@@ -151,29 +151,23 @@ impl Lda {
         let mut v = vec![0.0f32; self.layout().params];
         let x = self.rows_of();
         for d in 0..self.docs {
-            let r = x.rows(d..d + 1);
-            let mut t = 0usize;
-            for (&c, &w) in r.values.iter().zip(r.indices) {
-                for _ in 0..c as usize {
-                    let h = crate::plan::mix(seed ^ crate::plan::mix(((d as u64) << 32) | t as u64));
-                    let topic = (h % k as u64) as usize;
-                    v[self.z_key(d) * k + t] = topic as f32;
-                    v[self.word_key(w) * k + topic] += 1.0;
-                    v[self.topic_key() * k + topic] += 1.0;
-                    v[self.doc_key(d) * k + topic] += 1.0;
-                    t += 1;
-                }
+            for (t, w) in doc_tokens(x, d) {
+                let h = crate::plan::mix(seed ^ crate::plan::mix(((d as u64) << 32) | t as u64));
+                let topic = (h % k as u64) as usize;
+                v[self.z_key(d) * k + t] = topic as f32;
+                v[self.word_key(w) * k + topic] += 1.0;
+                v[self.topic_key() * k + topic] += 1.0;
+                v[self.doc_key(d) * k + topic] += 1.0;
             }
         }
         v
     }
 
-    /// Resamples document `d`'s tokens in `local` (which holds the keys the document reads).
-    /// Returns the document's summed `-ln p(w | d)` under the counts each token was drawn from.
-    fn sample_doc(&self, d: usize, local: &mut [f32], p: &mut [f64]) -> f64 {
+    /// Resamples document `d` of `x` (its tokens) in `local` (which holds the keys the document
+    /// reads). Returns the document's mean `-ln p(w | d)` per token under the counts each token
+    /// was drawn from.
+    fn sample_doc(&self, x: SparseRows<'_>, d: usize, local: &mut [f32], p: &mut [f64]) -> f64 {
         let k = self.topics;
-        let x = self.rows_of();
-        let r = x.rows(d..d + 1);
         let (alpha, eta, v_eta) = (self.alpha, self.eta, self.vocab as f64 * self.eta);
         let nd = f64::from(self.tokens[d]);
         let (doc, zk, topic) = (self.doc_key(d) * k, self.z_key(d) * k, self.topic_key() * k);
@@ -186,35 +180,38 @@ impl Lda {
             h = crate::plan::mix(h ^ u64::from(v.to_bits()));
         }
         let mut nll = 0.0;
-        let mut t = 0usize;
-        for (&c, &w) in r.values.iter().zip(r.indices) {
+        for (t, w) in doc_tokens(x, d) {
             let word = self.word_key(w) * k;
-            for _ in 0..c as usize {
-                let old = (local[zk + t] as usize).min(k - 1);
-                local[doc + old] -= 1.0;
-                local[word + old] -= 1.0;
-                local[topic + old] -= 1.0;
-                let mut sum = 0.0;
-                for j in 0..k {
-                    let a = f64::from(local[doc + j].max(0.0)) + alpha;
-                    let b = f64::from(local[word + j].max(0.0)) + eta;
-                    let n = f64::from(local[topic + j].max(0.0)) + v_eta;
-                    sum += a * b / n;
-                    p[j] = sum;
-                }
-                nll -= (sum / (nd - 1.0 + k as f64 * alpha)).ln();
-                h = crate::plan::mix(h ^ t as u64);
-                let u = (h >> 11) as f64 / (1u64 << 53) as f64 * sum;
-                let new = p[..k].partition_point(|&s| s <= u).min(k - 1);
-                local[doc + new] += 1.0;
-                local[word + new] += 1.0;
-                local[topic + new] += 1.0;
-                local[zk + t] = new as f32;
-                t += 1;
+            let old = (local[zk + t] as usize).min(k - 1);
+            local[doc + old] -= 1.0;
+            local[word + old] -= 1.0;
+            local[topic + old] -= 1.0;
+            let mut sum = 0.0;
+            for j in 0..k {
+                let a = f64::from(local[doc + j].max(0.0)) + alpha;
+                let b = f64::from(local[word + j].max(0.0)) + eta;
+                let n = f64::from(local[topic + j].max(0.0)) + v_eta;
+                sum += a * b / n;
+                p[j] = sum;
             }
+            nll -= (sum / (nd - 1.0 + k as f64 * alpha)).ln();
+            h = crate::plan::mix(h ^ t as u64);
+            let u = (h >> 11) as f64 / (1u64 << 53) as f64 * sum;
+            let new = p[..k].partition_point(|&s| s <= u).min(k - 1);
+            local[doc + new] += 1.0;
+            local[word + new] += 1.0;
+            local[topic + new] += 1.0;
+            local[zk + t] = new as f32;
         }
         nll / nd.max(1.0)
     }
+}
+
+/// Document `d`'s tokens in order (a word counted `c` times is `c` tokens): `(token index within
+/// the document, word)`.
+fn doc_tokens<'a>(x: SparseRows<'a>, d: usize) -> impl Iterator<Item = (usize, u32)> + 'a {
+    let r = x.rows(d..d + 1);
+    r.values.iter().zip(r.indices).flat_map(|(&c, &w)| std::iter::repeat_n(w, c as usize)).enumerate()
 }
 
 /// `ln Gamma(x)` for `x > 0` (Lanczos, g = 7, 9 terms; relative error below 1e-13).
@@ -296,9 +293,10 @@ impl Model for Lda {
     fn compute(&self, rows: Range<usize>, params: &[f32], work: &mut Work) -> f64 {
         let l = self.layout();
         let local = work.copies.take(l, params, |set| self.keys(rows.clone(), set));
+        let x = self.rows_of();
         let mut loss = 0.0;
         for d in rows {
-            loss += self.sample_doc(d, local, &mut work.p);
+            loss += self.sample_doc(x, d, local, &mut work.p);
         }
         work.copies.settle(l, params);
         loss
@@ -419,21 +417,16 @@ impl Lda {
         let mut word = vec![0u32; self.vocab * k];
         let mut topic = vec![0u32; k];
         for d in 0..self.docs {
-            let r = x.rows(d..d + 1);
             let mut doc = vec![0u32; k];
-            let mut t = 0usize;
-            for (&c, &w) in r.values.iter().zip(r.indices) {
-                for _ in 0..c as usize {
-                    let z = params[self.z_key(d) * k + t];
-                    if !(z >= 0.0 && z.fract() == 0.0 && (z as usize) < k) {
-                        return Err(format!("document {d}, token {t}: topic {z}"));
-                    }
-                    let z = z as usize;
-                    doc[z] += 1;
-                    word[w as usize * k + z] += 1;
-                    topic[z] += 1;
-                    t += 1;
+            for (t, w) in doc_tokens(x, d) {
+                let z = params[self.z_key(d) * k + t];
+                if !(z >= 0.0 && z.fract() == 0.0 && (z as usize) < k) {
+                    return Err(format!("document {d}, token {t}: topic {z}"));
                 }
+                let z = z as usize;
+                doc[z] += 1;
+                word[w as usize * k + z] += 1;
+                topic[z] += 1;
             }
             let held = &params[self.doc_key(d) * k..][..k];
             if held.iter().zip(&doc).any(|(&h, &c)| h != c as f32) {

@@ -11,8 +11,8 @@
 //!   and memory load (1 - available/total);
 //! - **moving average** of the last 5 speeds;
 //! - **NARX** (`lb-bsp:narx`, [`super::narx`]), the paper's choice: a small tanh network over
-//!   the last 8 speeds, the level of the speed and the same two loads, trained online on the
-//!   rank's last 64 observations.
+//!   the last 8 speeds, a long-run mean, the level of the speed and the same two loads, trained
+//!   online on the rank's last 256 observations within 5 % of its time.
 //!
 //! Until a rank has 4 observations the ARX predictor returns the last speed. `peregrine bench
 //! predictors` compares the three on speed traces with and without structure ([`super::traces`]).

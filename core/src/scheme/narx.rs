@@ -143,9 +143,7 @@ impl Narx {
             if self.replay.len() > REPLAY {
                 self.replay.pop_front();
             }
-            for _ in 0..steps {
-                self.train_step();
-            }
+            self.train(steps);
         }
         self.lags.push_back(speed);
         if self.lags.len() > LAGS {
@@ -184,13 +182,32 @@ impl Narx {
         peregrine_kernels::dense::axpy(1.0, &linear, out);
     }
 
-    /// One Adam step on the training window (mean half squared error plus weight decay).
-    fn train_step(&mut self) {
-        if self.replay.is_empty() {
+    /// The training window as inputs (`pairs x INPUTS`, row-major) and targets.
+    fn window(&self) -> (Vec<f32>, Vec<f32>) {
+        let mut x = Vec::with_capacity(self.replay.len() * INPUTS);
+        let mut y = Vec::with_capacity(self.replay.len());
+        for pair in &self.replay {
+            x.extend_from_slice(&pair[..INPUTS]);
+            y.push(pair[INPUTS]);
+        }
+        (x, y)
+    }
+
+    /// `steps` Adam steps on the training window (Huber loss plus weight decay); the window is
+    /// gathered once for all of them.
+    fn train(&mut self, steps: usize) {
+        if steps == 0 || self.replay.is_empty() {
             return;
         }
-        let rows: Vec<usize> = (0..self.replay.len()).collect();
-        let (_, grad) = self.gradient(&rows);
+        let (x, y) = self.window();
+        for _ in 0..steps {
+            self.step(&x, &y);
+        }
+    }
+
+    /// One Adam step on inputs `x` and targets `y`.
+    fn step(&mut self, x: &[f32], y: &[f32]) {
+        let (_, grad) = self.gradient(x, y);
         self.steps += 1;
         let t = self.steps as f32;
         let (c1, c2) = (1.0 - BETA1.powf(t), 1.0 - BETA2.powf(t));
@@ -202,36 +219,30 @@ impl Narx {
         }
     }
 
-    /// The mean Huber loss of the training window's pairs `rows` and its gradient in the
+    /// The mean Huber loss of inputs `x` against targets `y` and its gradient in the
     /// parameters.
-    fn gradient(&mut self, rows: &[usize]) -> (f64, Vec<f32>) {
-        let n = rows.len();
-        let mut x = Vec::with_capacity(n * INPUTS);
-        let mut y = Vec::with_capacity(n);
-        for pair in rows.iter().map(|&r| &self.replay[r]) {
-            x.extend_from_slice(&pair[..INPUTS]);
-            y.push(pair[INPUTS]);
-        }
+    fn gradient(&mut self, x: &[f32], y: &[f32]) -> (f64, Vec<f32>) {
+        let n = y.len();
         let mut h = Vec::new();
         let mut out = vec![0.0; n];
-        self.forward(&x, n, &mut h, &mut out);
+        self.forward(x, n, &mut h, &mut out);
         let dout: Vec<f32> =
-            out.iter().zip(&y).map(|(o, t)| (o - t).clamp(-HUBER, HUBER) / n as f32).collect();
+            out.iter().zip(y).map(|(o, t)| (o - t).clamp(-HUBER, HUBER) / n as f32).collect();
         let mut grad = vec![0.0; PARAMS];
         let mut dh = vec![0.0; n * HIDDEN];
         {
             let (g1, g2) = grad.split_at_mut(W2.start);
             let (gw2, g2) = g2.split_at_mut(HIDDEN);
             let (gb2, gl) = g2.split_at_mut(1);
-            dense_backward(&mut self.mm, &x, &self.params[L], &dout, gl, &mut [0.0], None);
+            dense_backward(&mut self.mm, x, &self.params[L], &dout, gl, &mut [0.0], None);
             dense_backward(&mut self.mm, &h, &self.params[W2], &dout, gw2, gb2, Some(&mut dh));
             for (d, a) in dh.iter_mut().zip(&h) {
                 *d *= 1.0 - a * a;
             }
             let (gw1, gb1) = g1.split_at_mut(B1.start);
-            dense_backward(&mut self.mm, &x, &self.params[W1], &dh, gw1, gb1, None);
+            dense_backward(&mut self.mm, x, &self.params[W1], &dh, gw1, gb1, None);
         }
-        let loss = out.iter().zip(&y).map(|(o, t)| huber(f64::from(o - t))).sum::<f64>() / n as f64;
+        let loss = out.iter().zip(y).map(|(o, t)| huber(f64::from(o - t))).sum::<f64>() / n as f64;
         (loss, grad)
     }
 
@@ -333,10 +344,6 @@ mod tests {
         assert_eq!(n.observe(300.0, 0.5, 0.3), 200.0);
     }
 
-    fn all_of(n: &Narx) -> Vec<usize> {
-        (0..n.replay.len()).collect()
-    }
-
     #[test]
     fn the_gradient_is_the_loss_derivative() {
         // Central differences of the window's loss against the analytic gradient, on parameters
@@ -347,15 +354,15 @@ mod tests {
         for t in 0..40 {
             n.observe(100.0 + 30.0 * f64::from(t % 4), 0.2 + 0.01 * f64::from(t % 3), 0.3);
         }
-        let all = all_of(&n);
-        let (_, grad) = n.gradient(&all);
+        let (x, y) = n.window();
+        let (_, grad) = n.gradient(&x, &y);
         for i in [W1.start, W1.start + 17, B1.start + 3, W2.start + 2, B2.start, L.start + 1, L.end - 2] {
             let h = 1e-2;
             let p = n.params[i];
             n.params[i] = p + h;
-            let up = n.gradient(&all).0;
+            let up = n.gradient(&x, &y).0;
             n.params[i] = p - h;
-            let down = n.gradient(&all).0;
+            let down = n.gradient(&x, &y).0;
             n.params[i] = p;
             let numeric = (up - down) / (2.0 * f64::from(h));
             let g = f64::from(grad[i]);
@@ -372,11 +379,10 @@ mod tests {
             pair[INPUTS] = 0.5 * pair[0] - 0.3 * (4.0 * pair[LAGS + 2]).tanh();
             fresh.replay.push_back(pair);
         }
-        let before = fresh.gradient(&all_of(&fresh)).0;
-        for _ in 0..1000 {
-            fresh.train_step();
-        }
-        let after = fresh.gradient(&all_of(&fresh)).0;
+        let (x, y) = fresh.window();
+        let before = fresh.gradient(&x, &y).0;
+        fresh.train(1000);
+        let after = fresh.gradient(&x, &y).0;
         assert!(after < 0.2 * before, "{before} -> {after}");
     }
 

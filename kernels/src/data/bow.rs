@@ -188,17 +188,9 @@ pub fn convert(input: &Path, output: &Path, format: Format, vocabulary: Option<u
     if t.labels.is_empty() {
         return Err(DataError::format(input, "no documents"));
     }
-    let cols = match vocabulary {
-        Some(v) if v < t.max_index => {
-            return Err(DataError::Invalid(format!(
-                "{}: word ID {} is beyond --vocabulary {v}",
-                input.display(),
-                t.max_index
-            )))
-        }
-        Some(v) => v,
-        None => t.max_index,
-    };
+    let cols = t.columns(vocabulary, |v| {
+        format!("{}: word ID {} is beyond --vocabulary {v}", input.display(), t.max_index)
+    })?;
     t.write(output, cols)
 }
 

@@ -148,21 +148,23 @@ pub fn convert(input: &Path, output: &Path, features: Option<u64>) -> Result<Con
     if t.labels.is_empty() {
         return Err(DataError::format(input, "no examples"));
     }
-    let cols = match features {
-        Some(f) if f < t.max_index => {
-            return Err(DataError::Invalid(format!(
-                "{}: index {} is beyond --features {f}",
-                input.display(),
-                t.max_index
-            )))
-        }
-        Some(f) => f,
-        None => t.max_index,
-    };
+    let cols = t.columns(features, |f| {
+        format!("{}: index {} is beyond --features {f}", input.display(), t.max_index)
+    })?;
     t.write(output, cols)
 }
 
 impl SparseText {
+    /// The column count: `given` if it covers [`max_index`](Self::max_index), else the error
+    /// `beyond(given)`; by default `max_index`.
+    pub fn columns(&self, given: Option<u64>, beyond: impl FnOnce(u64) -> String) -> Result<u64> {
+        match given {
+            Some(g) if g < self.max_index => Err(DataError::Invalid(beyond(g))),
+            Some(g) => Ok(g),
+            None => Ok(self.max_index),
+        }
+    }
+
     /// Writes the rows as a sparse dataset of `cols` columns at `output`.
     pub fn write(&self, output: &Path, cols: u64) -> Result<Converted> {
         let shape = Shape {
