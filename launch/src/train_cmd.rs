@@ -486,7 +486,7 @@ impl Resolved {
             ModelKind::Softmax => &["intercept", "k", "hidden", "l1", "alpha", "eta"],
             ModelKind::Mf => &["hidden", "l1", "optimizer", "alpha", "eta"],
             ModelKind::Mlp => &["intercept", "k", "l1", "alpha", "eta"],
-            ModelKind::Lda => &["intercept", "hidden", "l1", "l2", "optimizer", "lr", "lr_decay", "warmup"],
+            ModelKind::Lda => &["intercept", "hidden", "l1", "l2", "optimizer", "lr", "lr-decay", "warmup"],
         };
         for k in others {
             t.remove(*k);
@@ -615,6 +615,14 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
                  settings are --k (topics), --alpha and --eta",
                 set.join(", ")
             )));
+        }
+        if f.k.is_some_and(|k| k < 2) {
+            return Err(usage(format!("--k: lda needs at least 2 topics, got {}", f.k.unwrap_or(0))));
+        }
+        for (flag, v) in [("--alpha", f.alpha), ("--eta", f.eta)] {
+            if let Some(v) = v.filter(|v| !(v.is_finite() && *v > 0.0)) {
+                return Err(usage(format!("{flag} must be a positive number, got {v}")));
+            }
         }
     } else if f.alpha.is_some() || f.eta.is_some() {
         return Err(usage(format!("--alpha and --eta are for --model lda, not {}", model.name())));

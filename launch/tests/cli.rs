@@ -923,6 +923,88 @@ fn train_divergence_is_an_error() {
     assert!(stderr.contains("training stopped: the accuracy"), "{stderr}");
 }
 
+/// LDA from the command line: a corpus converted, trained on 2 ranks, its config.toml run again,
+/// its topic proportions predicted; bad settings and unsuited schemes refused before anything is
+/// written.
+#[test]
+fn lda_trains_runs_its_config_again_and_refuses_bad_settings() {
+    let d_tmp = scratch("lda");
+    let d = d_tmp.path();
+    let ldac = d.join("c.ldac");
+    std::fs::write(&ldac, "3 0:2 3:1 5:4\n2 1:3 2:1\n4 0:1 2:2 4:1 5:1\n2 3:2 4:3\n").expect("write");
+    let data = d.join("c.pgd").to_string_lossy().into_owned();
+    assert!(peregrine(&["data", "convert", "ldac", &ldac.to_string_lossy(), &data]).status.success());
+    let run = d.join("run");
+    let lda = |extra: &[&str], dir: &Path| {
+        peregrine(
+            &[
+                &[
+                    "train",
+                    "--ranks",
+                    "2",
+                    "--model",
+                    "lda",
+                    "--data",
+                    &data,
+                    "-q",
+                    "--run-dir",
+                    &dir.to_string_lossy(),
+                ][..],
+                extra,
+            ]
+            .concat(),
+        )
+    };
+    let out = lda(&["--k", "3", "--epochs", "4"], &run);
+    assert!(out.status.success(), "{:?}", text(&out));
+    let config = std::fs::read_to_string(run.join("config.toml")).expect("config");
+    for line in ["model = \"lda\"", "k = 3", "alpha = 0.1", "eta = 0.01"] {
+        assert!(config.lines().any(|l| l == line), "{line} missing:\n{config}");
+    }
+    for other in ["lr", "lr-decay", "warmup", "optimizer", "l2", "hidden", "intercept"] {
+        assert!(!config.lines().any(|l| l.starts_with(&format!("{other} ="))), "{other} in:\n{config}");
+    }
+    let again = peregrine(&[
+        "train",
+        "--ranks",
+        "1",
+        "--config",
+        &run.join("config.toml").to_string_lossy(),
+        "-q",
+        "--run-dir",
+        &d.join("again").to_string_lossy(),
+    ]);
+    assert!(again.status.success(), "{:?}", text(&again));
+    let csv = d.join("topics.csv");
+    let out = peregrine(&[
+        "predict",
+        "--model",
+        &run.to_string_lossy(),
+        "--data",
+        &data,
+        "--out",
+        &csv.to_string_lossy(),
+    ]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    let rows: Vec<String> = std::fs::read_to_string(&csv).expect("csv").lines().map(str::to_owned).collect();
+    assert_eq!(rows.len(), 5, "a header and one row per document: {rows:?}");
+    assert!(rows[0].contains("topic0,topic1,topic2"), "{}", rows[0]);
+    for (args, code, says) in [
+        (&["--scheme", "ssp:2"][..], 2, "bsp, lb-bsp, speculative or falcon"),
+        (&["--lr", "0.1"][..], 2, "no learning rate"),
+        (&["--k", "1"][..], 2, "at least 2 topics"),
+        (&["--alpha", "nan"][..], 2, "--alpha must be a positive number"),
+        (&["--eta", "0"][..], 2, "--eta must be a positive number"),
+        (&["--eval", data.as_str()][..], 1, "held-out"),
+    ] {
+        let refused = d.join("refused");
+        let out = lda(args, &refused);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {:?}", text(&out));
+        assert!(text(&out).1.contains(says), "{args:?}: {:?}", text(&out));
+        assert!(!refused.exists(), "{args:?}: a run directory was written");
+    }
+}
+
 #[test]
 fn every_shipped_config_runs() {
     let d_tmp = scratch("configs");
