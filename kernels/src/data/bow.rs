@@ -189,7 +189,15 @@ pub fn convert(input: &Path, output: &Path, format: Format, vocabulary: Option<u
         return Err(DataError::format(input, "no documents"));
     }
     let cols = t.columns(vocabulary, |v| {
-        format!("{}: word ID {} is beyond --vocabulary {v}", input.display(), t.max_index)
+        let whence = match format {
+            Format::Docword => "the header's W",
+            Format::Ldac => "the largest word ID + 1",
+        };
+        format!(
+            "{}: its vocabulary has {} words ({whence}), more than --vocabulary {v}",
+            input.display(),
+            t.max_index
+        )
     })?;
     t.write(output, cols)
 }
@@ -218,6 +226,18 @@ mod tests {
         let out = dir.path().join("c.pgd");
         let c = convert(&uci, &out, Format::Docword, None).expect("convert");
         assert_eq!((c.rows, c.cols, c.nnz), (3, 5, 4));
+        // A smaller vocabulary than the header's W (whatever IDs the triples use) is refused,
+        // naming where the size comes from; a larger one widens the columns.
+        let e = convert(&uci, &dir.path().join("n.pgd"), Format::Docword, Some(4)).expect_err("narrower");
+        assert!(
+            e.to_string().contains("vocabulary has 5 words (the header's W), more than --vocabulary 4"),
+            "{e}"
+        );
+        assert!(!dir.path().join("n.pgd").exists());
+        let e = convert(&ldac, &dir.path().join("n.pgd"), Format::Ldac, Some(4)).expect_err("narrower");
+        assert!(e.to_string().contains("5 words (the largest word ID + 1)"), "{e}");
+        let c = convert(&ldac, &out, Format::Ldac, Some(9)).expect("wider");
+        assert_eq!(c.cols, 9);
     }
 
     #[test]
