@@ -53,7 +53,7 @@ fetch_lda_reference() {
     local dir=target/datasets/lda-3.0.2
     export PEREGRINE_REUTERS="$PWD/$dir/site/lda/tests/reuters.ldac"
     export PEREGRINE_LDA_PYTHONPATH="$PWD/$dir/site" PEREGRINE_LDA_PYTHON=/usr/bin/python3
-    ensure_packages python3-numpy
+    ensure_packages python3-numpy python3-pip
     [ -f "$PEREGRINE_REUTERS" ] && return 0
     step "fetching the lda package and its Reuters corpus (PyPI wheel lda==3.0.2)"
     mkdir -p "$dir/site"
