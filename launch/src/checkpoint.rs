@@ -201,7 +201,14 @@ mod tests {
             params: (0..100).map(|i| i as f32 * 0.5 + iteration as f32).collect(),
             state: (0..200).map(|i| i as f32).collect(),
             weights: Vec::new(),
-            evals: vec![EvalPoint { iter: 10, time: 0.5, loss: 0.7, metric: 0.6, train_loss: Some(0.71) }],
+            evals: vec![EvalPoint {
+                iter: 10,
+                time: 0.5,
+                loss: 0.7,
+                metric: 0.6,
+                train_loss: Some(0.71),
+                consensus: None,
+            }],
             train_seconds: 1.25,
             scheme: vec![2.0, 3.0, 2.0, 0.25, 1e300, 1.0, 7.5, 0.0],
         }

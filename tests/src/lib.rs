@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 
 /// Every synchronization scheme, each with a parameter that runs on 2 ranks: what the tests run
 /// "under every scheme".
-pub const SCHEMES: [&str; 12] = [
+pub const SCHEMES: [&str; 13] = [
     "bsp",
     "ssp:2",
     "asp",
@@ -20,6 +20,7 @@ pub const SCHEMES: [&str; 12] = [
     "flexrr:2",
     "falcon",
     "falcon:slack:2",
+    "dbw",
 ];
 
 /// The MPI launcher to use: `$PEREGRINE_MPIRUN` (e.g. `mpirun.mpich`), else `mpirun`.

@@ -208,8 +208,21 @@ pub fn counted_with(
     epochs: u64,
     steal: bool,
 ) -> Result<(Vec<f32>, Vec<String>), String> {
+    counted_by(t, scheme, inject, epochs, steal, Duration::from_micros(20))
+}
+
+/// [`counted_with`], each row taking `per_row` (long enough for measured compute times to stand
+/// above a loaded machine's noise).
+pub fn counted_by(
+    t: &Transport,
+    scheme: Scheme,
+    inject: Injection,
+    epochs: u64,
+    steal: bool,
+    per_row: Duration,
+) -> Result<(Vec<f32>, Vec<String>), String> {
     let rows = 997;
-    let model = Counting { rows, per_row: Duration::from_micros(20) };
+    let model = Counting { rows, per_row };
     let cfg = Config {
         scheme: SchemeSpec::new(scheme, steal),
         batch: 200,

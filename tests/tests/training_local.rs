@@ -529,3 +529,104 @@ fn lda_counts_stay_the_counts_of_the_topics_under_every_scheme() {
         }
     }
 }
+
+/// DBW without backup workers: every edge exchanges every iteration, each iteration's averaging
+/// matrix is doubly stochastic, and so the replicas' average (the model a run reports) moves by
+/// exactly the average of the ranks' updates: every row counted once, as under BSP, on a ring and
+/// on the complete graph, with rank 0 slowed (everyone then waits for it, directly or through a
+/// neighbour).
+#[test]
+fn dbw_without_backups_counts_every_row_once_in_the_replicas_average() {
+    for name in ["dbw:ring:0", "dbw:complete:0"] {
+        for world in [1, 2, 3, 4] {
+            let out =
+                run_local(world, |t| counted(&t, scheme(name), peregrine_tests::training::slowed(0, 0.5), 2))
+                    .expect("world");
+            for (rank, r) in out.into_iter().enumerate() {
+                let (p, lines) = r.unwrap_or_else(|e| panic!("{name}, {world} ranks: {e}"));
+                if let Some((row, c)) = p.iter().enumerate().find(|(_, &c)| (c - 2.0).abs() > 1e-3) {
+                    panic!("{name}, {world} ranks: row {row} counted {c} times in 2 epochs");
+                }
+                assert!(lines.iter().all(|l| field(l, "dropped") == "false"), "{name}: rank {rank} dropped");
+            }
+        }
+    }
+}
+
+/// Dynamic DBW on a ring of 4 with rank 0 at a quarter of its speed: its neighbours (1 and 3)
+/// stop waiting for it (one backup worker each) more often than rank 2, opposite, which keeps
+/// waiting for both of its fast neighbours; rank 0's updates reach nobody far more often than
+/// anyone else's (about every other iteration: it then pulls its neighbours' estimates and skips
+/// ahead to their iteration, where it often arrives first and exchanges).
+#[test]
+fn dynamic_dbw_leaves_the_slow_neighbour_out() {
+    let slow = peregrine_tests::training::slowed(0, 0.25);
+    let per_row = std::time::Duration::from_micros(200);
+    let out = run_local(4, |t| {
+        peregrine_tests::training::counted_by(&t, scheme("dbw"), slow.clone(), 4, false, per_row)
+    })
+    .expect("world");
+    let lines: Vec<Vec<String>> = out.into_iter().map(|r| r.expect("rank").1).collect();
+    let share = |r: usize, key: &str, value: &str| {
+        let n = lines[r].iter().skip(1).filter(|l| field(l, key) == value).count();
+        n as f64 / (lines[r].len() - 1).max(1) as f64
+    };
+    let two = share(2, "backups", "1");
+    for r in [1, 3] {
+        let b1 = share(r, "backups", "1");
+        assert!(
+            b1 > 0.5 && b1 > two + 0.2,
+            "b = 1 in {b1:.2} of rank {r}'s iterations, {two:.2} of rank 2's"
+        );
+    }
+    let dropped = share(0, "dropped", "true");
+    let others = (1..4).map(|r| share(r, "dropped", "true")).fold(0.0, f64::max);
+    assert!(dropped > others + 0.25, "rank 0 dropped {dropped:.2}, the others at most {others:.2}");
+    assert!(
+        lines[0].len() < lines[2].len(),
+        "rank 0 ran {} iterations, rank 2 {}",
+        lines[0].len(),
+        lines[2].len()
+    );
+}
+
+/// DBW's replicas drift apart between exchanges and are pulled together by them: the consensus
+/// distance the evaluations report is positive, and with a decaying learning rate it ends below
+/// where it started, on a ring of 4 with rank 0 at half speed, dynamic and without backups; the
+/// average model learns.
+#[test]
+fn dbw_replicas_come_together() {
+    use peregrine_core::engine::{self, Config};
+    use peregrine_core::optim::{Decay, Schedule};
+    use peregrine_core::pool::{Pinning, RankPool};
+    use peregrine_core::SchemeSpec;
+    let tmp = scratch("dbw");
+    let data = sparse_data(tmp.path());
+    for name in ["dbw", "dbw:ring:0"] {
+        let out = run_local(4, |t| {
+            let model = LogReg::new(&data, None, 0.5, true).map_err(|e| e.to_string())?;
+            let cfg = Config {
+                scheme: SchemeSpec::new(scheme(name), false),
+                batch: 200,
+                chunk: 10,
+                iterations: 150,
+                threads: 1,
+                inject: peregrine_tests::training::slowed(0, 0.5),
+                eval_every: 5,
+                schedule: Schedule { warmup: 0, decay: Decay::Inverse(1.0) },
+                ..Config::default()
+            };
+            let pool = RankPool::new(1, peregrine_tests::training::slot(&t), Pinning::Off)
+                .map_err(|e| e.to_string())?;
+            let r = engine::train(&t, &model, &cfg, &pool, None, &mut |_| {}).map_err(|e| e.to_string())?;
+            Ok::<_, String>(r.evals)
+        })
+        .expect("world");
+        let evals = out.into_iter().next().expect("rank 0").unwrap_or_else(|e| panic!("{name}: {e}"));
+        let c: Vec<f64> = evals.iter().map(|e| e.consensus.expect("a replicated run reports it")).collect();
+        assert!(c.len() >= 3 && c[0] > 0.0, "{name}: consensus distance {c:?}");
+        assert!(c[c.len() - 1] < c[0], "{name}: consensus distance {c:?}");
+        let (first, last) = (evals[0].loss, evals[evals.len() - 1].loss);
+        assert!(last < first && last < 0.9 * std::f64::consts::LN_2, "{name}: loss {first} -> {last}");
+    }
+}

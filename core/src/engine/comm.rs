@@ -8,9 +8,12 @@ use super::{IterRecord, TrainError};
 use crate::model::{Delta, KeySet, Model};
 
 impl<M: Model> Run<'_, M> {
-    /// Whether pulls read only the keys of the chunks (else the whole model).
+    /// Whether pulls read only the keys of the chunks (else the whole model, or this rank's
+    /// whole replica).
     pub(super) fn keyed(&self) -> bool {
-        self.model.sparse() && self.model.layout().params > self.cfg.dense_pull_below
+        self.model.sparse()
+            && self.model.layout().params > self.cfg.dense_pull_below
+            && !self.params.replicated()
     }
 
     /// Pulls what this rank's chunks of `it` read into `replica`: all of a dense model (or a

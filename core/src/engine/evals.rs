@@ -110,8 +110,10 @@ pub(super) struct Evals {
     pub to_target: Option<f64>,
     /// Evaluations this rank has joined.
     joined: u64,
-    /// The full model, pulled for each evaluation.
+    /// The full model, pulled for each evaluation (the replicas' average, when replicated).
     pub params: Vec<f32>,
+    /// This rank's replica, when replicated.
+    own: Vec<f32>,
     /// This rank's iterations done.
     pub iters: u64,
     /// This rank's training loss (summed over rows) and rows since the last evaluation.
@@ -133,6 +135,7 @@ impl Evals {
             to_target: None,
             joined: 0,
             params: vec![0.0; params],
+            own: Vec::new(),
             iters: 0,
             train_loss: 0.0,
             train_rows: 0.0,
@@ -206,7 +209,12 @@ impl<M: Model> Run<'_, M> {
     pub(super) fn evaluate(&self, ev: &mut Evals) -> Result<(), TrainError> {
         let e0 = Instant::now();
         let train_time = ev.train_time();
-        self.params.get_all(&mut ev.params)?;
+        let consensus = if self.params.replicated() {
+            Some(self.params.average(self.t, &mut ev.params, &mut ev.own)?)
+        } else {
+            self.params.get_all(&mut ev.params)?;
+            None
+        };
         let mine = split(self.model.eval_rows(), self.rank, self.world);
         let threads = self.pool.active();
         let sums = Mutex::new([0.0f64; 3]);
@@ -229,7 +237,7 @@ impl<M: Model> Run<'_, M> {
         let (iter, time) = (all[3] as u64, all[4]);
         let train_loss = (all[6] > 0.0).then(|| all[5] / all[6]);
         ev.time += e0.elapsed();
-        ev.points.push(EvalPoint { iter, time, loss, metric, train_loss });
+        ev.points.push(EvalPoint { iter, time, loss, metric, train_loss, consensus });
         // Every rank judges the same reduced figures: all stop together, or none. (No evaluation
         // rows, nothing to judge.)
         if all[2] > 0.0 {
@@ -256,6 +264,7 @@ mod tests {
                 loss,
                 metric,
                 train_loss: None,
+                consensus: None,
             })
             .collect()
     }

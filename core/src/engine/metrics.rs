@@ -82,6 +82,10 @@ pub struct EvalPoint {
     /// Mean training loss of the rows computed since the previous evaluation (every rank's),
     /// before their updates; `None` if none were.
     pub train_loss: Option<f64>,
+    /// Replicated schemes (DBW), whose evaluated model is the replicas' average: their
+    /// root-mean-square distance from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consensus: Option<f64>,
 }
 
 /// Totals of one rank.

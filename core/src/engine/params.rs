@@ -7,8 +7,9 @@
 //! it, and a range of parameters reads its state as one range.
 
 use std::ops::Range;
+use std::sync::Mutex;
 
-use peregrine_transport::{ShardMap, Transport, Window};
+use peregrine_transport::{ReduceOp, ShardMap, Transport, Window};
 
 use super::TrainError;
 use crate::model::{Delta, KeySet, Layout, Model};
@@ -26,6 +27,10 @@ pub(super) struct Params {
     lr: f32,
     /// Parameters without L1 (an intercept).
     exempt: Range<usize>,
+    /// Replicated: where this rank's replica starts in `w`, and its optimizer state.
+    own: Option<(usize, Mutex<Vec<f32>>)>,
+    /// The model's parameters.
+    len: usize,
 }
 
 /// A push's buffers, kept from iteration to iteration.
@@ -42,39 +47,60 @@ pub(super) struct PushBufs {
 
 impl Params {
     /// Collective: allocates the windows and writes this rank's shard of `model`'s initial values
-    /// (and zero state).
+    /// (and zero state); if `replicated`, its whole replica.
     pub(super) fn start<M: Model>(
         t: &Transport,
         model: &M,
         opt: Optimizer,
         seed: u64,
+        replicated: bool,
     ) -> Result<Self, TrainError> {
         let layout = model.layout();
+        let (lr, exempt, slots) = (model.lr().unwrap_or(0.0), model.unpenalized(), opt.slots());
+        let stored = |range: Range<usize>| {
+            let mut init = vec![0.0f32; range.len()];
+            model.init(seed, range.clone(), &mut init);
+            for (j, v) in init.iter_mut().enumerate() {
+                *v = opt.stored(lr, exempt.contains(&(range.start + j)), *v);
+            }
+            init
+        };
+        if replicated {
+            let p = layout.params;
+            let w: Window<f32> = t.alloc_window("replicas", &ShardMap::from_lens(vec![p; t.world_size()]))?;
+            let at = t.rank() * p;
+            w.put(at, &stored(0..p))?;
+            w.flush_all()?;
+            let own = Some((at, Mutex::new(vec![0.0; p * slots])));
+            return Ok(Self { w, state: None, opt, slots, lr, exempt, own, len: p });
+        }
         let map = ShardMap::balanced(layout.params, t.world_size());
         let w: Window<f32> = t.alloc_window("parameters", &map)?;
-        let slots = opt.slots();
         let state = if slots > 0 {
             let lens = (0..t.world_size()).map(|r| map.len_of(r) * slots);
             Some(t.alloc_window("optimizer state", &ShardMap::from_lens(lens))?)
         } else {
             None
         };
-        let lr = model.lr().unwrap_or(0.0);
-        let exempt = model.unpenalized();
         let mine = map.range(t.rank());
-        let mut init = vec![0.0f32; mine.len()];
-        model.init(seed, mine.clone(), &mut init);
-        for (j, v) in init.iter_mut().enumerate() {
-            *v = opt.stored(lr, exempt.contains(&(mine.start + j)), *v);
-        }
-        w.put(mine.start, &init)?;
+        w.put(mine.start, &stored(mine.clone()))?;
         w.flush_all()?;
-        Ok(Self { w, state, opt, slots, lr, exempt })
+        Ok(Self { w, state, opt, slots, lr, exempt, own: None, len: layout.params })
+    }
+
+    /// Whether every rank keeps its own replica.
+    pub(super) fn replicated(&self) -> bool {
+        self.own.is_some()
+    }
+
+    /// Replicated: this rank's optimizer state.
+    fn own_state(&self) -> std::sync::MutexGuard<'_, Vec<f32>> {
+        self.own.as_ref().expect("a replicated run").1.lock().expect("the replica's state")
     }
 
     /// Reads every parameter into `out` (weights: FTRL's are derived from the window's values).
     pub(super) fn get_all(&self, out: &mut [f32]) -> Result<(), TrainError> {
-        if self.opt.derived() {
+        if self.opt.derived() || self.replicated() {
             return self.get_all_with_state(out, &mut Vec::new());
         }
         Ok(self.w.get(0, out)?)
@@ -84,6 +110,14 @@ impl Params {
     /// the state a push of a model pulled whole steps with (read with the weights, before the
     /// iteration's pushes).
     pub(super) fn get_all_with_state(&self, out: &mut [f32], st: &mut Vec<f32>) -> Result<(), TrainError> {
+        if let Some((at, _)) = &self.own {
+            self.w.get(*at, out)?;
+            if self.slots > 0 {
+                st.clone_from(&self.own_state());
+                self.opt.weights(self.lr, 0, &self.exempt, out, st);
+            }
+            return Ok(());
+        }
         self.w.get(0, out)?;
         if self.slots > 0 {
             st.resize(out.len() * self.slots, 0.0);
@@ -115,9 +149,89 @@ impl Params {
         Ok(())
     }
 
+    /// Collective, replicated: the replicas' average of the stored values into `w` and of the
+    /// optimizer state into `st` (a checkpoint's).
+    pub(super) fn average_raw(
+        &self,
+        t: &Transport,
+        w: &mut Vec<f32>,
+        st: &mut Vec<f32>,
+    ) -> Result<(), TrainError> {
+        let Some((at, _)) = &self.own else { return Ok(()) };
+        w.resize(self.len, 0.0);
+        self.w.get(*at, w)?;
+        st.clone_from(&self.own_state());
+        let n = t.world_size() as f32;
+        for v in [w, st] {
+            t.allreduce(&mut v[..], ReduceOp::Sum)?;
+            v.iter_mut().for_each(|x| *x /= n);
+        }
+        Ok(())
+    }
+
+    /// Collective, replicated: every replica's weights averaged into `out` (this rank's own in
+    /// `mine`), and the consensus distance, the replicas' root-mean-square distance from the
+    /// average.
+    pub(super) fn average(
+        &self,
+        t: &Transport,
+        out: &mut [f32],
+        mine: &mut Vec<f32>,
+    ) -> Result<f64, TrainError> {
+        mine.resize(out.len(), 0.0);
+        self.get_all(mine)?;
+        out.copy_from_slice(mine);
+        t.allreduce(out, ReduceOp::Sum)?;
+        let n = t.world_size() as f32;
+        out.iter_mut().for_each(|x| *x /= n);
+        let mut d = [mine.iter().zip(out.iter()).map(|(a, b)| f64::from(a - b).powi(2)).sum::<f64>()];
+        t.allreduce(&mut d, ReduceOp::Sum)?;
+        Ok((d[0] / f64::from(n)).sqrt())
+    }
+
+    /// Replicated: this rank's replica stepped with `delta` (none: as it is) into `y`, its
+    /// optimizer state stepped with it. Without `step`, `delta` is the update itself; with it,
+    /// the optimizer steps every parameter with this rank's contributions, as a push of a model
+    /// pulled whole does.
+    pub(super) fn step_own(
+        &self,
+        delta: Option<&Delta>,
+        step: Option<Step>,
+        y: &mut Vec<f32>,
+    ) -> Result<(), TrainError> {
+        let at = self.own.as_ref().expect("a replicated run").0;
+        y.resize(self.len, 0.0);
+        self.w.get(at, y)?;
+        let Some(delta) = delta else { return Ok(()) };
+        let Some(step) = step else {
+            peregrine_kernels::dense::axpy(1.0, delta.values(), y);
+            return Ok(());
+        };
+        let mut st = self.own_state();
+        let mut data = delta.values().to_vec();
+        let mut ds = vec![0.0; st.len()];
+        let w = if self.opt.derived() { self.weights_of(y, &st) } else { Vec::new() };
+        self.opt.step(step, &mut data, &st, &mut ds, &w);
+        st.iter_mut().zip(&ds).for_each(|(s, d)| *s += d);
+        peregrine_kernels::dense::axpy(1.0, &data, y);
+        Ok(())
+    }
+
+    /// Replicated: writes this rank's replica.
+    pub(super) fn set_own(&self, t: &Transport, x: &[f32]) -> Result<(), TrainError> {
+        let at = self.own.as_ref().expect("a replicated run").0;
+        self.w.put(at, x)?;
+        Ok(self.w.flush(t.rank())?)
+    }
+
     /// Writes this rank's shard of `w` and of the optimizer state `st` (a checkpoint's) into the
-    /// windows.
+    /// windows; replicated, its whole replica and state.
     pub(super) fn restore(&self, t: &Transport, w: &[f32], st: &[f32]) -> Result<(), TrainError> {
+        if let Some((at, _)) = &self.own {
+            self.w.put(*at, w)?;
+            self.own_state().copy_from_slice(st);
+            return self.flush_all();
+        }
         let mine = ShardMap::balanced(self.w.len(), t.world_size()).range(t.rank());
         self.w.put(mine.start, &w[mine.clone()])?;
         if self.slots > 0 {

@@ -97,6 +97,9 @@ struct Local {
     replica: Vec<f32>,
     /// The optimizer state read with a model pulled whole.
     state: Vec<f32>,
+    /// Replicated: this rank's replica stepped with its update, then averaged with its
+    /// neighbours'.
+    mixed: Vec<f32>,
     totals: RankTotals,
     samples: u64,
     ev: Evals,
@@ -130,7 +133,7 @@ impl<'a, M: Model> Run<'a, M> {
     ) -> Result<(Self, Box<dyn Policy>), TrainError> {
         pool.set_active(cfg.threads);
         // Each rank writes the initial values of its own shard.
-        let params = Params::start(t, model, cfg.optimizer, cfg.seed)?;
+        let params = Params::start(t, model, cfg.optimizer, cfg.seed, cfg.scheme.scheme.replicated())?;
         let slots = (0..pool.max_threads())
             .map(|w| Mutex::new(Slot::new(model.work(cfg.chunk), w as u32 + 1)))
             .collect();
@@ -144,7 +147,8 @@ impl<'a, M: Model> Run<'a, M> {
             }
             None => None,
         };
-        let policy = cfg.scheme.scheme.policy(&Setup { t, cfg, plan: &plan, simulated: false })?;
+        let setup = Setup { t, cfg, plan: &plan, simulated: false, params: model.layout().params };
+        let policy = cfg.scheme.scheme.policy(&setup)?;
         let mut run = Run {
             t,
             model,
@@ -319,6 +323,13 @@ impl<'a, M: Model> Run<'a, M> {
                 rec.waited_for = self.watch.behind_in(it).or(rec.waited_for);
                 self.traced("wait", "wait", waiting, self.waited(it, rec.waited_for, "clocks"));
             }
+            if self.params.replicated() && me.ev.to_target.is_none() {
+                let mixing = Instant::now();
+                policy.mix(&self.view(), it, &mut me.mixed, &mut rec)?;
+                self.params.set_own(self.t, &me.mixed)?;
+                rec.comm += mixing.elapsed().as_secs_f64();
+                self.traced("mix", "comm", Span(mixing), Args::default().int("iter", it));
+            }
             self.close(policy, &mut me, rec, &mut metrics, progress)?;
             self.traced("iteration", "iteration", whole, Args::default().int("iter", it));
             if me.ev.to_target.is_some() {
@@ -407,6 +418,10 @@ impl<'a, M: Model> Run<'a, M> {
         self.serve_evals(&mut me.ev)?;
         self.t.barrier()?;
         let scheme = self.gather_scheme_state(policy)?;
+        // Replicated: the replicas' average is the checkpoint's model (a resumed run starts every
+        // replica from it).
+        let mut average = (Vec::new(), Vec::new());
+        self.params.average_raw(self.t, &mut average.0, &mut average.1)?;
         // [failed, the next interval, asked to stop]: rank 0's interval, the others' zero.
         let stop = self.cfg.stop.as_ref().is_some_and(|f| f.load(Ordering::Relaxed));
         let mut agreed = [0u64, 0, u64::from(stop)];
@@ -419,7 +434,11 @@ impl<'a, M: Model> Run<'a, M> {
                 scheme,
                 ..Default::default()
             };
-            self.params.get_raw(&mut s.params, &mut s.state)?;
+            if self.params.replicated() {
+                (s.params, s.state) = std::mem::take(&mut average);
+            } else {
+                self.params.get_raw(&mut s.params, &mut s.state)?;
+            }
             s.weights = self.params.weights_of(&s.params, &s.state);
             if let Err(e) = sink(&s) {
                 (agreed[0], why) = (1, e);
@@ -610,7 +629,11 @@ impl<'a, M: Model> Run<'a, M> {
                 None
             }
         };
-        if admit.apply && !me.delta.is_empty() && step.is_none_or(|s| s.share > 0.0) {
+        if self.params.replicated() {
+            // This rank's replica steps by itself and is published for its neighbours.
+            self.params.step_own(admit.apply.then_some(&me.delta), step, &mut me.mixed)?;
+            policy.publish(&view, it, &me.mixed)?;
+        } else if admit.apply && !me.delta.is_empty() && step.is_none_or(|s| s.share > 0.0) {
             // A model pulled whole stepped with the state read with it.
             let pulled =
                 (!self.keyed() && self.params.stateful()).then_some((&me.replica[..], &me.state[..]));
@@ -803,6 +826,7 @@ impl Local {
             keys: KeySet::new(layout.keys()),
             replica,
             state: Vec::new(),
+            mixed: Vec::new(),
             totals: RankTotals::default(),
             samples: 0,
             ev: Evals::new(layout.params, run.model.baseline(), run.model.metric()),

@@ -1,6 +1,7 @@
 //! Backup workers (Sync-opt, Chen et al. 2016): each iteration applies the first `N - b` updates
 //! to arrive; later ones are dropped, and a rank that was late moves straight on to the iteration
-//! the others are in. The dynamic variant (after DBW) chooses `b` for each iteration from the ranks'
+//! the others are in. The dynamic variant (after DBW's rule, here with one server-side `b`; `dbw.rs` is the
+//! decentralized scheme itself) chooses `b` for each iteration from the ranks'
 //! last compute times: the `k = N - b` that maximizes updates per unit of time, `k / d_(k)`, where
 //! `d_(k)` is the k-th shortest compute time (k at least half the ranks).
 //!
@@ -27,7 +28,7 @@ pub(crate) const FAMILY: Family = Family { forms: "backup:<b>, backup-dynamic", 
 
 fn parse(s: &str) -> Option<Parsed> {
     let b = match s {
-        "backup-dynamic" | "dbw" => Ok(Backups { fixed: None }),
+        "backup-dynamic" => Ok(Backups { fixed: None }),
         _ => arg(s, "backup")?.parse().map(|b| Backups { fixed: Some(b) }).map_err(|_| {
             SchemeError::argument(
                 s,

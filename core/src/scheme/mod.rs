@@ -28,6 +28,7 @@ use crate::plan::Plan;
 use crate::words::{self, Progress, Queue};
 
 mod backup;
+mod dbw;
 mod dynsgd;
 mod falcon;
 mod flexrr;
@@ -46,6 +47,7 @@ const FAMILIES: &[Family] = &[
     staleness::FAMILY,
     dynsgd::FAMILY,
     backup::FAMILY,
+    dbw::FAMILY,
     lbbsp::FAMILY,
     speculative::FAMILY,
     flexrr::FAMILY,
@@ -78,6 +80,14 @@ pub(crate) trait Kind: fmt::Debug + fmt::Display + Send + Sync {
         false
     }
 
+    /// Whether every rank keeps its own replica of the model (decentralized: DBW) instead of
+    /// one model sharded over the ranks: the engine then pulls and steps the rank's own replica,
+    /// hands the stepped one to [`Policy::publish`] and the policy averages it with its
+    /// neighbours' ([`Policy::mix`]); evaluations use the replicas' average.
+    fn replicated(&self) -> bool {
+        false
+    }
+
     /// This rank's policy for a run (collective: every rank builds its own, and policies that
     /// own windows allocate them here).
     fn policy(&self, setup: &Setup<'_>) -> Result<Box<dyn Policy>>;
@@ -94,6 +104,8 @@ pub(crate) struct Setup<'a> {
     /// Whether the world is simulated ([`crate::sim`]): the node this process runs on is not the
     /// rank's, so its loads (LB-BSP's exogenous inputs) are not read.
     pub simulated: bool,
+    /// The model's parameters (a replicated policy's windows hold copies of them).
+    pub params: usize,
 }
 
 impl Setup<'_> {
@@ -184,6 +196,12 @@ impl Scheme {
     /// DynSGD's scaled updates, backup workers' skipping ahead, FlexRR, slack Falcon).
     pub fn pulls_every_update(&self) -> bool {
         self.0.pulls_every_update()
+    }
+
+    /// Whether every rank keeps its own replica of the model (DBW) rather than one model sharded
+    /// over the ranks.
+    pub fn replicated(&self) -> bool {
+        self.0.replicated()
     }
 
     /// Every accepted form, for help texts.
@@ -546,6 +564,12 @@ pub(crate) trait Policy: Send + Sync {
         Ok(Admit::FULL)
     }
 
+    /// `publish` (replicated schemes): this rank's replica stepped with its update of `it`, `y`,
+    /// before the clock ticks.
+    fn publish(&mut self, _view: &dyn View, _it: u64, _y: &[f32]) -> Result<()> {
+        Ok(())
+    }
+
     /// `before_tick`: the update is pushed and flushed, the clock not yet ticked. `busy` is the
     /// time this rank's threads spent in chunks.
     fn before_tick(
@@ -565,6 +589,12 @@ pub(crate) trait Policy: Send + Sync {
 
     /// `ready`: whether this rank may start the iteration after `it`.
     fn ready(&self, view: &dyn View, it: u64) -> Result<bool>;
+
+    /// `mix` (replicated schemes): once `ready`, this rank's replica of `it` (`x`, holding what
+    /// was published) averaged with the neighbours'.
+    fn mix(&mut self, _view: &dyn View, _it: u64, _x: &mut [f32], _rec: &mut IterRecord) -> Result<()> {
+        Ok(())
+    }
 
     /// `end`: the iteration's record is complete.
     fn end(&mut self, _rec: &IterRecord) {}
@@ -637,7 +667,8 @@ mod tests {
             ("dynsgd:2", "dynsgd:2"),
             ("backup:1", "backup:1"),
             ("backup-dynamic", "backup-dynamic"),
-            ("dbw", "backup-dynamic"),
+            ("dbw", "dbw:ring"),
+            ("dbw:torus:1", "dbw:torus:1"),
             ("falcon", "falcon"),
             ("epsp", "falcon"),
             ("falcon:enforced", "falcon"),

@@ -170,12 +170,27 @@ pub fn simulate<'a>(
     records: Option<&'a mut dyn FnMut(&IterRecord)>,
 ) -> Result<SimReport, SimError> {
     let plan = crate::engine::check(&s.cfg, s.ranks, s.rows)?;
+    if s.cfg.scheme.scheme.replicated() {
+        return Err(SimError::Train(TrainError::Setting {
+            setting: "the scheme",
+            accepted: "one the simulator models: every scheme but dbw (its ranks' replicas and \
+                       neighbour exchanges are not simulated; run it with peregrine train)"
+                .into(),
+            got: s.cfg.scheme.scheme.to_string(),
+        }));
+    }
     let wall = Instant::now();
     let world: Vec<Transport> =
         peregrine_transport::local::serial_world(s.ranks)?.into_iter().map(Transport::Local).collect();
     let mut policies = Vec::with_capacity(s.ranks);
     for t in &world {
-        policies.push(s.cfg.scheme.scheme.policy(&Setup { t, cfg: &s.cfg, plan: &plan, simulated: true })?);
+        policies.push(s.cfg.scheme.scheme.policy(&Setup {
+            t,
+            cfg: &s.cfg,
+            plan: &plan,
+            simulated: true,
+            params: 0,
+        })?);
     }
     for t in &world {
         t.take_ops(); // building the policies is not part of the run
