@@ -3,6 +3,7 @@
 #   scripts/experiment.sh small        generated data, every scheme and pattern (what CI runs)
 #   scripts/experiment.sh full         Adult, MovieLens-100k, Fashion-MNIST (a benchmark)
 #   scripts/experiment.sh predictors   LB-BSP's predictors under speed traces (Fashion-MNIST MLP)
+#   scripts/experiment.sh dbw          decentralized DBW on a ring of 4, dynamic vs static backups
 #   scripts/experiment.sh lda          LDA (Reuters, the lda package's corpus) under stragglers
 # Extra arguments go to `peregrine experiment` (e.g. --out DIR, --no-plots).
 set -euo pipefail
@@ -22,7 +23,7 @@ small)
     [ -f "$d/ratings.pgd" ] || "$P" data gen ratings "$d/ratings.pgd" --ratings 40000 --users 400 --items 300 --rank 4
     [ -f "$d/dense.pgd" ] || "$P" data gen dense "$d/dense.pgd" --rows 8000 --features 64 --classes 4 --noise 0.3
     ;;
-full | predictors)
+full | predictors | dbw)
     ensure_packages dataset-fashion-mnist
     fm=${PEREGRINE_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
     [ -f "$d/fmnist-train.pgd" ] || "$P" data convert idx --images "$fm/train-images-idx3-ubyte.gz" \
@@ -41,7 +42,7 @@ lda)
     [ -f "$d/reuters.pgd" ] || "$P" data convert ldac "$PEREGRINE_REUTERS" "$d/reuters.pgd"
     ;;
 *)
-    echo "usage: scripts/experiment.sh small|full|predictors|lda [peregrine experiment flags]" >&2
+    echo "usage: scripts/experiment.sh small|full|predictors|dbw|lda [peregrine experiment flags]" >&2
     exit 2
     ;;
 esac
