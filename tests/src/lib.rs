@@ -20,7 +20,7 @@ pub const SCHEMES: [&str; 13] = [
     "flexrr:2",
     "falcon",
     "falcon:slack:2",
-    "dbw",
+    "dbw:ring",
 ];
 
 /// The MPI launcher to use: `$PEREGRINE_MPIRUN` (e.g. `mpirun.mpich`), else `mpirun`.
