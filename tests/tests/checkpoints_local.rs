@@ -151,7 +151,25 @@ fn a_stop_on_one_rank_becomes_a_checkpoint_every_rank_agrees_on_under_every_sche
         let world = if name == "bsp" { 2 } else { 3 };
         // Rank 0 is asked to stop after 13 iterations; the others learn it from the windows.
         let out = stopped(world, &data, name, 13, |_| {});
-        let stops: Vec<u64> = out.iter().map(|r| r.0.clone().expect_err("stopped")).collect();
+        // ASP, backup workers and DBW hold no rank to the others: the fast ranks can run all 40
+        // iterations while rank 0 (at half speed) is still before its 13th (seen under ASP and
+        // DBW on a loaded machine); a stop it asks for then names an iteration past the last, and
+        // every rank ends the run normally, without a checkpoint. Never some ranks one way and
+        // some the other.
+        let unbounded = ["asp", "backup:1", "backup-dynamic", "dbw:ring"].contains(&name);
+        if unbounded && out.iter().all(|r| r.0.is_ok()) {
+            assert!(out.iter().all(|r| r.1.is_empty()), "{name}: a checkpoint without a stop");
+            continue;
+        }
+        let outcomes: Vec<Result<usize, u64>> = out.iter().map(|r| r.0.clone().map(|p| p.len())).collect();
+        let stops: Vec<u64> = outcomes
+            .iter()
+            .map(|r| {
+                r.expect_err(&format!(
+                    "{name}: ranks ended as {outcomes:?} (Ok: parameters, Err: stopped at)"
+                ))
+            })
+            .collect();
         let at = stops[0];
         assert!(stops.iter().all(|&s| s == at), "{name}: ranks stopped at {stops:?}");
         assert!((13..40).contains(&at), "{name}: stopped at {at}");
