@@ -20,6 +20,15 @@ fn peregrine_in(dir: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_peregrine")).args(args).current_dir(dir).output().expect("run peregrine")
 }
 
+/// `peregrine train` on one rank from the configuration the run in `run` resolved, with `extra`
+/// flags, into the run directory `into`: it must succeed.
+fn runs_again(run: &Path, extra: &[&str], into: &Path) {
+    let (config, into) = (run.join("config.toml"), into.to_string_lossy());
+    let head = ["train", "--ranks", "1", "--config", &config.to_string_lossy()];
+    let out = peregrine(&[&head[..], extra, &["-q", "--run-dir", &into]].concat());
+    assert!(out.status.success(), "{:?}", text(&out));
+}
+
 fn text(out: &Output) -> (String, String) {
     (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
@@ -611,17 +620,7 @@ fn train_writes_its_run_directory() {
     assert!(config.contains("model = \"lr\"") && config.contains("iterations = 24"), "{config}");
     assert!(config.contains("intercept = true"), "LR has an intercept by default: {config}");
     // The resolved configuration runs again as a config file.
-    let again = peregrine(&[
-        "train",
-        "--ranks",
-        "1",
-        "--config",
-        &run.join("config.toml").to_string_lossy(),
-        "-q",
-        "--run-dir",
-        &d.join("again").to_string_lossy(),
-    ]);
-    assert!(again.status.success(), "{:?}", text(&again));
+    runs_again(&run, &[], &d.join("again"));
     // Without the intercept: one parameter less, and the choice recorded.
     let lr_on_1 = |data: &str, extra: &[&str]| {
         peregrine(&[&["train", "--ranks", "1", "--model", "lr", "--data", data][..], extra].concat())
@@ -648,19 +647,7 @@ fn train_writes_its_run_directory() {
     for line in ["optimizer = \"ftrl\"", "l1 = 0.01", "lr = 1.0", "warmup = 0"] {
         assert!(config.lines().any(|l| l == line), "{line} missing:\n{config}");
     }
-    let out = peregrine(&[
-        "train",
-        "--ranks",
-        "1",
-        "--config",
-        &l1.join("config.toml").to_string_lossy(),
-        "--optimizer",
-        "ftrl",
-        "-q",
-        "--run-dir",
-        &d.join("l1-again").to_string_lossy(),
-    ]);
-    assert!(out.status.success(), "{:?}", text(&out));
+    runs_again(&l1, &["--optimizer", "ftrl"], &d.join("l1-again"));
     let adam = d.join("adam");
     let out = lr_on_1(
         &data,
@@ -964,17 +951,7 @@ fn lda_trains_runs_its_config_again_and_refuses_bad_settings() {
     for other in ["lr", "lr-decay", "warmup", "optimizer", "l2", "hidden", "intercept"] {
         assert!(!config.lines().any(|l| l.starts_with(&format!("{other} ="))), "{other} in:\n{config}");
     }
-    let again = peregrine(&[
-        "train",
-        "--ranks",
-        "1",
-        "--config",
-        &run.join("config.toml").to_string_lossy(),
-        "-q",
-        "--run-dir",
-        &d.join("again").to_string_lossy(),
-    ]);
-    assert!(again.status.success(), "{:?}", text(&again));
+    runs_again(&run, &[], &d.join("again"));
     let csv = d.join("topics.csv");
     let out = peregrine(&[
         "predict",

@@ -198,6 +198,7 @@ impl Params {
         delta: Option<&Delta>,
         step: Option<Step>,
         y: &mut Vec<f32>,
+        b: &mut PushBufs,
     ) -> Result<(), TrainError> {
         let at = self.own.as_ref().expect("a replicated run").0;
         y.resize(self.len, 0.0);
@@ -208,12 +209,20 @@ impl Params {
             return Ok(());
         };
         let mut st = self.own_state();
-        let mut data = delta.values().to_vec();
-        let mut ds = vec![0.0; st.len()];
-        let w = if self.opt.derived() { self.weights_of(y, &st) } else { Vec::new() };
-        self.opt.step(step, &mut data, &st, &mut ds, &w);
-        st.iter_mut().zip(&ds).for_each(|(s, d)| *s += d);
-        peregrine_kernels::dense::axpy(1.0, &data, y);
+        let PushBufs { data, ds, z, .. } = b;
+        data.clear();
+        data.extend_from_slice(delta.values());
+        ds.clear();
+        ds.resize(st.len(), 0.0);
+        z.clear();
+        if self.opt.derived() {
+            // FTRL steps with the weights its stored values and state give.
+            z.extend_from_slice(y);
+            self.opt.weights(self.lr, 0, &self.exempt, z, &st);
+        }
+        self.opt.step(step, data, &st, ds, z);
+        st.iter_mut().zip(ds.iter()).for_each(|(s, d)| *s += d);
+        peregrine_kernels::dense::axpy(1.0, data, y);
         Ok(())
     }
 

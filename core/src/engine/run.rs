@@ -631,7 +631,7 @@ impl<'a, M: Model> Run<'a, M> {
         };
         if self.params.replicated() {
             // This rank's replica steps by itself and is published for its neighbours.
-            self.params.step_own(admit.apply.then_some(&me.delta), step, &mut me.mixed)?;
+            self.params.step_own(admit.apply.then_some(&me.delta), step, &mut me.mixed, &mut me.push)?;
             policy.publish(&view, it, &me.mixed)?;
         } else if admit.apply && !me.delta.is_empty() && step.is_none_or(|s| s.share > 0.0) {
             // A model pulled whole stepped with the state read with it.

@@ -28,8 +28,8 @@
 //! acknowledged yet holds it: arriving is its only way to tell that neighbour that this
 //! iteration's exchange is off; leaving without it once left a neighbour in the last iteration
 //! waiting for ever). A rank that
-//! exchanged with nobody while neighbours were ahead is a late rank: it averages its `y` with the
-//! ahead neighbours' current `x` (read under the sequence lock: a pull, not an exchange, so the
+//! exchanged with nobody while neighbours were ahead is a late rank: it averages its `y` with its
+//! neighbours' current `x` (read under the sequence lock: a pull, not an exchange, so the
 //! average is not kept that iteration) and moves on to the iteration they are in, as a late rank
 //! under backup workers does.
 //!
@@ -294,7 +294,9 @@ impl Kind for Dbw {
                 slots: [(u64::MAX, Vec::new()), (u64::MAX, Vec::new()), (u64::MAX, Vec::new())],
                 version: 0,
                 read: vec![0.0; params],
+                times: vec![0; d],
             }),
+            time_words: nbrs.iter().map(|n| 2 * n.rank + 1..2 * n.rank + 2).collect(),
             nbrs,
             est,
             edges,
@@ -368,6 +370,8 @@ struct State {
     version: u64,
     /// A neighbour's estimate, as read.
     read: Vec<f32>,
+    /// The neighbours' last compute times, as read.
+    times: Vec<u64>,
 }
 
 struct DbwPolicy {
@@ -376,6 +380,8 @@ struct DbwPolicy {
     params: usize,
     fixed: Option<usize>,
     nbrs: Vec<Nbr>,
+    /// Where the neighbours' compute times are in `words`.
+    time_words: Vec<std::ops::Range<usize>>,
     state: Mutex<State>,
     est: Window<f32>,
     edges: Window<u64>,
@@ -513,16 +519,14 @@ impl Policy for DbwPolicy {
         let own = compute.as_micros().max(1) as u64;
         self.words.swap(2 * self.rank + 1, own)?;
         let d = self.nbrs.len();
+        let mut st = self.state.lock().expect("dbw state");
         let k = match self.fixed {
             Some(b) => d - b.min(d),
             None => {
-                let ranges: Vec<_> = self.nbrs.iter().map(|n| 2 * n.rank + 1..2 * n.rank + 2).collect();
-                let mut times = vec![0; d];
-                self.words.load_batch(&ranges, &mut times)?;
-                best_k(own, &mut times)
+                self.words.load_batch(&self.time_words, &mut st.times)?;
+                best_k(own, &mut st.times)
             }
         };
-        let mut st = self.state.lock().expect("dbw state");
         st.round = it;
         st.k = k;
         rec.backups = d - k;
@@ -575,37 +579,27 @@ impl Policy for DbwPolicy {
         let mut guard = self.state.lock().expect("dbw state");
         let st = &mut *guard;
         let active: Vec<usize> = (0..self.nbrs.len()).filter(|&i| st.edges[i] == EdgeState::Active).collect();
-        let mut read = std::mem::take(&mut st.read);
-        let mut own = 1.0f32;
-        let mut sum = vec![0.0f32; 0];
-        let mut add = |w: f32, v: &[f32], sum: &mut Vec<f32>| {
-            if sum.is_empty() {
-                sum.resize(v.len(), 0.0);
+        // x = W_ii y + sum_j W_ij v_j = y + sum_j W_ij (v_j - y), `y` as published.
+        let mut mixin = |w: f32, v: &[f32]| {
+            for ((x, &v), &y) in x.iter_mut().zip(v).zip(&st.pending) {
+                *x += w * (v - y);
             }
-            peregrine_kernels::dense::axpy(w, v, sum);
-            own -= w;
         };
         if !active.is_empty() {
             let s = (it % Y_SLOTS) as usize;
             for &i in &active {
                 let n = self.nbrs[i];
-                self.est.get(self.slot(n.rank, s), &mut read)?;
-                add(n.weight, &read, &mut sum);
+                self.est.get(self.slot(n.rank, s), &mut st.read)?;
+                mixin(n.weight, &st.read);
             }
         } else if st.ahead > it {
-            // Late: pull the current estimates of the neighbours ahead.
+            // Late: pull the neighbours' current estimates.
             for n in &self.nbrs {
-                if self.words.load(2 * n.rank)? > 0 && self.read_x(n.rank, &mut read)? {
-                    add(n.weight, &read, &mut sum);
+                if self.read_x(n.rank, &mut st.read)? {
+                    mixin(n.weight, &st.read);
                 }
             }
         }
-        if !sum.is_empty() {
-            for (x, s) in x.iter_mut().zip(&sum) {
-                *x = own * *x + s;
-            }
-        }
-        st.read = read;
         rec.dropped = active.is_empty() && !self.nbrs.is_empty();
         for &i in &active {
             let n = self.nbrs[i];
