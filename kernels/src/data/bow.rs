@@ -52,6 +52,9 @@ pub fn parse(input: &Path, format: Format) -> Result<SparseText> {
     }
 }
 
+/// Empty documents a docword header may name beyond its triples (each an empty row in memory).
+pub const MAX_EMPTY_DOCUMENTS: u64 = 1 << 24;
+
 fn parse_docword(path: &Path) -> Result<SparseText> {
     let mut lines = Lines::new(path)?;
     let mut header = [0u64; 3];
@@ -76,6 +79,17 @@ fn parse_docword(path: &Path) -> Result<SparseText> {
         return Err(DataError::format(
             path,
             format!("vocabulary size W = {vocab}: must be 1 to {}", u32::MAX),
+        ));
+    }
+    // Documents without a triple become empty rows, held in memory: a header may not make more
+    // of them than the file could ever hold rows for plus a bound (a D of 10^16 would otherwise
+    // ask for petabytes before the triples are even read).
+    if docs > nnz.saturating_add(MAX_EMPTY_DOCUMENTS) {
+        return Err(DataError::format(
+            path,
+            format!(
+                "document count D = {docs}: at most NNZ + {MAX_EMPTY_DOCUMENTS} (NNZ = {nnz}): no more than {MAX_EMPTY_DOCUMENTS} documents may be empty"
+            ),
         ));
     }
     let mut out = SparseText { row_ptr: vec![0], max_index: vocab, ..SparseText::default() };
@@ -249,6 +263,14 @@ mod tests {
             ("c.txt", "1\n5\n1\n1 2 0\n", Format::Docword, "a count (1 to"),
             ("o.txt", "2\n5\n2\n2 1 1\n1 1 1\n", Format::Docword, "sorted by document"),
             ("n.txt", "1\n5\n2\n1 1 1\n", Format::Docword, "NNZ = 2 triples, the file has 1"),
+            // Found by fuzzing: a header naming 4 * 10^16 documents and no triples asked for the
+            // empty rows' memory before reading anything.
+            (
+                "d.txt",
+                "39999999999999992\n4\n0\n",
+                Format::Docword,
+                "no more than 16777216 documents may be empty",
+            ),
             ("p.ldac", "2 0:1\n", Format::Ldac, "2 pairs as the line says, found 1"),
             ("i.ldac", "2 3:1 1:1\n", Format::Ldac, "increasing"),
             ("x.ldac", "1 3:x\n", Format::Ldac, "a count"),
