@@ -50,7 +50,7 @@ use world::{run_world, AppError, RunContext, WorldArgs};
         --dry-run -- conformance --repeat 100   # a batch script for Slurm\n\n\
         Exit codes: 0 success, 1 failure, 2 bad command line, 75 stopped on a signal (resume by running \
         the same command with the same --run-dir: from the stop's checkpoint, or the last one when a rank \
-        could not reach the stop within 5 s), 101 a panic in any thread (a bug: the message names the rank \
+        could not reach the stop within 15 s), 101 a panic in any thread (a bug: the message names the rank \
         and thread), 124 ended by the watchdog (a rank made no progress for --watchdog seconds; rerun to \
         resume from the last checkpoint)."
 )]

@@ -210,7 +210,7 @@ pub struct TrainArgs {
     /// End the job, naming the rank, when a rank makes no progress for S seconds (a rank stopped,
     /// hung or unreachable; exit code 124); 0: never [default: 600, as PyTorch's collective
     /// time-out]. Progress is any chunk, pull, push, evaluation or checkpoint finished. Once asked
-    /// to stop (SIGTERM, SIGUSR1), a rank has 5 s (or S if shorter) without progress to reach the
+    /// to stop (SIGTERM, SIGUSR1), a rank has 15 s (or S if shorter) without progress to reach the
     /// stop's checkpoint, also with 0; past that the job ends with exit code 75 (requeue: the last
     /// checkpoint stands).
     #[arg(long, value_name = "S")]
@@ -702,8 +702,10 @@ const DEFAULT_WATCHDOG: f64 = 600.0;
 
 /// Seconds a rank may go without progress once asked to stop (SIGTERM, SIGUSR1) before the
 /// watchdog ends the job: a peer that died cannot reach the stop's checkpoint, and Slurm sends
-/// SIGKILL 30 s (`KillWait`) after SIGTERM.
-const STOP_GRACE: f64 = 5.0;
+/// SIGKILL 30 s (`KillWait`) after SIGTERM, which leaves this much for the wait and the rest for
+/// writing the checkpoint. Not less: with UCX over TCP between nodes on an oversubscribed
+/// machine, one accumulate has been seen to take over 5 s while both ranks were healthy.
+const STOP_GRACE: f64 = 15.0;
 
 /// Most compute threads a rank may ask for.
 const MAX_THREADS: usize = 1024;
