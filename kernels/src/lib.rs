@@ -13,4 +13,5 @@ pub mod dense;
 pub mod lr;
 pub mod mf;
 pub mod mlp;
+pub mod roofline;
 pub mod softmax;

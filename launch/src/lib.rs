@@ -106,6 +106,38 @@ enum BenchCommand {
     /// without structure: mean relative prediction error per trace and the cost of an
     /// observation. One process, no ranks.
     Predictors(PredictorArgs),
+    /// This machine's limits, for judging kernels against: the peak f32 FMA throughput (the
+    /// widest vectors this build emits, independent chains in registers) on one thread and on
+    /// `--threads`, and STREAM's triad bandwidth on `--threads`. Best of `--reps` runs each.
+    Roofline(RooflineArgs),
+}
+
+#[derive(Debug, Args)]
+struct RooflineArgs {
+    /// Threads of the multi-threaded figures (default: the CPUs this process may run on).
+    #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=4096))]
+    threads: Option<usize>,
+    /// Seconds of each FMA run.
+    #[arg(long, default_value_t = 0.3, value_name = "S", value_parser = positive_seconds)]
+    seconds: f64,
+    /// Elements (f32) of each of the triad's three arrays: at least 4x the last-level cache, as
+    /// STREAM asks (default 2^25: 128 MiB each).
+    #[arg(long, default_value_t = 1 << 25, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1024..=1 << 34))]
+    elems: usize,
+    /// Runs of each probe; the best is reported.
+    #[arg(long, default_value_t = 5, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
+    reps: usize,
+    /// One JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A number of seconds in (0, 60].
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 60.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a number of seconds in (0, 60]")),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -200,6 +232,10 @@ pub fn main() -> ExitCode {
         Command::Bench(BenchCommand::Rma(a)) => rma_cmd(&a),
         Command::Bench(BenchCommand::Predictors(a)) => {
             predictors_cmd(&a);
+            Ok(())
+        }
+        Command::Bench(BenchCommand::Roofline(a)) => {
+            roofline_cmd(&a);
             Ok(())
         }
         Command::Slurm(c) => slurm_cmd::run(c),
@@ -317,6 +353,40 @@ fn conformance_rank(
 
 /// Prints the predictors' table: one row per trace, the mean relative error of each predictor
 /// over the seeds, the best in bold; then microseconds per observation.
+/// `peregrine bench roofline`.
+fn roofline_cmd(a: &RooflineArgs) {
+    use peregrine_kernels::{cpu, roofline};
+    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let each = std::time::Duration::from_secs_f64(a.seconds);
+    let simd =
+        format!("compiled for {}; CPU: {}", cpu::compiled_level(), cpu::detected_level(&cpu::features()));
+    let vector = format!(
+        "f32 x {} lanes, {} chains per thread, {}",
+        roofline::LANES,
+        roofline::CHAINS,
+        if roofline::FUSED { "fused multiply-add" } else { "multiply and add (not fused)" }
+    );
+    let one = roofline::fma_peak_gflops(1, each, a.reps);
+    let all = roofline::fma_peak_gflops(threads, each, a.reps);
+    let triad = roofline::triad_gbs(threads, a.elems, a.reps);
+    if a.json {
+        println!(
+            "{{\"simd\": \"{simd}\", \"vector\": \"{vector}\", \"threads\": {threads}, \
+             \"fma_gflops_1\": {one:.2}, \"fma_gflops\": {all:.2}, \"triad_gbs\": {triad:.2}, \
+             \"triad_elems\": {}}}",
+            a.elems
+        );
+        return;
+    }
+    println!("instruction set   {simd}");
+    println!("FMA probe         {vector}");
+    println!("FMA peak          {one:8.1} GFLOP/s on 1 thread, {all:8.1} GFLOP/s on {threads}");
+    println!(
+        "STREAM triad      {triad:8.1} GB/s on {threads} (3 x {} MiB f32, 12 B per element counted)",
+        a.elems * 4 >> 20
+    );
+}
+
 fn predictors_cmd(a: &PredictorArgs) {
     use peregrine_core::scheme::lbbsp::Predictor;
     use peregrine_core::scheme::traces;

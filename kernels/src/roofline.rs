@@ -1,0 +1,157 @@
+//! The machine's own limits, measured: the peak rate of fused multiply-adds (f32, the widest
+//! vectors this build emits) and STREAM's triad bandwidth. A kernel's GFLOP/s or GB/s is judged
+//! as a fraction of these, taken on the same machine in the same run.
+//!
+//! The FMA probe runs [`CHAINS`] independent dependency chains of `x = x * a + b` per thread: an
+//! FMA has a latency of about 4 cycles and two issue ports on recent x86 cores, so 8 or more
+//! chains in registers keep both ports busy (10 on AVX2, whose 16 `ymm` registers also hold the
+//! two constants; 12 on AVX-512, with 32 `zmm`). The triad is `a[i] = b[i] + s * c[i]` on three
+//! arrays split between the threads, each thread touching its own part first (its pages local),
+//! 12 bytes counted per element as STREAM counts them (the write-allocate read of `a` is not).
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+#[cfg(target_feature = "avx512f")]
+mod vector {
+    /// The widest f32 vector this build emits.
+    pub type V = wide::f32x16;
+    /// Independent FMA chains per thread.
+    pub const CHAINS: usize = 12;
+}
+#[cfg(not(target_feature = "avx512f"))]
+mod vector {
+    /// The widest f32 vector this build emits.
+    pub type V = wide::f32x8;
+    /// Independent FMA chains per thread.
+    pub const CHAINS: usize = 10;
+}
+pub use vector::CHAINS;
+use vector::V;
+
+/// f32 lanes per vector of the probe.
+pub const LANES: usize = std::mem::size_of::<V>() / 4;
+
+/// Whether this build's `mul_add` is one fused instruction (otherwise a multiply and an add,
+/// counted as the same two flops).
+pub const FUSED: bool = cfg!(target_feature = "fma");
+
+/// `rounds` rounds of one `mul_add` on each of [`CHAINS`] vectors; returns a value that depends
+/// on every chain (so none is optimized away). Flops: `rounds * CHAINS * LANES * 2`.
+#[inline(never)]
+fn fma_chains(rounds: u64, seed: f32) -> f32 {
+    let a = V::splat(black_box(0.999_999_9));
+    let b = V::splat(black_box(1e-7));
+    let mut acc = [V::splat(seed); CHAINS];
+    for (i, x) in acc.iter_mut().enumerate() {
+        *x += V::splat(i as f32 * 1e-3);
+    }
+    for _ in 0..rounds {
+        for x in acc.iter_mut() {
+            *x = x.mul_add(a, b);
+        }
+    }
+    acc.iter().fold(V::splat(0.0), |s, x| s + *x).reduce_add()
+}
+
+/// Runs `work` on each input, one thread per input, the threads started together; returns the
+/// results and the time from the common start to the last one's end.
+fn together<I: Send, R: Send>(inputs: Vec<I>, work: impl Fn(I) -> R + Sync) -> (Vec<R>, Duration) {
+    let start = std::sync::Barrier::new(inputs.len() + 1);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = inputs
+            .into_iter()
+            .map(|input| {
+                let (start, work) = (&start, &work);
+                s.spawn(move || {
+                    start.wait();
+                    work(input)
+                })
+            })
+            .collect();
+        start.wait();
+        let t0 = Instant::now();
+        let out = handles.into_iter().map(|h| h.join().expect("probe thread")).collect();
+        (out, t0.elapsed())
+    })
+}
+
+/// Peak f32 FMA throughput of `threads` threads in GFLOP/s (one multiply-add counted as two
+/// flops): the best of `reps` runs of about `each` apiece.
+pub fn fma_peak_gflops(threads: usize, each: Duration, reps: usize) -> f64 {
+    let threads = threads.max(1);
+    // Calibrate the rounds for `each` on one thread.
+    let mut rounds = 1u64 << 16;
+    loop {
+        let t0 = Instant::now();
+        black_box(fma_chains(rounds, 1.0));
+        let e = t0.elapsed();
+        if e >= each / 4 || rounds >= 1 << 40 {
+            rounds = (rounds as f64 * each.as_secs_f64() / e.as_secs_f64().max(1e-9)).max(1.0) as u64;
+            break;
+        }
+        rounds *= 4;
+    }
+    let flops = (rounds * (CHAINS * LANES * 2) as u64 * threads as u64) as f64;
+    (0..reps.max(1))
+        .map(|_| {
+            let (sums, took) = together((0..threads).collect(), |t| fma_chains(rounds, 1.0 + t as f32));
+            black_box(sums);
+            flops / took.as_secs_f64() / 1e9
+        })
+        .fold(0.0, f64::max)
+}
+
+/// STREAM triad bandwidth of `threads` threads in GB/s over three arrays of `elems` f32 each:
+/// the best of `reps` runs (STREAM reports the best).
+pub fn triad_gbs(threads: usize, elems: usize, reps: usize) -> f64 {
+    let threads = threads.max(1);
+    let per = elems.div_ceil(threads);
+    // Each thread allocates its own parts and touches them first (its pages, its node).
+    let sizes = (0..threads).map(|t| per.min(elems.saturating_sub(t * per))).collect();
+    let (mut parts, _) = together(sizes, |n| (vec![0f32; n], vec![1f32; n], vec![2f32; n]));
+    let s = black_box(3.0f32);
+    let bytes = (12 * elems) as f64;
+    (0..reps.max(1))
+        .map(|_| {
+            let (_, took) = together(parts.iter_mut().collect(), |(a, b, c)| {
+                for ((a, b), c) in a.iter_mut().zip(b.iter()).zip(c.iter()) {
+                    *a = b + s * c;
+                }
+                black_box(a.first().copied());
+            });
+            bytes / took.as_secs_f64() / 1e9
+        })
+        .fold(0.0, f64::max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chains_compute_what_they_say() {
+        // Each chain x -> x a + b, from seed + i / 1000, summed over the lanes.
+        let rounds = 1000u64;
+        let got = fma_chains(rounds, 1.0) as f64;
+        let (a, b) = (0.999_999_9f64, 1e-7f64);
+        let want: f64 = (0..CHAINS)
+            .map(|i| {
+                let mut x = 1.0 + i as f64 * 1e-3;
+                for _ in 0..rounds {
+                    x = x * a + b;
+                }
+                x * LANES as f64
+            })
+            .sum();
+        assert!((got - want).abs() / want < 1e-4, "{got} vs {want}");
+    }
+
+    #[test]
+    fn the_probes_measure_positive_rates() {
+        let peak = fma_peak_gflops(2, Duration::from_millis(20), 2);
+        assert!(peak.is_finite() && peak > 0.1, "{peak}");
+        let triad = triad_gbs(2, 1 << 16, 2);
+        assert!(triad.is_finite() && triad > 0.01, "{triad}");
+    }
+}
