@@ -95,6 +95,19 @@ impl KeySet {
         self.list.clear();
     }
 
+    /// The number of ranges [`ranges`](Self::ranges) would write (runs of consecutive members),
+    /// counted off the bitmap without sorting or writing anything: a run starts at each member
+    /// whose predecessor is not one. O(keys / 64).
+    pub fn runs(&self) -> usize {
+        let mut carry = 0u64;
+        let mut n = 0;
+        for &w in &self.bits {
+            n += (w & !((w << 1) | carry)).count_ones() as usize;
+            carry = w >> 63;
+        }
+        n
+    }
+
     /// Sorts the members and writes the parameter ranges they cover into `out`, neighbouring keys
     /// coalesced.
     pub fn ranges(&mut self, layout: Layout, out: &mut Vec<Range<usize>>) {
@@ -177,6 +190,11 @@ impl Delta {
             let r = self.layout.range(k);
             peregrine_kernels::dense::scale(s, &mut self.values[r]);
         }
+    }
+
+    /// The number of ranges [`ranges`](Self::ranges) would write.
+    pub fn runs(&self) -> usize {
+        self.keys.runs()
     }
 
     /// The update over the whole vector (zero where nothing is touched).
@@ -613,6 +631,28 @@ mod tests {
         s.insert(5);
         s.ranges(l, &mut r);
         assert_eq!(r, vec![5..6]);
+    }
+
+    #[test]
+    fn runs_counts_the_ranges_without_writing_them() {
+        // Runs across word boundaries (63, 64, 65; 127..=129), single keys, the last key.
+        for (n, keys) in [
+            (200usize, vec![0u32, 1, 63, 64, 65, 100, 127, 128, 129, 199]),
+            (64, vec![63]),
+            (130, (0..130).collect()),
+            (1000, (0..1000).filter(|k| k % 7 != 0 && k % 11 != 0).collect()),
+            (10, vec![]),
+        ] {
+            let l = Layout { params: n * 2, width: 2 };
+            let mut s = KeySet::new(l.keys());
+            for &k in keys.iter().rev() {
+                s.insert(k);
+            }
+            let runs = s.runs();
+            let mut r = Vec::new();
+            s.ranges(l, &mut r);
+            assert_eq!(runs, r.len(), "{keys:?}");
+        }
     }
 
     #[test]
