@@ -2177,3 +2177,34 @@ fn default_run_directories_are_unique_and_results_are_not_overwritten() {
     assert!(text(&out).1.contains("holds a finished run"), "{}", text(&out).1);
     assert_eq!(std::fs::read(dirs[0].join("summary.json")).expect("summary"), before, "results kept");
 }
+
+#[test]
+fn bench_roofline_measures_the_fma_peak_and_the_triad() {
+    let (out, _) = ok(&[
+        "bench",
+        "roofline",
+        "--threads",
+        "2",
+        "--seconds",
+        "0.02",
+        "--elems",
+        "65536",
+        "--reps",
+        "2",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    for k in ["fma_gflops_1", "fma_gflops", "triad_gbs"] {
+        let x = v[k].as_f64().unwrap_or_else(|| panic!("{k} missing: {out}"));
+        assert!(x.is_finite() && x > 0.0, "{k} = {x}: {out}");
+    }
+    assert_eq!(v["threads"], 2, "{out}");
+    assert!(v["simd"].as_str().is_some_and(|s| s.starts_with("compiled for")), "{out}");
+    let (shown, _) =
+        ok(&["bench", "roofline", "--threads", "1", "--seconds", "0.02", "--elems", "4096", "--reps", "1"]);
+    assert!(shown.contains("FMA peak") && shown.contains("STREAM triad"), "{shown}");
+    for bad in [["--seconds", "0"], ["--elems", "5"], ["--threads", "0"]] {
+        let out = peregrine(&[&["bench", "roofline"][..], &bad[..]].concat());
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", text(&out).1);
+    }
+}

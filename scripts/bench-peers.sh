@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Peregrine and its peers side by side, same data, same machine, same run (issue 18):
+#   softmax and MLP on Fashion-MNIST: PyTorch DDP (gloo, 2 processes x 1 thread) and one PyTorch
+#     process with 2 threads (Debian's python3-torch with OpenBLAS): samples/s at batch 128, and
+#     seconds to a training loss of 0.40 (each with its usual optimizer: SGD with momentum for
+#     PyTorch, Peregrine's defaults);
+#   MF k=40 on MovieLens-100k (90/10): libmf (PyPI bindings, libmf's C++ built with AVX), 2 threads:
+#     ms per epoch and test RMSE;
+#   LR on Adult: Vowpal Wabbit, scikit-learn (lbfgs, SGD): seconds to a training log-loss of 0.345;
+#   sparse LR at scale (2M x 100k, 20 nonzeros per row; 10M x 1M with --big): communication
+#     against computation per rank;
+#   and the roofline figures of this machine in the same run (peregrine bench roofline).
+# Peregrine runs as 2 MPI ranks (OpenMPI), the peers on the same 2 cores; each workload 3 times,
+# alternating, medians and ratios. The peers go into a virtual environment under target/peers.
+#
+#   scripts/bench-peers.sh [--reps N] [--only roofline,fmnist,mf,lr,scale] [--big]
+# Results: target/bench-peers/table.md (the README's table), results.json (every run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/common.sh
+
+reps=3 only=roofline,fmnist,mf,lr,scale big=0
+while [ $# -gt 0 ]; do
+    case $1 in
+    --reps) reps=$2; shift 2 ;;
+    --only) only=$2; shift 2 ;;
+    --big) big=1; shift ;;
+    *) echo "bench-peers.sh: unknown option $1 (--reps N, --only PARTS, --big)" >&2; exit 2 ;;
+    esac
+done
+
+ensure_packages "${MPI_BUILD_PACKAGES[@]}" dataset-fashion-mnist python3-torch libopenblas0-pthread \
+    python3-venv python3-pip python3-numpy g++
+fetch_movielens
+venv=target/peers/venv
+libmf_cflags="-O3 -march=x86-64-v3 -DUSEAVX -fopenmp"
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import libmf, vowpalwabbit, sklearn' 2>/dev/null; then
+    step "installing the peers into $venv (PyPI: libmf, vowpalwabbit, scikit-learn; torch from Debian)"
+    /usr/bin/python3 -m venv --system-site-packages "$venv"
+    # numpy below 2: Debian's torch is built against numpy 1.x.
+    "$venv/bin/pip" install -q "numpy<2" vowpalwabbit scikit-learn scipy
+    # libmf's C++ as its authors build it (their Makefile: -O3, AVX, OpenMP), not pip's bare
+    # -O2 SSE2 build of the bindings, at the level Peregrine's default build targets.
+    CFLAGS="$libmf_cflags" LDFLAGS=-fopenmp "$venv/bin/pip" install -q --no-cache-dir --no-binary libmf libmf
+fi
+export PEREGRINE_LIBMF_CFLAGS="with $libmf_cflags"
+
+step "cargo build --release --features mpi"
+cargo build --release --locked -p peregrine --features mpi
+P=target/release/peregrine
+d=target/bench-peers
+mkdir -p "$d"
+fm=${PEREGRINE_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
+[ -f "$d/fm-train.pgd" ] || "$P" data convert idx --images "$fm/train-images-idx3-ubyte.gz" \
+    --labels "$fm/train-labels-idx1-ubyte.gz" "$d/fm-train.pgd"
+[ -f "$d/adult.pgd" ] || "$P" data convert libsvm tests/data/adult.libsvm.gz "$d/adult.pgd"
+if [ ! -f "$d/ml-train.pgd" ]; then
+    "$P" data convert ratings "$PEREGRINE_ML100K" "$d/ml.pgd"
+    "$P" data split "$d/ml.pgd" --train "$d/ml-train.pgd" --test "$d/ml-test.pgd" --test-fraction 0.1 --seed 1
+fi
+case ,$only, in *,scale,*)
+    [ -f "$d/sparse-2m.pgd" ] || "$P" data gen sparse "$d/sparse-2m.pgd" --rows 2000000 --features 100000 --nnz-per-row 20
+    if [ "$big" = 1 ] && [ ! -f "$d/sparse-10m.pgd" ]; then
+        "$P" data gen sparse "$d/sparse-10m.pgd" --rows 10000000 --features 1000000 --nnz-per-row 20
+    fi ;;
+esac
+
+step "versions"
+"$P" --version
+mpirun --version | head -n 1
+"$venv/bin/python" -c 'import torch, sklearn, vowpalwabbit, numpy; print("torch", torch.__version__, "| scikit-learn", sklearn.__version__, "| vowpalwabbit", vowpalwabbit.__version__, "| numpy", numpy.__version__)'
+grep -m1 'model name' /proc/cpuinfo
+
+step "benchmarks ($reps repetitions, alternating)"
+"$venv/bin/python" scripts/bench_peers.py --peregrine "$P" --data "$d" --reps "$reps" --only "$only" \
+    --launcher "mpirun -n 2" $([ "$big" = 1 ] && echo --big)

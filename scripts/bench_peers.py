@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""Peregrine and its peers on the same data, the same 2 cores, in one run (scripts/bench-peers.sh
+prepares the data and the peers and calls this). Each workload runs `--reps` times, Peregrine and
+its peers alternating (which goes first alternates too); the table gives medians and ratios, and
+the roofline figures (FMA peak, STREAM triad) measured in the same run.
+
+    bench_peers.py --peregrine target/release/peregrine --data target/bench-peers --reps 3
+"""
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PEERS = os.path.join(HERE, "peers")
+
+# Multiply-adds of the MLP 784-128-10 per sample, forward and backward (weight gradients of both
+# layers and the hidden layer's input gradient), 2 flops each.
+MLP_FLOPS = 2 * (784 * 128 + 128 * 10) + 2 * (128 * 10 + 128 * 10 + 784 * 128)
+
+
+def run(cmd, env=None):
+    """Runs cmd, returns its stdout; exits naming the command if it failed."""
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        sys.exit(f"bench_peers: `{shlex.join(cmd)}` failed ({r.returncode}):\n{r.stdout[-2000:]}{r.stderr[-4000:]}")
+    return r.stdout
+
+
+def peer_env():
+    """The peers' environment: OpenBLAS's machine overrides removed (they slow it on some hosts)."""
+    env = dict(os.environ)
+    for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+        env.pop(k, None)
+    env["PYTHONWARNINGS"] = "ignore"
+    return env
+
+
+def last_json(out):
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+class Bench:
+    def __init__(self, a):
+        self.a = a
+        self.py = a.python
+        self.results = {}
+
+    def peregrine(self, name, flags):
+        """One Peregrine run under `mpirun -n 2`; its summary.json."""
+        d = os.path.join(self.a.data, "runs", name)
+        cmd = self.a.launcher.split() + [self.a.peregrine, "train", "-q", "--checkpoint-every", "0",
+                                         "--force", "--run-dir", d] + flags
+        run(cmd)
+        with open(os.path.join(d, "summary.json")) as f:
+            return json.load(f)
+
+    def peer(self, script, args):
+        return last_json(run([self.py, os.path.join(PEERS, script)] + args, env=peer_env()))
+
+    def record(self, key, value):
+        self.results.setdefault(key, []).append(value)
+
+    def alternate(self, sides):
+        """Runs each (name, fn) of sides once per repetition, rotating which goes first."""
+        for rep in range(self.a.reps):
+            order = sides[rep % len(sides):] + sides[:rep % len(sides)]
+            for name, fn in order:
+                t0 = time.perf_counter()
+                fn()
+                print(f"  rep {rep + 1}: {name} ({time.perf_counter() - t0:.1f} s)", flush=True)
+
+    def median(self, key, field=None):
+        vals = [v if field is None else v.get(field) for v in self.results.get(key, [])]
+        vals = [v for v in vals if v is not None]
+        if not vals:
+            return None
+        return statistics.median(vals)
+
+
+def fmt(v, spec, none="not reached"):
+    return none if v is None else format(v, spec)
+
+
+def ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--peregrine", required=True)
+    p.add_argument("--launcher", default="mpirun -n 2", help="how Peregrine's 2 ranks start")
+    p.add_argument("--python", default=sys.executable, help="the peers' Python")
+    p.add_argument("--data", required=True, help="directory of the prepared datasets")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--only", default="roofline,fmnist,mf,lr,scale",
+                   help="parts to run: roofline, fmnist, mf, lr, scale (comma-separated)")
+    p.add_argument("--big", action="store_true", help="also the 10M x 1M sparse set (sparse-10m.pgd)")
+    p.add_argument("--out", default=None, help="where table.md and results.json go (default: --data)")
+    a = p.parse_args()
+    out = a.out or a.data
+    parts = set(a.only.split(","))
+    b = Bench(a)
+    fm = os.path.join(a.data, "fm-train.pgd")
+    rows = []
+    roof = None
+
+    if "roofline" in parts:
+        print("== roofline: FMA peak and STREAM triad, 2 threads", flush=True)
+        roof = json.loads(run([a.peregrine, "bench", "roofline", "--threads", "2", "--json"]))
+        b.results["roofline"] = roof
+        print(f"  {roof}", flush=True)
+
+    if "fmnist" in parts:
+        for model in ("softmax", "mlp"):
+            print(f"== {model}, Fashion-MNIST: throughput (batch 128, 2 epochs)", flush=True)
+            common = ["--model", model, "--data", fm, "--batch", "128"]
+            b.alternate([
+                ("peregrine", lambda: b.record(f"{model}-sps-peregrine", b.peregrine(
+                    f"{model}-sps", common + ["--epochs", "2", "--eval-every", "1000000"])["samples_per_second"])),
+                ("pytorch ddp", lambda: b.record(f"{model}-sps-ddp", b.peer("torch_fmnist.py", [
+                    "--data", fm, "--model", model, "--mode", "ddp", "--epochs", "2"])[0])),
+                ("pytorch single", lambda: b.record(f"{model}-sps-single", b.peer("torch_fmnist.py", [
+                    "--data", fm, "--model", model, "--mode", "single", "--epochs", "2"])[0])),
+            ])
+            sps = b.median(f"{model}-sps-peregrine")
+            ddp = b.median(f"{model}-sps-ddp", "samples_per_second")
+            one = b.median(f"{model}-sps-single", "samples_per_second")
+            rows.append((f"{model} samples/s, batch 128", fmt(sps, ",.0f"), f"DDP {fmt(ddp, ',.0f')}; "
+                         f"1 process x 2 threads {fmt(one, ',.0f')}",
+                         f"{fmt(ratio(sps, ddp), '.1f')}x DDP, {fmt(ratio(sps, one), '.1f')}x single"))
+            if model == "mlp" and roof:
+                g = sps * MLP_FLOPS / 1e9
+                rows.append(("MLP GFLOP/s (0.41 MFLOP per sample)", f"{g:.1f}", f"FMA peak {roof['fma_gflops']:.1f}",
+                             f"{100 * g / roof['fma_gflops']:.0f} % of peak"))
+            if model == "softmax" and roof:
+                gbs = sps * 784 * 4 / 1e9
+                rows.append(("softmax features read, GB/s (3136 B per sample)", f"{gbs:.1f}",
+                             f"triad {roof['triad_gbs']:.1f}", f"{100 * gbs / roof['triad_gbs']:.0f} % of triad"))
+            target = 0.40
+            # Evaluations every ~15,000 samples on every side: 117 iterations of 128 (the peers, and
+            # Peregrine's MLP), 59 of 256 (Peregrine's softmax, its default batch).
+            every = "117" if model == "mlp" else "59"
+            print(f"== {model}, Fashion-MNIST: time to training loss {target}", flush=True)
+            b.alternate([
+                ("peregrine", lambda: b.record(f"{model}-ttt-peregrine", b.peregrine(
+                    f"{model}-ttt", ["--model", model, "--data", fm, "--epochs", "10", "--eval-every", every,
+                                     "--target-loss", str(target)]))),
+                ("pytorch ddp", lambda: b.record(f"{model}-ttt-ddp", b.peer("torch_fmnist.py", [
+                    "--data", fm, "--model", model, "--mode", "ddp", "--epochs", "10", "--eval-every", "117",
+                    "--target-loss", str(target)])[0])),
+                ("pytorch single", lambda: b.record(f"{model}-ttt-single", b.peer("torch_fmnist.py", [
+                    "--data", fm, "--model", model, "--mode", "single", "--epochs", "10", "--eval-every", "117",
+                    "--target-loss", str(target)])[0])),
+            ])
+            t = b.median(f"{model}-ttt-peregrine", "time_to_target")
+            d = b.median(f"{model}-ttt-ddp", "time_to_target")
+            s = b.median(f"{model}-ttt-single", "time_to_target")
+            rows.append((f"{model} seconds to training loss {target}", fmt(t, ".2f"),
+                         f"DDP {fmt(d, '.2f')}; single {fmt(s, '.2f')}",
+                         f"{fmt(ratio(d, t), '.1f')}x faster than DDP, {fmt(ratio(s, t), '.1f')}x than single"))
+
+    if "mf" in parts:
+        print("== MF k=40, MovieLens-100k 90/10, 20 epochs", flush=True)
+        tr, te = os.path.join(a.data, "ml-train.pgd"), os.path.join(a.data, "ml-test.pgd")
+        b.alternate([
+            ("peregrine", lambda: b.record("mf-peregrine", b.peregrine(
+                "mf", ["--model", "mf", "--k", "40", "--data", tr, "--eval", te, "--epochs", "20",
+                       "--eval-every", "1000000", "--no-intercept"]))),
+            ("libmf", lambda: b.record("mf-libmf", b.peer("libmf_ratings.py", [
+                "--train", tr, "--test", te, "--k", "40", "--iters", "20", "--threads", "2"])[0])),
+        ])
+        ms = statistics.median(1000 * s["train_seconds"] / 20 for s in b.results["mf-peregrine"])
+        rmse = statistics.median(s["evals"][-1]["metric"] for s in b.results["mf-peregrine"])
+        lms = 1000 * b.median("mf-libmf", "epoch_seconds")
+        lrmse = b.median("mf-libmf", "rmse")
+        rows.append(("MF ms per epoch (test RMSE)", f"{ms:.2f} ({rmse:.4f})", f"libmf {lms:.2f} ({lrmse:.4f})",
+                     f"{ms / lms:.2f}x libmf's time, RMSE {rmse - lrmse:+.4f}"))
+
+    if "lr" in parts:
+        target = 0.345
+        print(f"== LR, Adult: time to training log-loss {target}", flush=True)
+        ad = os.path.join(a.data, "adult.pgd")
+        b.alternate([
+            ("peregrine", lambda: b.record("lr-peregrine", b.peregrine(
+                "lr", ["--model", "lr", "--data", ad, "--epochs", "30", "--eval-every", "5",
+                       "--target-loss", str(target)]))),
+            ("vw, scikit-learn", lambda: b.record("lr-peers", b.peer("lr_sparse.py", [
+                "--data", ad, "--target", str(target), "--work", os.path.join(a.data, "vw")]))),
+        ])
+        t = b.median("lr-peregrine", "time_to_target")
+        loss = statistics.median(s["evals"][-1]["loss"] for s in b.results["lr-peregrine"])
+        peers = {}
+        for rep in b.results["lr-peers"]:
+            for r in rep:
+                peers.setdefault(r["tool"], []).append(r)
+        cells = []
+        for tool, rs in peers.items():
+            tt = [r["time_to_target"] for r in rs if r["time_to_target"] is not None]
+            m = statistics.median(tt) if tt else None
+            cells.append((tool, m, statistics.median(r["final_loss"] for r in rs), rs[0]["steps"], rs[0]["unit"]))
+        rows.append((f"LR Adult, seconds to log-loss {target} (final)", f"{fmt(t, '.3f')} ({loss:.4f})",
+                     "; ".join(f"{tool} {fmt(m, '.3f')} ({l:.4f}, {s} {u})" for tool, m, l, s, u in cells),
+                     ", ".join(f"{fmt(ratio(m, t), '.1f')}x faster than {tool}" for tool, m, _, _, _ in cells)))
+
+    if "scale" in parts:
+        sets = [("2M x 100k", "sparse-2m.pgd")] + ([("10M x 1M", "sparse-10m.pgd")] if a.big else [])
+        for label, f in sets:
+            # Peregrine's default batch for LR (4096) and a large one (100,000).
+            for batch in ("4096", "100000"):
+                key = f"scale-{f}-{batch}"
+                print(f"== sparse LR at scale, {label}, batch {batch}, 1 epoch", flush=True)
+                b.alternate([("peregrine", lambda: b.record(key, b.peregrine(
+                    key, ["--model", "lr", "--data", os.path.join(a.data, f), "--epochs", "1",
+                          "--batch", batch, "--eval-every", "1000000"])))])
+
+                def per_rank(field):
+                    return statistics.median(sum(r[field] for r in s["per_rank"]) / len(s["per_rank"])
+                                             for s in b.results[key])
+                comm, comp = per_rank("comm"), per_rank("compute")
+                rows.append((f"sparse LR {label}, batch {batch}: communication / computation per rank",
+                             f"{comm / comp:.2f}", f"comm {comm:.3f} s, compute {comp:.3f} s per epoch", ""))
+
+    table = ["| workload | Peregrine | peers | ratio |", "|---|---|---|---|"]
+    table += [f"| {w} | {m} | {pe} | {r} |" for w, m, pe, r in rows]
+    versions = sorted({r.get("peer", "") + ": " + r.get("flags", "")
+                       for v in b.results.values() if isinstance(v, list)
+                       for x in v for r in (x if isinstance(x, list) else [x]) if isinstance(r, dict) and "peer" in r})
+    text = "\n".join(table) + "\n\nPeers, versions and flags:\n" + "\n".join(f"- {v}" for v in versions) + "\n"
+    if roof:
+        text += (f"\nRoofline (same run): {roof['simd']}; FMA peak {roof['fma_gflops_1']:.1f} GFLOP/s on 1 thread, "
+                 f"{roof['fma_gflops']:.1f} on 2 ({roof['vector']}); STREAM triad {roof['triad_gbs']:.1f} GB/s "
+                 f"on 2 threads.\n")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(b.results, f, indent=1, default=str)
+    print("\n" + text)
+    print(f"written: {os.path.join(out, 'table.md')}, {os.path.join(out, 'results.json')}")
+
+
+if __name__ == "__main__":
+    main()
