@@ -49,15 +49,7 @@ step "cargo build --release --features mpi"
 cargo build --release --locked -p peregrine --features mpi
 P=target/release/peregrine
 d=target/bench-peers
-mkdir -p "$d"
-fm=${PEREGRINE_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
-[ -f "$d/fm-train.pgd" ] || "$P" data convert idx --images "$fm/train-images-idx3-ubyte.gz" \
-    --labels "$fm/train-labels-idx1-ubyte.gz" "$d/fm-train.pgd"
-[ -f "$d/adult.pgd" ] || "$P" data convert libsvm tests/data/adult.libsvm.gz "$d/adult.pgd"
-if [ ! -f "$d/ml-train.pgd" ]; then
-    "$P" data convert ratings "$PEREGRINE_ML100K" "$d/ml.pgd"
-    "$P" data split "$d/ml.pgd" --train "$d/ml-train.pgd" --test "$d/ml-test.pgd" --test-fraction 0.1 --seed 1
-fi
+bench_datasets "$P" "$d"
 case ,$only, in *,scale,*)
     [ -f "$d/sparse-2m.pgd" ] || "$P" data gen sparse "$d/sparse-2m.pgd" --rows 2000000 --features 100000 --nnz-per-row 20
     if [ "$big" = 1 ] && [ ! -f "$d/sparse-10m.pgd" ]; then

@@ -21,17 +21,7 @@ step "cargo build --release --features mpi"
 cargo build --release --locked -p peregrine --features mpi
 P=target/release/peregrine
 d=target/bench-train
-mkdir -p "$d"
-fm=${PEREGRINE_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
-[ -f "$d/fm-train.pgd" ] || "$P" data convert idx --images "$fm/train-images-idx3-ubyte.gz" \
-    --labels "$fm/train-labels-idx1-ubyte.gz" "$d/fm-train.pgd"
-[ -f "$d/fm-test.pgd" ] || "$P" data convert idx --images "$fm/t10k-images-idx3-ubyte.gz" \
-    --labels "$fm/t10k-labels-idx1-ubyte.gz" "$d/fm-test.pgd"
-[ -f "$d/adult.pgd" ] || "$P" data convert libsvm tests/data/adult.libsvm.gz "$d/adult.pgd"
-if [ ! -f "$d/ml-train.pgd" ]; then
-    "$P" data convert ratings "$PEREGRINE_ML100K" "$d/ml.pgd"
-    "$P" data split "$d/ml.pgd" --train "$d/ml-train.pgd" --test "$d/ml-test.pgd" --test-fraction 0.1 --seed 1
-fi
+bench_datasets "$P" "$d"
 
 # train NAME FLAGS...: one run on 2 ranks of the chosen backend, quiet, into $d/runs/NAME.
 train() {

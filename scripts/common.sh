@@ -62,6 +62,24 @@ fetch_lda_reference() {
     "$PEREGRINE_LDA_PYTHON" -m zipfile -e "$dir"/lda-3.0.2-*.whl "$dir/site"
 }
 
+# bench_datasets PEREGRINE DIR: the benchmarks' real datasets in DIR, converted once by the
+# binary PEREGRINE: Fashion-MNIST (fm-train.pgd, fm-test.pgd), Adult (adult.pgd), MovieLens-100k
+# split 90/10 with seed 1 (ml-train.pgd, ml-test.pgd; needs fetch_movielens first).
+bench_datasets() {
+    local P=$1 d=$2
+    local fm=${PEREGRINE_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
+    mkdir -p "$d"
+    [ -f "$d/fm-train.pgd" ] || "$P" data convert idx --images "$fm/train-images-idx3-ubyte.gz" \
+        --labels "$fm/train-labels-idx1-ubyte.gz" "$d/fm-train.pgd"
+    [ -f "$d/fm-test.pgd" ] || "$P" data convert idx --images "$fm/t10k-images-idx3-ubyte.gz" \
+        --labels "$fm/t10k-labels-idx1-ubyte.gz" "$d/fm-test.pgd"
+    [ -f "$d/adult.pgd" ] || "$P" data convert libsvm tests/data/adult.libsvm.gz "$d/adult.pgd"
+    if [ ! -f "$d/ml-train.pgd" ]; then
+        "$P" data convert ratings "$PEREGRINE_ML100K" "$d/ml.pgd"
+        "$P" data split "$d/ml.pgd" --train "$d/ml-train.pgd" --test "$d/ml-test.pgd" --test-fraction 0.1 --seed 1
+    fi
+}
+
 # summary_field RUN_DIR NAME: a top-level number of RUN_DIR/summary.json (empty if null).
 summary_field() { sed -n "s/^  \"$2\": \([0-9.e+-]*\),\{0,1\}$/\1/p" "$1/summary.json"; }
 

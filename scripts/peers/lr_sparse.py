@@ -69,19 +69,24 @@ def vw(x, y, target, work, max_passes):
     return r
 
 
+def timed_fit(m, x, y):
+    """Fits the scikit-learn classifier m (stopped early on purpose: no convergence warning);
+    returns the fit's seconds and the training log-loss."""
+    from sklearn.exceptions import ConvergenceWarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        t0 = time.perf_counter()
+        m.fit(x, y)
+        took = time.perf_counter() - t0
+    return took, log_loss(y, m.predict_proba(x)[:, 1])
+
+
 def lbfgs(x, y, target, max_iter):
     import sklearn
-    from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import LogisticRegression
 
     def fit(iters):
-        m = LogisticRegression(C=1.0, solver="lbfgs", max_iter=iters)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            t0 = time.perf_counter()
-            m.fit(x, y)
-            took = time.perf_counter() - t0
-        return took, log_loss(y, m.predict_proba(x)[:, 1])
+        return timed_fit(LogisticRegression(C=1.0, solver="lbfgs", max_iter=iters), x, y)
 
     steps = sorted({min(max_iter, int(round(1.4 ** e))) for e in range(1, 40)})
     r = sweep(fit, steps, target)
@@ -92,17 +97,11 @@ def lbfgs(x, y, target, max_iter):
 
 def sgd(x, y, target, max_epochs):
     import sklearn
-    from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import SGDClassifier
 
     def fit(epochs):
         m = SGDClassifier(loss="log_loss", alpha=1.0 / x.shape[0], max_iter=epochs, tol=None, random_state=1)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            t0 = time.perf_counter()
-            m.fit(x, y)
-            took = time.perf_counter() - t0
-        return took, log_loss(y, m.predict_proba(x)[:, 1])
+        return timed_fit(m, x, y)
 
     r = sweep(fit, range(1, max_epochs + 1), target)
     r.update({"peer": f"scikit-learn {sklearn.__version__} SGDClassifier (log loss)",
