@@ -22,10 +22,18 @@ cd "$(dirname "$0")/.."
 reps=3 only=roofline,fmnist,mf,lr,scale big=0
 while [ $# -gt 0 ]; do
     case $1 in
-    --reps) reps=$2; shift 2 ;;
-    --only) only=$2; shift 2 ;;
+    --reps | --only)
+        [ $# -ge 2 ] || { echo "bench-peers.sh: $1 needs a value" >&2; exit 2; }
+        if [ "$1" = --reps ]; then reps=$2; else only=$2; fi
+        shift 2 ;;
     --big) big=1; shift ;;
     *) echo "bench-peers.sh: unknown option $1 (--reps N, --only PARTS, --big)" >&2; exit 2 ;;
+    esac
+done
+case $reps in '' | *[!0-9]* | 0) echo "bench-peers.sh: --reps $reps: a whole number from 1" >&2; exit 2 ;; esac
+for part in ${only//,/ }; do
+    case $part in roofline | fmnist | mf | lr | scale) ;;
+    *) echo "bench-peers.sh: --only: unknown part '$part' (roofline, fmnist, mf, lr, scale)" >&2; exit 2 ;;
     esac
 done
 
