@@ -383,7 +383,7 @@ fn roofline_cmd(a: &RooflineArgs) {
     println!("FMA peak          {one:8.1} GFLOP/s on 1 thread, {all:8.1} GFLOP/s on {threads}");
     println!(
         "STREAM triad      {triad:8.1} GB/s on {threads} (3 x {} MiB f32, 12 B per element counted)",
-        a.elems * 4 >> 20
+        (a.elems * 4) >> 20
     );
 }
 
