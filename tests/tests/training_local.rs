@@ -90,6 +90,56 @@ fn bsp_lr_is_the_same_for_1_2_4_ranks() {
     same_model_for_every_world(|| LogReg::new(&data, None, 0.5, true).expect("model"), 30);
 }
 
+/// Pulls by key whose keys come out scattered read the whole model, and after the first such
+/// pull read it straight away without gathering keys (re-checking every 16th): LR over 2000
+/// features whose 128-row shares touch hundreds of runs of them trains the same model as pulls
+/// of the whole model: under BSP with 2 ranks (rank 0 slowed, chunks taken over) with SGD, and on
+/// one rank with FTRL, whose weights a pull derives from the window's values and state. (With
+/// more ranks, a keyed push reads the optimizer state as the other ranks' pushes left it, so a
+/// stateful optimizer's model depends on their order.)
+#[test]
+fn scattered_keyed_pulls_train_the_model_of_whole_pulls() {
+    use peregrine_core::engine::{self, Config};
+    use peregrine_core::optim::Optimizer;
+    use peregrine_core::pool::{Pinning, RankPool};
+    use peregrine_core::SchemeSpec;
+    let tmp = scratch("scattered");
+    let data = tmp.path().join("wide.pgd");
+    gen::sparse(&SparseSpec { rows: 4000, cols: 2000, nnz_per_row: 12, zipf: 1.1, seed: 2 }, &data)
+        .expect("gen");
+    let model = LogReg::new(&data, None, 0.5, true).expect("model");
+    let run = |world: usize, optimizer: Optimizer, dense_pull_below: usize| {
+        let sgd = optimizer == Optimizer::Sgd;
+        let cfg = Config {
+            scheme: SchemeSpec::new(scheme("bsp"), sgd),
+            optimizer,
+            batch: 256,
+            chunk: 16,
+            iterations: 60,
+            threads: 2,
+            inject: if sgd { peregrine_tests::training::slowed(0, 0.5) } else { Injection::default() },
+            keep_params: true,
+            dense_pull_below,
+            ..Config::default()
+        };
+        run_local(world, |t| {
+            let pool = RankPool::new(cfg.threads, peregrine_tests::training::slot(&t), Pinning::Off)
+                .map_err(|e| e.to_string())?;
+            let r = engine::train(&t, &model, &cfg, &pool, None, &mut |_| {}).map_err(|e| e.to_string())?;
+            r.params.ok_or_else(|| "no parameters".to_owned())
+        })
+        .expect("world")
+        .remove(0)
+        .unwrap_or_else(|e| panic!("{optimizer}: {e}"))
+    };
+    for (world, optimizer) in [(2, Optimizer::Sgd), (1, Optimizer::Ftrl { beta: 1.0, l1: 0.01 })] {
+        let (keyed, whole) = (run(world, optimizer, 0), run(world, optimizer, usize::MAX));
+        let d = distance(&keyed, &whole);
+        assert!(d <= BSP_TOLERANCE, "{optimizer}: keyed and whole pulls' models differ by {d:e}");
+        assert!(keyed.iter().filter(|&&w| w != 0.0).count() > 1000, "{optimizer}: the model learnt little");
+    }
+}
+
 /// Labels unrelated to the features, one row in five positive: the best model is the base rate
 /// alone, `b = logit(0.2) = -1.386`, which only the intercept can express (the noise features'
 /// weights, about as often positive as negative, cannot).

@@ -3,9 +3,10 @@
 use std::ops::Range;
 use std::time::Instant;
 
+use super::params::PullKeys;
 use super::run::Run;
 use super::{IterRecord, TrainError};
-use crate::model::{Delta, KeySet, Model};
+use crate::model::{Delta, Model};
 
 impl<M: Model> Run<'_, M> {
     /// Whether pulls read only the keys of the chunks (else the whole model, or this rank's
@@ -22,20 +23,23 @@ impl<M: Model> Run<'_, M> {
     pub(super) fn pull_into(
         &self,
         it: u64,
-        keys: &mut KeySet,
+        keys: &mut PullKeys,
         ranges: &mut Vec<Range<usize>>,
         data: &mut Vec<f32>,
         (replica, state): (&mut [f32], &mut Vec<f32>),
         rec: &mut IterRecord,
     ) -> Result<(), TrainError> {
         let c0 = Instant::now();
-        if self.keyed() {
+        if self.keyed() && keys.skip() {
+            self.params.get_all(replica)?;
+        } else if self.keyed() {
             let part = self.own.lock().expect("own chunks").clone();
-            keys.clear();
+            keys.set.clear();
             for g in part {
-                self.model.keys(self.plan.global_chunk_rows(it, g), keys);
+                self.model.keys(self.plan.global_chunk_rows(it, g), &mut keys.set);
             }
-            self.params.pull_keys(self.model.layout(), keys, ranges, data, replica)?;
+            let whole = self.params.pull_keys(self.model.layout(), &mut keys.set, ranges, data, replica)?;
+            keys.saw(whole);
         } else {
             self.params.get_all_with_state(replica, state)?;
         }

@@ -12,13 +12,13 @@ use peregrine_transport::{ReduceOp, ShardMap, Transport, Window};
 use super::compute::Slot;
 use super::evals::Evals;
 use super::metrics::TOTALS;
-use super::params::{Params, PushBufs};
+use super::params::{Params, PullKeys, PushBufs};
 use super::trace::{Args, Span, Tracer};
 use super::watch::{Behind, Phase, Watch};
 use super::{Config, IterRecord, Progress, RankTotals, Report, TrainError};
 use crate::clocks::Clocks;
 use crate::inject::Disruptor;
-use crate::model::{Delta, KeySet, Model};
+use crate::model::{Delta, Model};
 use crate::optim::Step;
 use crate::plan::Plan;
 use crate::pool::RankPool;
@@ -92,7 +92,7 @@ struct Local {
     push: PushBufs,
     ranges: Vec<Range<usize>>,
     data: Vec<f32>,
-    keys: KeySet,
+    keys: PullKeys,
     /// The rank's copy of the parameters it reads (all of them for dense models).
     replica: Vec<f32>,
     /// The optimizer state read with a model pulled whole.
@@ -823,7 +823,7 @@ impl Local {
             push: PushBufs::default(),
             ranges: Vec::new(),
             data: Vec::new(),
-            keys: KeySet::new(layout.keys()),
+            keys: PullKeys::new(layout.keys()),
             replica,
             state: Vec::new(),
             mixed: Vec::new(),

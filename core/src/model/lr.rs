@@ -118,9 +118,7 @@ impl Model for LogReg {
     }
 
     fn keys(&self, rows: Range<usize>, set: &mut KeySet) {
-        for &j in Self::rows_of(&self.data.train).rows(rows).indices {
-            set.insert(j);
-        }
+        set.extend(Self::rows_of(&self.data.train).rows(rows).indices);
         if self.intercept {
             set.insert(self.dim as u32);
         }
@@ -164,9 +162,7 @@ impl Model for LogReg {
                 }
             }
             Grad::Sparse(g) => {
-                for (j, v) in g.iter() {
-                    delta.add(j, scale, &[v]);
-                }
+                delta.add_keys(g.indices(), g.values(), scale);
                 g.clear();
             }
         }

@@ -180,6 +180,11 @@ impl SparseGrad {
         self.dense[j as usize]
     }
 
+    /// `g` over every feature (zero where untouched).
+    pub fn values(&self) -> &[f32] {
+        &self.dense
+    }
+
     /// Indices of the touched features, in first-touch order.
     pub fn indices(&self) -> &[u32] {
         &self.touched[..self.len]
