@@ -413,7 +413,11 @@ impl<T: Elem> MpiWindow<T> {
 
     /// The shard and offset of `start..start + len` if it lies inside one shard (and fits one MPI
     /// call).
-    #[inline]
+    ///
+    /// Always inlined, as are `for_pieces`, `issue_get` and `issue_write`: with `#[inline]` they
+    /// stayed calls, which cost a fifth of an 8-byte operation in a batch (`bench rma`, windows of
+    /// 8 B to 1 KiB against raw MPI: 1.3-1.4x before, 1.1-1.2x after).
+    #[inline(always)]
     fn locate(&self, start: usize, len: usize) -> Option<(usize, usize)> {
         let hint = self.last_target.load(Ordering::Relaxed);
         let shard = self.map.range(hint);
@@ -427,7 +431,7 @@ impl<T: Elem> MpiWindow<T> {
 
     /// Calls `f(target, displacement, position, count)` for every piece of `start..start + len`,
     /// pieces split at [`MAX_COUNT`].
-    #[inline]
+    #[inline(always)]
     fn for_pieces(
         &self,
         start: usize,
@@ -470,7 +474,7 @@ impl<T: Elem> MpiWindow<T> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn issue_get(&self, start: usize, out: &mut [T], touched: Touched) -> Result<Touched> {
         let dt = T::mpi_datatype();
         let base = out.as_mut_ptr();
@@ -485,7 +489,7 @@ impl<T: Elem> MpiWindow<T> {
 
     /// Issues a put or accumulate without completing it (the caller keeps `data` borrowed until
     /// a completion of `touched`).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn issue_write(
         &self,
         start: usize,
