@@ -137,6 +137,10 @@ pub fn modified() -> Vec<String> {
 /// The disposition before [`install`], restored for faults outside datasets.
 static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
 
+/// Set by the first thread that reports a dataset fault: threads of several local ranks reading
+/// the same truncated file fault at once, and their messages interleaved byte by byte.
+static REPORTING: AtomicBool = AtomicBool::new(false);
+
 /// Installs the `SIGBUS` handler (once per process; later calls do nothing).
 pub fn install() -> std::io::Result<()> {
     if PREVIOUS.get().is_some() {
@@ -169,22 +173,33 @@ extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
         if start == 0 || addr < start || addr - start >= len {
             continue;
         }
+        if REPORTING.swap(true, Ordering::AcqRel) {
+            // Another thread is writing the message and will end the process: wait for it.
+            loop {
+                // SAFETY: pause is async-signal-safe.
+                unsafe { libc::pause() };
+            }
+        }
         let (path, path_len) = (s.path.load(Ordering::Relaxed), s.path_len.load(Ordering::Relaxed));
         let mut offset = [0u8; 20];
         let offset = decimal(addr - start, &mut offset);
-        write_all(b"peregrine: error: dataset ");
+        // One write where the message fits (it does unless the path is over 7 KiB), so that it
+        // reaches a pipe (mpirun's, a test's) whole.
+        let mut line = Line { fd: 2, buf: [0; 8192], len: 0 };
+        line.push(b"peregrine: error: dataset ");
         if !path.is_null() {
             // SAFETY: the slot points at its registration's path bytes, which live until the
             // registration is dropped, and a registration is dropped only with its dataset, which
             // the faulting thread is reading.
-            write_all(unsafe { std::slice::from_raw_parts(path, path_len) });
+            line.push(unsafe { std::slice::from_raw_parts(path, path_len) });
         }
-        write_all(b" shrank while this run had it mapped (a read at byte ");
-        write_all(offset);
-        write_all(
+        line.push(b" shrank while this run had it mapped (a read at byte ");
+        line.push(offset);
+        line.push(
             b" is now past its end): it was truncated or rewritten in place. A dataset must not \
               change while a job reads it: write the new one to another file and rename it into place\n",
         );
+        line.flush();
         // SAFETY: _exit is async-signal-safe and ends the process at once.
         unsafe { libc::_exit(1) };
     }
@@ -197,10 +212,37 @@ extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
     }
 }
 
-fn write_all(mut bytes: &[u8]) {
+/// A message built on the stack (no allocation in a signal handler), written to `fd` when full
+/// or flushed.
+struct Line {
+    fd: libc::c_int,
+    buf: [u8; 8192],
+    len: usize,
+}
+
+impl Line {
+    fn push(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            if self.len == self.buf.len() {
+                self.flush();
+            }
+            let n = bytes.len().min(self.buf.len() - self.len);
+            self.buf[self.len..self.len + n].copy_from_slice(&bytes[..n]);
+            self.len += n;
+            bytes = &bytes[n..];
+        }
+    }
+
+    fn flush(&mut self) {
+        write_all(self.fd, &self.buf[..self.len]);
+        self.len = 0;
+    }
+}
+
+fn write_all(fd: libc::c_int, mut bytes: &[u8]) {
     while !bytes.is_empty() {
         // SAFETY: a valid buffer and length; write(2) is async-signal-safe.
-        let n = unsafe { libc::write(2, bytes.as_ptr().cast(), bytes.len()) };
+        let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
         if n <= 0 {
             return;
         }
@@ -231,6 +273,21 @@ mod tests {
         assert_eq!(decimal(0, &mut b), b"0");
         assert_eq!(decimal(1_234_567, &mut b), b"1234567");
         assert_eq!(decimal(usize::MAX, &mut b), usize::MAX.to_string().as_bytes());
+    }
+
+    #[test]
+    fn a_line_keeps_what_is_pushed_in_order_across_its_buffer() {
+        use std::os::fd::AsRawFd;
+        let null = std::fs::File::create("/dev/null").expect("/dev/null");
+        let mut l = Line { fd: null.as_raw_fd(), buf: [0; 8192], len: 0 };
+        l.push(b"abc");
+        l.push(&[b'x'; 100]);
+        assert_eq!(&l.buf[..l.len], [&b"abc"[..], &[b'x'; 100]].concat().as_slice());
+        // A push past the buffer writes what it holds and goes on from the start: the tail kept.
+        l.push(&[b'y'; 8192]);
+        assert_eq!(l.len, 103);
+        assert!(l.buf[..l.len].iter().all(|&b| b == b'y'));
+        l.len = 0;
     }
 
     #[test]
