@@ -287,7 +287,6 @@ mod tests {
         l.push(&[b'y'; 8192]);
         assert_eq!(l.len, 103);
         assert!(l.buf[..l.len].iter().all(|&b| b == b'y'));
-        l.len = 0;
     }
 
     #[test]
