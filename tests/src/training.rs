@@ -279,14 +279,18 @@ pub fn final_params_by<M: Model>(
     scheme: Scheme,
     optimizer: Optimizer,
 ) -> Result<Vec<f32>, String> {
-    let cfg = params_config(t, iterations, scheme, optimizer);
+    final_params_of(t, model, &params_config(t, iterations, scheme, optimizer))
+}
+
+/// The final parameters of a run of `model` with `cfg` (which must keep them).
+pub fn final_params_of<M: Model>(t: &Transport, model: &M, cfg: &Config) -> Result<Vec<f32>, String> {
     let pool = RankPool::new(cfg.threads, slot(t), Pinning::Off).map_err(|e| e.to_string())?;
-    let report = engine::train(t, model, &cfg, &pool, None, &mut |_| {}).map_err(|e| e.to_string())?;
+    let report = engine::train(t, model, cfg, &pool, None, &mut |_| {}).map_err(|e| e.to_string())?;
     report.params.ok_or_else(|| "no parameters in the report".into())
 }
 
 /// [`final_params_by`]'s configuration.
-fn params_config(t: &Transport, iterations: u64, scheme: Scheme, optimizer: Optimizer) -> Config {
+pub fn params_config(t: &Transport, iterations: u64, scheme: Scheme, optimizer: Optimizer) -> Config {
     let linear = matches!(optimizer, Optimizer::Sgd | Optimizer::Momentum { .. });
     Config {
         optimizer,

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use peregrine_core::engine::Config;
 use peregrine_core::inject::Injection;
 use peregrine_core::model::{lr::LogReg, mf::Mf, mlp::Mlp, softmax::Softmax, Delta, Model};
 use peregrine_core::plan::Plan;
@@ -99,34 +100,19 @@ fn bsp_lr_is_the_same_for_1_2_4_ranks() {
 /// stateful optimizer's model depends on their order.)
 #[test]
 fn scattered_keyed_pulls_train_the_model_of_whole_pulls() {
-    use peregrine_core::engine::{self, Config};
     use peregrine_core::optim::Optimizer;
-    use peregrine_core::pool::{Pinning, RankPool};
-    use peregrine_core::SchemeSpec;
+    use peregrine_tests::training::{final_params_of, params_config};
     let tmp = scratch("scattered");
     let data = tmp.path().join("wide.pgd");
     gen::sparse(&SparseSpec { rows: 4000, cols: 2000, nnz_per_row: 12, zipf: 1.1, seed: 2 }, &data)
         .expect("gen");
     let model = LogReg::new(&data, None, 0.5, true).expect("model");
+    // params_config: BSP, batches of 256, 2 threads; with SGD on 2 ranks, rank 0 slowed and chunks
+    // taken over.
     let run = |world: usize, optimizer: Optimizer, dense_pull_below: usize| {
-        let sgd = optimizer == Optimizer::Sgd;
-        let cfg = Config {
-            scheme: SchemeSpec::new(scheme("bsp"), sgd),
-            optimizer,
-            batch: 256,
-            chunk: 16,
-            iterations: 60,
-            threads: 2,
-            inject: if sgd { peregrine_tests::training::slowed(0, 0.5) } else { Injection::default() },
-            keep_params: true,
-            dense_pull_below,
-            ..Config::default()
-        };
         run_local(world, |t| {
-            let pool = RankPool::new(cfg.threads, peregrine_tests::training::slot(&t), Pinning::Off)
-                .map_err(|e| e.to_string())?;
-            let r = engine::train(&t, &model, &cfg, &pool, None, &mut |_| {}).map_err(|e| e.to_string())?;
-            r.params.ok_or_else(|| "no parameters".to_owned())
+            let cfg = Config { dense_pull_below, ..params_config(&t, 60, scheme("bsp"), optimizer) };
+            final_params_of(&t, &model, &cfg)
         })
         .expect("world")
         .remove(0)

@@ -30,9 +30,11 @@ impl<M: Model> Run<'_, M> {
         rec: &mut IterRecord,
     ) -> Result<(), TrainError> {
         let c0 = Instant::now();
-        if self.keyed() && keys.skip() {
+        if !self.keyed() {
+            self.params.get_all_with_state(replica, state)?;
+        } else if keys.skip() {
             self.params.get_all(replica)?;
-        } else if self.keyed() {
+        } else {
             let part = self.own.lock().expect("own chunks").clone();
             keys.set.clear();
             for g in part {
@@ -40,8 +42,6 @@ impl<M: Model> Run<'_, M> {
             }
             let whole = self.params.pull_keys(self.model.layout(), &mut keys.set, ranges, data, replica)?;
             keys.saw(whole);
-        } else {
-            self.params.get_all_with_state(replica, state)?;
         }
         rec.comm += c0.elapsed().as_secs_f64();
         Ok(())

@@ -259,15 +259,11 @@ impl Delta {
 
     /// Resets to zero, in time proportional to what was touched.
     pub fn clear(&mut self) {
-        if self.layout.width == 1 {
-            // One store per key, not a call to fill a slice of one.
-            for &k in self.keys.keys() {
-                self.values[k as usize] = 0.0;
-            }
-        } else {
-            for &k in self.keys.keys() {
-                let r = self.layout.range(k);
-                self.values[r].fill(0.0);
+        for &k in self.keys.keys() {
+            match &mut self.values[self.layout.range(k)] {
+                // One value (as in `add`): a store, not a call to fill a slice of one.
+                [v] => *v = 0.0,
+                r => r.fill(0.0),
             }
         }
         self.keys.clear();
