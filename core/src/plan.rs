@@ -126,6 +126,12 @@ impl Plan {
         self.global_chunk_rows(t, self.part(t, rank).start + c as usize)
     }
 
+    /// Ranks that a full batch gives no chunk of their own: a batch cut into fewer chunks than
+    /// there are ranks leaves the last ranks with nothing to compute but what they take over.
+    pub fn idle_ranks(&self) -> usize {
+        self.world.saturating_sub(self.batch.div_ceil(self.chunk))
+    }
+
     /// Chunks in iteration `t`'s batch.
     pub fn batch_chunks(&self, t: u64) -> usize {
         self.batch_rows(t).len().div_ceil(self.chunk)
@@ -177,6 +183,17 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn ranks_without_a_chunk_of_their_own() {
+        let idle =
+            |batch, world, chunk| Plan::new(10_000, batch, world, chunk, 1).expect("plan").idle_ranks();
+        assert_eq!(idle(128, 4, 64), 2, "2 chunks for 4 ranks");
+        assert_eq!(idle(128, 4, 32), 0);
+        assert_eq!(idle(130, 4, 64), 1, "a partial chunk is a chunk");
+        assert_eq!(idle(3, 4, 1), 1, "a batch smaller than the world");
+        assert_eq!(idle(20_000, 4, 64), 0, "the batch capped at the rows");
+    }
     use super::*;
     use proptest::prelude::*;
 

@@ -925,6 +925,22 @@ fn go<M: Export>(
     data_check_seconds: f64,
 ) -> Result<Report, AppError> {
     let plan = Plan::new(model.rows(), r.batch, t.world_size(), r.chunk, r.seed).map_err(usage)?;
+    if plan.idle_ranks() > 0 && t.rank() == 0 {
+        let (n, chunks) = (t.world_size(), plan.batch().div_ceil(plan.chunk()));
+        let fix = if plan.batch() >= n {
+            format!("--chunk {} or less gives every rank one", plan.batch() / n)
+        } else {
+            format!("a --batch of {n} rows or more is needed for every rank to have one")
+        };
+        eprintln!(
+            "warning: --batch {} in chunks of {} rows is {chunks} chunk(s) an iteration for {n} ranks: ranks \
+             {chunks} to {} get none of their own and compute only what they take over (under schemes \
+             that take chunks over); {fix}",
+            plan.batch(),
+            plan.chunk(),
+            n - 1,
+        );
+    }
     if let Some(e) = epochs {
         r.iterations = ((e * plan.iters_per_epoch() as f64).ceil() as u64).max(r.at_least).max(1);
     }

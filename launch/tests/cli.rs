@@ -1332,6 +1332,59 @@ fn experiment_simulates_worlds_and_writes_tables_and_plots() {
     assert!(text(&run).1.contains("[simulate] ranks"), "{:?}", text(&run));
 }
 
+/// A batch cut into fewer chunks than there are ranks is said at start (the last ranks would
+/// compute only what they take over), with the chunk size that gives every rank one; a batch
+/// that does is not.
+#[test]
+fn ranks_left_without_a_chunk_are_named_at_start() {
+    let t = scratch("idle-ranks");
+    let s = |n: &str| t.path().join(n).to_string_lossy().into_owned();
+    ok(&["data", "gen", "sparse", &s("d.pgd"), "--rows", "4000", "--features", "300"]);
+    let (_, idle) = ok(&[
+        "train",
+        "--model",
+        "lr",
+        "--data",
+        &s("d.pgd"),
+        "--ranks",
+        "4",
+        "--batch",
+        "128",
+        "--chunk",
+        "64",
+        "--iterations",
+        "3",
+        "--run-dir",
+        &s("a"),
+        "-q",
+    ]);
+    assert!(
+        idle.contains(
+            "warning: --batch 128 in chunks of 64 rows is 2 chunk(s) an iteration for 4 ranks: ranks 2 to 3"
+        ) && idle.contains("--chunk 32 or less gives every rank one"),
+        "{idle}"
+    );
+    let (_, busy) = ok(&[
+        "train",
+        "--model",
+        "lr",
+        "--data",
+        &s("d.pgd"),
+        "--ranks",
+        "4",
+        "--batch",
+        "128",
+        "--chunk",
+        "32",
+        "--iterations",
+        "3",
+        "--run-dir",
+        &s("b"),
+        "-q",
+    ]);
+    assert!(!busy.contains("chunk(s) an iteration"), "{busy}");
+}
+
 /// Runs `peregrine args`, expecting success; its standard output and error.
 fn ok(args: &[&str]) -> (String, String) {
     let out = peregrine(args);
