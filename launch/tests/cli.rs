@@ -1340,48 +1340,19 @@ fn ranks_left_without_a_chunk_are_named_at_start() {
     let t = scratch("idle-ranks");
     let s = |n: &str| t.path().join(n).to_string_lossy().into_owned();
     ok(&["data", "gen", "sparse", &s("d.pgd"), "--rows", "4000", "--features", "300"]);
-    let (_, idle) = ok(&[
-        "train",
-        "--model",
-        "lr",
-        "--data",
-        &s("d.pgd"),
-        "--ranks",
-        "4",
-        "--batch",
-        "128",
-        "--chunk",
-        "64",
-        "--iterations",
-        "3",
-        "--run-dir",
-        &s("a"),
-        "-q",
-    ]);
+    let stderr = |chunk: &str, run: &str| {
+        let (data, dir) = (s("d.pgd"), s(run));
+        let args = ["train", "--model", "lr", "--data", &data, "--ranks", "4", "--batch", "128"];
+        ok(&[&args[..], &["--chunk", chunk, "--iterations", "3", "--run-dir", &dir, "-q"]].concat()).1
+    };
+    let idle = stderr("64", "a");
     assert!(
         idle.contains(
             "warning: --batch 128 in chunks of 64 rows is 2 chunk(s) an iteration for 4 ranks: ranks 2 to 3"
         ) && idle.contains("--chunk 32 or less gives every rank one"),
         "{idle}"
     );
-    let (_, busy) = ok(&[
-        "train",
-        "--model",
-        "lr",
-        "--data",
-        &s("d.pgd"),
-        "--ranks",
-        "4",
-        "--batch",
-        "128",
-        "--chunk",
-        "32",
-        "--iterations",
-        "3",
-        "--run-dir",
-        &s("b"),
-        "-q",
-    ]);
+    let busy = stderr("32", "b");
     assert!(!busy.contains("chunk(s) an iteration"), "{busy}");
 }
 
