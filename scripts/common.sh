@@ -90,7 +90,8 @@ per_rank_sum() {
 
 # Slurm without systemd, shared by slurm-local.sh and cluster-local.sh.
 # slurm_conf_common: the slurm.conf lines both test clusters share (root daemons, munge, no
-# cgroups, no accounting, requeue allowed).
+# cgroups, no accounting, requeue allowed; the backfill scheduler, the only one that starts
+# heterogeneous jobs, every 2 s rather than 30).
 slurm_conf_common() {
     cat <<'CONF'
 SlurmUser=root
@@ -108,6 +109,7 @@ JobAcctGatherType=jobacct_gather/none
 JobRequeue=1
 ReturnToService=2
 MinJobAge=600
+SchedulerParameters=bf_interval=2
 SlurmctldPort=6817
 SlurmdPort=6818
 CONF

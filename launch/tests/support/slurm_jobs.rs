@@ -86,11 +86,50 @@ impl Slurm {
         let start = Instant::now();
         while !done() {
             if start.elapsed() > limit {
+                // What the job and its processes were doing, before cancelling kills them.
+                let report = self.report(id);
                 let _ = self.cmd("scancel").arg(id).status();
-                panic!("job {id}: timed out after {limit:?} waiting for {what}\n{}", context());
+                panic!("job {id}: timed out after {limit:?} waiting for {what}\n{}\n{report}", context());
             }
             std::thread::sleep(Duration::from_millis(300));
         }
+    }
+
+    /// Slurm's view of job `id` (every component of a heterogeneous job) and its steps, and the
+    /// processes of this machine that run in it: their threads' states, kernel wait channels and
+    /// CPU time, which tell a rank that spins from one that blocks, and where.
+    pub fn report(&self, id: &str) -> String {
+        let run = |args: &[&str]| {
+            self.cmd(args[0]).args(&args[1..]).output().map(|o| text(&o)).unwrap_or_else(|e| e.to_string())
+        };
+        let mut r = format!(
+            "--- scontrol show job {id}\n{}\n--- squeue -s -j {id}\n{}",
+            run(&["scontrol", "show", "job", id]),
+            run(&["squeue", "-s", "-j", id])
+        );
+        for pid in job_pids(id) {
+            let proc_dir = Path::new("/proc").join(pid.to_string());
+            let cmd = String::from_utf8_lossy(&std::fs::read(proc_dir.join("cmdline")).unwrap_or_default())
+                .replace('\0', " ");
+            r += &format!("\n--- process {pid}: {cmd}");
+            let tasks = std::fs::read_dir(proc_dir.join("task")).into_iter().flatten().flatten();
+            for t in tasks {
+                let stat = read(&t.path().join("stat"));
+                // Fields after the parenthesised name: state, ..., utime and stime (14th and 15th).
+                let (name, rest) = stat.rsplit_once(')').unwrap_or_default();
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+                r += &format!(
+                    "\n  thread {} {} state {} cpu {} ticks wchan {}",
+                    t.file_name().to_string_lossy(),
+                    name.split_once('(').map_or("", |x| x.1),
+                    f.first().unwrap_or(&"?"),
+                    ticks(11) + ticks(12),
+                    read(&t.path().join("wchan"))
+                );
+            }
+        }
+        r
     }
 
     /// Submits `peregrine slurm sbatch <options> --submit --mpi <plugin> -- <command>` from
@@ -123,8 +162,16 @@ impl Slurm {
             || self.job_field(id, "Restarts") == "1",
             || read(output),
         );
-        // A requeued job waits (BeginTime) before it may start again: let it start now.
-        let _ = self.cmd("scontrol").args(["update", &format!("jobid={id}"), "StartTime=now"]).status();
+        // A requeued job waits (BeginTime) before it may start again: let it start sooner, but
+        // not at once. Its node revokes the job's credential when it ends the first run, and
+        // refuses a relaunch whose credential is not newer than that, to the second ("Job
+        // credential revoked": the job then fails): wait for the first run's processes to be
+        // gone, and give the next start a second or two more.
+        let gone = Instant::now();
+        while !job_pids(id).is_empty() && gone.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.cmd("scontrol").args(["update", &format!("jobid={id}"), "StartTime=now+2"]).status();
         self.wait_for(
             id,
             limit,
@@ -139,6 +186,34 @@ impl Slurm {
 /// `$PEREGRINE_SRUN_MPI`, `pmix` (OpenMPI) by default, `pmi2` for MPICH.
 pub fn plugin() -> String {
     std::env::var("PEREGRINE_SRUN_MPI").unwrap_or_else(|_| "pmix".to_owned())
+}
+
+/// The processes of this machine (any of the test clusters' nodes) that run in job `id`.
+fn job_pids(id: &str) -> Vec<u32> {
+    let key = format!("SLURM_JOB_ID={id}");
+    let dirs = std::fs::read_dir("/proc").into_iter().flatten().flatten();
+    let pids = dirs.filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()));
+    pids.filter(|pid| {
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        env.split(|&b| b == 0).any(|v| v == key.as_bytes())
+    })
+    .collect()
+}
+
+/// Whether a job in `state` (`scontrol show job`'s JobState) has ended, in success or not.
+pub fn ended(state: &str) -> bool {
+    const ENDS: [&str; 9] = [
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "OUT_OF_MEMORY",
+    ];
+    ENDS.contains(&state)
 }
 
 /// Standard output and error, for messages.
