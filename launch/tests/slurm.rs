@@ -24,9 +24,14 @@ use slurm_jobs::{plugin, read, text, Slurm};
 #[path = "support/models.rs"]
 mod models;
 
-/// The single-node cluster of the environment's `SLURM_CONF`.
-fn slurm() -> Slurm {
-    Slurm::from_env()
+/// The single-node cluster of the environment's `SLURM_CONF`, and [`ONE_JOB`] held.
+fn slurm() -> (Slurm, std::sync::MutexGuard<'static, ()>) {
+    (Slurm::from_env(), one_job())
+}
+
+/// [`ONE_JOB`], held until the guard drops.
+fn one_job() -> std::sync::MutexGuard<'static, ()> {
+    ONE_JOB.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A fresh directory for one test (the jobs run as root, as the test does), removed when it ends.
@@ -89,14 +94,16 @@ fn train_warned_requeued_resumed(
 /// The options of the tests' batch jobs on one node.
 const ONE_NODE: [&str; 6] = ["--ntasks-per-node", "4", "--time", "5", "--job-name", "ptest"];
 
-/// Held by the tests whose jobs are requeued (the single node runs one 4-task job at a time, so
-/// two such tests at once would queue each other's requeued job behind their own), and by the
-/// tests on the multi-node cluster.
-static REQUEUE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// Held by every test for as long as its job runs: one job at a time, on either cluster. The
+/// single node runs one 4-task job at a time (two requeue tests at once would queue each other's
+/// requeued job behind their own), and MPI ranks poll: a 4-rank world beside a job on the
+/// multi-node cluster starved one of its ranks' accumulates (UCX over TCP) past the 15 s a rank
+/// asked to stop has to reach its checkpoint.
+static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[test]
 fn srun_n4_runs_one_mpi_world() {
-    let slurm = slurm();
+    let (slurm, _one) = slurm();
     let mpi = format!("--mpi={}", plugin());
     let out = slurm
         .cmd("srun")
@@ -113,7 +120,7 @@ fn srun_n4_runs_one_mpi_world() {
 
 #[test]
 fn srun_tasks_read_their_slurm_environment() {
-    let slurm = slurm();
+    let (slurm, _one) = slurm();
     let out = slurm.cmd("srun").args(["-n", "4", exe(), "slurm", "env"]).output().expect("srun");
     assert!(out.status.success(), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -125,7 +132,7 @@ fn srun_tasks_read_their_slurm_environment() {
 
 #[test]
 fn srun_without_an_mpi_plugin_is_a_clear_error() {
-    let slurm = slurm();
+    let (slurm, _one) = slurm();
     let out = slurm.cmd("srun").args(["-n", "2", "--mpi=none", exe(), "conformance"]).output().expect("srun");
     assert!(!out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("no MPI launcher is visible"), "{}", text(&out));
@@ -133,7 +140,7 @@ fn srun_without_an_mpi_plugin_is_a_clear_error() {
 
 #[test]
 fn srun_singletons_are_detected() {
-    let slurm = slurm();
+    let (slurm, _one) = slurm();
     // Without a PMI plugin, MPICH starts 4 one-rank worlds (OpenMPI fails in MPI_Init): either way
     // the job must fail, not run 4 copies of the work.
     let out = slurm
@@ -149,7 +156,7 @@ fn srun_singletons_are_detected() {
 
 #[test]
 fn an_sbatch_job_runs_4_ranks_and_records_them() {
-    let slurm = slurm();
+    let (slurm, _one) = slurm();
     let dir_tmp = scratch("sbatch");
     let dir = dir_tmp.path();
     let id = slurm.submit(dir, &ONE_NODE, &["conformance", "--tickets", "5000", "--rounds", "20"]);
@@ -175,8 +182,7 @@ fn an_sbatch_job_runs_4_ranks_and_records_them() {
 
 #[test]
 fn a_job_warned_before_its_time_limit_saves_requeues_and_resumes() {
-    let slurm = slurm();
-    let _node = REQUEUE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (slurm, _one) = slurm();
     let dir_tmp = scratch("requeue");
     let dir = dir_tmp.path();
     let id = slurm.submit(dir, &ONE_NODE, &["conformance", "--tickets", "2000", "--repeat", "300"]);
@@ -204,8 +210,7 @@ fn a_job_warned_before_its_time_limit_saves_requeues_and_resumes() {
 
 #[test]
 fn a_training_job_warned_before_its_time_limit_checkpoints_requeues_and_resumes() {
-    let slurm = slurm();
-    let _node = REQUEUE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (slurm, _one) = slurm();
     let dir_tmp = scratch("train-requeue");
     let dir = dir_tmp.path();
     gen_data(dir, 20000);
@@ -215,8 +220,7 @@ fn a_training_job_warned_before_its_time_limit_checkpoints_requeues_and_resumes(
 
 #[test]
 fn a_task_killed_under_srun_ends_the_step_and_the_rerun_resumes() {
-    let slurm = slurm();
-    let _node = REQUEUE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (slurm, _one) = slurm();
     let dir_tmp = scratch("srun-kill");
     let dir = dir_tmp.path();
     let s = |name: &str| dir.join(name).to_string_lossy().into_owned();
@@ -286,11 +290,9 @@ mod cluster {
     use std::path::Path;
     use std::time::Duration;
 
-    /// One job at a time, also with the single-node cluster's long jobs: two training jobs polling
-    /// at once on 2 cores starve each other past the tests' limits.
+    /// The multi-node cluster, and [`super::ONE_JOB`] held.
     fn cluster() -> (Slurm, std::sync::MutexGuard<'static, ()>) {
-        let guard = super::REQUEUE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        (Slurm::namespaced(), guard)
+        (Slurm::namespaced(), super::one_job())
     }
 
     /// A scratch directory on the shared file system (each node has its own /tmp).
