@@ -12,8 +12,9 @@
 //! - bandwidth: a window of `W` operations of the same size (W = 64, fewer above 256 KiB so that a
 //!   window moves at most 16 MiB), issued back to back as one batch, then one completion;
 //! - each figure is the median of several trials; with the MPI backend each trial of ours is
-//!   followed by the same loop in raw MPI on an `MPI_Win_allocate` window in a `lock_all` epoch
-//!   with `MPI_Win_flush` (the reference), so that both see the same machine state.
+//!   paired with the same loop in raw MPI on an `MPI_Win_allocate` window in a `lock_all` epoch
+//!   with `MPI_Win_flush` (the reference), so that both see the same machine state; the order
+//!   alternates from trial to trial (ours first, then the reference first).
 
 use std::fmt;
 use std::time::Instant;
@@ -157,18 +158,21 @@ pub fn run(t: &Transport, cfg: &Config, mut report: impl FnMut(&Row)) -> Result<
     for op in [Op::Get, Op::Put, Op::Accumulate, Op::FetchAdd] {
         let mut ours = Vec::new();
         let mut theirs = Vec::new();
-        for _ in 0..cfg.trials {
+        for trial in 0..cfg.trials {
             t.barrier()?;
             if me {
-                ours.push(timed(cfg.latency_iters, cfg.warmup, || match op {
-                    Op::Get => data.get(base, &mut buf[..1]),
-                    Op::Put => data.write_scope(|s| s.put(base, &buf[..1])),
-                    Op::Accumulate => data.write_scope(|s| s.accumulate(base, &buf[..1])),
-                    Op::FetchAdd => counter.fetch_add(base, 1).map(drop),
-                })?);
-                if let Some(raw) = &mut raw {
-                    theirs.push(timed(cfg.latency_iters, cfg.warmup, || raw.op(op, target, 1))?);
-                }
+                let mut mine = || {
+                    timed(cfg.latency_iters, cfg.warmup, || match op {
+                        Op::Get => data.get(base, &mut buf[..1]),
+                        Op::Put => data.write_scope(|s| s.put(base, &buf[..1])),
+                        Op::Accumulate => data.write_scope(|s| s.accumulate(base, &buf[..1])),
+                        Op::FetchAdd => counter.fetch_add(base, 1).map(drop),
+                    })
+                };
+                let reference = raw
+                    .as_mut()
+                    .map(|raw| move || timed(cfg.latency_iters, cfg.warmup, || raw.op(op, target, 1)));
+                both(trial, &mut mine, reference, &mut ours, &mut theirs)?;
             }
         }
         if me {
@@ -191,23 +195,23 @@ pub fn run(t: &Transport, cfg: &Config, mut report: impl FnMut(&Row)) -> Result<
             let iters = ((256usize << 20) / (size * w)).clamp(4, 200);
             let mut ours = Vec::new();
             let mut theirs = Vec::new();
-            for _ in 0..cfg.trials {
+            for trial in 0..cfg.trials {
                 t.barrier()?;
                 if me {
                     let out = &mut buf[..len * w];
-                    ours.push(
-                        timed(iters, cfg.warmup.min(iters), || match op {
+                    let warmup = cfg.warmup.min(iters);
+                    let mut mine = || {
+                        let s = timed(iters, warmup, || match op {
                             Op::Get => data.get_batch(&ranges, out),
                             Op::Put => data.put_batch(&ranges, out).and_then(|()| data.flush(target)),
                             _ => data.accumulate_batch(&ranges, out).and_then(|()| data.flush(target)),
-                        })? / w as f64,
-                    );
-                    if let Some(raw) = &mut raw {
-                        theirs.push(
-                            timed(iters, cfg.warmup.min(iters), || raw.window(op, target, len, w))?
-                                / w as f64,
-                        );
-                    }
+                        })?;
+                        Ok(s / w as f64)
+                    };
+                    let reference = raw.as_mut().map(|raw| {
+                        move || Ok(timed(iters, warmup, || raw.window(op, target, len, w))? / w as f64)
+                    });
+                    both(trial, &mut mine, reference, &mut ours, &mut theirs)?;
                 }
             }
             if me {
@@ -228,6 +232,30 @@ pub fn run(t: &Transport, cfg: &Config, mut report: impl FnMut(&Row)) -> Result<
     }
     counter.free()?;
     data.free()
+}
+
+/// One trial of ours (`mine`) and of the raw-MPI `reference` (when there is one), their seconds
+/// pushed to `ours` and `theirs`: ours first in even trials, the reference first in odd ones, so
+/// that neither side always finds the caches and the target as the other left them.
+fn both(
+    trial: usize,
+    mine: &mut dyn FnMut() -> Result<f64>,
+    reference: Option<impl FnMut() -> Result<f64>>,
+    ours: &mut Vec<f64>,
+    theirs: &mut Vec<f64>,
+) -> Result<()> {
+    let Some(mut reference) = reference else {
+        ours.push(mine()?);
+        return Ok(());
+    };
+    if trial % 2 == 0 {
+        ours.push(mine()?);
+        theirs.push(reference()?);
+    } else {
+        theirs.push(reference()?);
+        ours.push(mine()?);
+    }
+    Ok(())
 }
 
 /// Seconds per call of `f` over `iters` calls, after `warmup` untimed ones.
