@@ -161,7 +161,7 @@ pub fn run(t: &Transport, cfg: &Config, mut report: impl FnMut(&Row)) -> Result<
         for trial in 0..cfg.trials {
             t.barrier()?;
             if me {
-                let mut mine = || {
+                let mine = || {
                     timed(cfg.latency_iters, cfg.warmup, || match op {
                         Op::Get => data.get(base, &mut buf[..1]),
                         Op::Put => data.write_scope(|s| s.put(base, &buf[..1])),
@@ -172,7 +172,7 @@ pub fn run(t: &Transport, cfg: &Config, mut report: impl FnMut(&Row)) -> Result<
                 let reference = raw
                     .as_mut()
                     .map(|raw| move || timed(cfg.latency_iters, cfg.warmup, || raw.op(op, target, 1)));
-                both(trial, &mut mine, reference, &mut ours, &mut theirs)?;
+                both(trial, mine, reference, &mut ours, &mut theirs)?;
             }
         }
         if me {
@@ -200,7 +200,7 @@ pub fn run(t: &Transport, cfg: &Config, mut report: impl FnMut(&Row)) -> Result<
                 if me {
                     let out = &mut buf[..len * w];
                     let warmup = cfg.warmup.min(iters);
-                    let mut mine = || {
+                    let mine = || {
                         let s = timed(iters, warmup, || match op {
                             Op::Get => data.get_batch(&ranges, out),
                             Op::Put => data.put_batch(&ranges, out).and_then(|()| data.flush(target)),
@@ -211,7 +211,7 @@ pub fn run(t: &Transport, cfg: &Config, mut report: impl FnMut(&Row)) -> Result<
                     let reference = raw.as_mut().map(|raw| {
                         move || Ok(timed(iters, warmup, || raw.window(op, target, len, w))? / w as f64)
                     });
-                    both(trial, &mut mine, reference, &mut ours, &mut theirs)?;
+                    both(trial, mine, reference, &mut ours, &mut theirs)?;
                 }
             }
             if me {
@@ -239,7 +239,7 @@ pub fn run(t: &Transport, cfg: &Config, mut report: impl FnMut(&Row)) -> Result<
 /// that neither side always finds the caches and the target as the other left them.
 fn both(
     trial: usize,
-    mine: &mut dyn FnMut() -> Result<f64>,
+    mut mine: impl FnMut() -> Result<f64>,
     reference: Option<impl FnMut() -> Result<f64>>,
     ours: &mut Vec<f64>,
     theirs: &mut Vec<f64>,

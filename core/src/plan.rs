@@ -183,6 +183,8 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn ranks_without_a_chunk_of_their_own() {
@@ -194,8 +196,6 @@ mod tests {
         assert_eq!(idle(3, 4, 1), 1, "a batch smaller than the world");
         assert_eq!(idle(20_000, 4, 64), 0, "the batch capped at the rows");
     }
-    use super::*;
-    use proptest::prelude::*;
 
     proptest! {
         #[test]

@@ -926,7 +926,7 @@ fn go<M: Export>(
 ) -> Result<Report, AppError> {
     let plan = Plan::new(model.rows(), r.batch, t.world_size(), r.chunk, r.seed).map_err(usage)?;
     if plan.idle_ranks() > 0 && t.rank() == 0 {
-        let (n, chunks) = (t.world_size(), plan.batch().div_ceil(plan.chunk()));
+        let (n, chunks) = (t.world_size(), t.world_size() - plan.idle_ranks());
         let fix = if plan.batch() >= n {
             format!("--chunk {} or less gives every rank one", plan.batch() / n)
         } else {
