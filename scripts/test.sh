@@ -8,7 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/common.sh
 
-ensure_packages "${MPI_BUILD_PACKAGES[@]}" mpich libmpich-dev dataset-fashion-mnist libhwloc-dev libudev-dev fonts-dejavu-core
+# gdb: a Slurm test tells Slurm 22.05's own hang of srun from ours by srun's backtrace.
+ensure_packages "${MPI_BUILD_PACKAGES[@]}" mpich libmpich-dev dataset-fashion-mnist libhwloc-dev libudev-dev fonts-dejavu-core gdb
 
 fetch_movielens
 fetch_lda_reference

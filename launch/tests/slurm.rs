@@ -161,13 +161,7 @@ fn an_sbatch_job_runs_4_ranks_and_records_them() {
     let dir = dir_tmp.path();
     let id = slurm.submit(dir, &ONE_NODE, &["conformance", "--tickets", "5000", "--rounds", "20"]);
     let output = dir.join(format!("ptest-{id}.out"));
-    slurm.wait_for(
-        &id,
-        Duration::from_secs(120),
-        "completion",
-        || slurm.job_field(&id, "JobState") == "COMPLETED",
-        || read(&output),
-    );
+    slurm.completes(&id, &id, Duration::from_secs(120), &output);
     let log = read(&output);
     assert!(log.contains("all cases passed on 4 ranks (mpi)"), "{log}");
     let meta = read(&dir.join(format!("runs/ptest-{id}/meta.json")));
@@ -286,7 +280,7 @@ fn a_task_killed_under_srun_ends_the_step_and_the_rerun_resumes() {
 /// one-sided component themselves (the tests' `OMPI_MCA_osc` is removed): UCX over TCP between
 /// nodes. One job at a time: the machine has 2 cores, and UCX polls.
 mod cluster {
-    use super::{exe, plugin, read, text, Slurm};
+    use super::{exe, plugin, read, slurm_jobs, text, Slurm};
     use std::path::Path;
     use std::time::Duration;
 
@@ -417,15 +411,24 @@ mod cluster {
         let id = slurm.submit(d, &options, &[&train[..], &["--chunk", "64", "--scheme", "bsp"]].concat());
         let output = d.join(format!("het-{id}.out"));
         let run = d.join(format!("runs/het-{id}"));
+        // Rank 0 writes the summary once every rank has trained; then the job ends.
+        let done = run.join("summary.json");
+        slurm.wait_for(&id, Duration::from_secs(240), "the summary", || done.exists(), || read(&output));
         let state = || slurm.job_field(&format!("{id}+0"), "JobState");
-        slurm.wait_for(
-            &id,
-            Duration::from_secs(240),
-            "its end",
-            || super::slurm_jobs::ended(&state()),
-            || read(&output),
-        );
-        assert_eq!(state(), "COMPLETED", "{}\n{}", read(&output), slurm.report(&id));
+        if slurm_jobs::waits(Duration::from_secs(60), || slurm_jobs::ended(&state())) {
+            assert_eq!(state(), "COMPLETED", "{}\n{}", read(&output), slurm.report(&id));
+        } else {
+            // Only Slurm 22.05's own hang after every task exited passes (see
+            // `srun_hung_in_pmix_teardown`); the ranks' results are checked all the same.
+            let report = slurm.report(&id);
+            let trace = slurm_jobs::srun_hung_in_pmix_teardown(&id);
+            let _ = slurm.cmd("scancel").arg(&id).status();
+            slurm_jobs::kill_leftovers(&id);
+            let trace = trace.unwrap_or_else(|| {
+                panic!("job {id} did not end within 60 s of its summary:\n{}\n{report}", read(&output))
+            });
+            eprintln!("note: job {id}'s srun hung in Slurm's PMIx teardown after its tasks ended:\n{trace}");
+        }
         let summary = read(&run.join("summary.json"));
         assert!(summary.contains("\"iterations\": 150"), "{summary}\n{}", read(&output));
         let meta = read(&run.join("meta.json"));

@@ -80,18 +80,14 @@ impl Slurm {
         id: &str,
         limit: Duration,
         what: &str,
-        mut done: impl FnMut() -> bool,
+        done: impl FnMut() -> bool,
         context: impl Fn() -> String,
     ) {
-        let start = Instant::now();
-        while !done() {
-            if start.elapsed() > limit {
-                // What the job and its processes were doing, before cancelling kills them.
-                let report = self.report(id);
-                let _ = self.cmd("scancel").arg(id).status();
-                panic!("job {id}: timed out after {limit:?} waiting for {what}\n{}\n{report}", context());
-            }
-            std::thread::sleep(Duration::from_millis(300));
+        if !waits(limit, done) {
+            // What the job and its processes were doing, before cancelling kills them.
+            let report = self.report(id);
+            let _ = self.cmd("scancel").arg(id).status();
+            panic!("job {id}: timed out after {limit:?} waiting for {what}\n{}\n{report}", context());
         }
     }
 
@@ -172,13 +168,15 @@ impl Slurm {
             std::thread::sleep(Duration::from_millis(100));
         }
         let _ = self.cmd("scontrol").args(["update", &format!("jobid={id}"), "StartTime=now+2"]).status();
-        self.wait_for(
-            id,
-            limit,
-            "completion",
-            || self.job_field(id, "JobState") == "COMPLETED",
-            || read(output),
-        );
+        self.completes(id, id, limit, output);
+    }
+
+    /// Waits (at most `limit`) for job `id` to end, watching its component `job` (`id` itself,
+    /// or `<id>+<k>` of a heterogeneous job), and checks that it completed; `output` is its log.
+    pub fn completes(&self, id: &str, job: &str, limit: Duration, output: &Path) {
+        let state = || self.job_field(job, "JobState");
+        self.wait_for(id, limit, "its end", || ended(&state()), || read(output));
+        assert_eq!(state(), "COMPLETED", "{}\n{}", read(output), self.report(id));
     }
 }
 
@@ -186,6 +184,52 @@ impl Slurm {
 /// `$PEREGRINE_SRUN_MPI`, `pmix` (OpenMPI) by default, `pmi2` for MPICH.
 pub fn plugin() -> String {
     std::env::var("PEREGRINE_SRUN_MPI").unwrap_or_else(|_| "pmix".to_owned())
+}
+
+/// Polls `done()` until it holds (true) or `limit` has passed (false).
+pub fn waits(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while !done() {
+        if start.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    true
+}
+
+/// srun's backtrace, when job `id`'s tasks have all exited and its srun hangs in Slurm 22.05's
+/// PMIx plugin: that plugin joins its abort agent's thread once per component of a
+/// heterogeneous step, without a lock, and a second join after the first has finished waits on a
+/// thread that is gone (later Slurm counts the components and joins once). `None` otherwise, or
+/// when gdb cannot tell.
+pub fn srun_hung_in_pmix_teardown(id: &str) -> Option<String> {
+    let comm = |pid: u32| read(Path::new(&format!("/proc/{pid}/comm"))).trim().to_owned();
+    let pids = job_pids(id);
+    if pids.iter().any(|&p| comm(p) == "peregrine") {
+        return None;
+    }
+    pids.into_iter().filter(|&p| comm(p) == "srun").find_map(|p| {
+        let out = Command::new("gdb")
+            .args(["-p", &p.to_string(), "-batch", "-ex", "thread apply all bt"])
+            .output()
+            .ok()?;
+        let trace = String::from_utf8_lossy(&out.stdout).into_owned();
+        trace.lines().any(|l| l.contains("pmixp_abort_agent_stop")).then(|| {
+            trace
+                .lines()
+                .filter(|l| l.starts_with('#') || l.starts_with("Thread"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+    })
+}
+
+/// Kills the processes of job `id` left on this machine (a hung srun outlives `scancel`).
+pub fn kill_leftovers(id: &str) {
+    for pid in job_pids(id) {
+        let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+    }
 }
 
 /// The processes of this machine (any of the test clusters' nodes) that run in job `id`.
