@@ -86,10 +86,13 @@ pub fn run(a: PredictArgs) -> Result<(), AppError> {
         ModelKind::Mf => {
             let (u, v) = (shape("users"), shape("items"));
             // With biases each row holds the factors, then the bias, and the mean is stored.
+            // Under adaptive rates each row ends with its G (marked by `row_state`).
             let mean = saved.tensors.get("mean").and_then(|t| t.1.first().copied());
-            let k = u.get(1).copied().unwrap_or(0).saturating_sub(usize::from(mean.is_some()));
+            let adaptive = saved.tensors.contains_key("row_state");
+            let extra = usize::from(mean.is_some()) + usize::from(adaptive);
+            let k = u.get(1).copied().unwrap_or(0).saturating_sub(extra);
             let m = Mf::new(&a.data, None, k.max(1), 0.0, 0.0)
-                .map(|m| m.with_biases(mean.is_some()).with_mean(mean.unwrap_or(0.0)))
+                .map(|m| m.with_biases(mean.is_some()).with_mean(mean.unwrap_or(0.0)).with_adaptive(adaptive))
                 .and_then(|m| m.with_size(u.first().copied().unwrap_or(0), v.first().copied().unwrap_or(0)))
                 .map_err(data_err)?;
             write(&m, &saved, &a, start)

@@ -55,7 +55,7 @@ impl ModelKind {
         let (optimizer, batch, chunk, at_least) = match self {
             Self::Lr => (Optimizer::Sgd, 4096, 512, 1000),
             Self::Softmax => (adam, 256, 64, 3000),
-            Self::Mf => (Optimizer::Sgd, 8192, 1024, 0),
+            Self::Mf => (Optimizer::AdaGrad { eps: peregrine_core::optim::EPS }, 8192, 1024, 0),
             Self::Mlp => (Optimizer::Momentum { mu: 0.9, nesterov: false }, 128, 64, 10_000),
             // One epoch is one Gibbs sweep; documents are rows.
             Self::Lda => (Optimizer::Sgd, 256, 32, 0),
@@ -72,6 +72,7 @@ impl ModelKind {
         const EPOCH: Decay = Decay::Inverse(1.0);
         const COSINE: Decay = Decay::Cosine;
         let (lr, decay) = match (self, o) {
+            (Self::Mf, AdaGrad { .. }) => (0.1, NONE),
             (Self::Mf, _) => (0.01, NONE),
             // Not a gradient model: the rate is not used.
             (Self::Lda, _) => (1.0, NONE),
@@ -137,7 +138,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "SCHEME")]
     scheme: Option<Scheme>,
     /// Learning rate [default by model and --optimizer, chosen by a sweep (docs/defaults.md): lr
-    /// sgd 1, softmax adam 0.03, mlp momentum 0.1, mf 0.01; see the README for the others].
+    /// sgd 1, softmax adam 0.03, mlp momentum 0.1, mf adagrad 0.1 (sgd 0.01); see the README for the others].
     #[arg(long, value_name = "F")]
     lr: Option<f32>,
     /// Global mini-batch rows per iteration, split over the ranks [default: lr 4096, softmax 256,
@@ -176,7 +177,8 @@ pub struct TrainArgs {
     /// Update rule of lr, softmax and mlp: sgd, momentum[:MU] (heavy ball, MU 0.9 if not given),
     /// nesterov[:MU], adagrad, adam[:B1,B2] (0.9,0.999 if not given), ftrl (FTRL-Proximal; lr only).
     /// State (velocity, squared-gradient sums, moments) is sharded beside the weights and updated
-    /// one-sidedly; mf runs SGD [default: lr sgd, softmax adam, mlp momentum, mf sgd]. The
+    /// one-sidedly; mf runs SGD per rating at one rate (sgd) or at per-row adaptive rates (adagrad,
+    /// libmf's schedule) [default: lr sgd, softmax adam, mlp momentum, mf adagrad]. The
     /// default --lr and --lr-decay depend on it (see the README).
     #[arg(long, value_name = "NAME")]
     optimizer: Option<Optimizer>,
@@ -250,8 +252,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "E")]
     eta: Option<f64>,
     /// L2 regularization of the weights (never of an intercept or bias): `0.5 F |w|^2` added to
-    /// the mean loss; LR applies it where rows touch features (sparse-SGD form) [default: mf 0.05,
-    /// others 1 / training rows, as scikit-learn's C = 1].
+    /// the mean loss; LR applies it where rows touch features (sparse-SGD form) [default: mf 0.1
+    /// under adagrad, 0.05 under sgd; others 1 / training rows, as scikit-learn's C = 1].
     #[arg(long, value_name = "F")]
     l2: Option<f32>,
     /// MLP: hidden layer widths, comma-separated [default: 128].
@@ -484,7 +486,7 @@ impl Resolved {
         let others: &[&str] = match self.model {
             ModelKind::Lr => &["k", "hidden", "alpha", "eta"],
             ModelKind::Softmax => &["intercept", "k", "hidden", "l1", "alpha", "eta"],
-            ModelKind::Mf => &["hidden", "l1", "optimizer", "alpha", "eta"],
+            ModelKind::Mf => &["hidden", "l1", "alpha", "eta"],
             ModelKind::Mlp => &["intercept", "k", "l1", "alpha", "eta"],
             ModelKind::Lda => &["intercept", "hidden", "l1", "l2", "optimizer", "lr", "lr-decay", "warmup"],
         };
@@ -627,10 +629,10 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
     } else if f.alpha.is_some() || f.eta.is_some() {
         return Err(usage(format!("--alpha and --eta are for --model lda, not {}", model.name())));
     }
-    if optimizer != Optimizer::Sgd && model == ModelKind::Mf {
+    if model == ModelKind::Mf && !matches!(optimizer, Optimizer::Sgd | Optimizer::AdaGrad { .. }) {
         return Err(usage(format!(
-            "--optimizer {optimizer}: mf runs SGD over each rating (its update is not a gradient); \
-             use sgd"
+            "--optimizer {optimizer}: mf runs SGD over each rating (its update is not a gradient), at \
+             one rate (sgd) or at per-row adaptive rates (adagrad, libmf's schedule)"
         )));
     }
     let (lr, decay) = model.tuned(optimizer);
@@ -671,7 +673,11 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
         k: f.k.unwrap_or(if model == ModelKind::Lda { 20 } else { 40 }),
         alpha: f.alpha.unwrap_or(0.1),
         eta: f.eta.unwrap_or(0.01),
-        l2: f.l2.unwrap_or(if model == ModelKind::Mf { 0.05 } else { 0.0 }),
+        l2: f.l2.unwrap_or(match (model, optimizer) {
+            (ModelKind::Mf, Optimizer::AdaGrad { .. }) => 0.1,
+            (ModelKind::Mf, _) => 0.05,
+            _ => 0.0,
+        }),
         l2_per_row: f.l2.is_none() && !matches!(model, ModelKind::Mf | ModelKind::Lda),
         hidden: f.hidden.unwrap_or_else(|| vec![128]),
         straggler: f.straggler.unwrap_or_else(|| "ideal".into()),
@@ -807,7 +813,8 @@ fn rank_in(
         ModelKind::Mf => {
             let m = Mf::new(&r.data, r.eval.as_deref(), r.k, r.lr, r.l2)
                 .map_err(data_err)?
-                .with_biases(r.intercept);
+                .with_biases(r.intercept)
+                .with_adaptive(matches!(r.optimizer, Optimizer::AdaGrad { .. }));
             go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
         ModelKind::Mlp => {
@@ -967,7 +974,9 @@ fn go<M: Export>(
         threads: r.threads,
         inject,
         keep_params: true,
-        optimizer: r.optimizer,
+        // MF's adaptive rates live in its rows (the model steps them); the engine applies its
+        // updates as they come.
+        optimizer: if r.model == ModelKind::Mf { Optimizer::Sgd } else { r.optimizer },
         schedule: Schedule { warmup: r.warmup, decay: r.lr_decay },
         stop_on_stall: r.stop_on_stall,
         checkpoint_every: r.checkpoint_every,

@@ -164,6 +164,8 @@ fn bsp_mf_is_the_same_for_1_2_4_ranks() {
     gen::ratings(&RatingsSpec { rows: 6000, users: 200, items: 150, rank: 4, noise: 0.1, seed: 3 }, &p)
         .expect("gen");
     same_model_for_every_world(|| Mf::new(&p, None, 8, 0.01, 0.05).expect("model"), 20);
+    // Adaptive rates: each row's G is summed like its factors.
+    same_model_for_every_world(|| Mf::new(&p, None, 8, 0.1, 0.1).expect("model").with_adaptive(true), 20);
 }
 
 /// The gradient `m` drains for `rows` at `params` (one work buffer, scale 1), as a dense vector.

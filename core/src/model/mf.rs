@@ -1,7 +1,10 @@
 //! Matrix factorization: `r_ui ~ mean + b_u + b_i + u_u . v_i`, user rows `U` (`users x (k + 1)`:
 //! the factors, then the user's bias) then item rows `V` (`items x (k + 1)`); one key per row.
 //! `mean` is the training ratings' mean, a constant; without biases (`with_biases(false)`) rows
-//! are the `k` factors and `r_ui ~ u_u . v_i`.
+//! are the `k` factors and `r_ui ~ u_u . v_i`. Under adaptive rates (`with_adaptive(true)`,
+//! `--optimizer adagrad`: libmf's per-row schedule) each row ends with one more value, its `G`
+//! (the running mean squared gradient, 1 to start): an additive statistic, so its updates add up
+//! across chunks and ranks like the factors'.
 //!
 //! A chunk runs plain SGD, one step per rating in order (the kernel of libmf and of every
 //! Hogwild-style MF), on a private copy of the factor rows its ratings touch, taken from the
@@ -32,6 +35,8 @@ pub struct Mf {
     biases: bool,
     /// The training ratings' mean (used with biases).
     mean: f32,
+    /// Per-row adaptive rates (a `G` ending each row).
+    adaptive: bool,
 }
 
 impl Mf {
@@ -49,7 +54,7 @@ impl Mf {
             (users, items) = (users.max(e.n_users), items.max(e.n_items));
         }
         let mean = t.ratings.iter().map(|&r| f64::from(r)).sum::<f64>() / t.ratings.len().max(1) as f64;
-        Ok(Self { data, lr, l2, k, users, items, biases: true, mean: mean as f32 })
+        Ok(Self { data, lr, l2, k, users, items, biases: true, mean: mean as f32, adaptive: false })
     }
 
     /// With user and item biases and the global mean (the default), or without.
@@ -58,15 +63,22 @@ impl Mf {
         Self { biases, ..self }
     }
 
+    /// With per-row adaptive rates (libmf's schedule: steps of `lr / sqrt(G)` per row), or plain
+    /// SGD at `lr` (the default).
+    #[must_use]
+    pub fn with_adaptive(self, adaptive: bool) -> Self {
+        Self { adaptive, ..self }
+    }
+
     /// With global mean `mean` (a model trained on other data than it is applied to).
     #[must_use]
     pub fn with_mean(self, mean: f32) -> Self {
         Self { mean, ..self }
     }
 
-    /// Values per row: the factors, and the bias if there is one.
+    /// Values per row: the factors, the bias if there is one, `G` under adaptive rates.
     fn width(&self) -> usize {
-        self.k + usize::from(self.biases)
+        self.k + usize::from(self.biases) + usize::from(self.adaptive)
     }
 
     /// The global mean, if the model has biases.
@@ -121,11 +133,16 @@ impl Model for Mf {
     }
 
     /// Factors uniform in `[-a, a)`, `a = 1 / sqrt(k)`: initial predictions are small but not
-    /// zero (zero factors would never move); biases zero.
+    /// zero (zero factors would never move); biases zero; `G` 1.
     fn init(&self, seed: u64, range: Range<usize>, out: &mut [f32]) {
         let a = (1.0 / self.k as f32).sqrt();
+        let w = self.width();
         for (i, o) in range.zip(out) {
-            *o = if i % self.width() == self.k { 0.0 } else { super::uniform(seed, i, a) };
+            *o = match i % w {
+                c if c < self.k => super::uniform(seed, i, a),
+                c if self.adaptive && c == w - 1 => 1.0,
+                _ => 0.0,
+            };
         }
     }
 
@@ -150,9 +167,11 @@ impl Model for Mf {
         let local = work.take(l, params, |set| self.keys(rows.clone(), set));
         let x = Self::rows_of(&self.data.train).rows(rows);
         let (u, v) = local.split_at_mut(self.users * self.width());
-        let sse = match self.mean() {
-            Some(m) => mf::sgd_chunk_biased(x.users, x.items, x.ratings, u, v, self.k, self.lr, self.l2, m),
-            None => mf::sgd_chunk(x.users, x.items, x.ratings, u, v, self.k, self.lr, self.l2),
+        let (k, lr, l2) = (self.k, self.lr, self.l2);
+        let sse = match (self.adaptive, self.mean()) {
+            (true, mean) => mf::sgd_chunk_adaptive(x.users, x.items, x.ratings, u, v, k, lr, l2, mean),
+            (false, Some(m)) => mf::sgd_chunk_biased(x.users, x.items, x.ratings, u, v, k, lr, l2, m),
+            (false, None) => mf::sgd_chunk(x.users, x.items, x.ratings, u, v, k, lr, l2),
         };
         work.settle(l, params);
         sse
@@ -181,10 +200,7 @@ impl Model for Mf {
     fn evaluate(&self, params: &[f32], rows: Range<usize>) -> EvalSums {
         let x = Self::rows_of(self.data.eval()).rows(rows);
         let (u, v) = self.split(params);
-        let sse = match self.mean() {
-            Some(m) => mf::sse_biased(x.users, x.items, x.ratings, u, v, self.k, m),
-            None => mf::sse(x.users, x.items, x.ratings, u, v, self.k),
-        };
+        let sse = mf::sse_rows(x.users, x.items, x.ratings, u, v, self.k, self.width(), self.mean());
         [sse, sse, x.len() as f64]
     }
 }
@@ -195,8 +211,14 @@ impl Export for Mf {
         vec![Block::new("users", &[self.users, w], 0), Block::new("items", &[self.items, w], self.users * w)]
     }
 
+    /// The mean (with biases), and under adaptive rates a marker `row_state` that each row ends
+    /// with its `G` (read back by `predict`, not a factor).
     fn constants(&self) -> Vec<(&'static str, Vec<f32>)> {
-        self.mean().map(|m| vec![("mean", vec![m])]).unwrap_or_default()
+        let mut c: Vec<_> = self.mean().map(|m| ("mean", vec![m])).into_iter().collect();
+        if self.adaptive {
+            c.push(("row_state", vec![1.0]));
+        }
+        c
     }
 
     fn outputs(&self) -> Vec<String> {

@@ -20,7 +20,9 @@
 pub mod scalar;
 pub mod simd;
 
-pub use simd::{loss_grad_row, rmse, sgd_chunk, sgd_chunk_biased, sse, sse_biased};
+pub use simd::{
+    loss_grad_row, rmse, sgd_chunk, sgd_chunk_adaptive, sgd_chunk_biased, sse, sse_biased, sse_rows,
+};
 
 /// `sum (r - u . v)^2` with the given dot product (scalar or SIMD); with `mean`, rows of
 /// `k + 1` values (factors, bias) and `e = r - (mean + b_u + b_i + u . v)`.
@@ -35,7 +37,23 @@ fn sse_with(
     k: usize,
     mean: Option<f32>,
 ) -> f64 {
-    let stride = k + usize::from(mean.is_some());
+    sse_strided(dot, users, items, ratings, u, v, k, k + usize::from(mean.is_some()), mean)
+}
+
+/// [`sse_with`] over rows of `stride` values (factors, the bias with `mean`, then any others).
+#[allow(clippy::too_many_arguments)]
+fn sse_strided(
+    dot: fn(&[f32], &[f32]) -> f32,
+    users: &[u32],
+    items: &[u32],
+    ratings: &[f32],
+    u: &[f32],
+    v: &[f32],
+    k: usize,
+    stride: usize,
+    mean: Option<f32>,
+) -> f64 {
+    assert!(stride >= k + usize::from(mean.is_some()), "mf: rows of {stride} values cannot hold k = {k}");
     check(users, items, ratings, u, v, stride);
     let mut s = 0.0f64;
     for ((&uid, &iid), &r) in users.iter().zip(items).zip(ratings) {

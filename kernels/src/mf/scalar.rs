@@ -75,6 +75,59 @@ fn sgd(
     sse
 }
 
+/// As [`sgd_chunk`] (with biases when `mean` is given) under per-row adaptive rates (the
+/// schedule of libmf, Chin et al. 2015): each row ends with `G`, its running mean squared
+/// gradient (1 to start); a rating steps its user row by `lr / sqrt(G_u)` and its item row by
+/// `lr / sqrt(G_v)` (the rates taken before the step), then adds to each `G` the mean over the
+/// `k` factors of that row's squared gradient. Biases step at their row's rate.
+///
+/// # Panics
+/// On inconsistent lengths or an out-of-range id.
+#[allow(clippy::too_many_arguments)]
+pub fn sgd_chunk_adaptive(
+    users: &[u32],
+    items: &[u32],
+    ratings: &[f32],
+    u: &mut [f32],
+    v: &mut [f32],
+    k: usize,
+    lr: f32,
+    l2: f32,
+    mean: Option<f32>,
+) -> f64 {
+    let bias = usize::from(mean.is_some());
+    let stride = k + bias + 1;
+    check(users, items, ratings, u, v, stride);
+    let mut sse = 0.0f64;
+    for ((&uid, &iid), &r) in users.iter().zip(items).zip(ratings) {
+        let (uid, iid) = (uid as usize, iid as usize);
+        let ur = &mut u[uid * stride..(uid + 1) * stride];
+        let vr = &mut v[iid * stride..(iid + 1) * stride];
+        let (eu, ev) = (lr / ur[k + bias].sqrt(), lr / vr[k + bias].sqrt());
+        let mut e = r - (0..k).map(|d| ur[d] * vr[d]).sum::<f32>();
+        if let Some(m) = mean {
+            e -= m + ur[k] + vr[k];
+        }
+        sse += f64::from(e * e);
+        if mean.is_some() {
+            ur[k] += eu * (e - l2 * ur[k]);
+            vr[k] += ev * (e - l2 * vr[k]);
+        }
+        let (mut su, mut sv) = (0.0f32, 0.0f32);
+        for d in 0..k {
+            let (a, b) = (ur[d], vr[d]);
+            let (gu, gv) = (l2 * a - e * b, l2 * b - e * a);
+            su += gu * gu;
+            sv += gv * gv;
+            ur[d] = a - eu * gu;
+            vr[d] = b - ev * gv;
+        }
+        ur[k + bias] += su / k as f32;
+        vr[k + bias] += sv / k as f32;
+    }
+    sse
+}
+
 /// Squared error `e^2`, `e = r - u . v`, and `gu <- gu + (-e v + l2 u)`,
 /// `gv <- gv + (-e u + l2 v)`: the gradients of `0.5 e^2 + 0.5 l2 (|u|^2 + |v|^2)`, accumulated.
 ///

@@ -92,6 +92,70 @@ fn sgd(
     sse
 }
 
+/// As [`sgd_chunk`] (with biases when `mean` is given) under per-row adaptive rates (the
+/// schedule of libmf, Chin et al. 2015): each row ends with `G`, its running mean squared
+/// gradient (1 to start); a rating steps its user row by `lr / sqrt(G_u)` and its item row by
+/// `lr / sqrt(G_v)` (the rates taken before the step), then adds to each `G` the mean over the
+/// `k` factors of that row's squared gradient. Biases step at their row's rate. One pass over
+/// the factors after the dot product: gradients, their squares and the step together.
+///
+/// # Panics
+/// On inconsistent lengths or an out-of-range id.
+#[allow(clippy::too_many_arguments)]
+pub fn sgd_chunk_adaptive(
+    users: &[u32],
+    items: &[u32],
+    ratings: &[f32],
+    u: &mut [f32],
+    v: &mut [f32],
+    k: usize,
+    lr: f32,
+    l2: f32,
+    mean: Option<f32>,
+) -> f64 {
+    let bias = usize::from(mean.is_some());
+    let stride = k + bias + 1;
+    check(users, items, ratings, u, v, stride);
+    let (vl2, per_k) = (f32x8::splat(l2), 1.0 / k as f32);
+    let mut sse = 0.0f64;
+    for ((&uid, &iid), &r) in users.iter().zip(items).zip(ratings) {
+        let (uid, iid) = (uid as usize, iid as usize);
+        let (ur, ut) = u[uid * stride..(uid + 1) * stride].split_at_mut(k);
+        let (vr, vt) = v[iid * stride..(iid + 1) * stride].split_at_mut(k);
+        let (eu, ev) = (lr / ut[bias].sqrt(), lr / vt[bias].sqrt());
+        let e = r - mean.map_or(0.0, |m| m + ut[0] + vt[0]) - dot(ur, vr);
+        sse += f64::from(e * e);
+        if mean.is_some() {
+            ut[0] += eu * (e - l2 * ut[0]);
+            vt[0] += ev * (e - l2 * vt[0]);
+        }
+        let (ve, veu, vev) = (f32x8::splat(e), f32x8::splat(eu), f32x8::splat(ev));
+        let (mut su, mut sv) = (f32x8::ZERO, f32x8::ZERO);
+        let mut u8 = ur.chunks_exact_mut(LANES);
+        let mut v8 = vr.chunks_exact_mut(LANES);
+        for (cu, cv) in (&mut u8).zip(&mut v8) {
+            let (a, b) = (load(cu), load(cv));
+            let (gu, gv) = (vl2.mul_sub(a, ve * b), vl2.mul_sub(b, ve * a));
+            su = gu.mul_add(gu, su);
+            sv = gv.mul_add(gv, sv);
+            store(cu, veu.mul_neg_add(gu, a));
+            store(cv, vev.mul_neg_add(gv, b));
+        }
+        let (mut su, mut sv) = (su.reduce_add(), sv.reduce_add());
+        for (a, b) in u8.into_remainder().iter_mut().zip(v8.into_remainder()) {
+            let (x, y) = (*a, *b);
+            let (gu, gv) = (l2 * x - e * y, l2 * y - e * x);
+            su += gu * gu;
+            sv += gv * gv;
+            *a = x - eu * gu;
+            *b = y - ev * gv;
+        }
+        ut[bias] += su * per_k;
+        vt[bias] += sv * per_k;
+    }
+    sse
+}
+
 /// Squared error `e^2`, `e = r - u . v`, and `gu <- gu + (-e v + l2 u)`,
 /// `gv <- gv + (-e u + l2 v)`: the gradients of `0.5 e^2 + 0.5 l2 (|u|^2 + |v|^2)`, accumulated.
 ///
@@ -143,6 +207,26 @@ pub fn sse_biased(
     mean: f32,
 ) -> f64 {
     super::sse_with(dot, users, items, ratings, u, v, k, Some(mean))
+}
+
+/// As [`sse`] (with biases when `mean` is given) over rows of `stride` values whose first `k`
+/// are the factors and the next, with biases, the bias (the rest, such as
+/// [`sgd_chunk_adaptive`]'s `G`, is not read).
+///
+/// # Panics
+/// On inconsistent lengths, `stride` below the values read, or an out-of-range id.
+#[allow(clippy::too_many_arguments)]
+pub fn sse_rows(
+    users: &[u32],
+    items: &[u32],
+    ratings: &[f32],
+    u: &[f32],
+    v: &[f32],
+    k: usize,
+    stride: usize,
+    mean: Option<f32>,
+) -> f64 {
+    super::sse_strided(dot, users, items, ratings, u, v, k, stride, mean)
 }
 
 /// `sqrt(sse / n)`, 0 for no ratings.
