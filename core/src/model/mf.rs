@@ -152,10 +152,8 @@ impl Model for Mf {
 
     fn keys(&self, rows: Range<usize>, set: &mut KeySet) {
         let r = Self::rows_of(&self.data.train).rows(rows);
-        for (&u, &i) in r.users.iter().zip(r.items) {
-            set.insert(u);
-            set.insert((self.users as u32) + i);
-        }
+        set.extend(r.users);
+        set.extend_shifted(r.items, self.users as u32);
     }
 
     fn work(&self, _chunk: usize) -> Copies {

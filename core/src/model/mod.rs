@@ -76,11 +76,18 @@ impl KeySet {
     /// key is new (with features drawn from a skewed distribution, as in sparse LR, that branch
     /// is taken about half the time and mispredicts).
     pub fn extend(&mut self, keys: &[u32]) {
+        self.extend_shifted(keys, 0);
+    }
+
+    /// Adds `key + shift` for every key of `keys`, as [`extend`](Self::extend) (MF's item rows
+    /// follow its user rows).
+    pub fn extend_shifted(&mut self, keys: &[u32], shift: u32) {
         let start = self.list.len();
         self.list.resize(start + keys.len(), 0);
         let (bits, list) = (&mut self.bits[..], &mut self.list[..]);
         let mut len = start;
         for &key in keys {
+            let key = key + shift;
             let (w, b) = (&mut bits[(key / 64) as usize], 1u64 << (key % 64));
             // Written always, kept (the length moves past it) only if the key is new.
             list[len] = key;
@@ -308,13 +315,14 @@ impl Copies {
     pub fn settle(&mut self, layout: Layout, params: &[f32]) {
         for &key in self.chunk_keys.keys() {
             let r = layout.range(key);
-            for ((a, &new), &old) in
-                self.acc[r.clone()].iter_mut().zip(&self.local[r.clone()]).zip(&params[r])
-            {
-                *a += new - old;
+            let (acc, new, old) = (&mut self.acc[r.clone()], &self.local[r.clone()], &params[r]);
+            // Equal lengths, stated: the loop compiles to vector code without bounds checks.
+            let (new, old) = (&new[..acc.len()], &old[..acc.len()]);
+            for i in 0..acc.len() {
+                acc[i] += new[i] - old[i];
             }
-            self.keys.insert(key);
         }
+        self.keys.extend(self.chunk_keys.keys());
         self.chunk_keys.clear();
     }
 
@@ -683,6 +691,10 @@ mod tests {
             bulk.extend(&[999, 0]);
             one.insert(999);
             one.insert(0);
+            assert_eq!(bulk.keys(), one.keys());
+            // Shifted: keys 0..500 land at 500..1000, repeats and all.
+            bulk.extend_shifted(&[0, 499, 0, 13], 500);
+            [500, 999, 500, 513].iter().for_each(|&k| one.insert(k));
             assert_eq!(bulk.keys(), one.keys());
             assert!(bulk.len() > 16, "more members than the bitmap's 16 words");
             bulk.clear();
