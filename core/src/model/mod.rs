@@ -326,8 +326,20 @@ impl Copies {
         self.chunk_keys.clear();
     }
 
-    /// Adds `scale` times the accumulated change to `delta`, and clears it.
+    /// Adds `scale` times the accumulated change to `delta`, and clears it. Into an empty
+    /// update (one compute thread per rank, or the first to drain) the buffers trade places
+    /// instead: an empty update is all zeros, which is what the change must be left as.
     pub fn drain(&mut self, layout: Layout, scale: f32, delta: &mut Delta) {
+        if delta.is_empty() && delta.values.len() == self.acc.len() {
+            if scale != 1.0 {
+                for &key in self.keys.keys() {
+                    peregrine_kernels::dense::scale(scale, &mut self.acc[layout.range(key)]);
+                }
+            }
+            std::mem::swap(&mut self.acc, &mut delta.values);
+            std::mem::swap(&mut self.keys, &mut delta.keys);
+            return;
+        }
         for &key in self.keys.keys() {
             let r = layout.range(key);
             delta.add(key, scale, &self.acc[r.clone()]);
@@ -647,6 +659,33 @@ pub type Built<T> = Result<T, ModelError>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copies_drain_into_an_empty_or_a_filled_update_alike_and_start_over_from_zero() {
+        let l = Layout { params: 8, width: 2 };
+        let params = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+        // Chunk: keys 0 and 2 each gain (1, 1) over the snapshot.
+        let chunk = |c: &mut Copies, keys: &[u32]| {
+            let local = c.take(l, &params, |set| set.extend(keys));
+            for &k in keys {
+                local[l.range(k)].iter_mut().for_each(|v| *v += 1.0);
+            }
+            c.settle(l, &params);
+        };
+        for scale in [1.0, 0.5] {
+            let (mut c, mut empty, mut filled) = (Copies::new(l), Delta::new(l), Delta::new(l));
+            filled.add(3, 1.0, &[10.0, 10.0]);
+            chunk(&mut c, &[0, 2]);
+            c.drain(l, scale, &mut empty);
+            assert_eq!(empty.values(), &[scale, scale, 0.0, 0.0, scale, scale, 0.0, 0.0], "scale {scale}");
+            assert_eq!(empty.keys.keys().len(), 2);
+            // What the thread keeps is zero again: a second chunk adds only its own change.
+            chunk(&mut c, &[2]);
+            c.drain(l, scale, &mut filled);
+            assert_eq!(filled.values(), &[0.0, 0.0, 0.0, 0.0, scale, scale, 10.0, 10.0], "scale {scale}");
+            assert!(c.acc.iter().all(|&v| v == 0.0) && c.keys.is_empty());
+        }
+    }
 
     #[test]
     fn keys_coalesce_into_ranges() {
