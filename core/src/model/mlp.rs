@@ -180,8 +180,7 @@ impl Model for Mlp {
     }
 
     fn drain(&self, work: &mut Work, scale: f32, delta: &mut Delta) {
-        delta.add_all(scale, &work.grad);
-        work.grad.fill(0.0);
+        delta.take_all(scale, &mut work.grad);
     }
 
     fn scale(&self, rows: usize) -> f32 {

@@ -219,6 +219,25 @@ impl Delta {
         peregrine_kernels::dense::axpy(scale, src, &mut self.values);
     }
 
+    /// Adds `scale * src` to every parameter and leaves `src` all zeros (a dense model's
+    /// drain). Into an empty update (all zeros) the buffers trade places, `src` scaled in place
+    /// first: one pass over the vector instead of three (the add's two reads and write, and the
+    /// clear).
+    pub fn take_all(&mut self, scale: f32, src: &mut Vec<f32>) {
+        if !(self.is_empty() && src.len() == self.values.len()) {
+            self.add_all(scale, src);
+            src.fill(0.0);
+            return;
+        }
+        if scale != 1.0 {
+            peregrine_kernels::dense::scale(scale, src);
+        }
+        std::mem::swap(&mut self.values, src);
+        for k in 0..self.layout.keys() as u32 {
+            self.keys.insert(k);
+        }
+    }
+
     /// Adds another update.
     pub fn merge(&mut self, other: &Delta) {
         self.add_scaled(other, 1.0);
@@ -659,6 +678,24 @@ pub type Built<T> = Result<T, ModelError>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dense_drain_into_an_empty_or_a_filled_update_adds_alike_and_leaves_zeros() {
+        let l = Layout::dense(4);
+        for scale in [1.0, -0.5] {
+            let (mut empty, mut filled) = (Delta::new(l), Delta::new(l));
+            filled.add_all(1.0, &[1.0, 1.0, 1.0, 1.0]);
+            for d in [&mut empty, &mut filled] {
+                let mut g = vec![2.0, 0.0, -4.0, 8.0];
+                d.take_all(scale, &mut g);
+                assert_eq!(g, [0.0; 4], "the gradient buffer is left zero");
+            }
+            let want: Vec<f32> = [2.0, 0.0, -4.0, 8.0].iter().map(|v| scale * v).collect();
+            assert_eq!(empty.values(), &want[..]);
+            assert_eq!(filled.values(), &want.iter().map(|v| v + 1.0).collect::<Vec<_>>()[..]);
+            assert!(!empty.is_empty());
+        }
+    }
 
     #[test]
     fn copies_drain_into_an_empty_or_a_filled_update_alike_and_start_over_from_zero() {
