@@ -353,17 +353,19 @@ impl Params {
             delta.ranges(ranges, data);
             ranges.len() > 1 && scattered(ranges.len(), params)
         };
-        if whole {
+        // A dense update steps in its own buffer (no copy); the next drain clears it.
+        let in_place = whole && delta.dense_values_mut().is_some();
+        if whole && !in_place {
             data.clear();
             data.extend_from_slice(delta.values());
-        } else {
+        } else if !whole {
             self.state_ranges(ranges, sranges);
         }
         // The state (and FTRL's weights) to step with: as pulled, or read now.
         let (st, w): (&[f32], &[f32]) = match pulled {
             Some((w, st)) => (st, if derived { w } else { &[] }),
             None => {
-                let n = data.len();
+                let n = if whole { params } else { data.len() };
                 st.resize(n * k, 0.0);
                 z.resize(if derived { n } else { 0 }, 0.0);
                 if whole {
@@ -387,15 +389,19 @@ impl Params {
         };
         ds.clear();
         ds.resize(st.len(), 0.0);
+        let c: &mut [f32] = match delta.dense_values_mut() {
+            Some(v) if in_place => v,
+            _ => data,
+        };
         let mut off = 0;
         for r in ranges.iter() {
             let (o, n) = (if whole { r.start } else { off }, r.len());
             let w = if derived { &w[o..o + n] } else { &[] };
-            self.opt.step(step, &mut data[o..o + n], &st[o * k..(o + n) * k], &mut ds[o * k..(o + n) * k], w);
+            self.opt.step(step, &mut c[o..o + n], &st[o * k..(o + n) * k], &mut ds[o * k..(o + n) * k], w);
             off += n;
         }
         if whole {
-            self.w.accumulate(0, data)?;
+            self.w.accumulate(0, c)?;
             state.accumulate(0, ds)?;
         } else {
             self.w.accumulate_batch(ranges, data)?;

@@ -274,6 +274,15 @@ impl Delta {
         self.keys.is_empty()
     }
 
+    /// A dense update's whole vector as a buffer to transform in place before it is pushed
+    /// (the optimizer's step): `None` unless the layout is one key spanning the vector and it is
+    /// touched. Whatever is written is gone at the next [`clear`](Self::clear), which zeroes the
+    /// whole vector for such a layout (a sparse layout's clear zeroes only touched keys, so it
+    /// gets no such buffer).
+    pub fn dense_values_mut(&mut self) -> Option<&mut [f32]> {
+        (self.layout.keys() == 1 && !self.is_empty()).then_some(&mut self.values[..])
+    }
+
     /// The touched ranges (coalesced) and their values back to back, for `accumulate_batch`.
     pub fn ranges(&mut self, ranges: &mut Vec<Range<usize>>, data: &mut Vec<f32>) {
         self.keys.ranges(self.layout, ranges);
