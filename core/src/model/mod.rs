@@ -704,6 +704,16 @@ mod tests {
             assert_eq!(filled.values(), &want.iter().map(|v| v + 1.0).collect::<Vec<_>>()[..]);
             assert!(!empty.is_empty());
         }
+        // Only a touched dense update lends its buffer; its clear zeroes all of it.
+        let mut d = Delta::new(l);
+        assert!(d.dense_values_mut().is_none(), "untouched");
+        d.add_all(1.0, &[1.0; 4]);
+        d.dense_values_mut().expect("dense and touched").fill(7.0);
+        d.clear();
+        assert_eq!(d.values(), &[0.0; 4]);
+        let mut sparse = Delta::new(Layout { params: 4, width: 1 });
+        sparse.add(2, 1.0, &[1.0]);
+        assert!(sparse.dense_values_mut().is_none(), "a sparse clear zeroes only touched keys");
     }
 
     #[test]
