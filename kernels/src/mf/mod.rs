@@ -24,25 +24,11 @@ pub use simd::{
     loss_grad_row, rmse, sgd_chunk, sgd_chunk_adaptive, sgd_chunk_biased, sse, sse_biased, sse_rows,
 };
 
-/// `sum (r - u . v)^2` with the given dot product (scalar or SIMD); with `mean`, rows of
-/// `k + 1` values (factors, bias) and `e = r - (mean + b_u + b_i + u . v)`.
+/// `sum (r - u . v)^2` with the given dot product (scalar or SIMD), over rows of `stride` values:
+/// the `k` factors, then with `mean` the bias (`e = r - (mean + b_u + b_i + u . v)`), then any
+/// others (adaptive rates' `G`), which are not read.
 #[allow(clippy::too_many_arguments)]
 fn sse_with(
-    dot: fn(&[f32], &[f32]) -> f32,
-    users: &[u32],
-    items: &[u32],
-    ratings: &[f32],
-    u: &[f32],
-    v: &[f32],
-    k: usize,
-    mean: Option<f32>,
-) -> f64 {
-    sse_strided(dot, users, items, ratings, u, v, k, k + usize::from(mean.is_some()), mean)
-}
-
-/// [`sse_with`] over rows of `stride` values (factors, the bias with `mean`, then any others).
-#[allow(clippy::too_many_arguments)]
-fn sse_strided(
     dot: fn(&[f32], &[f32]) -> f32,
     users: &[u32],
     items: &[u32],
@@ -78,7 +64,7 @@ fn rmse_with(
     if ratings.is_empty() {
         return 0.0;
     }
-    (sse_with(dot, users, items, ratings, u, v, k, None) / ratings.len() as f64).sqrt()
+    (sse_with(dot, users, items, ratings, u, v, k, k, None) / ratings.len() as f64).sqrt()
 }
 
 /// Checks the shapes shared by both versions (`k`: values per row).

@@ -150,7 +150,7 @@ pub fn loss_grad_row(r: f32, u_row: &[f32], v_row: &[f32], l2: f32, gu: &mut [f3
 /// # Panics
 /// On inconsistent lengths or an out-of-range id.
 pub fn sse(users: &[u32], items: &[u32], ratings: &[f32], u: &[f32], v: &[f32], k: usize) -> f64 {
-    super::sse_with(dot, users, items, ratings, u, v, k, None)
+    super::sse_with(dot, users, items, ratings, u, v, k, k, None)
 }
 
 /// `sqrt(sse / n)`, 0 for no ratings.

@@ -190,7 +190,7 @@ pub fn loss_grad_row(r: f32, u_row: &[f32], v_row: &[f32], l2: f32, gu: &mut [f3
 /// # Panics
 /// On inconsistent lengths or an out-of-range id.
 pub fn sse(users: &[u32], items: &[u32], ratings: &[f32], u: &[f32], v: &[f32], k: usize) -> f64 {
-    super::sse_with(dot, users, items, ratings, u, v, k, None)
+    super::sse_with(dot, users, items, ratings, u, v, k, k, None)
 }
 
 /// As [`sse`] with biases (rows of `k + 1` values, see [`sgd_chunk_biased`]).
@@ -206,7 +206,7 @@ pub fn sse_biased(
     k: usize,
     mean: f32,
 ) -> f64 {
-    super::sse_with(dot, users, items, ratings, u, v, k, Some(mean))
+    super::sse_with(dot, users, items, ratings, u, v, k, k + 1, Some(mean))
 }
 
 /// As [`sse`] (with biases when `mean` is given) over rows of `stride` values whose first `k`
@@ -226,7 +226,7 @@ pub fn sse_rows(
     stride: usize,
     mean: Option<f32>,
 ) -> f64 {
-    super::sse_strided(dot, users, items, ratings, u, v, k, stride, mean)
+    super::sse_with(dot, users, items, ratings, u, v, k, stride, mean)
 }
 
 /// `sqrt(sse / n)`, 0 for no ratings.
