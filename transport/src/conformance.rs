@@ -70,6 +70,7 @@ pub struct Case {
 pub const CASES: &[Case] = &[
     Case { name: "collectives", run: collectives },
     Case { name: "uneven-shards-crossing-ranges", run: uneven_shards },
+    Case { name: "batches-back-and-forth-between-shards", run: batches_between_shards },
     Case { name: "accumulate-everywhere-f32", run: accumulate_everywhere::<f32> },
     Case { name: "accumulate-everywhere-f64", run: accumulate_everywhere::<f64> },
     Case { name: "accumulate-everywhere-u64", run: accumulate_everywhere::<u64> },
@@ -194,6 +195,69 @@ fn uneven_shards(t: &Transport, _: &Params) -> Outcome {
     w.get_batch(&ranges, &mut out)?;
     let expected: Vec<f64> = ranges.iter().flat_map(|r| r.clone().map(pattern)).collect();
     ensure!(t, out == expected, "get_batch around shard boundaries: got {out:?}, expected {expected:?}");
+    t.barrier()?;
+    w.free()?;
+    Ok(())
+}
+
+/// Batches whose ranges jump back and forth between shards (one element near the end of the
+/// last shard, one near the start of the first, and so on inwards; then one range across each
+/// boundary; then an empty one), through [`Window`] and through a [`WriteScope`]: every range
+/// lands where it says whatever shard the range before it was in. No two ranges overlap.
+///
+/// [`WriteScope`]: crate::WriteScope
+fn batches_between_shards(t: &Transport, _: &Params) -> Outcome {
+    let (rank, n) = (t.rank(), t.world_size());
+    // Every shard at least 5 long, but rank 1's empty when there are more than two.
+    let map = ShardMap::from_lens((0..n).map(|r| if r == 1 && n > 2 { 0 } else { 5 + 3 * r }));
+    let w: Window<f64> = t.alloc_window("back and forth", &map)?;
+    let shards: Vec<_> = (0..n).map(|r| map.range(r)).filter(|r| !r.is_empty()).collect();
+    let m = shards.len();
+    let mut ranges: Vec<_> = (0..m)
+        .flat_map(|i| {
+            [shards[m - 1 - i].end - 2..shards[m - 1 - i].end - 1, shards[i].start + 1..shards[i].start + 2]
+        })
+        .collect();
+    ranges.extend(shards.iter().skip(1).map(|s| s.start - 1..s.start + 1));
+    ranges.push(3..3);
+    let len: usize = ranges.iter().map(|r| r.len()).sum();
+    let values: Vec<f64> = ranges.iter().flat_map(|r| r.clone().map(pattern)).collect();
+    // Each batch is checked by a batched read (the same ranges) and by one read of the whole
+    // window (split at shard boundaries): a range sent to the wrong place and read back from it
+    // passes the first, not the second.
+    let total = map.total();
+    let check = |what: &str, expected: &dyn Fn(usize) -> f64| -> Outcome {
+        let mut got = vec![0.0; len];
+        w.get_batch(&ranges, &mut got)?;
+        let want: Vec<f64> = ranges.iter().flat_map(|r| r.clone().map(expected)).collect();
+        ensure!(t, got == want, "{what} {ranges:?}, read back by get_batch: got {got:?}, expected {want:?}");
+        let mut all = vec![0.0; total];
+        w.get(0, &mut all)?;
+        for (i, &x) in all.iter().enumerate() {
+            let want = if ranges.iter().any(|r| r.contains(&i)) { expected(i) } else { 0.0 };
+            ensure!(t, x == want, "{what} {ranges:?}: element {i} is {x}, expected {want}");
+        }
+        Ok(())
+    };
+    // Rank 0 puts the pattern through a plain batch; every rank then adds 1 to every element of
+    // the ranges through a scope's batch; rank 0 then puts the pattern back through a scope.
+    if rank == 0 {
+        w.put_batch(&ranges, &values)?;
+        w.flush_all()?;
+    }
+    t.barrier()?;
+    check("put_batch", &pattern)?;
+    t.barrier()?;
+    let ones = vec![1.0; len];
+    w.write_scope(|s| s.accumulate_batch(&ranges, &ones))?;
+    t.barrier()?;
+    check("scope accumulate_batch", &|i| pattern(i) + n as f64)?;
+    t.barrier()?;
+    if rank == 0 {
+        w.write_scope(|s| s.put_batch(&ranges, &values))?;
+    }
+    t.barrier()?;
+    check("scope put_batch", &pattern)?;
     t.barrier()?;
     w.free()?;
     Ok(())

@@ -534,20 +534,23 @@ impl<'d, T: Elem> WriteScope<'_, 'd, T> {
 
     fn issue_batch(&self, op: &'static str, ranges: &[Range<usize>], data: &'d [T], acc: bool) -> Result<()> {
         self.window.check_batch(op, ranges, data.len())?;
-        let mut at = 0;
-        for r in ranges {
-            let len = r.end - r.start;
-            self.issue(r.start, &data[at..at + len], acc)?;
-            at += len;
-        }
-        Ok(())
+        use WindowInner as Inner;
+        let touched = self.touched.get();
+        self.track(dispatch!(&self.window.inner, w => w.issue_write_batch(ranges, data, acc, touched)))
     }
 
-    #[inline]
+    #[inline(always)]
     fn issue(&self, start: usize, data: &'d [T], accumulate: bool) -> Result<()> {
         use WindowInner as Inner;
         let touched = self.touched.get();
-        match dispatch!(&self.window.inner, w => w.issue_write(start, data, accumulate, touched)) {
+        self.track(dispatch!(&self.window.inner, w => w.issue_write(start, data, accumulate, touched)))
+    }
+
+    /// Records the targets of writes just issued, or on an error (part of the writes may have
+    /// been issued) marks every target for completion.
+    #[inline(always)]
+    fn track(&self, issued: Result<Touched>) -> Result<()> {
+        match issued {
             Ok(t) => {
                 self.touched.set(t);
                 Ok(())
@@ -560,6 +563,7 @@ impl<'d, T: Elem> WriteScope<'_, 'd, T> {
         }
     }
 
+    #[inline(always)]
     fn complete(&self) -> Result<()> {
         use WindowInner as Inner;
         let touched = self.touched.replace(Touched::NONE);
@@ -571,7 +575,9 @@ impl<T: Elem> Drop for WriteScope<'_, '_, T> {
     fn drop(&mut self) {
         // Only reached with writes outstanding when `f` panicked: the data they read must not be
         // released before they complete. The error, if any, cannot be reported from here.
-        let _ = self.complete();
+        if self.touched.get() != Touched::NONE {
+            let _ = self.complete();
+        }
     }
 }
 

@@ -150,6 +150,24 @@ impl<T: Elem> LocalWindow<T> {
         Ok(())
     }
 
+    /// Queues puts or accumulates of `data` split over `ranges` (whose lengths sum to
+    /// `data.len()`) and adds their targets to `touched`.
+    pub(crate) fn issue_write_batch(
+        &self,
+        ranges: &[std::ops::Range<usize>],
+        data: &[T],
+        accumulate: bool,
+        mut touched: Touched,
+    ) -> Result<Touched> {
+        let mut at = 0;
+        for r in ranges {
+            let len = r.end - r.start;
+            touched = self.issue_write(r.start, &data[at..at + len], accumulate, touched)?;
+            at += len;
+        }
+        Ok(touched)
+    }
+
     /// Queues a put or accumulate of `data` at global `start`.
     pub(crate) fn write(&self, start: usize, data: &[T], accumulate: bool) -> Result<()> {
         self.issue_write(start, data, accumulate, Touched::NONE).map(drop)

@@ -457,6 +457,42 @@ impl<T: Elem> MpiWindow<T> {
         Ok(touched)
     }
 
+    /// Calls `f(position, target, displacement, count)` for every piece of every range of a
+    /// batch, `position` counting from the batch's first element; returns `touched` with the
+    /// targets added.
+    ///
+    /// The ranges of a batch mostly lie in one shard: the bounds of the last shard a range fitted
+    /// stay in registers, so such a range costs two comparisons, not a lookup and a bookkeeping
+    /// of its target (`bench rma`, windows of 8 B to 256 B against raw MPI: 1.1-1.3x per range
+    /// located one by one).
+    #[inline(always)]
+    fn for_batch(
+        &self,
+        ranges: &[Range<usize>],
+        mut touched: Touched,
+        mut f: impl FnMut(usize, c_int, ffi::MPI_Aint, c_int) -> Result<()>,
+    ) -> Result<Touched> {
+        // The shard of the last range that fitted in one: rank and global bounds. Empty at first
+        // (`lo > hi`: no range passes the test below).
+        let (mut rank, mut lo, mut hi) = (0, 1, 0);
+        let mut at = 0;
+        for r in ranges {
+            let len = r.end - r.start;
+            if lo <= r.start && r.end <= hi && len <= MAX_COUNT {
+                f(at, rank as c_int, (r.start - lo) as ffi::MPI_Aint, len as c_int)?;
+            } else if let Some((owner, offset)) = self.map.locate(r.start, len).filter(|_| len <= MAX_COUNT) {
+                let shard = self.map.range(owner);
+                (rank, lo, hi) = (owner, shard.start, shard.end);
+                f(at, owner as c_int, offset as ffi::MPI_Aint, len as c_int)?;
+                touched = touched.add(owner);
+            } else {
+                touched = self.for_pieces(r.start, len, touched, |t, d, pos, n| f(at + pos, t, d, n))?;
+            }
+            at += len;
+        }
+        Ok(touched)
+    }
+
     /// Completes this rank's operations locally (origin buffers reusable, results present).
     fn complete_local(&self, touched: Touched) -> Result<()> {
         match touched.targets() {
@@ -529,14 +565,17 @@ impl<T: Elem> MpiWindow<T> {
     }
 
     pub(crate) fn get_batch(&self, ranges: &[Range<usize>], out: &mut [T]) -> Result<()> {
-        let mut touched = Touched::NONE;
-        let mut at = 0;
-        for r in ranges {
-            let len = r.end - r.start;
-            touched = self.issue_get(r.start, &mut out[at..at + len], touched)?;
-            at += len;
-        }
-        self.complete_local(touched)
+        let dt = T::mpi_datatype();
+        let touched = self.for_batch(ranges, Touched::NONE, |pos, target, disp, n| {
+            let o = &mut out[pos..pos + n as usize];
+            // SAFETY: `o` stays borrowed (through `out`) until the completion below; target/disp/n
+            // lie inside the target's shard (from the shard map every rank agreed on).
+            let rc = unsafe { ffi::MPI_Get(o.as_mut_ptr().cast(), n, dt, target, disp, n, dt, self.win) };
+            self.check("MPI_Get", rc)
+        });
+        // Completed even after a failed issue: `out` must not be handed back with reads in flight.
+        let completed = self.complete_local(*touched.as_ref().unwrap_or(&Touched::MANY));
+        touched.and(completed)
     }
 
     pub(crate) fn write(&self, start: usize, data: &[T], accumulate: bool) -> Result<()> {
@@ -545,14 +584,45 @@ impl<T: Elem> MpiWindow<T> {
     }
 
     pub(crate) fn write_batch(&self, ranges: &[Range<usize>], data: &[T], accumulate: bool) -> Result<()> {
-        let mut touched = Touched::NONE;
-        let mut at = 0;
-        for r in ranges {
-            let len = r.end - r.start;
-            touched = self.issue_write(r.start, &data[at..at + len], accumulate, touched)?;
-            at += len;
-        }
-        self.complete_local(touched)
+        let touched = self.issue_write_batch(ranges, data, accumulate, Touched::NONE);
+        let completed = self.complete_local(*touched.as_ref().unwrap_or(&Touched::MANY));
+        touched.and(completed)
+    }
+
+    /// Issues puts or accumulates of `data` split over `ranges` (the caller checked that their
+    /// lengths sum to `data.len()`) without completing them: the caller keeps `data` borrowed
+    /// until a completion of the returned targets (of every target on an error).
+    #[inline]
+    pub(crate) fn issue_write_batch(
+        &self,
+        ranges: &[Range<usize>],
+        data: &[T],
+        accumulate: bool,
+        touched: Touched,
+    ) -> Result<Touched> {
+        let dt = T::mpi_datatype();
+        self.for_batch(ranges, touched, |pos, target, disp, n| {
+            let d = &data[pos..pos + n as usize];
+            // SAFETY: as in `get_batch`; MPI only reads the origin buffer `d`.
+            let rc = unsafe {
+                if accumulate {
+                    ffi::MPI_Accumulate(
+                        d.as_ptr().cast(),
+                        n,
+                        dt,
+                        target,
+                        disp,
+                        n,
+                        dt,
+                        ffi::RSMPI_SUM,
+                        self.win,
+                    )
+                } else {
+                    ffi::MPI_Put(d.as_ptr().cast(), n, dt, target, disp, n, dt, self.win)
+                }
+            };
+            self.check(if accumulate { "MPI_Accumulate" } else { "MPI_Put" }, rc)
+        })
     }
 
     pub(crate) fn fetch_add(&self, index: usize, value: T) -> Result<T> {
@@ -662,7 +732,7 @@ impl<T: Elem> MpiWindow<T> {
     }
 
     /// Completes at their targets the operations issued to `touched`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn complete_remote(&self, touched: Touched) -> Result<()> {
         match touched.targets() {
             Targets::None => Ok(()),
