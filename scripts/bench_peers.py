@@ -90,6 +90,28 @@ def ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
 
+def throughput(b, fm, model, batch, rows):
+    """Samples per second of `model` at a global `batch` over 2 epochs, Peregrine against PyTorch
+    DDP and single-process PyTorch, alternated; appends the table row; Peregrine's median."""
+    print(f"== {model}, Fashion-MNIST: throughput (batch {batch}, 2 epochs)", flush=True)
+    key = f"{model}-sps" if batch == 128 else f"{model}-sps-{batch}"
+    common = ["--model", model, "--data", fm, "--batch", str(batch)]
+    peer = ["--data", fm, "--model", model, "--epochs", "2", "--batch", str(batch)]
+    b.alternate([
+        ("peregrine", lambda: b.record(f"{key}-peregrine", b.peregrine(
+            key, common + ["--epochs", "2", "--eval-every", "1000000"])["samples_per_second"])),
+        ("pytorch ddp", lambda: b.record(f"{key}-ddp", b.peer("torch_fmnist.py", peer + ["--mode", "ddp"])[0])),
+        ("pytorch single", lambda: b.record(f"{key}-single", b.peer("torch_fmnist.py", peer + ["--mode", "single"])[0])),
+    ])
+    sps = b.median(f"{key}-peregrine")
+    ddp = b.median(f"{key}-ddp", "samples_per_second")
+    one = b.median(f"{key}-single", "samples_per_second")
+    rows.append((f"{model} samples/s, batch {batch}", fmt(sps, ",.0f"), f"DDP {fmt(ddp, ',.0f')}; "
+                 f"1 process x 2 threads {fmt(one, ',.0f')}",
+                 f"{fmt(ratio(sps, ddp), '.1f')}x DDP, {fmt(ratio(sps, one), '.1f')}x single"))
+    return sps
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--peregrine", required=True)
@@ -117,30 +139,17 @@ def main():
 
     if "fmnist" in parts:
         for model in ("softmax", "mlp"):
-            print(f"== {model}, Fashion-MNIST: throughput (batch 128, 2 epochs)", flush=True)
-            common = ["--model", model, "--data", fm, "--batch", "128"]
-            b.alternate([
-                ("peregrine", lambda: b.record(f"{model}-sps-peregrine", b.peregrine(
-                    f"{model}-sps", common + ["--epochs", "2", "--eval-every", "1000000"])["samples_per_second"])),
-                ("pytorch ddp", lambda: b.record(f"{model}-sps-ddp", b.peer("torch_fmnist.py", [
-                    "--data", fm, "--model", model, "--mode", "ddp", "--epochs", "2"])[0])),
-                ("pytorch single", lambda: b.record(f"{model}-sps-single", b.peer("torch_fmnist.py", [
-                    "--data", fm, "--model", model, "--mode", "single", "--epochs", "2"])[0])),
-            ])
-            sps = b.median(f"{model}-sps-peregrine")
-            ddp = b.median(f"{model}-sps-ddp", "samples_per_second")
-            one = b.median(f"{model}-sps-single", "samples_per_second")
-            rows.append((f"{model} samples/s, batch 128", fmt(sps, ",.0f"), f"DDP {fmt(ddp, ',.0f')}; "
-                         f"1 process x 2 threads {fmt(one, ',.0f')}",
-                         f"{fmt(ratio(sps, ddp), '.1f')}x DDP, {fmt(ratio(sps, one), '.1f')}x single"))
-            if model == "mlp" and roof:
-                g = sps * MLP_FLOPS / 1e9
-                rows.append(("MLP GFLOP/s (0.41 MFLOP per sample)", f"{g:.1f}", f"FMA peak {roof['fma_gflops']:.1f}",
-                             f"{100 * g / roof['fma_gflops']:.0f} % of peak"))
-            if model == "softmax" and roof:
-                gbs = sps * 784 * 4 / 1e9
-                rows.append(("softmax features read, GB/s (3136 B per sample)", f"{gbs:.1f}",
-                             f"triad {roof['triad_gbs']:.1f}", f"{100 * gbs / roof['triad_gbs']:.0f} % of triad"))
+            # The MLP also at batch 512: the issue's FMA-peak target is for batches of 128 and up.
+            for batch in (128, 512) if model == "mlp" else (128,):
+                sps = throughput(b, fm, model, batch, rows)
+                if model == "mlp" and roof:
+                    g = sps * MLP_FLOPS / 1e9
+                    rows.append((f"MLP GFLOP/s, batch {batch} (0.41 MFLOP per sample)", f"{g:.1f}",
+                                 f"FMA peak {roof['fma_gflops']:.1f}", f"{100 * g / roof['fma_gflops']:.0f} % of peak"))
+                if model == "softmax" and roof:
+                    gbs = sps * 784 * 4 / 1e9
+                    rows.append(("softmax features read, GB/s (3136 B per sample)", f"{gbs:.1f}",
+                                 f"triad {roof['triad_gbs']:.1f}", f"{100 * gbs / roof['triad_gbs']:.0f} % of triad"))
             target = 0.40
             # Evaluations every ~15,000 samples on every side: 117 iterations of 128 (the peers, and
             # Peregrine's MLP), 59 of 256 (Peregrine's softmax, its default batch).
