@@ -30,7 +30,10 @@ impl<M: Model> Run<'_, M> {
         rec: &mut IterRecord,
     ) -> Result<(), TrainError> {
         let c0 = Instant::now();
-        if !self.keyed() {
+        if self.params.owner_steps() {
+            // The owners step: the state stays where it lives.
+            self.params.get_all(replica)?;
+        } else if !self.keyed() {
             self.params.get_all_with_state(replica, state)?;
         } else if keys.skip() {
             self.params.get_all(replica)?;

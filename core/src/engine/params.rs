@@ -5,6 +5,13 @@
 //! (parameter `j`'s state at `slots j ..`), and sharded the same way: rank `r`'s shard of the state
 //! belongs to rank `r`'s shard of the weights, so a parameter's state lives on the rank that owns
 //! it, and a range of parameters reads its state as one range.
+//!
+//! Under a synchronous scheme (BSP) a dense model's optimizer steps at the owners instead
+//! ([`Params::owner_steps`]): ranks accumulate their share of the iteration's mean gradient into
+//! a third window laid out like the weights, and once every rank's share has landed each rank
+//! steps its own shard of the weights with its own shard of the state, in local memory. The state
+//! then never travels: a rank's pull reads the weights only and its push writes the gradient
+//! only, half the bytes of pulling and pushing both.
 
 use std::ops::Range;
 use std::sync::Mutex;
@@ -29,6 +36,9 @@ pub(super) struct Params {
     exempt: Range<usize>,
     /// Replicated: where this rank's replica starts in `w`, and its optimizer state.
     own: Option<(usize, Mutex<Vec<f32>>)>,
+    /// Owner-side steps: the iteration's summed gradient, laid out like `w`, and this rank's
+    /// shard of it.
+    grad: Option<(Window<f32>, Range<usize>)>,
     /// The model's parameters.
     len: usize,
 }
@@ -54,6 +64,7 @@ impl Params {
         opt: Optimizer,
         seed: u64,
         replicated: bool,
+        owner_steps: bool,
     ) -> Result<Self, TrainError> {
         let layout = model.layout();
         let (lr, exempt, slots) = (model.lr().unwrap_or(0.0), model.unpenalized(), opt.slots());
@@ -72,7 +83,7 @@ impl Params {
             w.put(at, &stored(0..p))?;
             w.flush_all()?;
             let own = Some((at, Mutex::new(vec![0.0; p * slots])));
-            return Ok(Self { w, state: None, opt, slots, lr, exempt, own, len: p });
+            return Ok(Self { w, state: None, opt, slots, lr, exempt, own, grad: None, len: p });
         }
         let map = ShardMap::balanced(layout.params, t.world_size());
         let w: Window<f32> = t.alloc_window("parameters", &map)?;
@@ -85,7 +96,12 @@ impl Params {
         let mine = map.range(t.rank());
         w.put(mine.start, &stored(mine.clone()))?;
         w.flush_all()?;
-        Ok(Self { w, state, opt, slots, lr, exempt, own: None, len: layout.params })
+        let grad = if owner_steps && slots > 0 && !opt.derived() {
+            Some((t.alloc_window("gradients", &map)?, mine))
+        } else {
+            None
+        };
+        Ok(Self { w, state, opt, slots, lr, exempt, own: None, grad, len: layout.params })
     }
 
     /// Whether every rank keeps its own replica.
@@ -410,11 +426,59 @@ impl Params {
         Ok(())
     }
 
+    /// Whether the optimizer steps at the owners (see the module docs): pulls read the weights
+    /// only, pushes ([`push_gradient`](Self::push_gradient)) add to the gradient window, and
+    /// every rank steps its own shard ([`step_owned`](Self::step_owned)) once the iteration's
+    /// pushes have landed.
+    pub(super) fn owner_steps(&self) -> bool {
+        self.grad.is_some()
+    }
+
+    /// Owner-side steps: adds this rank's share of the iteration's mean gradient (`delta`) to
+    /// the gradient window: only the touched keys, or the whole vector when they are too
+    /// [`scattered`].
+    pub(super) fn push_gradient(&self, delta: &mut Delta, b: &mut PushBufs) -> Result<(), TrainError> {
+        let (g, _) = self.grad.as_ref().expect("owner-side steps");
+        let runs = delta.runs();
+        if runs > 1 && scattered(runs, delta.layout().params) {
+            g.accumulate(0, delta.values())?;
+        } else {
+            delta.ranges(&mut b.ranges, &mut b.data);
+            g.accumulate_batch(&b.ranges, &b.data)?;
+        }
+        Ok(())
+    }
+
+    /// Owner-side steps, once every rank's gradient of the iteration has landed: steps this
+    /// rank's shard of the weights and of the state with its shard of the summed gradient
+    /// (`step`'s share is the whole iteration), and zeroes that gradient for the next iteration.
+    /// Local memory only; the caller lines the ranks up before anyone reads the weights again.
+    pub(super) fn step_owned(&self, step: Step, b: &mut PushBufs) -> Result<(), TrainError> {
+        let (g, mine) = self.grad.as_ref().expect("owner-side steps");
+        let (state, k, n) = (self.state(), self.slots, mine.len());
+        let (c, st, ds) = (&mut b.data, &mut b.st, &mut b.ds);
+        c.resize(n, 0.0);
+        st.resize(n * k, 0.0);
+        ds.clear();
+        ds.resize(n * k, 0.0);
+        g.get(mine.start, c)?;
+        state.get(mine.start * k, st)?;
+        self.opt.step(Step { share: 1.0, ..step }, c, st, ds, &[]);
+        self.w.accumulate(mine.start, c)?;
+        state.accumulate(mine.start * k, ds)?;
+        c.fill(0.0);
+        g.put(mine.start, c)?;
+        self.flush_all()
+    }
+
     /// Completes this rank's writes at every target.
     pub(super) fn flush_all(&self) -> Result<(), TrainError> {
         self.w.flush_all()?;
         if let Some(s) = &self.state {
             s.flush_all()?;
+        }
+        if let Some((g, _)) = &self.grad {
+            g.flush_all()?;
         }
         Ok(())
     }
@@ -424,6 +488,9 @@ impl Params {
         self.w.free()?;
         if let Some(s) = self.state {
             s.free()?;
+        }
+        if let Some((g, _)) = self.grad {
+            g.free()?;
         }
         Ok(())
     }

@@ -97,6 +97,8 @@ struct Local {
     replica: Vec<f32>,
     /// The optimizer state read with a model pulled whole.
     state: Vec<f32>,
+    /// Owner-side steps: the step of the iteration pushed last, taken once its pushes landed.
+    step: Option<Step>,
     /// Replicated: this rank's replica stepped with its update, then averaged with its
     /// neighbours'.
     mixed: Vec<f32>,
@@ -132,8 +134,14 @@ impl<'a, M: Model> Run<'a, M> {
         watch: &'a Watch,
     ) -> Result<(Self, Box<dyn Policy>), TrainError> {
         pool.set_active(cfg.threads);
+        let setup = Setup { t, cfg, plan: &plan, simulated: false, params: model.layout().params };
+        let policy = cfg.scheme.scheme.policy(&setup)?;
+        // A dense model under a synchronous scheme steps at the parameters' owners.
+        let replicated = cfg.scheme.scheme.replicated();
+        let keyed = model.sparse() && model.layout().params > cfg.dense_pull_below && !replicated;
+        let owner_steps = policy.synchronous() && !replicated && !keyed && model.lr().is_some();
         // Each rank writes the initial values of its own shard.
-        let params = Params::start(t, model, cfg.optimizer, cfg.seed, cfg.scheme.scheme.replicated())?;
+        let params = Params::start(t, model, cfg.optimizer, cfg.seed, replicated, owner_steps)?;
         let slots = (0..pool.max_threads())
             .map(|w| Mutex::new(Slot::new(model.work(cfg.chunk), w as u32 + 1)))
             .collect();
@@ -147,8 +155,6 @@ impl<'a, M: Model> Run<'a, M> {
             }
             None => None,
         };
-        let setup = Setup { t, cfg, plan: &plan, simulated: false, params: model.layout().params };
-        let policy = cfg.scheme.scheme.policy(&setup)?;
         let mut run = Run {
             t,
             model,
@@ -322,6 +328,19 @@ impl<'a, M: Model> Run<'a, M> {
                     self.wait_serving(&mut me.ev, || Ok(policy.ready(&self.view(), it)?))?.as_secs_f64();
                 rec.waited_for = self.watch.behind_in(it).or(rec.waited_for);
                 self.traced("wait", "wait", waiting, self.waited(it, rec.waited_for, "clocks"));
+            }
+            // Once an evaluation says stop, every rank leaves after this iteration without
+            // stepping it (some ranks leave before pushing it).
+            if self.params.owner_steps() && me.ev.to_target.is_none() {
+                let stepping = Instant::now();
+                self.watch.mark(Phase::Pushing, it);
+                if let Some(step) = me.step.take() {
+                    self.params.step_owned(step, &mut me.push)?;
+                }
+                // Nobody reads the weights of the next iteration before every owner stepped.
+                self.t.barrier()?;
+                rec.comm += stepping.elapsed().as_secs_f64();
+                self.traced("owner step", "comm", Span(stepping), Args::default().int("iter", it));
             }
             if self.params.replicated() && me.ev.to_target.is_none() {
                 let mixing = Instant::now();
@@ -633,6 +652,11 @@ impl<'a, M: Model> Run<'a, M> {
             // This rank's replica steps by itself and is published for its neighbours.
             self.params.step_own(admit.apply.then_some(&me.delta), step, &mut me.mixed, &mut me.push)?;
             policy.publish(&view, it, &me.mixed)?;
+        } else if self.params.owner_steps() {
+            if admit.apply && !me.delta.is_empty() {
+                self.params.push_gradient(&mut me.delta, &mut me.push)?;
+            }
+            me.step = step;
         } else if admit.apply && !me.delta.is_empty() && step.is_none_or(|s| s.share > 0.0) {
             // A model pulled whole stepped with the state read with it.
             let pulled =
@@ -826,6 +850,7 @@ impl Local {
             keys: PullKeys::new(layout.keys()),
             replica,
             state: Vec::new(),
+            step: None,
             mixed: Vec::new(),
             totals: RankTotals::default(),
             samples: 0,

@@ -590,6 +590,13 @@ pub(crate) trait Policy: Send + Sync {
     /// `ready`: whether this rank may start the iteration after `it`.
     fn ready(&self, view: &dyn View, it: u64) -> Result<bool>;
 
+    /// Whether `ready(it)` holds only once every rank has pushed its update of `it` in full
+    /// (BSP): the engine may then step a dense model's optimizer at the owners of the parameters
+    /// with the iteration's summed gradient, instead of every rank stepping with its share.
+    fn synchronous(&self) -> bool {
+        false
+    }
+
     /// `mix` (replicated schemes): once `ready`, this rank's replica of `it` (`x`, holding what
     /// was published) averaged with the neighbours'.
     fn mix(&mut self, _view: &dyn View, _it: u64, _x: &mut [f32], _rec: &mut IterRecord) -> Result<()> {

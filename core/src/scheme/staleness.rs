@@ -96,6 +96,10 @@ impl Policy for Staleness {
     fn ready(&self, view: &dyn View, it: u64) -> Result<bool> {
         self.bound.ready(view, it)
     }
+
+    fn synchronous(&self) -> bool {
+        self.bound == Bound::Bsp
+    }
 }
 
 #[cfg(test)]
@@ -121,6 +125,19 @@ mod tests {
         assert!(Bound::Bsp.ready(&v, 9).expect("view"));
         // SSP(0) waits as BSP does.
         assert_eq!(Bound::Ssp(0).needs(9), Bound::Bsp.needs(9));
+    }
+
+    #[test]
+    fn only_bsp_is_synchronous() {
+        // SSP(0) waits as BSP does, but the claim that every update of an iteration has landed
+        // is BSP's alone.
+        for (bound, sync) in
+            [(Bound::Bsp, true), (Bound::Ssp(0), false), (Bound::Ssp(3), false), (Bound::Asp, false)]
+        {
+            for steal in [false, true] {
+                assert_eq!(Staleness { bound, steal }.synchronous(), sync, "{bound} steal {steal}");
+            }
+        }
     }
 
     #[test]
