@@ -8,13 +8,17 @@ use super::run::Run;
 use super::{IterRecord, TrainError};
 use crate::model::{Delta, Model};
 
+/// Whether pulls of `model` read only the keys of the chunks: a sparse model above
+/// `dense_pull_below` parameters, unless every rank keeps its own replica.
+pub(super) fn keyed<M: Model>(model: &M, cfg: &super::Config, replicated: bool) -> bool {
+    model.sparse() && model.layout().params > cfg.dense_pull_below && !replicated
+}
+
 impl<M: Model> Run<'_, M> {
     /// Whether pulls read only the keys of the chunks (else the whole model, or this rank's
     /// whole replica).
     pub(super) fn keyed(&self) -> bool {
-        self.model.sparse()
-            && self.model.layout().params > self.cfg.dense_pull_below
-            && !self.params.replicated()
+        keyed(self.model, self.cfg, self.params.replicated())
     }
 
     /// Pulls what this rank's chunks of `it` read into `replica`: all of a dense model (or a

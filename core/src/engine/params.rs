@@ -57,7 +57,8 @@ pub(super) struct PushBufs {
 
 impl Params {
     /// Collective: allocates the windows and writes this rank's shard of `model`'s initial values
-    /// (and zero state); if `replicated`, its whole replica.
+    /// (and zero state); if `replicated`, its whole replica; if `owner_steps` (the caller checked
+    /// [`owner_steps_apply`]), the gradient window too.
     pub(super) fn start<M: Model>(
         t: &Transport,
         model: &M,
@@ -96,11 +97,7 @@ impl Params {
         let mine = map.range(t.rank());
         w.put(mine.start, &stored(mine.clone()))?;
         w.flush_all()?;
-        let grad = if owner_steps && slots > 0 && !opt.derived() {
-            Some((t.alloc_window("gradients", &map)?, mine))
-        } else {
-            None
-        };
+        let grad = if owner_steps { Some((t.alloc_window("gradients", &map)?, mine)) } else { None };
         Ok(Self { w, state, opt, slots, lr, exempt, own: None, grad, len: layout.params })
     }
 
@@ -347,14 +344,7 @@ impl Params {
         let PushBufs { ranges, data, sranges, st, ds, z } = b;
         let params = delta.layout().params;
         let Some(step) = step else {
-            let runs = delta.runs();
-            if runs > 1 && scattered(runs, params) {
-                self.w.accumulate(0, delta.values())?;
-            } else {
-                delta.ranges(ranges, data);
-                self.w.accumulate_batch(ranges, data)?;
-            }
-            return Ok(());
+            return add_delta(&self.w, delta, ranges, data);
         };
         let (state, k, derived) = (self.state(), self.slots, self.opt.derived());
         // What steps: every parameter of a model pulled whole (untouched ones with a zero
@@ -439,14 +429,7 @@ impl Params {
     /// [`scattered`].
     pub(super) fn push_gradient(&self, delta: &mut Delta, b: &mut PushBufs) -> Result<(), TrainError> {
         let (g, _) = self.grad.as_ref().expect("owner-side steps");
-        let runs = delta.runs();
-        if runs > 1 && scattered(runs, delta.layout().params) {
-            g.accumulate(0, delta.values())?;
-        } else {
-            delta.ranges(&mut b.ranges, &mut b.data);
-            g.accumulate_batch(&b.ranges, &b.data)?;
-        }
-        Ok(())
+        add_delta(g, delta, &mut b.ranges, &mut b.data)
     }
 
     /// Owner-side steps, once every rank's gradient of the iteration has landed: steps this
@@ -498,6 +481,38 @@ impl Params {
     fn state(&self) -> &Window<f32> {
         self.state.as_ref().expect("an optimizer with state has a state window")
     }
+}
+
+/// Whether the optimizer steps at the owners ([`Params::owner_steps`]): under a synchronous
+/// scheme, for a model pulled whole (not `replicated`, not `keyed`) that steps with a learning
+/// rate, with an optimizer that keeps state and stores the weights themselves (FTRL derives them
+/// from its state on every read: its ranks step with their shares).
+pub(super) fn owner_steps_apply(
+    synchronous: bool,
+    replicated: bool,
+    keyed: bool,
+    stepped: bool,
+    opt: Optimizer,
+) -> bool {
+    synchronous && !replicated && !keyed && stepped && opt.slots() > 0 && !opt.derived()
+}
+
+/// Adds `delta` into window `w`: only the touched keys (gathered into `ranges` and `data`), or
+/// the whole vector when they are too [`scattered`].
+fn add_delta(
+    w: &Window<f32>,
+    delta: &mut Delta,
+    ranges: &mut Vec<Range<usize>>,
+    data: &mut Vec<f32>,
+) -> Result<(), TrainError> {
+    let runs = delta.runs();
+    if runs > 1 && scattered(runs, delta.layout().params) {
+        w.accumulate(0, delta.values())?;
+    } else {
+        delta.ranges(ranges, data);
+        w.accumulate_batch(ranges, data)?;
+    }
+    Ok(())
 }
 
 /// The keys of a rank's own sparse pulls, and how many of its next pulls read the whole model

@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 
 use peregrine_transport::{ReduceOp, ShardMap, Transport, Window};
 
+use super::comm::keyed;
 use super::compute::Slot;
 use super::evals::Evals;
 use super::metrics::TOTALS;
-use super::params::{Params, PullKeys, PushBufs};
+use super::params::{owner_steps_apply, Params, PullKeys, PushBufs};
 use super::trace::{Args, Span, Tracer};
 use super::watch::{Behind, Phase, Watch};
 use super::{Config, IterRecord, Progress, RankTotals, Report, TrainError};
@@ -138,8 +139,13 @@ impl<'a, M: Model> Run<'a, M> {
         let policy = cfg.scheme.scheme.policy(&setup)?;
         // A dense model under a synchronous scheme steps at the parameters' owners.
         let replicated = cfg.scheme.scheme.replicated();
-        let keyed = model.sparse() && model.layout().params > cfg.dense_pull_below && !replicated;
-        let owner_steps = policy.synchronous() && !replicated && !keyed && model.lr().is_some();
+        let owner_steps = owner_steps_apply(
+            policy.synchronous(),
+            replicated,
+            keyed(model, cfg, replicated),
+            model.lr().is_some(),
+            cfg.optimizer,
+        );
         // Each rank writes the initial values of its own shard.
         let params = Params::start(t, model, cfg.optimizer, cfg.seed, replicated, owner_steps)?;
         let slots = (0..pool.max_threads())

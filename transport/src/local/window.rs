@@ -141,13 +141,7 @@ impl<T: Elem> LocalWindow<T> {
         data: &[T],
         accumulate: bool,
     ) -> Result<()> {
-        let mut at = 0;
-        for r in ranges {
-            let len = r.end - r.start;
-            self.write(r.start, &data[at..at + len], accumulate)?;
-            at += len;
-        }
-        Ok(())
+        self.issue_write_batch(ranges, data, accumulate, Touched::NONE).map(drop)
     }
 
     /// Queues puts or accumulates of `data` split over `ranges` (whose lengths sum to

@@ -510,16 +510,63 @@ impl<T: Elem> MpiWindow<T> {
         }
     }
 
+    /// One `MPI_Get` of `n` elements from `target` at `disp` into `origin`.
+    ///
+    /// # Safety
+    /// `origin .. origin + n` must be writable and stay borrowed, unread, until a local completion
+    /// of `target`; `disp .. disp + n` must lie inside `target`'s shard.
+    #[inline(always)]
+    unsafe fn get_piece(&self, origin: *mut T, target: c_int, disp: ffi::MPI_Aint, n: c_int) -> Result<()> {
+        let dt = T::mpi_datatype();
+        // SAFETY: the caller's contract; a live window in its lock_all epoch.
+        let rc = unsafe { ffi::MPI_Get(origin.cast(), n, dt, target, disp, n, dt, self.win) };
+        self.check("MPI_Get", rc)
+    }
+
+    /// One `MPI_Put` (or `MPI_Accumulate` with `MPI_SUM`) of `n` elements from `origin` to
+    /// `target` at `disp`.
+    ///
+    /// # Safety
+    /// `origin .. origin + n` must be readable and stay borrowed until a local completion of
+    /// `target`; `disp .. disp + n` must lie inside `target`'s shard.
+    #[inline(always)]
+    unsafe fn write_piece(
+        &self,
+        origin: *const T,
+        target: c_int,
+        disp: ffi::MPI_Aint,
+        n: c_int,
+        accumulate: bool,
+    ) -> Result<()> {
+        let dt = T::mpi_datatype();
+        // SAFETY: the caller's contract; a live window in its lock_all epoch; MPI only reads
+        // the origin buffer.
+        let rc = unsafe {
+            if accumulate {
+                ffi::MPI_Accumulate(origin.cast(), n, dt, target, disp, n, dt, ffi::RSMPI_SUM, self.win)
+            } else {
+                ffi::MPI_Put(origin.cast(), n, dt, target, disp, n, dt, self.win)
+            }
+        };
+        self.check(if accumulate { "MPI_Accumulate" } else { "MPI_Put" }, rc)
+    }
+
+    /// Completes locally what a batch issued: the targets it returned, or every target when an
+    /// issue failed part way (the caller's buffer must not be handed back with operations in
+    /// flight). The issue's error comes first.
+    fn complete_batch(&self, issued: Result<Touched>) -> Result<()> {
+        let completed = self.complete_local(*issued.as_ref().unwrap_or(&Touched::MANY));
+        issued.and(completed)
+    }
+
     #[inline(always)]
     fn issue_get(&self, start: usize, out: &mut [T], touched: Touched) -> Result<Touched> {
-        let dt = T::mpi_datatype();
         let base = out.as_mut_ptr();
         self.for_pieces(start, out.len(), touched, |target, disp, pos, n| {
             // SAFETY: `base + pos .. + n` lies inside `out` (pieces tile `0..out.len()`), which stays
             // borrowed until the completion that follows in the caller; target/disp/n lie inside the
             // target's shard (from the shard map every rank agreed on).
-            let rc = unsafe { ffi::MPI_Get(base.add(pos).cast(), n, dt, target, disp, n, dt, self.win) };
-            self.check("MPI_Get", rc)
+            unsafe { self.get_piece(base.add(pos), target, disp, n) }
         })
     }
 
@@ -533,29 +580,10 @@ impl<T: Elem> MpiWindow<T> {
         accumulate: bool,
         touched: Touched,
     ) -> Result<Touched> {
-        let dt = T::mpi_datatype();
         let base = data.as_ptr();
         self.for_pieces(start, data.len(), touched, |target, disp, pos, n| {
-            // SAFETY: as in `issue_get`; MPI only reads the origin buffer, which stays borrowed until
-            // the local completion in the caller.
-            let rc = unsafe {
-                if accumulate {
-                    ffi::MPI_Accumulate(
-                        base.add(pos).cast(),
-                        n,
-                        dt,
-                        target,
-                        disp,
-                        n,
-                        dt,
-                        ffi::RSMPI_SUM,
-                        self.win,
-                    )
-                } else {
-                    ffi::MPI_Put(base.add(pos).cast(), n, dt, target, disp, n, dt, self.win)
-                }
-            };
-            self.check(if accumulate { "MPI_Accumulate" } else { "MPI_Put" }, rc)
+            // SAFETY: as in `issue_get`; the caller keeps `data` borrowed until the completion.
+            unsafe { self.write_piece(base.add(pos), target, disp, n, accumulate) }
         })
     }
 
@@ -565,17 +593,13 @@ impl<T: Elem> MpiWindow<T> {
     }
 
     pub(crate) fn get_batch(&self, ranges: &[Range<usize>], out: &mut [T]) -> Result<()> {
-        let dt = T::mpi_datatype();
-        let touched = self.for_batch(ranges, Touched::NONE, |pos, target, disp, n| {
+        let issued = self.for_batch(ranges, Touched::NONE, |pos, target, disp, n| {
             let o = &mut out[pos..pos + n as usize];
             // SAFETY: `o` stays borrowed (through `out`) until the completion below; target/disp/n
             // lie inside the target's shard (from the shard map every rank agreed on).
-            let rc = unsafe { ffi::MPI_Get(o.as_mut_ptr().cast(), n, dt, target, disp, n, dt, self.win) };
-            self.check("MPI_Get", rc)
+            unsafe { self.get_piece(o.as_mut_ptr(), target, disp, n) }
         });
-        // Completed even after a failed issue: `out` must not be handed back with reads in flight.
-        let completed = self.complete_local(*touched.as_ref().unwrap_or(&Touched::MANY));
-        touched.and(completed)
+        self.complete_batch(issued)
     }
 
     pub(crate) fn write(&self, start: usize, data: &[T], accumulate: bool) -> Result<()> {
@@ -584,9 +608,7 @@ impl<T: Elem> MpiWindow<T> {
     }
 
     pub(crate) fn write_batch(&self, ranges: &[Range<usize>], data: &[T], accumulate: bool) -> Result<()> {
-        let touched = self.issue_write_batch(ranges, data, accumulate, Touched::NONE);
-        let completed = self.complete_local(*touched.as_ref().unwrap_or(&Touched::MANY));
-        touched.and(completed)
+        self.complete_batch(self.issue_write_batch(ranges, data, accumulate, Touched::NONE))
     }
 
     /// Issues puts or accumulates of `data` split over `ranges` (the caller checked that their
@@ -600,28 +622,10 @@ impl<T: Elem> MpiWindow<T> {
         accumulate: bool,
         touched: Touched,
     ) -> Result<Touched> {
-        let dt = T::mpi_datatype();
         self.for_batch(ranges, touched, |pos, target, disp, n| {
             let d = &data[pos..pos + n as usize];
-            // SAFETY: as in `get_batch`; MPI only reads the origin buffer `d`.
-            let rc = unsafe {
-                if accumulate {
-                    ffi::MPI_Accumulate(
-                        d.as_ptr().cast(),
-                        n,
-                        dt,
-                        target,
-                        disp,
-                        n,
-                        dt,
-                        ffi::RSMPI_SUM,
-                        self.win,
-                    )
-                } else {
-                    ffi::MPI_Put(d.as_ptr().cast(), n, dt, target, disp, n, dt, self.win)
-                }
-            };
-            self.check(if accumulate { "MPI_Accumulate" } else { "MPI_Put" }, rc)
+            // SAFETY: as in `get_batch`; the caller keeps `data` borrowed until the completion.
+            unsafe { self.write_piece(d.as_ptr(), target, disp, n, accumulate) }
         })
     }
 
