@@ -591,14 +591,16 @@ fn dbw_without_backups_counts_every_row_once_in_the_replicas_average() {
     }
 }
 
-/// Dynamic DBW on a ring of 4 with rank 0 at a quarter of its speed: its neighbours (1 and 3)
+/// Dynamic DBW on a ring of 4 with rank 0 at 0.15 of its speed (at a quarter, its share of
+/// dropped updates ranged over 0.23-0.92 on the 2-core machine under the suite, twice under the
+/// 0.25 margin; at 0.15, 0.70-1.00): its neighbours (1 and 3)
 /// stop waiting for it (one backup worker each) more often than rank 2, opposite, which keeps
 /// waiting for both of its fast neighbours; rank 0's updates reach nobody far more often than
 /// anyone else's (about every other iteration: it then pulls its neighbours' estimates and skips
 /// ahead to their iteration, where it often arrives first and exchanges).
 #[test]
 fn dynamic_dbw_leaves_the_slow_neighbour_out() {
-    let slow = peregrine_tests::training::slowed(0, 0.25);
+    let slow = peregrine_tests::training::slowed(0, 0.15);
     let per_row = std::time::Duration::from_micros(200);
     let out = run_local(4, |t| {
         peregrine_tests::training::counted_by(&t, scheme("dbw"), slow.clone(), 4, false, per_row)
