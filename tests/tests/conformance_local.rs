@@ -36,6 +36,7 @@ cases! {
     collectives => "collectives",
     uneven_shards => "uneven-shards-crossing-ranges",
     batches_between_shards => "batches-back-and-forth-between-shards",
+    own_shard_in_place => "own-shard-in-place",
     accumulate_f32 => "accumulate-everywhere-f32",
     accumulate_f64 => "accumulate-everywhere-f64",
     accumulate_u64 => "accumulate-everywhere-u64",

@@ -71,6 +71,7 @@ pub const CASES: &[Case] = &[
     Case { name: "collectives", run: collectives },
     Case { name: "uneven-shards-crossing-ranges", run: uneven_shards },
     Case { name: "batches-back-and-forth-between-shards", run: batches_between_shards },
+    Case { name: "own-shard-in-place", run: own_shard_in_place },
     Case { name: "accumulate-everywhere-f32", run: accumulate_everywhere::<f32> },
     Case { name: "accumulate-everywhere-f64", run: accumulate_everywhere::<f64> },
     Case { name: "accumulate-everywhere-u64", run: accumulate_everywhere::<u64> },
@@ -258,6 +259,65 @@ fn batches_between_shards(t: &Transport, _: &Params) -> Outcome {
     }
     t.barrier()?;
     check("scope put_batch", &pattern)?;
+    t.barrier()?;
+    w.free()?;
+    Ok(())
+}
+
+/// Every rank accumulates into every shard; between barriers each rank then reads the sums in its
+/// own shard in place ([`Window::with_own_shard`]) and overwrites them there; every rank then
+/// reads the whole window, and accumulates once more on top of what was stored in place.
+fn own_shard_in_place(t: &Transport, _: &Params) -> Outcome {
+    let (rank, n) = (t.rank(), t.world_size());
+    let map = uneven_map(n);
+    let w: Window<f64> = t.alloc_window("in place", &map)?;
+    let total = map.total();
+    let ones = vec![1.0; total];
+    w.accumulate(0, &ones)?;
+    w.flush_all()?;
+    t.barrier()?;
+    let mine = map.range(rank);
+    // SAFETY: every rank's accumulates were flushed before the barrier above, and nobody touches
+    // the window again before the barrier below.
+    let seen = unsafe {
+        w.with_own_shard(|own| {
+            let seen: Vec<f64> = own.to_vec();
+            for (j, x) in own.iter_mut().enumerate() {
+                *x = 2.0 * pattern(mine.start + j);
+            }
+            seen
+        })
+    }?;
+    ensure!(t, seen.len() == mine.len(), "own shard of {} elements, expected {:?}", seen.len(), mine);
+    ensure!(
+        t,
+        seen.iter().all(|&x| x == n as f64),
+        "own shard read in place: {seen:?}, expected {n} everywhere"
+    );
+    t.barrier()?;
+    let mut all = vec![0.0; total];
+    w.get(0, &mut all)?;
+    for (i, &x) in all.iter().enumerate() {
+        ensure!(
+            t,
+            x == 2.0 * pattern(i),
+            "after the stores in place: element {i} is {x}, expected {}",
+            2.0 * pattern(i)
+        );
+    }
+    t.barrier()?;
+    w.accumulate(0, &ones)?;
+    w.flush_all()?;
+    t.barrier()?;
+    w.get(0, &mut all)?;
+    for (i, &x) in all.iter().enumerate() {
+        let want = 2.0 * pattern(i) + n as f64;
+        ensure!(
+            t,
+            x == want,
+            "accumulated on top of the stores in place: element {i} is {x}, expected {want}"
+        );
+    }
     t.barrier()?;
     w.free()?;
     Ok(())

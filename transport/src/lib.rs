@@ -10,6 +10,7 @@
 //! | [`Window::get`], [`Window::get_batch`] | on return (data in the buffer) | `MPI_Get` + `MPI_Win_flush_local` |
 //! | [`Window::put`], [`Window::accumulate`] and batches | at the target after [`Window::flush`] / [`Window::flush_all`] | `MPI_Put` / `MPI_Accumulate(MPI_SUM)` |
 //! | [`Window::fetch_add`], [`Window::compare_and_swap`] | on return, atomically | `MPI_Fetch_and_op` / `MPI_Compare_and_swap` |
+//! | [`Window::with_own_shard`] (`unsafe`: the caller excludes other access) | in place | `MPI_Win_sync`, loads and stores, `MPI_Win_sync` |
 //!
 //! A global range that spans shards is split into per-shard pieces. Small collectives for control
 //! data ([`Transport::barrier`], [`Transport::allreduce`], [`Transport::broadcast`]) complete the
@@ -381,6 +382,26 @@ impl<T: Elem> Window<T> {
     pub fn flush_all(&self) -> Result<()> {
         use WindowInner as Inner;
         dispatch!(&self.inner, w => w.flush_all())
+    }
+
+    /// Runs `f` on this rank's own shard in place (global elements `map().range(rank)`): the
+    /// window's memory itself, with no copy in or out (under MPI between two `MPI_Win_sync`s,
+    /// which make what other ranks wrote visible to the loads in `f` and what `f` stored visible
+    /// to their later reads). For work on a rank's own elements between two synchronizations of
+    /// all ranks, where a `get`, a computation and an `accumulate` or `put` back would move the
+    /// shard through memory several times (the owner-side optimizer step).
+    ///
+    /// # Safety
+    /// Nothing else may access this rank's shard while `f` runs: every operation any rank issued
+    /// on it (this one's included) has completed at it and the caller knows so (flushed by its
+    /// issuer before a synchronization that this rank has passed, such as a barrier or a flag
+    /// read after the flush), and no rank issues one before `f` returns and the ranks
+    /// synchronize again. Elsewhere, a read racing with `f`'s stores would see torn values, a
+    /// write racing with them would be lost, and in the local backend either is a data race.
+    pub unsafe fn with_own_shard<R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
+        use WindowInner as Inner;
+        // SAFETY: the caller's contract, passed on.
+        dispatch!(&self.inner, w => unsafe { w.with_own_shard(f) })
     }
 
     /// Runs `f` with a [`WriteScope`]: writes issued through it borrow their data until the scope

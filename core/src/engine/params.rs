@@ -9,7 +9,8 @@
 //! Under a synchronous scheme (BSP) a dense model's optimizer steps at the owners instead
 //! ([`Params::owner_steps`]): ranks accumulate their share of the iteration's mean gradient into
 //! a third window laid out like the weights, and once every rank's share has landed each rank
-//! steps its own shard of the weights with its own shard of the state, in local memory. The state
+//! steps its own shard of the weights with its own shard of the state, in place in the windows'
+//! local memory ([`Params::step_owned`]). The state
 //! then never travels: a rank's pull reads the weights only and its push writes the gradient
 //! only, half the bytes of pulling and pushing both.
 
@@ -434,24 +435,31 @@ impl Params {
 
     /// Owner-side steps, once every rank's gradient of the iteration has landed: steps this
     /// rank's shard of the weights and of the state with its shard of the summed gradient
-    /// (`step`'s share is the whole iteration), and zeroes that gradient for the next iteration.
-    /// Local memory only; the caller lines the ranks up before anyone reads the weights again.
-    pub(super) fn step_owned(&self, step: Step, b: &mut PushBufs) -> Result<(), TrainError> {
+    /// (`step`'s share is the whole iteration), and zeroes that gradient for the next iteration,
+    /// all in place in the windows' local memory ([`Optimizer::step_in_place`]).
+    ///
+    /// The caller's protocol makes that exclusive (the windows' `with_own_shard` contract): every
+    /// rank flushed its pushes into the gradient window before the wait that said they landed,
+    /// and pulled the weights of this iteration before pushing; pushes never write the weights or
+    /// the state; and the ranks line up (a barrier) after the step, before anyone reads the
+    /// weights again.
+    pub(super) fn step_owned(&self, step: Step) -> Result<(), TrainError> {
         let (g, mine) = self.grad.as_ref().expect("owner-side steps");
-        let (state, k, n) = (self.state(), self.slots, mine.len());
-        let (c, st, ds) = (&mut b.data, &mut b.st, &mut b.ds);
-        c.resize(n, 0.0);
-        st.resize(n * k, 0.0);
-        ds.clear();
-        ds.resize(n * k, 0.0);
-        g.get(mine.start, c)?;
-        state.get(mine.start * k, st)?;
-        self.opt.step(Step { share: 1.0, ..step }, c, st, ds, &[]);
-        self.w.accumulate(mine.start, c)?;
-        state.accumulate(mine.start * k, ds)?;
-        c.fill(0.0);
-        g.put(mine.start, c)?;
-        self.flush_all()
+        let (state, opt, k) = (self.state(), self.opt, self.slots);
+        let step = Step { share: 1.0, ..step };
+        // SAFETY: exclusive access to the three shards, by the protocol above.
+        let stepped = unsafe {
+            g.with_own_shard(|g| {
+                state.with_own_shard(|st| {
+                    self.w.with_own_shard(|w| {
+                        debug_assert!(w.len() == mine.len() && st.len() == mine.len() * k);
+                        opt.step_in_place(step, w, st, g);
+                    })
+                })
+            })
+        };
+        stepped???;
+        Ok(())
     }
 
     /// Completes this rank's writes at every target.

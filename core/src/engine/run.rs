@@ -341,7 +341,7 @@ impl<'a, M: Model> Run<'a, M> {
                 let stepping = Instant::now();
                 self.watch.mark(Phase::Pushing, it);
                 if let Some(step) = me.step.take() {
-                    self.params.step_owned(step, &mut me.push)?;
+                    self.params.step_owned(step)?;
                 }
                 // Nobody reads the weights of the next iteration before every owner stepped.
                 self.t.barrier()?;

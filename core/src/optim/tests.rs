@@ -204,3 +204,28 @@ fn schedules() {
     assert!(cos.factor(109, 5, 110) < 0.001);
     assert!(cos.factor(5, 5, 110) < 1.0, "warming up");
 }
+
+#[test]
+fn a_step_in_place_is_the_step_and_its_adds_bit_for_bit() {
+    // Over several blocks and a short last one, with state and gradients that vary.
+    let n = 600;
+    for o in all().into_iter().filter(|o| !o.derived()) {
+        let k = o.slots();
+        let w0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+        let st0: Vec<f32> = (0..n * k).map(|i| 0.1 + (i as f32 * 0.11).cos().abs()).collect();
+        let g0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.73).cos() * 0.3).collect();
+        let p = Step { lr: 0.05, share: 1.0, t: 7 };
+        // The owner-side step as it was: step on copies, then accumulate both updates.
+        let (mut c, mut ds) = (g0.clone(), vec![0.0; n * k]);
+        o.step(p, &mut c, &st0, &mut ds, &[]);
+        let w1: Vec<f32> = w0.iter().zip(&c).map(|(w, c)| w + c).collect();
+        let st1: Vec<f32> = st0.iter().zip(&ds).map(|(s, d)| s + d).collect();
+        let (mut w, mut st, mut g) = (w0.clone(), st0.clone(), g0.clone());
+        o.step_in_place(p, &mut w, &mut st, &mut g);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&w), bits(&w1), "{}: weights", o.name());
+        assert_eq!(bits(&st), bits(&st1), "{}: state", o.name());
+        assert!(g.iter().all(|&x| x == 0.0), "{}: the gradient is left zero", o.name());
+        assert_ne!(bits(&w), bits(&w0), "{}: the weights moved", o.name());
+    }
+}

@@ -369,6 +369,43 @@ impl LocalRank {
 mod tests {
     use crate::{run_local, Error, ErrorKind, ShardMap, Window};
 
+    /// A rank's stores in place (between barriers) are what the others read after the next
+    /// barrier, and the others' flushed accumulates are what it loads in place: the protocol
+    /// `with_own_shard` asks of its caller, here for Miri's data-race and aliasing checks too.
+    #[test]
+    fn stores_in_place_between_barriers_reach_the_other_ranks() {
+        let out = run_local(3, |t| -> crate::Result<(Vec<f32>, Vec<f32>)> {
+            let n = t.world_size();
+            let w: Window<f32> = t.alloc_window("w", &ShardMap::from_lens([2, 0, 3]))?;
+            w.accumulate(0, &[1.0; 5])?;
+            w.flush_all()?;
+            t.barrier()?;
+            let rank = t.rank() as f32;
+            // SAFETY: every accumulate was flushed before the barrier above; nobody touches the
+            // window again before the barrier below.
+            let seen = unsafe {
+                w.with_own_shard(|own| {
+                    let seen = own.to_vec();
+                    own.iter_mut().for_each(|x| *x += 10.0 * rank);
+                    seen
+                })
+            }?;
+            t.barrier()?;
+            let mut all = vec![0.0; 5];
+            w.get(0, &mut all)?;
+            assert_eq!(n, 3);
+            t.barrier()?;
+            w.free()?;
+            Ok((seen, all))
+        })
+        .expect("world");
+        for (r, o) in out.into_iter().enumerate() {
+            let (seen, all) = o.expect("rank");
+            assert_eq!(seen, vec![3.0; [2, 0, 3][r]], "rank {r} loads the sums in place");
+            assert_eq!(all, [3.0, 3.0, 23.0, 23.0, 23.0], "rank {r} reads the stores in place");
+        }
+    }
+
     /// The visibility rule that makes a forgotten flush fail under `cargo test`.
     #[test]
     fn writes_reach_the_target_only_at_flush() {

@@ -250,6 +250,26 @@ impl<T: Elem> LocalWindow<T> {
         Ok(())
     }
 
+    /// See [`crate::Window::with_own_shard`]: the shard's atomics seen as plain elements.
+    ///
+    /// # Safety
+    /// As there: no other access to this rank's shard while `f` runs.
+    pub(crate) unsafe fn with_own_shard<R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
+        const { assert!(size_of::<T::Atomic>() == size_of::<T>() && align_of::<T::Atomic>() >= align_of::<T>()) };
+        let shard = &self.shards[self.rank];
+        // SAFETY: the atomics have the size of `T` and at least its alignment (asserted above),
+        // and every bit pattern is a valid `T` (`f32`, `f64`, `u64`), so the shard's memory is
+        // `shard.len()` valid, aligned `T`s. Writing through a pointer derived from the shared
+        // `&[T::Atomic]` is allowed: atomics are `UnsafeCell`s (interior mutability, as a mutex
+        // hands out `&mut` to its data). Exclusive for the slice's life by the caller's contract:
+        // no other thread touches the shard meanwhile, and the synchronizations before and after
+        // (barriers: a mutex and a condition variable) order `f`'s accesses after the writes that
+        // completed before it and before the accesses that follow.
+        let own =
+            unsafe { std::slice::from_raw_parts_mut(shard.as_ptr().cast::<T>().cast_mut(), shard.len()) };
+        Ok(f(own))
+    }
+
     /// Applies the pending writes to `target` (all targets if `None`), in issue order.
     fn complete(&self, target: Option<usize>) {
         self.apply(target, false);

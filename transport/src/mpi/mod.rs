@@ -323,6 +323,7 @@ impl MpiRank {
         let window = MpiWindow {
             comm: self.comm.clone(),
             win,
+            base,
             name: name.to_owned(),
             map: map.clone(),
             last_target: AtomicUsize::new(0),
@@ -364,6 +365,9 @@ fn count(n: usize) -> c_int {
 pub struct MpiWindow<T: Elem> {
     comm: Arc<Comm>,
     win: ffi::MPI_Win,
+    /// This rank's shard: `map.len_of(rank)` elements (of an allocation padded to whole cache
+    /// lines) that `MPI_Win_allocate` returned, valid while `live`.
+    base: *mut T,
     name: String,
     map: ShardMap,
     /// The shard of the last single-shard operation: checked first, as consecutive operations
@@ -374,8 +378,9 @@ pub struct MpiWindow<T: Elem> {
     _elem: PhantomData<T>,
 }
 
-// SAFETY: MPI_THREAD_MULTIPLE (checked at init); the window memory is only ever touched through MPI
-// calls after allocation, and the handle does not change while the window is live.
+// SAFETY: MPI_THREAD_MULTIPLE (checked at init); the window memory is touched through MPI calls
+// after allocation, and directly only by `with_own_shard`, whose caller guarantees exclusive
+// access; the handle and `base` do not change while the window is live.
 unsafe impl<T: Elem> Send for MpiWindow<T> {}
 // SAFETY: as for Send; concurrent RMA calls on one window are allowed at MPI_THREAD_MULTIPLE.
 unsafe impl<T: Elem> Sync for MpiWindow<T> {}
@@ -766,6 +771,27 @@ impl<T: Elem> MpiWindow<T> {
     pub(crate) fn flush_all(&self) -> Result<()> {
         // SAFETY: live window in a lock_all epoch.
         self.check("MPI_Win_flush_all", unsafe { ffi::MPI_Win_flush_all(self.win) })
+    }
+
+    /// See [`crate::Window::with_own_shard`]. `MPI_Win_sync` before `f` (what others wrote, and
+    /// completed, is what `f` loads) and after it (what `f` stored is in the window's public
+    /// copy, for the reads that follow the next synchronization); under the unified memory model
+    /// (shared memory, UCX) these are memory barriers, under the separate one the copies'
+    /// synchronization that MPI asks of local access to a window.
+    ///
+    /// # Safety
+    /// As there: no other access to this rank's shard while `f` runs.
+    pub(crate) unsafe fn with_own_shard<R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
+        // SAFETY: live window in a lock_all epoch.
+        self.check("MPI_Win_sync", unsafe { ffi::MPI_Win_sync(self.win) })?;
+        // SAFETY: `base` is this rank's shard of `len_of(rank)` elements, aligned and initialised
+        // (zeroed at allocation), owned by the window while it is live; exclusive for the
+        // slice's life by the caller's contract.
+        let own = unsafe { std::slice::from_raw_parts_mut(self.base, self.map.len_of(self.rank())) };
+        let r = f(own);
+        // SAFETY: as above.
+        self.check("MPI_Win_sync", unsafe { ffi::MPI_Win_sync(self.win) })?;
+        Ok(r)
     }
 
     pub(crate) fn free(mut self) -> Result<()> {
