@@ -189,17 +189,19 @@ impl Optimizer {
     }
 
     /// One step of the whole batch (share 1, as [`step`](Self::step) takes it) on parameters in
-    /// place: `g` holds their summed contributions and is left zero; `w` (the weights) and `st`
-    /// (their state, `slots()` values per parameter, interleaved) are stepped. The values are
-    /// [`step`](Self::step)'s followed by adding its updates to `w` and `st`, bit for bit: `step`
-    /// runs on blocks small enough to stay in the first-level cache, and each block's updates
-    /// are added at once, so the parameters pass through memory once (the owner-side step, which
-    /// before read the gradient and the state into buffers, stepped, and accumulated both back).
+    /// place: `g` holds their summed contributions (plus `own`, if given: a last contribution
+    /// that did not go through `g`) and is left zero; `w` (the weights) and `st` (their state,
+    /// `slots()` values per parameter, interleaved) are stepped. The values are
+    /// [`step`](Self::step)'s on `g + own` followed by adding its updates to `w` and `st`, bit for
+    /// bit: `step` runs on blocks small enough to stay in the first-level cache, and each block's
+    /// updates are added at once, so the parameters pass through memory once (the owner-side
+    /// step, which before read the gradient and the state into buffers, stepped, and accumulated
+    /// both back).
     ///
     /// # Panics
     /// If FTRL (its step needs the derived weights), on `p.share != 1`, or if the lengths
     /// disagree.
-    pub fn step_in_place(&self, p: Step, w: &mut [f32], st: &mut [f32], g: &mut [f32]) {
+    pub fn step_in_place(&self, p: Step, w: &mut [f32], st: &mut [f32], g: &mut [f32], own: Option<&[f32]>) {
         /// Parameters per block: with Adam's two slots, 3 KiB of updates.
         const BLOCK: usize = 256;
         let k = self.slots();
@@ -209,9 +211,15 @@ impl Optimizer {
         assert_eq!(st.len(), g.len() * k, "step_in_place: the state is not {k} values per parameter");
         let mut ds = [0.0f32; BLOCK * 2];
         assert!(k <= 2, "step_in_place: {k} state slots");
+        assert!(own.is_none_or(|o| o.len() == g.len()), "step_in_place: own contributions differ in length");
         for (b, (w, g)) in w.chunks_mut(BLOCK).zip(g.chunks_mut(BLOCK)).enumerate() {
             let st = &mut st[b * BLOCK * k..(b * BLOCK + g.len()) * k];
             let ds = &mut ds[..g.len() * k];
+            if let Some(own) = own {
+                for (g, o) in g.iter_mut().zip(&own[b * BLOCK..]) {
+                    *g += *o;
+                }
+            }
             self.step(p, g, st, ds, &[]);
             for (w, c) in w.iter_mut().zip(g.iter_mut()) {
                 *w += *c;

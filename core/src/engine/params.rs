@@ -426,34 +426,58 @@ impl Params {
     }
 
     /// Owner-side steps: adds this rank's share of the iteration's mean gradient (`delta`) to
-    /// the gradient window: only the touched keys, or the whole vector when they are too
-    /// [`scattered`].
+    /// the other ranks' shards of the gradient window, straight from `delta` (only the touched
+    /// keys, or the whole vector when they are too [`scattered`]). The part in this rank's own
+    /// shard stays in `delta` and joins [`step_owned`](Self::step_owned) there: it would only
+    /// pass through local memory twice.
     pub(super) fn push_gradient(&self, delta: &mut Delta, b: &mut PushBufs) -> Result<(), TrainError> {
-        let (g, _) = self.grad.as_ref().expect("owner-side steps");
-        add_delta(g, delta, &mut b.ranges, &mut b.data)
+        let (g, mine) = self.grad.as_ref().expect("owner-side steps");
+        let (runs, len) = (delta.runs(), delta.layout().params);
+        let ranges = &mut b.ranges;
+        if runs > 1 && scattered(runs, len) {
+            ranges.clear();
+            ranges.push(0..len);
+        } else {
+            delta.key_ranges(ranges);
+        }
+        let values = delta.values();
+        g.write_scope(|s| {
+            for r in ranges.iter() {
+                for part in [r.start..r.end.min(mine.start), r.start.max(mine.end)..r.end] {
+                    if !part.is_empty() {
+                        s.accumulate(part.start, &values[part])?;
+                    }
+                }
+            }
+            Ok(())
+        })?;
+        Ok(())
     }
 
     /// Owner-side steps, once every rank's gradient of the iteration has landed: steps this
     /// rank's shard of the weights and of the state with its shard of the summed gradient
-    /// (`step`'s share is the whole iteration), and zeroes that gradient for the next iteration,
-    /// all in place in the windows' local memory ([`Optimizer::step_in_place`]).
+    /// (`step`'s share is the whole iteration) plus this rank's own part of it (its pushed
+    /// `delta`, if it pushed one: see [`push_gradient`](Self::push_gradient)), and zeroes that
+    /// gradient for the next iteration, all in place in the windows' local memory
+    /// ([`Optimizer::step_in_place`]).
     ///
     /// The caller's protocol makes that exclusive (the windows' `with_own_shard` contract): every
     /// rank flushed its pushes into the gradient window before the wait that said they landed,
     /// and pulled the weights of this iteration before pushing; pushes never write the weights or
     /// the state; and the ranks line up (a barrier) after the step, before anyone reads the
     /// weights again.
-    pub(super) fn step_owned(&self, step: Step) -> Result<(), TrainError> {
+    pub(super) fn step_owned(&self, step: Step, pushed: Option<&Delta>) -> Result<(), TrainError> {
         let (g, mine) = self.grad.as_ref().expect("owner-side steps");
         let (state, opt, k) = (self.state(), self.opt, self.slots);
         let step = Step { share: 1.0, ..step };
+        let own = pushed.map(|d| &d.values()[mine.clone()]);
         // SAFETY: exclusive access to the three shards, by the protocol above.
         let stepped = unsafe {
             g.with_own_shard(|g| {
                 state.with_own_shard(|st| {
                     self.w.with_own_shard(|w| {
                         debug_assert!(w.len() == mine.len() && st.len() == mine.len() * k);
-                        opt.step_in_place(step, w, st, g);
+                        opt.step_in_place(step, w, st, g, own);
                     })
                 })
             })
@@ -516,6 +540,11 @@ fn add_delta(
     let runs = delta.runs();
     if runs > 1 && scattered(runs, delta.layout().params) {
         w.accumulate(0, delta.values())?;
+    } else if runs == 1 {
+        // One run (a dense model's whole vector): straight from the update, not gathered first.
+        delta.key_ranges(ranges);
+        let r = ranges[0].clone();
+        w.accumulate(r.start, &delta.values()[r])?;
     } else {
         delta.ranges(ranges, data);
         w.accumulate_batch(ranges, data)?;

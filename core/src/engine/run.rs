@@ -341,7 +341,8 @@ impl<'a, M: Model> Run<'a, M> {
                 let stepping = Instant::now();
                 self.watch.mark(Phase::Pushing, it);
                 if let Some(step) = me.step.take() {
-                    self.params.step_owned(step)?;
+                    let pushed = (!me.delta.is_empty()).then_some(&me.delta);
+                    self.params.step_owned(step, pushed)?;
                 }
                 // Nobody reads the weights of the next iteration before every owner stepped.
                 self.t.barrier()?;
@@ -661,6 +662,9 @@ impl<'a, M: Model> Run<'a, M> {
         } else if self.params.owner_steps() {
             if admit.apply && !me.delta.is_empty() {
                 self.params.push_gradient(&mut me.delta, &mut me.push)?;
+            } else {
+                // Nothing of it joins the step either.
+                me.delta.clear();
             }
             me.step = step;
         } else if admit.apply && !me.delta.is_empty() && step.is_none_or(|s| s.share > 0.0) {

@@ -283,6 +283,11 @@ impl Delta {
         (self.layout.keys() == 1 && !self.is_empty()).then_some(&mut self.values[..])
     }
 
+    /// The touched ranges of the vector, coalesced and in order.
+    pub fn key_ranges(&mut self, ranges: &mut Vec<Range<usize>>) {
+        self.keys.ranges(self.layout, ranges);
+    }
+
     /// The touched ranges (coalesced) and their values back to back, for `accumulate_batch`.
     pub fn ranges(&mut self, ranges: &mut Vec<Range<usize>>, data: &mut Vec<f32>) {
         self.keys.ranges(self.layout, ranges);

@@ -214,18 +214,27 @@ fn a_step_in_place_is_the_step_and_its_adds_bit_for_bit() {
         let w0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
         let st0: Vec<f32> = (0..n * k).map(|i| 0.1 + (i as f32 * 0.11).cos().abs()).collect();
         let g0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.73).cos() * 0.3).collect();
+        let own: Vec<f32> = (0..n).map(|i| (i as f32 * 0.19).sin() * 0.2).collect();
         let p = Step { lr: 0.05, share: 1.0, t: 7 };
-        // The owner-side step as it was: step on copies, then accumulate both updates.
-        let (mut c, mut ds) = (g0.clone(), vec![0.0; n * k]);
-        o.step(p, &mut c, &st0, &mut ds, &[]);
-        let w1: Vec<f32> = w0.iter().zip(&c).map(|(w, c)| w + c).collect();
-        let st1: Vec<f32> = st0.iter().zip(&ds).map(|(s, d)| s + d).collect();
-        let (mut w, mut st, mut g) = (w0.clone(), st0.clone(), g0.clone());
-        o.step_in_place(p, &mut w, &mut st, &mut g);
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&w), bits(&w1), "{}: weights", o.name());
-        assert_eq!(bits(&st), bits(&st1), "{}: state", o.name());
-        assert!(g.iter().all(|&x| x == 0.0), "{}: the gradient is left zero", o.name());
-        assert_ne!(bits(&w), bits(&w0), "{}: the weights moved", o.name());
+        for own in [None, Some(&own[..])] {
+            // The owner-side step as it was: step on copies of the sum, then accumulate both
+            // updates.
+            let mut c: Vec<f32> = match own {
+                Some(own) => g0.iter().zip(own).map(|(g, o)| g + o).collect(),
+                None => g0.clone(),
+            };
+            let mut ds = vec![0.0; n * k];
+            o.step(p, &mut c, &st0, &mut ds, &[]);
+            let w1: Vec<f32> = w0.iter().zip(&c).map(|(w, c)| w + c).collect();
+            let st1: Vec<f32> = st0.iter().zip(&ds).map(|(s, d)| s + d).collect();
+            let (mut w, mut st, mut g) = (w0.clone(), st0.clone(), g0.clone());
+            o.step_in_place(p, &mut w, &mut st, &mut g, own);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let name = (o.name(), own.is_some());
+            assert_eq!(bits(&w), bits(&w1), "{name:?}: weights");
+            assert_eq!(bits(&st), bits(&st1), "{name:?}: state");
+            assert!(g.iter().all(|&x| x == 0.0), "{name:?}: the gradient is left zero");
+            assert_ne!(bits(&w), bits(&w0), "{name:?}: the weights moved");
+        }
     }
 }
