@@ -209,17 +209,28 @@ fn size_parser(s: &str) -> Result<usize, String> {
     Ok(bytes)
 }
 
+/// Writes `peregrine: {message}` and a newline to stderr in one write. Stderr is unbuffered and
+/// `eprintln!` writes each piece of its format separately, so the messages of ranks sharing a
+/// terminal or a pipe (`mpirun`) came out interleaved mid-line ("error: rank 1peregrine: error:
+/// ..."); one write of a line under the pipe's atomic size (4 KiB) is never split.
+pub(crate) fn say(message: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let line = format!("peregrine: {message}\n");
+    // Nothing better to do if stderr is gone.
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
 /// The `peregrine` command: parses the command line, runs the command, and maps its outcome to
 /// the exit code.
 pub fn main() -> ExitCode {
     // First, before any code compiled for this build's instruction set can meet a CPU without it.
     if let Err(e) = cpu_check() {
-        eprintln!("peregrine: error: {e}");
+        say(format_args!("error: {e}"));
         return ExitCode::from(EXIT_CPU as u8);
     }
     let cli = Cli::parse();
     if let Err(e) = faults::install() {
-        eprintln!("peregrine: error: {e}");
+        say(format_args!("error: {e}"));
         return ExitCode::FAILURE;
     }
     let result = match cli.command {
@@ -244,15 +255,15 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e @ AppError::Preempted { .. }) => {
-            eprintln!("peregrine: {e}");
+            say(format_args!("{e}"));
             ExitCode::from(EXIT_REQUEUE as u8)
         }
         Err(e @ AppError::Usage(_)) => {
-            eprintln!("peregrine: error: {e}");
+            say(format_args!("error: {e}"));
             ExitCode::from(2)
         }
         Err(e) => {
-            eprintln!("peregrine: error: {e}");
+            say(format_args!("error: {e}"));
             ExitCode::FAILURE
         }
     }

@@ -1131,13 +1131,15 @@ fn end_hung_job(message: &str, stopping: bool) {
     let heard = HEARD.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let message = heard.iter().find(|m| m.contains("itself looks stuck")).unwrap_or(&heard[0]);
     let code = if stopping {
-        eprintln!(
-            "peregrine: error: {message}: the stop's checkpoint cannot be reached; the last checkpoint \
+        crate::say(format_args!(
+            "error: {message}: the stop's checkpoint cannot be reached; the last checkpoint \
              stands (exit {EXIT_REQUEUE}: rerun, or let the batch script requeue, to resume from it)"
-        );
+        ));
         EXIT_REQUEUE
     } else {
-        eprintln!("peregrine: error: {message}; rerun the same command to resume from the last checkpoint");
+        crate::say(format_args!(
+            "error: {message}; rerun the same command to resume from the last checkpoint"
+        ));
         EXIT_HUNG
     };
     // SAFETY: `_exit` ends the process without running exit handlers, which could block on

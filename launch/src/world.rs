@@ -184,7 +184,7 @@ where
                 // Every rank knows (a collective found it): each exits with its message.
                 Err(e @ (AppError::Elsewhere { .. } | AppError::Agreed(_))) => Err(e),
                 Err(e) => {
-                    eprintln!("peregrine: error: {e}");
+                    crate::say(format_args!("error: {e}"));
                     if t.world_size() > 1 {
                         t.abort(1);
                     }
