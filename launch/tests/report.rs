@@ -161,8 +161,11 @@ mod mpi {
                 "1024",
                 "--chunk",
                 "32",
+                // At 0.35 of the speed, as the local traced test (above) for the same reason:
+                // at 0.5 the report once measured rank 0 at 0.78 of the best rank's rate (a
+                // straggler score of 0.22) and flagged nobody.
                 "--straggler",
-                "persistent:rank=0,speed=0.5",
+                "persistent:rank=0,speed=0.35",
                 "--trace",
                 "--run-dir",
                 &s("run"),
