@@ -345,7 +345,7 @@ impl Params {
         let PushBufs { ranges, data, sranges, st, ds, z } = b;
         let params = delta.layout().params;
         let Some(step) = step else {
-            return add_delta(&self.w, delta, ranges, data);
+            return add_delta(&self.w, delta, ranges, 0..0);
         };
         let (state, k, derived) = (self.state(), self.slots, self.opt.derived());
         // What steps: every parameter of a model pulled whole (untouched ones with a zero
@@ -432,26 +432,7 @@ impl Params {
     /// pass through local memory twice.
     pub(super) fn push_gradient(&self, delta: &mut Delta, b: &mut PushBufs) -> Result<(), TrainError> {
         let (g, mine) = self.grad.as_ref().expect("owner-side steps");
-        let (runs, len) = (delta.runs(), delta.layout().params);
-        let ranges = &mut b.ranges;
-        if runs > 1 && scattered(runs, len) {
-            ranges.clear();
-            ranges.push(0..len);
-        } else {
-            delta.key_ranges(ranges);
-        }
-        let values = delta.values();
-        g.write_scope(|s| {
-            for r in ranges.iter() {
-                for part in [r.start..r.end.min(mine.start), r.start.max(mine.end)..r.end] {
-                    if !part.is_empty() {
-                        s.accumulate(part.start, &values[part])?;
-                    }
-                }
-            }
-            Ok(())
-        })?;
-        Ok(())
+        add_delta(g, delta, &mut b.ranges, mine.clone())
     }
 
     /// Owner-side steps, once every rank's gradient of the iteration has landed: steps this
@@ -468,18 +449,13 @@ impl Params {
     /// weights again.
     pub(super) fn step_owned(&self, step: Step, pushed: Option<&Delta>) -> Result<(), TrainError> {
         let (g, mine) = self.grad.as_ref().expect("owner-side steps");
-        let (state, opt, k) = (self.state(), self.opt, self.slots);
+        let (state, opt) = (self.state(), self.opt);
         let step = Step { share: 1.0, ..step };
         let own = pushed.map(|d| &d.values()[mine.clone()]);
         // SAFETY: exclusive access to the three shards, by the protocol above.
         let stepped = unsafe {
             g.with_own_shard(|g| {
-                state.with_own_shard(|st| {
-                    self.w.with_own_shard(|w| {
-                        debug_assert!(w.len() == mine.len() && st.len() == mine.len() * k);
-                        opt.step_in_place(step, w, st, g, own);
-                    })
-                })
+                state.with_own_shard(|st| self.w.with_own_shard(|w| opt.step_in_place(step, w, st, g, own)))
             })
         };
         stepped???;
@@ -529,26 +505,33 @@ pub(super) fn owner_steps_apply(
     synchronous && !replicated && !keyed && stepped && opt.slots() > 0 && !opt.derived()
 }
 
-/// Adds `delta` into window `w`: only the touched keys (gathered into `ranges` and `data`), or
-/// the whole vector when they are too [`scattered`].
+/// Adds `delta` into window `w` straight from its values (no gathering copy), completed at the
+/// targets on return: its touched ranges, or the whole vector when they are too [`scattered`];
+/// all but `keep` (a part the caller adds itself; `0..0` for none).
 fn add_delta(
     w: &Window<f32>,
     delta: &mut Delta,
     ranges: &mut Vec<Range<usize>>,
-    data: &mut Vec<f32>,
+    keep: Range<usize>,
 ) -> Result<(), TrainError> {
-    let runs = delta.runs();
-    if runs > 1 && scattered(runs, delta.layout().params) {
-        w.accumulate(0, delta.values())?;
-    } else if runs == 1 {
-        // One run (a dense model's whole vector): straight from the update, not gathered first.
-        delta.key_ranges(ranges);
-        let r = ranges[0].clone();
-        w.accumulate(r.start, &delta.values()[r])?;
+    let (runs, len) = (delta.runs(), delta.layout().params);
+    if runs > 1 && scattered(runs, len) {
+        ranges.clear();
+        ranges.push(0..len);
     } else {
-        delta.ranges(ranges, data);
-        w.accumulate_batch(ranges, data)?;
+        delta.key_ranges(ranges);
     }
+    let values = delta.values();
+    w.write_scope(|s| {
+        for r in ranges.iter() {
+            for part in [r.start..r.end.min(keep.start), r.start.max(keep.end)..r.end] {
+                if !part.is_empty() {
+                    s.accumulate(part.start, &values[part])?;
+                }
+            }
+        }
+        Ok(())
+    })?;
     Ok(())
 }
 
