@@ -20,23 +20,26 @@ pub const EXIT_PANIC: i32 = 101;
 pub fn install() -> Result<(), AppError> {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        default(info);
+        // Our line first, in one write, and the default hook's message and backtrace after it:
+        // symbolizing a backtrace can take seconds, and under MPICH the launcher once ended the
+        // process (a peer had aborted) while it was still printing one, before this line.
         let thread = std::thread::current();
         let who = who(thread.name().unwrap_or("unnamed"), peregrine_transport::process_rank());
         let modified = peregrine_kernels::data::guard::modified();
         if modified.is_empty() {
-            eprintln!(
-                "peregrine: error: {who} panicked: this is a bug in Peregrine (please report it with the \
-                 message above); ending the job"
-            );
+            crate::say(format_args!(
+                "error: {who} panicked: this is a bug in Peregrine (please report it with the \
+                 panic message that follows); ending the job"
+            ));
         } else {
-            eprintln!(
-                "peregrine: error: {who} failed while this run's datasets were modified in place under it: \
+            crate::say(format_args!(
+                "error: {who} failed while this run's datasets were modified in place under it: \
                  {}. A dataset must not change while a job reads it: write the new one to another file \
                  and rename it into place; ending the job",
                 modified.join(", ")
-            );
+            ));
         }
+        default(info);
         // MPI_Abort may itself hang (MPICH, a peer inside MPI_Finalize): the process ends
         // within ABORT_GRACE whatever it does, and the launcher then ends the others.
         std::thread::spawn(|| {
