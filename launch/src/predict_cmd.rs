@@ -86,10 +86,21 @@ pub fn run(a: PredictArgs) -> Result<(), AppError> {
         ModelKind::Mf => {
             let (u, v) = (shape("users"), shape("items"));
             // With biases each row holds the factors, then the bias, and the mean is stored.
-            // Under adaptive rates each row ends with its G (marked by `row_state`).
+            // Under adaptive rates each row ends with its Gs (`row_state` says how many).
             let mean = saved.tensors.get("mean").and_then(|t| t.1.first().copied());
-            let adaptive = saved.tensors.contains_key("row_state");
-            let extra = usize::from(mean.is_some()) + usize::from(adaptive);
+            let state = saved.tensors.get("row_state").and_then(|t| t.1.first().copied());
+            let adaptive = state.is_some();
+            if state.is_some_and(|n| n != 2.0) {
+                return Err(AppError::Data {
+                    what: saved.path.display().to_string(),
+                    detail: format!(
+                        "rows end with {} adaptive-rate values (`row_state`); this version of \
+                         Peregrine writes and reads 2 (libmf's two groups): train the model again",
+                        state.unwrap_or(0.0)
+                    ),
+                });
+            }
+            let extra = usize::from(mean.is_some()) + 2 * usize::from(adaptive);
             let k = u.get(1).copied().unwrap_or(0).saturating_sub(extra);
             let m = Mf::new(&a.data, None, k.max(1), 0.0, 0.0)
                 .map(|m| m.with_biases(mean.is_some()).with_mean(mean.unwrap_or(0.0)).with_adaptive(adaptive))

@@ -814,7 +814,8 @@ fn rank_in(
             let m = Mf::new(&r.data, r.eval.as_deref(), r.k, r.lr, r.l2)
                 .map_err(data_err)?
                 .with_biases(r.intercept)
-                .with_adaptive(matches!(r.optimizer, Optimizer::AdaGrad { .. }));
+                .with_adaptive(matches!(r.optimizer, Optimizer::AdaGrad { .. }))
+                .with_strata(r.batch, r.chunk);
             go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
         ModelKind::Mlp => {

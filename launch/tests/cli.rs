@@ -1547,6 +1547,29 @@ fn predict_refuses_mismatched_data_and_other_files() {
         "--quiet",
     ]);
     std::fs::write(d.join("junk.safetensors"), b"not a model").expect("write");
+    // An MF model whose rows end with one adaptive-rate value (as before libmf's two groups).
+    ok(&["data", "gen", "ratings", &s("r.pgd"), "--ratings", "2000", "--users", "50", "--items", "40"]);
+    ok(&[
+        "train",
+        "--model",
+        "mf",
+        "--data",
+        &s("r.pgd"),
+        "--iterations",
+        "3",
+        "--ranks",
+        "1",
+        "--run-dir",
+        &s("mf"),
+        "--quiet",
+    ]);
+    let mut old = std::fs::read(d.join("mf/model.safetensors")).expect("read");
+    let n = u64::from_le_bytes(old[..8].try_into().expect("8 bytes")) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&old[8..8 + n]).expect("header");
+    let at = 8 + n + header["row_state"]["data_offsets"][0].as_u64().expect("row_state") as usize;
+    assert_eq!(old[at..at + 4], 2.0f32.to_le_bytes(), "rows end with two G's");
+    old[at..at + 4].copy_from_slice(&1.0f32.to_le_bytes());
+    std::fs::write(d.join("old-mf.safetensors"), old).expect("write");
     let mut flipped = std::fs::read(d.join("s.pgd")).expect("read");
     let at = section(&flipped, 2).0 + 4;
     flipped[at] ^= 1;
@@ -1557,6 +1580,7 @@ fn predict_refuses_mismatched_data_and_other_files() {
         ("sm", "s.pgd", "this model needs"),
         ("lr", "s-wide.pgd", "convert it with --features 40"),
         ("junk.safetensors", "d.pgd", "not a safetensors file"),
+        ("old-mf.safetensors", "r.pgd", "rows end with 1 adaptive-rate values (`row_state`)"),
         ("nowhere", "d.pgd", "reading"),
         ("sm", "nowhere.pgd", "nowhere.pgd"),
     ] {

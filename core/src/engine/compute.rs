@@ -317,8 +317,9 @@ impl<M: Model> Run<'_, M> {
         });
         let n = rows.len() as u64;
         let start = Span::now();
-        let (loss, computed) = self
-            .chunk_into(rows, params, &mut sp.work, &|| policy.settled(owner, tag, chunk).unwrap_or(false));
+        let (loss, computed) = self.chunk_into((it, rows), params, &mut sp.work, &|| {
+            policy.settled(owner, tag, chunk).unwrap_or(false)
+        });
         let won = policy.claim(owner, tag, chunk)?;
         let kind = if won { "copy applied" } else { "copy dropped" };
         self.trace_chunk((&mut slot.events, slot.tid), (kind, owner, it, chunk), start, computed);
@@ -369,7 +370,7 @@ impl<M: Model> Run<'_, M> {
     fn run_chunk(&self, rows: Range<usize>, params: &[f32], slot: &mut Slot<M::Work>, id: ChunkId) {
         slot.rows += rows.len() as u64;
         let start = Span::now();
-        let (loss, computed) = self.chunk_into(rows, params, &mut slot.work, &|| false);
+        let (loss, computed) = self.chunk_into((id.2, rows), params, &mut slot.work, &|| false);
         slot.loss += loss;
         self.trace_chunk((&mut slot.events, slot.tid), id, start, computed);
     }
@@ -386,19 +387,19 @@ impl<M: Model> Run<'_, M> {
         t.chunk(events, tid, kind, (owner, it, chunk), start, delay);
     }
 
-    /// Computes rows `rows` into `work`, then sleeps the injected delay (cut short when `cancel`
+    /// Computes rows `rows` of iteration `it` into `work`, then sleeps the injected delay (cut short when `cancel`
     /// says so); returns the rows' summed loss and when the compute (and any delay) began.
     /// Publishes this rank's chunk rate when the policy reads rates.
     fn chunk_into(
         &self,
-        rows: Range<usize>,
+        (it, rows): (u64, Range<usize>),
         params: &[f32],
         work: &mut M::Work,
         cancel: &dyn Fn() -> bool,
     ) -> (f64, Span) {
         let c0 = Instant::now();
         self.watch.chunk_started();
-        let loss = self.model.compute(rows, params, work);
+        let loss = self.model.compute_in(it / self.plan.iters_per_epoch().max(1), rows, params, work);
         let computed = Span::now();
         let delay = f64::from_bits(self.delay.load(Ordering::Relaxed));
         if delay > 0.0 {

@@ -2,19 +2,28 @@
 //! the factors, then the user's bias) then item rows `V` (`items x (k + 1)`); one key per row.
 //! `mean` is the training ratings' mean, a constant; without biases (`with_biases(false)`) rows
 //! are the `k` factors and `r_ui ~ u_u . v_i`. Under adaptive rates (`with_adaptive(true)`,
-//! `--optimizer adagrad`: libmf's per-row schedule) each row ends with one more value, its `G`
-//! (the running mean squared gradient, 1 to start): an additive statistic, so its updates add up
-//! across chunks and ranks like the factors'.
+//! `--optimizer adagrad`: libmf's per-row schedule) each row ends with two more values, the `G`s
+//! of its first 8 factors and of the others (running mean squared gradients, 1 to start):
+//! additive statistics, so their updates add up across chunks and ranks like the factors'. As in
+//! libmf, the factors then start uniform in `[0, 1 / sqrt(k))` and the first pass over the data
+//! steps only the first 8 ([`mf::sgd_chunk_adaptive`]).
 //!
 //! A chunk runs plain SGD, one step per rating in order (the kernel of libmf and of every
 //! Hogwild-style MF), on a private copy of the factor rows its ratings touch, taken from the
 //! iteration's snapshot ([`Copies`]); what the chunk changed is its update. Chunks of one
 //! iteration thus start from the same parameters whichever rank or thread computes them, and their
 //! updates add up.
+//!
+//! With [`Mf::with_strata`] (what `peregrine train` sets) training visits the ratings in strata
+//! of a grid, libmf's schedule laid out along the engine's batches ([`Grid`]): the chunks of one
+//! batch take their ratings from blocks that share no user and no item, so their updates add up
+//! exactly as if run one after the other, and each chunk touches a few hundred rows (the copies
+//! it takes and settles shrink by that much) rather than one or two per rating.
 
 use std::ops::Range;
 use std::path::Path;
 
+use peregrine_kernels::data::gen::Rng;
 use peregrine_kernels::data::{Dataset, Kind, Ratings};
 use peregrine_kernels::mf;
 
@@ -35,8 +44,112 @@ pub struct Mf {
     biases: bool,
     /// The training ratings' mean (used with biases).
     mean: f32,
-    /// Per-row adaptive rates (a `G` ending each row).
+    /// Per-row adaptive rates (two `G`s ending each row).
     adaptive: bool,
+    /// The training ratings laid out in strata, if so.
+    grid: Option<Grid>,
+}
+
+/// A copy of the training ratings laid out in strata (12 bytes per rating), libmf's schedule
+/// along the engine's batches of `C = batch / chunk` chunks:
+///
+/// - users fall into `C` bands of about equal rating counts (in a seeded random order of the
+///   users, as libmf's random maps), items likewise; a block is a user band by an item band, its
+///   ratings sorted by user, then item;
+/// - each block is cut into pieces of `chunk` ratings; what does not fill a piece (drawn at
+///   random from the block, not its last users, who would then all meet untrained in the same
+///   batches) joins a pool of loose ratings, shuffled;
+/// - stratum `s` is the blocks `(b, (b + s) mod C)`, which share no user band and no item band;
+///   it is laid out in rounds, round `j` the `j`-th piece of each of its blocks in turn (or a
+///   piece of loose ratings where a block has no `j`-th piece), so that each batch-aligned run of
+///   `C` pieces is one round: chunks whose updates add up exactly;
+/// - the loose ratings left over end the layout (there the chunks of a batch share rows, as in
+///   dataset order).
+///
+/// The layout is a function of the ratings, `batch`, `chunk` and a fixed seed: every rank makes
+/// the same one, when the model is built (a sort of the ratings: 10 ms for 90,000).
+#[derive(Debug)]
+struct Grid {
+    users: Vec<u32>,
+    items: Vec<u32>,
+    ratings: Vec<f32>,
+}
+
+impl Grid {
+    fn new(r: &Ratings<'_>, batch: usize, chunk: usize) -> Self {
+        let (n, chunk) = (r.len(), chunk.max(1));
+        let bins = batch.div_ceil(chunk).max(1);
+        let mut rng = Rng::new(0x6D66_6772_6964, 0);
+        // Bands of about equal rating counts, over the ids in a random order.
+        let mut bands = |ids: &[u32], count: usize| -> Vec<usize> {
+            let mut per = vec![0usize; count];
+            for &id in ids {
+                per[id as usize] += 1;
+            }
+            let mut order: Vec<usize> = (0..count).collect();
+            shuffle(&mut order, &mut rng);
+            let (mut band, mut seen) = (vec![0; count], 0usize);
+            for id in order {
+                band[id] = (seen * bins / n.max(1)).min(bins - 1);
+                seen += per[id];
+            }
+            band
+        };
+        let (ub, ib) = (bands(r.users, r.n_users), bands(r.items, r.n_items));
+        let block = |j: usize| ub[r.users[j] as usize] * bins + ib[r.items[j] as usize];
+        let mut sorted: Vec<usize> = (0..n).collect();
+        sorted.sort_unstable_by_key(|&j| (block(j), r.users[j], r.items[j]));
+        // Each block's pieces (where they start in `sorted`), and the loose ratings.
+        let (mut pieces, mut loose) = (vec![Vec::new(); bins * bins], Vec::new());
+        let mut start = 0;
+        while start < n {
+            let b = block(sorted[start]);
+            let end = start + sorted[start..].iter().take_while(|&&j| block(j) == b).count();
+            let within = &mut sorted[start..end];
+            let full = within.len() / chunk * chunk;
+            // The ratings past the full pieces, drawn at random, moved to the block's end.
+            for i in 0..within.len() - full {
+                let last = within.len() - 1 - i;
+                within.swap(rng.below(last as u64 + 1) as usize, last);
+            }
+            loose.extend_from_slice(&within[full..]);
+            within[..full].sort_unstable_by_key(|&j| (r.users[j], r.items[j]));
+            pieces[b] = (start..start + full).step_by(chunk).collect();
+            start = end;
+        }
+        shuffle(&mut loose, &mut rng);
+        let mut order = Vec::with_capacity(n);
+        let mut spare = loose.chunks_exact(chunk);
+        for s in 0..bins {
+            let blocks: Vec<usize> = (0..bins).map(|b| b * bins + (b + s) % bins).collect();
+            let rounds = blocks.iter().map(|&b| pieces[b].len()).max().unwrap_or(0);
+            for j in 0..rounds {
+                for &b in &blocks {
+                    if let Some(&p) = pieces[b].get(j) {
+                        order.extend_from_slice(&sorted[p..p + chunk]);
+                    } else if let Some(piece) = spare.next() {
+                        order.extend_from_slice(piece);
+                    }
+                }
+            }
+        }
+        let tail = spare.remainder();
+        order.extend(spare.flatten());
+        order.extend_from_slice(tail);
+        debug_assert_eq!(order.len(), n);
+        Self {
+            users: order.iter().map(|&j| r.users[j]).collect(),
+            items: order.iter().map(|&j| r.items[j]).collect(),
+            ratings: order.iter().map(|&j| r.ratings[j]).collect(),
+        }
+    }
+}
+
+/// Fisher-Yates.
+fn shuffle<T>(v: &mut [T], rng: &mut Rng) {
+    for i in (1..v.len()).rev() {
+        v.swap(i, rng.below(i as u64 + 1) as usize);
+    }
 }
 
 impl Mf {
@@ -54,7 +167,18 @@ impl Mf {
             (users, items) = (users.max(e.n_users), items.max(e.n_items));
         }
         let mean = t.ratings.iter().map(|&r| f64::from(r)).sum::<f64>() / t.ratings.len().max(1) as f64;
-        Ok(Self { data, lr, l2, k, users, items, biases: true, mean: mean as f32, adaptive: false })
+        Ok(Self {
+            data,
+            lr,
+            l2,
+            k,
+            users,
+            items,
+            biases: true,
+            mean: mean as f32,
+            adaptive: false,
+            grid: None,
+        })
     }
 
     /// With user and item biases and the global mean (the default), or without.
@@ -70,15 +194,23 @@ impl Mf {
         Self { adaptive, ..self }
     }
 
+    /// Training in strata for batches of `batch` rows cut in chunks of `chunk` ([`Grid`]), the
+    /// plan the engine runs; without it, ratings are visited in dataset order.
+    #[must_use]
+    pub fn with_strata(self, batch: usize, chunk: usize) -> Self {
+        let grid = Some(Grid::new(&Self::rows_of(&self.data.train), batch, chunk));
+        Self { grid, ..self }
+    }
+
     /// With global mean `mean` (a model trained on other data than it is applied to).
     #[must_use]
     pub fn with_mean(self, mean: f32) -> Self {
         Self { mean, ..self }
     }
 
-    /// Values per row: the factors, the bias if there is one, `G` under adaptive rates.
+    /// Values per row: the factors, the bias if there is one, two `G`s under adaptive rates.
     fn width(&self) -> usize {
-        self.k + usize::from(self.biases) + usize::from(self.adaptive)
+        self.k + usize::from(self.biases) + 2 * usize::from(self.adaptive)
     }
 
     /// The global mean, if the model has biases.
@@ -102,6 +234,19 @@ impl Mf {
 
     fn rows_of(d: &Dataset) -> Ratings<'_> {
         d.ratings().expect("the kind is checked when the model is built")
+    }
+
+    /// Training ratings `rows`, in strata when the model has them.
+    fn train_rows(&self, rows: Range<usize>) -> Ratings<'_> {
+        let t = Self::rows_of(&self.data.train);
+        let Some(g) = &self.grid else { return t.rows(rows) };
+        Ratings {
+            users: &g.users[rows.clone()],
+            items: &g.items[rows.clone()],
+            ratings: &g.ratings[rows],
+            n_users: t.n_users,
+            n_items: t.n_items,
+        }
     }
 
     fn split<'a>(&self, params: &'a [f32]) -> (&'a [f32], &'a [f32]) {
@@ -132,15 +277,17 @@ impl Model for Mf {
         Metric::Rmse
     }
 
-    /// Factors uniform in `[-a, a)`, `a = 1 / sqrt(k)`: initial predictions are small but not
-    /// zero (zero factors would never move); biases zero; `G` 1.
+    /// Factors uniform in `[-a, a)`, `a = 1 / sqrt(k)` (in `[0, a)` under adaptive rates, as
+    /// libmf starts them): initial predictions are small but not zero (zero factors would never
+    /// move); biases zero; `G`s 1.
     fn init(&self, seed: u64, range: Range<usize>, out: &mut [f32]) {
         let a = (1.0 / self.k as f32).sqrt();
         let w = self.width();
         for (i, o) in range.zip(out) {
             *o = match i % w {
+                c if c < self.k && self.adaptive => super::uniform(seed, i, a).abs(),
                 c if c < self.k => super::uniform(seed, i, a),
-                c if self.adaptive && c == w - 1 => 1.0,
+                c if self.adaptive && c >= w - 2 => 1.0,
                 _ => 0.0,
             };
         }
@@ -151,7 +298,7 @@ impl Model for Mf {
     }
 
     fn keys(&self, rows: Range<usize>, set: &mut KeySet) {
-        let r = Self::rows_of(&self.data.train).rows(rows);
+        let r = self.train_rows(rows);
         set.extend(r.users);
         set.extend_shifted(r.items, self.users as u32);
     }
@@ -160,14 +307,21 @@ impl Model for Mf {
         Copies::new(self.layout())
     }
 
+    /// Past the first pass (see [`compute_in`](Model::compute_in)).
     fn compute(&self, rows: Range<usize>, params: &[f32], work: &mut Copies) -> f64 {
+        self.compute_in(1, rows, params, work)
+    }
+
+    fn compute_in(&self, epoch: u64, rows: Range<usize>, params: &[f32], work: &mut Copies) -> f64 {
         let l = self.layout();
         let local = work.take(l, params, |set| self.keys(rows.clone(), set));
-        let x = Self::rows_of(&self.data.train).rows(rows);
+        let x = self.train_rows(rows);
         let (u, v) = local.split_at_mut(self.users * self.width());
         let (k, lr, l2) = (self.k, self.lr, self.l2);
         let sse = match (self.adaptive, self.mean()) {
-            (true, mean) => mf::sgd_chunk_adaptive(x.users, x.items, x.ratings, u, v, k, lr, l2, mean),
+            (true, mean) => {
+                mf::sgd_chunk_adaptive(x.users, x.items, x.ratings, u, v, k, lr, l2, mean, epoch == 0)
+            }
             (false, Some(m)) => mf::sgd_chunk_biased(x.users, x.items, x.ratings, u, v, k, lr, l2, m),
             (false, None) => mf::sgd_chunk(x.users, x.items, x.ratings, u, v, k, lr, l2),
         };
@@ -209,12 +363,12 @@ impl Export for Mf {
         vec![Block::new("users", &[self.users, w], 0), Block::new("items", &[self.items, w], self.users * w)]
     }
 
-    /// The mean (with biases), and under adaptive rates a marker `row_state` that each row ends
-    /// with its `G` (read back by `predict`, not a factor).
+    /// The mean (with biases), and under adaptive rates `row_state`, how many values each row
+    /// ends with that are not factors (its `G`s: read back by `predict`).
     fn constants(&self) -> Vec<(&'static str, Vec<f32>)> {
         let mut c: Vec<_> = self.mean().map(|m| ("mean", vec![m])).into_iter().collect();
         if self.adaptive {
-            c.push(("row_state", vec![1.0]));
+            c.push(("row_state", vec![2.0]));
         }
         c
     }
@@ -241,5 +395,67 @@ impl Export for Mf {
     fn label(&self, row: usize) -> String {
         let r = Self::rows_of(self.data.eval());
         format!("{},{},{}", r.users[row], r.items[row], r.ratings[row])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::{Grid, Ratings, Rng};
+
+    /// Ratings of `users` x `items` drawn with skew (a few heavy users and items, as real
+    /// ratings have).
+    fn skewed(n: usize, users: u32, items: u32) -> (Vec<u32>, Vec<u32>, Vec<f32>) {
+        let mut rng = Rng::new(5, 1);
+        let mut draw = |m: u32| (rng.uniform().powi(2) * f64::from(m)) as u32;
+        let (u, i): (Vec<u32>, Vec<u32>) = (0..n).map(|_| (draw(users), draw(items))).unzip();
+        let r = (0..n).map(|j| (j % 5) as f32 + 1.0).collect();
+        (u, i, r)
+    }
+
+    #[test]
+    fn strata_keep_every_rating_and_give_a_batch_chunks_that_share_no_row() {
+        let (n, users, items, chunk, per_batch) = (120_000, 3000, 1500, 256, 8);
+        let (u, i, r) = skewed(n, users, items);
+        let ratings =
+            Ratings { users: &u, items: &i, ratings: &r, n_users: users as usize, n_items: items as usize };
+        let g = Grid::new(&ratings, per_batch * chunk, chunk);
+        // A permutation of the ratings.
+        let sorted = |u: &[u32], i: &[u32], r: &[f32]| {
+            let mut v: Vec<_> = (0..u.len()).map(|j| (u[j], i[j], r[j].to_bits())).collect();
+            v.sort_unstable();
+            v
+        };
+        assert_eq!(sorted(&g.users, &g.items, &g.ratings), sorted(&u, &i, &r));
+        // Batches whose chunks touch disjoint rows, and rows per chunk, against dataset order.
+        let look = |u: &[u32], i: &[u32]| {
+            let (mut disjoint, mut rows, mut batches) = (0, 0, 0);
+            for b in (0..n).step_by(per_batch * chunk) {
+                let mut seen = HashSet::new();
+                let mut clash = false;
+                for c in (b..(b + per_batch * chunk).min(n)).step_by(chunk) {
+                    let e = (c + chunk).min(n);
+                    let own: HashSet<(bool, u32)> = u[c..e]
+                        .iter()
+                        .map(|&x| (true, x))
+                        .chain(i[c..e].iter().map(|&x| (false, x)))
+                        .collect();
+                    rows += own.len();
+                    clash |= own.iter().any(|k| seen.contains(k));
+                    seen.extend(own);
+                }
+                disjoint += usize::from(!clash);
+                batches += 1;
+            }
+            (disjoint as f64 / batches as f64, rows as f64 / n.div_ceil(chunk) as f64)
+        };
+        let (share, rows) = look(&g.users, &g.items);
+        let (share0, rows0) = look(&u, &i);
+        assert!(
+            share >= 0.75,
+            "{share:.2} of the batches have chunks sharing no row (dataset order: {share0:.2})"
+        );
+        assert!(rows < 0.5 * rows0, "rows per chunk: {rows:.0} in strata, {rows0:.0} in dataset order");
     }
 }

@@ -480,6 +480,14 @@ pub trait Model: Send + Sync {
     /// into `work`; returns the rows' summed loss before the update.
     fn compute(&self, rows: Range<usize>, params: &[f32], work: &mut Self::Work) -> f64;
 
+    /// As [`compute`](Self::compute), for rows of pass `epoch` over the training data (0 the
+    /// first): a model whose schedule changes with the pass overrides it (MF's adaptive rates
+    /// step only the first factors in the first pass, as libmf does). The engine calls this.
+    fn compute_in(&self, epoch: u64, rows: Range<usize>, params: &[f32], work: &mut Self::Work) -> f64 {
+        let _ = epoch;
+        self.compute(rows, params, work)
+    }
+
     /// Adds `scale` times what `work` accumulated to `delta`, and clears `work`.
     fn drain(&self, work: &mut Self::Work, scale: f32, delta: &mut Delta);
 

@@ -26,7 +26,7 @@ pub use simd::{
 
 /// `sum (r - u . v)^2` with the given dot product (scalar or SIMD), over rows of `stride` values:
 /// the `k` factors, then with `mean` the bias (`e = r - (mean + b_u + b_i + u . v)`), then any
-/// others (adaptive rates' `G`), which are not read.
+/// others (adaptive rates' `G`s), which are not read.
 #[allow(clippy::too_many_arguments)]
 fn sse_with(
     dot: fn(&[f32], &[f32]) -> f32,
@@ -75,6 +75,10 @@ fn check(users: &[u32], items: &[u32], ratings: &[f32], u: &[f32], v: &[f32], k:
     assert_eq!(u.len() % k, 0, "mf: u.len() is not a multiple of k");
     assert_eq!(v.len() % k, 0, "mf: v.len() is not a multiple of k");
 }
+
+/// Factors in the first group of an adaptive row ([`sgd_chunk_adaptive`]): libmf's AVX build
+/// splits each row after its first vector of 8 floats.
+pub const FIRST: usize = 8;
 
 #[cfg(test)]
 mod tests;

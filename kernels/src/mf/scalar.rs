@@ -75,11 +75,13 @@ fn sgd(
     sse
 }
 
-/// As [`sgd_chunk`] (with biases when `mean` is given) under per-row adaptive rates (the
-/// schedule of libmf, Chin et al. 2015): each row ends with `G`, its running mean squared
-/// gradient (1 to start); a rating steps its user row by `lr / sqrt(G_u)` and its item row by
-/// `lr / sqrt(G_v)` (the rates taken before the step), then adds to each `G` the mean over the
-/// `k` factors of that row's squared gradient. Biases step at their row's rate.
+/// As [`sgd_chunk`] (with biases when `mean` is given) under per-row adaptive rates (libmf's
+/// schedule, Chin et al. 2015, as libmf's AVX build runs it): each row ends with two `G`s, the
+/// running mean squared gradients of its first [`FIRST`](super::FIRST) factors and of the
+/// others (1 to start). A rating steps each group of a user row by `lr / sqrt(G)` of that group
+/// (the rates taken before the step), then adds to the group's `G` the mean of its squared
+/// gradients; items likewise. Biases step at their row's first rate. In the `first_pass` only
+/// the first factors (and the biases) step, as libmf's first epoch.
 ///
 /// # Panics
 /// On inconsistent lengths or an out-of-range id.
@@ -94,16 +96,22 @@ pub fn sgd_chunk_adaptive(
     lr: f32,
     l2: f32,
     mean: Option<f32>,
+    first_pass: bool,
 ) -> f64 {
     let bias = usize::from(mean.is_some());
-    let stride = k + bias + 1;
+    let stride = k + bias + 2;
     check(users, items, ratings, u, v, stride);
+    let first = k.min(super::FIRST);
+    let groups: &[(std::ops::Range<usize>, usize)] =
+        if first_pass { &[(0..first, 0)][..] } else { &[(0..first, 0), (first..k, 1)][..] };
     let mut sse = 0.0f64;
     for ((&uid, &iid), &r) in users.iter().zip(items).zip(ratings) {
         let (uid, iid) = (uid as usize, iid as usize);
         let ur = &mut u[uid * stride..(uid + 1) * stride];
         let vr = &mut v[iid * stride..(iid + 1) * stride];
-        let (eu, ev) = (lr / ur[k + bias].sqrt(), lr / vr[k + bias].sqrt());
+        let g = k + bias;
+        let rate = |row: &[f32], group: usize| lr / row[g + group].sqrt();
+        let (eu, ev) = (rate(ur, 0), rate(vr, 0));
         let mut e = r - (0..k).map(|d| ur[d] * vr[d]).sum::<f32>();
         if let Some(m) = mean {
             e -= m + ur[k] + vr[k];
@@ -113,17 +121,20 @@ pub fn sgd_chunk_adaptive(
             ur[k] += eu * (e - l2 * ur[k]);
             vr[k] += ev * (e - l2 * vr[k]);
         }
-        let (mut su, mut sv) = (0.0f32, 0.0f32);
-        for d in 0..k {
-            let (a, b) = (ur[d], vr[d]);
-            let (gu, gv) = (l2 * a - e * b, l2 * b - e * a);
-            su += gu * gu;
-            sv += gv * gv;
-            ur[d] = a - eu * gu;
-            vr[d] = b - ev * gv;
+        for (dims, group) in groups.iter().filter(|(d, _)| !d.is_empty()) {
+            let (eu, ev) = (rate(ur, *group), rate(vr, *group));
+            let (mut su, mut sv) = (0.0f32, 0.0f32);
+            for d in dims.clone() {
+                let (a, b) = (ur[d], vr[d]);
+                let (gu, gv) = (l2 * a - e * b, l2 * b - e * a);
+                su += gu * gu;
+                sv += gv * gv;
+                ur[d] = a - eu * gu;
+                vr[d] = b - ev * gv;
+            }
+            ur[g + group] += su / dims.len() as f32;
+            vr[g + group] += sv / dims.len() as f32;
         }
-        ur[k + bias] += su / k as f32;
-        vr[k + bias] += sv / k as f32;
     }
     sse
 }

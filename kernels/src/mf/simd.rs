@@ -92,12 +92,14 @@ fn sgd(
     sse
 }
 
-/// As [`sgd_chunk`] (with biases when `mean` is given) under per-row adaptive rates (the
-/// schedule of libmf, Chin et al. 2015): each row ends with `G`, its running mean squared
-/// gradient (1 to start); a rating steps its user row by `lr / sqrt(G_u)` and its item row by
-/// `lr / sqrt(G_v)` (the rates taken before the step), then adds to each `G` the mean over the
-/// `k` factors of that row's squared gradient. Biases step at their row's rate. One pass over
-/// the factors after the dot product: gradients, their squares and the step together.
+/// As [`sgd_chunk`] (with biases when `mean` is given) under per-row adaptive rates (libmf's
+/// schedule, Chin et al. 2015, as libmf's AVX build runs it): each row ends with two `G`s, the
+/// running mean squared gradients of its first [`FIRST`](super::FIRST) factors and of the
+/// others (1 to start). A rating steps each group of a user row by `lr / sqrt(G)` of that group
+/// (the rates taken before the step), then adds to the group's `G` the mean of its squared
+/// gradients; items likewise. Biases step at their row's first rate. In the `first_pass` only
+/// the first factors (and the biases) step, as in libmf's first epoch. One pass over each group
+/// after the dot product: gradients, their squares and the step together.
 ///
 /// # Panics
 /// On inconsistent lengths or an out-of-range id.
@@ -112,11 +114,14 @@ pub fn sgd_chunk_adaptive(
     lr: f32,
     l2: f32,
     mean: Option<f32>,
+    first_pass: bool,
 ) -> f64 {
     let bias = usize::from(mean.is_some());
-    let stride = k + bias + 1;
+    let stride = k + bias + 2;
     check(users, items, ratings, u, v, stride);
-    let (vl2, per_k) = (f32x8::splat(l2), 1.0 / k as f32);
+    let first = k.min(super::FIRST);
+    let rest = !first_pass && k > first;
+    let (per_first, per_rest) = (1.0 / first as f32, 1.0 / (k - first).max(1) as f32);
     let mut sse = 0.0f64;
     for ((&uid, &iid), &r) in users.iter().zip(items).zip(ratings) {
         let (uid, iid) = (uid as usize, iid as usize);
@@ -129,31 +134,48 @@ pub fn sgd_chunk_adaptive(
             ut[0] += eu * (e - l2 * ut[0]);
             vt[0] += ev * (e - l2 * vt[0]);
         }
-        let (ve, veu, vev) = (f32x8::splat(e), f32x8::splat(eu), f32x8::splat(ev));
-        let (mut su, mut sv) = (f32x8::ZERO, f32x8::ZERO);
-        let mut u8 = ur.chunks_exact_mut(LANES);
-        let mut v8 = vr.chunks_exact_mut(LANES);
-        for (cu, cv) in (&mut u8).zip(&mut v8) {
-            let (a, b) = (load(cu), load(cv));
-            let (gu, gv) = (vl2.mul_sub(a, ve * b), vl2.mul_sub(b, ve * a));
-            su = gu.mul_add(gu, su);
-            sv = gv.mul_add(gv, sv);
-            store(cu, veu.mul_neg_add(gu, a));
-            store(cv, vev.mul_neg_add(gv, b));
+        let (u1, u2) = ur.split_at_mut(first);
+        let (v1, v2) = vr.split_at_mut(first);
+        let (su, sv) = adaptive_step(u1, v1, e, eu, ev, l2);
+        ut[bias] += su * per_first;
+        vt[bias] += sv * per_first;
+        if rest {
+            let (eu, ev) = (lr / ut[bias + 1].sqrt(), lr / vt[bias + 1].sqrt());
+            let (su, sv) = adaptive_step(u2, v2, e, eu, ev, l2);
+            ut[bias + 1] += su * per_rest;
+            vt[bias + 1] += sv * per_rest;
         }
-        let (mut su, mut sv) = (su.reduce_add(), sv.reduce_add());
-        for (a, b) in u8.into_remainder().iter_mut().zip(v8.into_remainder()) {
-            let (x, y) = (*a, *b);
-            let (gu, gv) = (l2 * x - e * y, l2 * y - e * x);
-            su += gu * gu;
-            sv += gv * gv;
-            *a = x - eu * gu;
-            *b = y - ev * gv;
-        }
-        ut[bias] += su * per_k;
-        vt[bias] += sv * per_k;
     }
     sse
+}
+
+/// One adaptive step of a user row's factors `a` and an item row's `b` (equal lengths) for
+/// error `e` at rates `eu`, `ev`: `a <- a - eu gu`, `b <- b - ev gv` with `gu = l2 a - e b`,
+/// `gv = l2 b - e a`; returns `(sum gu^2, sum gv^2)`.
+#[inline(always)]
+fn adaptive_step(a: &mut [f32], b: &mut [f32], e: f32, eu: f32, ev: f32, l2: f32) -> (f32, f32) {
+    let (ve, veu, vev, vl2) = (f32x8::splat(e), f32x8::splat(eu), f32x8::splat(ev), f32x8::splat(l2));
+    let (mut su, mut sv) = (f32x8::ZERO, f32x8::ZERO);
+    let mut a8 = a.chunks_exact_mut(LANES);
+    let mut b8 = b.chunks_exact_mut(LANES);
+    for (ca, cb) in (&mut a8).zip(&mut b8) {
+        let (x, y) = (load(ca), load(cb));
+        let (gu, gv) = (vl2.mul_sub(x, ve * y), vl2.mul_sub(y, ve * x));
+        su = gu.mul_add(gu, su);
+        sv = gv.mul_add(gv, sv);
+        store(ca, veu.mul_neg_add(gu, x));
+        store(cb, vev.mul_neg_add(gv, y));
+    }
+    let (mut su, mut sv) = (su.reduce_add(), sv.reduce_add());
+    for (a, b) in a8.into_remainder().iter_mut().zip(b8.into_remainder()) {
+        let (x, y) = (*a, *b);
+        let (gu, gv) = (l2 * x - e * y, l2 * y - e * x);
+        su += gu * gu;
+        sv += gv * gv;
+        *a = x - eu * gu;
+        *b = y - ev * gv;
+    }
+    (su, sv)
 }
 
 /// Squared error `e^2`, `e = r - u . v`, and `gu <- gu + (-e v + l2 u)`,
@@ -211,7 +233,7 @@ pub fn sse_biased(
 
 /// As [`sse`] (with biases when `mean` is given) over rows of `stride` values whose first `k`
 /// are the factors and the next, with biases, the bias (the rest, such as
-/// [`sgd_chunk_adaptive`]'s `G`, is not read).
+/// [`sgd_chunk_adaptive`]'s `G`s, is not read).
 ///
 /// # Panics
 /// On inconsistent lengths, `stride` below the values read, or an out-of-range id.

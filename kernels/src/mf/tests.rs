@@ -180,12 +180,14 @@ fn biased_rows_step_factors_and_biases_and_match_the_scalar_reference() {
 
 #[test]
 fn adaptive_rows_step_at_their_own_rates_and_match_the_scalar_reference() {
-    type Adaptive = fn(&[u32], &[u32], &[f32], &mut [f32], &mut [f32], usize, f32, f32, Option<f32>) -> f64;
+    type Adaptive =
+        fn(&[u32], &[u32], &[f32], &mut [f32], &mut [f32], usize, f32, f32, Option<f32>, bool) -> f64;
     for f in [simd::sgd_chunk_adaptive as Adaptive, scalar::sgd_chunk_adaptive] {
-        // k = 1, no biases, rows [factor, G]: u = 1 (G 4), v = 2 (G 1), r = 5: e = 3.
-        let (mut u, mut v) = ([1.0, 4.0], [2.0, 1.0]);
+        // k = 1, no biases, rows [factor, G, G of the rest]: u = 1 (G 4), v = 2 (G 1), r = 5:
+        // e = 3. With one factor there is no rest: its G stays.
+        let (mut u, mut v) = ([1.0, 4.0, 7.0], [2.0, 1.0, 7.0]);
         let (lr, l2) = (0.1, 0.2);
-        let sse = f(&[0], &[0], &[5.0], &mut u, &mut v, 1, lr, l2, None);
+        let sse = f(&[0], &[0], &[5.0], &mut u, &mut v, 1, lr, l2, None, false);
         assert_close(sse, 9.0, 1.0, 1e-6, 0.0, "sse");
         let (gu, gv) = (l2 * 1.0 - 3.0 * 2.0, l2 * 2.0 - 3.0 * 1.0);
         for (got, want, what) in [
@@ -193,31 +195,82 @@ fn adaptive_rows_step_at_their_own_rates_and_match_the_scalar_reference() {
             (v[0], 2.0 - lr * gv, "v at lr / sqrt(1)"),
             (u[1], 4.0 + gu * gu, "G_u"),
             (v[1], 1.0 + gv * gv, "G_v"),
+            (u[2], 7.0, "the rest's G_u"),
         ] {
             assert_close(f64::from(got), f64::from(want), 1.0, 1e-6, 0.0, what);
         }
-        // With a bias: rows [factor, bias, G]; the bias steps at the row's rate.
-        let (mut u, mut v) = ([1.0, 0.5, 4.0], [2.0, -0.25, 1.0]);
-        f(&[0], &[0], &[5.0], &mut u, &mut v, 1, lr, l2, Some(3.0));
+        // With a bias: rows [factor, bias, G, G]; the bias steps at the row's first rate.
+        let (mut u, mut v) = ([1.0, 0.5, 4.0, 1.0], [2.0, -0.25, 1.0, 1.0]);
+        f(&[0], &[0], &[5.0], &mut u, &mut v, 1, lr, l2, Some(3.0), false);
         let e = 5.0f32 - (3.0 + 0.5 - 0.25 + 2.0);
         assert_close(f64::from(u[1]), f64::from(0.5 + lr / 2.0 * (e - l2 * 0.5)), 1.0, 1e-6, 0.0, "b_u");
         assert_close(f64::from(v[1]), f64::from(-0.25 + lr * (e - l2 * -0.25)), 1.0, 1e-6, 0.0, "b_i");
+        // k = 10: the first 8 factors step at the first G's rate, the last 2 at the second's,
+        // and each G adds the mean squared gradient of its own group. In the first pass the last
+        // 2 and their G stay.
+        let k = 10;
+        let u0: Vec<f32> = (0..k).map(|d| 0.1 * d as f32).chain([4.0, 16.0]).collect();
+        let v0: Vec<f32> = (0..k).map(|d| 0.2 - 0.05 * d as f32).chain([1.0, 9.0]).collect();
+        let e = 2.0 - (0..k).map(|d| u0[d] * v0[d]).sum::<f32>();
+        for first_pass in [false, true] {
+            let (mut u, mut v) = (u0.clone(), v0.clone());
+            f(&[0], &[0], &[2.0], &mut u, &mut v, k, lr, l2, None, first_pass);
+            let (mut s, mut t) = ([0.0f32; 2], [0.0f32; 2]);
+            for d in 0..k {
+                let group = usize::from(d >= 8);
+                let (gu, gv) = (l2 * u0[d] - e * v0[d], l2 * v0[d] - e * u0[d]);
+                let (wu, wv) = if first_pass && group == 1 {
+                    (u0[d], v0[d])
+                } else {
+                    s[group] += gu * gu;
+                    t[group] += gv * gv;
+                    (u0[d] - lr / u0[k + group].sqrt() * gu, v0[d] - lr / v0[k + group].sqrt() * gv)
+                };
+                assert_close(
+                    f64::from(u[d]),
+                    f64::from(wu),
+                    1.0,
+                    1e-6,
+                    0.0,
+                    &format!("u[{d}], first pass {first_pass}"),
+                );
+                assert_close(
+                    f64::from(v[d]),
+                    f64::from(wv),
+                    1.0,
+                    1e-6,
+                    0.0,
+                    &format!("v[{d}], first pass {first_pass}"),
+                );
+            }
+            for (group, n) in [(0, 8.0), (1, 2.0)] {
+                let (wu, wv) = (u0[k + group] + s[group] / n, v0[k + group] + t[group] / n);
+                assert_close(f64::from(u[k + group]), f64::from(wu), 1.0, 1e-6, 0.0, &format!("G_u {group}"));
+                assert_close(f64::from(v[k + group]), f64::from(wv), 1.0, 1e-6, 0.0, &format!("G_v {group}"));
+            }
+        }
     }
     let mut rng = Rng::new(13);
     let (n_users, n_items, n) = (11, 6, 300);
-    for (k, mean) in [(1, None), (8, None), (9, Some(3.5)), (17, None), (40, Some(3.5))] {
-        let w = k + usize::from(mean.is_some()) + 1;
+    for (k, mean, first_pass) in
+        [(1, None, false), (8, None, true), (9, Some(3.5), false), (17, None, true), (40, Some(3.5), false)]
+    {
+        let w = k + usize::from(mean.is_some()) + 2;
         let users: Vec<u32> = (0..n).map(|_| rng.below(n_users) as u32).collect();
         let items: Vec<u32> = (0..n).map(|_| rng.below(n_items) as u32).collect();
         let ratings = rng.vec(n, 1.0, 5.0);
         let mut u0 = rng.vec(n_users * w, 0.0, 0.5);
         let mut v0 = rng.vec(n_items * w, 0.0, 0.5);
         for g in u0.chunks_exact_mut(w).chain(v0.chunks_exact_mut(w)) {
-            g[w - 1] = 1.0;
+            g[w - 2..].fill(1.0);
         }
         let (mut u1, mut v1, mut u2, mut v2) = (u0.clone(), v0.clone(), u0.clone(), v0.clone());
-        let s1 = simd::sgd_chunk_adaptive(&users, &items, &ratings, &mut u1, &mut v1, k, 0.1, 0.05, mean);
-        let s2 = scalar::sgd_chunk_adaptive(&users, &items, &ratings, &mut u2, &mut v2, k, 0.1, 0.05, mean);
+        let s1 = simd::sgd_chunk_adaptive(
+            &users, &items, &ratings, &mut u1, &mut v1, k, 0.1, 0.05, mean, first_pass,
+        );
+        let s2 = scalar::sgd_chunk_adaptive(
+            &users, &items, &ratings, &mut u2, &mut v2, k, 0.1, 0.05, mean, first_pass,
+        );
         assert_close(s1, s2, s2, 1e-4, 0.0, &format!("sse k={k}"));
         for (a, b) in u1.iter().zip(&u2).chain(v1.iter().zip(&v2)) {
             assert_close(
@@ -230,7 +283,7 @@ fn adaptive_rows_step_at_their_own_rates_and_match_the_scalar_reference() {
             );
         }
         // Every G grew from 1 where its row was rated, and the error went down.
-        assert!(u1.chunks_exact(w).zip(u0.chunks_exact(w)).all(|(a, b)| a[w - 1] >= b[w - 1]));
+        assert!(u1.chunks_exact(w).zip(u0.chunks_exact(w)).all(|(a, b)| a[w - 2] >= b[w - 2]));
         let after = simd::sse_rows(&users, &items, &ratings, &u1, &v1, k, w, mean);
         assert!(after < s1, "k={k}: sse {s1} before the pass, {after} after");
     }
