@@ -195,10 +195,15 @@ impl Mf {
     }
 
     /// Training in strata for batches of `batch` rows cut in chunks of `chunk` ([`Grid`]), the
-    /// plan the engine runs; without it, ratings are visited in dataset order.
+    /// plan the engine runs; without it, ratings are visited in dataset order. Also in dataset
+    /// order when the grid's `C x C` blocks (`C = batch / chunk`) would hold less than a chunk
+    /// each on average: then no block fills a piece (and the grid would only cost memory).
     #[must_use]
     pub fn with_strata(self, batch: usize, chunk: usize) -> Self {
-        let grid = Some(Grid::new(&Self::rows_of(&self.data.train), batch, chunk));
+        let t = Self::rows_of(&self.data.train);
+        let (c, chunk) = (batch.div_ceil(chunk.max(1)).max(1), chunk.max(1));
+        let fits = c.checked_mul(c).and_then(|b| b.checked_mul(chunk)).is_some_and(|need| need <= t.len());
+        let grid = fits.then(|| Grid::new(&t, batch, chunk));
         Self { grid, ..self }
     }
 
@@ -402,7 +407,31 @@ impl Export for Mf {
 mod tests {
     use std::collections::HashSet;
 
-    use super::{Grid, Ratings, Rng};
+    use peregrine_kernels::data::gen::{self, RatingsSpec};
+
+    use super::{Grid, Mf, Model, Ratings, Rng};
+
+    #[test]
+    fn strata_only_where_a_block_fills_a_chunk_on_average() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("r.pgd");
+        let spec = RatingsSpec { rows: 2000, users: 60, items: 50, rank: 3, noise: 0.1, seed: 3 };
+        gen::ratings(&spec, &path).expect("generate");
+        let m = || Mf::new(&path, None, 4, 0.1, 0.1).expect("model");
+        let first_users = |m: &Mf| m.train_rows(0..8).users.to_vec();
+        let plain = first_users(&m());
+        // 8 x 8 blocks of at least 1024 ratings would need 65,536; 4 x 4 of 64 need 1,024.
+        for (batch, chunk, strata) in [(8192, 1024, false), (512, 128, false), (256, 64, true)] {
+            let s = m().with_strata(batch, chunk);
+            assert_eq!(s.grid.is_some(), strata, "batch {batch}, chunk {chunk}");
+            assert_eq!(s.rows(), 2000);
+            assert_eq!(
+                first_users(&s) != plain,
+                strata,
+                "batch {batch}, chunk {chunk}: dataset order or not"
+            );
+        }
+    }
 
     /// Ratings of `users` x `items` drawn with skew (a few heavy users and items, as real
     /// ratings have).
