@@ -102,10 +102,15 @@ impl Plan {
         self.rows.div_ceil(self.batch) as u64
     }
 
+    /// The epoch (pass over the rows, 0 the first) iteration `t` is in.
+    pub fn epoch(&self, t: u64) -> u64 {
+        t / self.iters_per_epoch()
+    }
+
     /// The rows of iteration `t`'s global batch.
     pub fn batch_rows(&self, t: u64) -> Range<usize> {
         let blocks = self.iters_per_epoch();
-        let (epoch, i) = (t / blocks, t % blocks);
+        let (epoch, i) = (self.epoch(t), t % blocks);
         let b = permute(i, blocks, self.seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15)) as usize;
         let start = b * self.batch;
         start..(start + self.batch).min(self.rows)

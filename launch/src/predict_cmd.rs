@@ -6,7 +6,15 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use peregrine_core::model::{lda::Lda, lr::LogReg, metric_value, mf::Mf, mlp::Mlp, softmax::Softmax, Export};
+use peregrine_core::model::{
+    lda::Lda,
+    lr::LogReg,
+    metric_value,
+    mf::{Mf, ROW_STATE},
+    mlp::Mlp,
+    softmax::Softmax,
+    Export,
+};
 use peregrine_kernels::data::Dataset;
 
 use crate::model_file::Saved;
@@ -89,18 +97,17 @@ pub fn run(a: PredictArgs) -> Result<(), AppError> {
             // Under adaptive rates each row ends with its Gs (`row_state` says how many).
             let mean = saved.tensors.get("mean").and_then(|t| t.1.first().copied());
             let state = saved.tensors.get("row_state").and_then(|t| t.1.first().copied());
-            let adaptive = state.is_some();
-            if state.is_some_and(|n| n != 2.0) {
+            if let Some(n) = state.filter(|&n| n != ROW_STATE as f32) {
                 return Err(AppError::Data {
                     what: saved.path.display().to_string(),
                     detail: format!(
-                        "rows end with {} adaptive-rate values (`row_state`); this version of \
-                         Peregrine writes and reads 2 (libmf's two groups): train the model again",
-                        state.unwrap_or(0.0)
+                        "rows end with {n} adaptive-rate values (`row_state`); this version of \
+                         Peregrine writes and reads {ROW_STATE} (libmf's two groups): train the model again"
                     ),
                 });
             }
-            let extra = usize::from(mean.is_some()) + 2 * usize::from(adaptive);
+            let adaptive = state.is_some();
+            let extra = usize::from(mean.is_some()) + ROW_STATE * usize::from(adaptive);
             let k = u.get(1).copied().unwrap_or(0).saturating_sub(extra);
             let m = Mf::new(&a.data, None, k.max(1), 0.0, 0.0)
                 .map(|m| m.with_biases(mean.is_some()).with_mean(mean.unwrap_or(0.0)).with_adaptive(adaptive))

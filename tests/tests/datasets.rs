@@ -213,7 +213,10 @@ fn mf_on_movielens_reaches_rmse_0_93_and_0_91_at_adaptive_rates() {
     // generated ratings (docs/defaults.md), in strata as `peregrine train` runs it. libmf reaches
     // 0.906 here, without biases.
     let adaptive = || {
-        Mf::new(&train, Some(&test), 40, 0.1, 0.1).expect("model").with_adaptive(true).with_strata(8192, 1024)
+        Mf::new(&train, Some(&test), 40, 0.1, 0.1)
+            .expect("model")
+            .with_adaptive(true)
+            .with_strata(cfg.batch, cfg.chunk)
     };
     let e = train_2_ranks(adaptive, &cfg).last_eval().expect("evaluated");
     assert!(e.metric <= 0.91, "k = 40, adaptive rates: test RMSE {} after 20 epochs", e.metric);

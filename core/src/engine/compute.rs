@@ -399,7 +399,7 @@ impl<M: Model> Run<'_, M> {
     ) -> (f64, Span) {
         let c0 = Instant::now();
         self.watch.chunk_started();
-        let loss = self.model.compute_in(it / self.plan.iters_per_epoch().max(1), rows, params, work);
+        let loss = self.model.compute_in(self.plan.epoch(it), rows, params, work);
         let computed = Span::now();
         let delay = f64::from_bits(self.delay.load(Ordering::Relaxed));
         if delay > 0.0 {

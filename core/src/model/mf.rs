@@ -50,6 +50,10 @@ pub struct Mf {
     grid: Option<Grid>,
 }
 
+/// Values that end each row under adaptive rates: the `G`s of the first factors and of the
+/// others (written to model files as `row_state`).
+pub const ROW_STATE: usize = 2;
+
 /// A copy of the training ratings laid out in strata (12 bytes per rating), libmf's schedule
 /// along the engine's batches of `C = batch / chunk` chunks:
 ///
@@ -76,9 +80,9 @@ struct Grid {
 }
 
 impl Grid {
-    fn new(r: &Ratings<'_>, batch: usize, chunk: usize) -> Self {
-        let (n, chunk) = (r.len(), chunk.max(1));
-        let bins = batch.div_ceil(chunk).max(1);
+    /// The layout for batches of `bins` chunks of `chunk` ratings (both at least 1).
+    fn new(r: &Ratings<'_>, bins: usize, chunk: usize) -> Self {
+        let n = r.len();
         let mut rng = Rng::new(0x6D66_6772_6964, 0);
         // Bands of about equal rating counts, over the ids in a random order.
         let mut bands = |ids: &[u32], count: usize| -> Vec<usize> {
@@ -203,7 +207,7 @@ impl Mf {
         let t = Self::rows_of(&self.data.train);
         let (c, chunk) = (batch.div_ceil(chunk.max(1)).max(1), chunk.max(1));
         let fits = c.checked_mul(c).and_then(|b| b.checked_mul(chunk)).is_some_and(|need| need <= t.len());
-        let grid = fits.then(|| Grid::new(&t, batch, chunk));
+        let grid = fits.then(|| Grid::new(&t, c, chunk));
         Self { grid, ..self }
     }
 
@@ -213,9 +217,10 @@ impl Mf {
         Self { mean, ..self }
     }
 
-    /// Values per row: the factors, the bias if there is one, two `G`s under adaptive rates.
+    /// Values per row: the factors, the bias if there is one, [`ROW_STATE`] `G`s under adaptive
+    /// rates.
     fn width(&self) -> usize {
-        self.k + usize::from(self.biases) + 2 * usize::from(self.adaptive)
+        self.k + usize::from(self.biases) + ROW_STATE * usize::from(self.adaptive)
     }
 
     /// The global mean, if the model has biases.
@@ -244,14 +249,11 @@ impl Mf {
     /// Training ratings `rows`, in strata when the model has them.
     fn train_rows(&self, rows: Range<usize>) -> Ratings<'_> {
         let t = Self::rows_of(&self.data.train);
-        let Some(g) = &self.grid else { return t.rows(rows) };
-        Ratings {
-            users: &g.users[rows.clone()],
-            items: &g.items[rows.clone()],
-            ratings: &g.ratings[rows],
-            n_users: t.n_users,
-            n_items: t.n_items,
+        match &self.grid {
+            Some(g) => Ratings { users: &g.users, items: &g.items, ratings: &g.ratings, ..t },
+            None => t,
         }
+        .rows(rows)
     }
 
     fn split<'a>(&self, params: &'a [f32]) -> (&'a [f32], &'a [f32]) {
@@ -292,7 +294,7 @@ impl Model for Mf {
             *o = match i % w {
                 c if c < self.k && self.adaptive => super::uniform(seed, i, a).abs(),
                 c if c < self.k => super::uniform(seed, i, a),
-                c if self.adaptive && c >= w - 2 => 1.0,
+                c if self.adaptive && c >= w - ROW_STATE => 1.0,
                 _ => 0.0,
             };
         }
@@ -373,7 +375,7 @@ impl Export for Mf {
     fn constants(&self) -> Vec<(&'static str, Vec<f32>)> {
         let mut c: Vec<_> = self.mean().map(|m| ("mean", vec![m])).into_iter().collect();
         if self.adaptive {
-            c.push(("row_state", vec![2.0]));
+            c.push(("row_state", vec![ROW_STATE as f32]));
         }
         c
     }
@@ -449,7 +451,7 @@ mod tests {
         let (u, i, r) = skewed(n, users, items);
         let ratings =
             Ratings { users: &u, items: &i, ratings: &r, n_users: users as usize, n_items: items as usize };
-        let g = Grid::new(&ratings, per_batch * chunk, chunk);
+        let g = Grid::new(&ratings, per_batch, chunk);
         // A permutation of the ratings.
         let sorted = |u: &[u32], i: &[u32], r: &[f32]| {
             let mut v: Vec<_> = (0..u.len()).map(|j| (u[j], i[j], r[j].to_bits())).collect();

@@ -226,22 +226,10 @@ fn adaptive_rows_step_at_their_own_rates_and_match_the_scalar_reference() {
                     t[group] += gv * gv;
                     (u0[d] - lr / u0[k + group].sqrt() * gu, v0[d] - lr / v0[k + group].sqrt() * gv)
                 };
-                assert_close(
-                    f64::from(u[d]),
-                    f64::from(wu),
-                    1.0,
-                    1e-6,
-                    0.0,
-                    &format!("u[{d}], first pass {first_pass}"),
-                );
-                assert_close(
-                    f64::from(v[d]),
-                    f64::from(wv),
-                    1.0,
-                    1e-6,
-                    0.0,
-                    &format!("v[{d}], first pass {first_pass}"),
-                );
+                for (row, got, want) in [("u", u[d], wu), ("v", v[d], wv)] {
+                    let what = format!("{row}[{d}], first pass {first_pass}");
+                    assert_close(f64::from(got), f64::from(want), 1.0, 1e-6, 0.0, &what);
+                }
             }
             for (group, n) in [(0, 8.0), (1, 2.0)] {
                 let (wu, wv) = (u0[k + group] + s[group] / n, v0[k + group] + t[group] / n);
