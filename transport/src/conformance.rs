@@ -78,6 +78,7 @@ pub const CASES: &[Case] = &[
     Case { name: "fetch-add-tickets", run: fetch_add_tickets },
     Case { name: "compare-and-swap-election", run: cas_election },
     Case { name: "compare-and-swap-spin-lock", run: cas_spin_lock },
+    Case { name: "owner-waits-on-its-own-shard", run: owner_waits },
     Case { name: "swap-chain-and-load", run: swap_chain },
     Case { name: "load-batch-of-every-rank", run: load_batch_everywhere },
     Case { name: "bad-use-is-an-error", run: bad_use },
@@ -557,6 +558,50 @@ fn cas_spin_lock(t: &Transport, p: &Params) -> Outcome {
     let mut c = [0u64];
     w.get(counter_at, &mut c)?;
     ensure!(t, c[0] == (n * p.lock_sections) as u64, "counter is {}, expected {}", c[0], n * p.lock_sections);
+    t.barrier()?;
+    w.free()?;
+    Ok(())
+}
+
+/// How long [`owner_waits`] lets rank 0 wait for the others' reads of its shard.
+const OWNER_WAIT: Duration = Duration::from_secs(60);
+
+/// Rank 0 waits for a word of its own shard, polling it with atomic loads and
+/// [`Transport::progress`], while every other rank makes `election_rounds` atomic loads of
+/// rank 0's shard and then adds one to the word: the others' loads are served while rank 0
+/// only reads its own memory. (Under OpenMPI's osc/ucx over TCP, without `progress`, rank 0
+/// served them only inside its own loads, holding its accumulate lock: their loads waited for
+/// the lock for seconds or for good.)
+fn owner_waits(t: &Transport, p: &Params) -> Outcome {
+    let n = t.world_size();
+    let w: Window<u64> =
+        t.alloc_window("owner's words", &ShardMap::from_lens((0..n).map(|r| if r == 0 { 2 } else { 0 })))?;
+    let (done_at, read_at) = (0, 1);
+    t.barrier()?;
+    if t.rank() == 0 {
+        let t0 = Instant::now();
+        loop {
+            t.progress()?;
+            let done = w.load(done_at)?;
+            if done == n as u64 - 1 {
+                break;
+            }
+            ensure!(
+                t,
+                t0.elapsed() < OWNER_WAIT,
+                "{done} of {} ranks done reading rank 0's shard after {} s of its waiting",
+                n - 1,
+                OWNER_WAIT.as_secs()
+            );
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    } else {
+        for _ in 0..p.election_rounds {
+            let v = w.load(read_at)?;
+            ensure!(t, v == 0, "read {v} from a word nobody writes");
+        }
+        w.fetch_add(done_at, 1)?;
+    }
     t.barrier()?;
     w.free()?;
     Ok(())

@@ -172,6 +172,19 @@ impl Transport {
         dispatch!(self, t => t.barrier())
     }
 
+    /// Lets the library serve other ranks' window operations on this rank's memory, outside any
+    /// window call of this rank's own. Called by a rank that waits: where one-sided operations
+    /// need the target's progress (OpenMPI's `osc/ucx` emulating atomics over TCP, `osc/pt2pt`),
+    /// a rank that only polls its own window serves the others' requests inside its own calls,
+    /// holding its accumulate lock, and starves them. A no-op for the local backend.
+    pub fn progress(&self) -> Result<()> {
+        match self {
+            Self::Local(_) => Ok(()),
+            #[cfg(feature = "mpi")]
+            Self::Mpi(t) => t.progress(),
+        }
+    }
+
     /// Collective: elementwise reduction of `data` over all ranks; every rank gets the result.
     /// All ranks must pass the same length. Meant for short control arrays.
     pub fn allreduce<T: Elem>(&self, data: &mut [T], op: ReduceOp) -> Result<()> {

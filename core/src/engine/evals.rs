@@ -178,8 +178,13 @@ impl<M: Model> Run<'_, M> {
     /// Joins every evaluation rank 0 has asked for and this rank has not joined yet; returns the
     /// time it took.
     pub(super) fn serve_evals(&self, ev: &mut Evals) -> Result<Duration, TrainError> {
-        // Evaluations asked and stop publications, in one read; every wait comes here: where a
-        // stop asked by another rank is published from.
+        // Every wait comes here. The others' one-sided calls on this rank's windows first, while
+        // it holds none of its own locks: rank 0 waiting on the control words in its own shard
+        // would otherwise serve them only inside its own reads, holding its accumulate lock, and
+        // a rank reading them could wait for the lock for good (OpenMPI's osc/ucx over TCP).
+        self.t.progress()?;
+        // Evaluations asked and stop publications, in one read; where a stop asked by another
+        // rank is published from.
         let mut words = [0u64; 3];
         self.control.load_range(0, &mut words)?;
         self.publish_stop(words[2])?;

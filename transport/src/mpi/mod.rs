@@ -28,7 +28,7 @@ use std::ffi::{c_int, c_void};
 use std::marker::PhantomData;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use mpi::ffi;
 use mpi::Threading;
@@ -74,12 +74,19 @@ fn mpi_error(rank: usize, call: &'static str, code: c_int) -> Error {
     ErrorKind::Mpi { rank, call, code, message }.into()
 }
 
+/// The tag of the receive [`MpiRank::progress`] tests: no message carries it (the communicator
+/// carries collectives, whose internal tags a receive does not match, and no point-to-point
+/// messages).
+const PROGRESS_TAG: c_int = 0x7e57;
+
 /// The process's MPI world: rsmpi's universe (MPI_Finalize on drop) and our communicator.
 struct Comm {
     /// Our duplicate of MPI_COMM_WORLD; live until Drop, which frees it before `universe` finalises.
     comm: ffi::MPI_Comm,
     rank: usize,
     size: usize,
+    /// The receive [`MpiRank::progress`] tests: posted on its first call, cancelled in Drop.
+    progress: Mutex<Option<ffi::MPI_Request>>,
     _universe: mpi::environment::Universe,
 }
 
@@ -97,6 +104,15 @@ unsafe impl Sync for Comm {}
 
 impl Drop for Comm {
     fn drop(&mut self) {
+        if let Some(mut req) = self.progress.get_mut().ok().and_then(Option::take) {
+            // SAFETY: `req` is the live receive `progress` posted, never matched (nothing is sent
+            // with its tag): cancelled, it completes, and the wait frees it. Errors are ignored,
+            // as below.
+            unsafe {
+                ffi::MPI_Cancel(&mut req);
+                ffi::MPI_Wait(&mut req, ffi::RSMPI_STATUS_IGNORE);
+            }
+        }
         // SAFETY: `comm` is live (invariant), and no window of it is left: windows hold an `Arc`
         // of this `Comm`. The error code is ignored: nothing can be done about it in Drop.
         unsafe { ffi::MPI_Comm_free(&mut self.comm) };
@@ -159,6 +175,7 @@ impl MpiRank {
             comm,
             rank: usize::try_from(rank).expect("MPI ranks are non-negative"),
             size: usize::try_from(size).expect("MPI sizes are positive"),
+            progress: Mutex::new(None),
             _universe: universe,
         };
         Ok(Self { comm: Arc::new(comm) })
@@ -181,6 +198,47 @@ impl MpiRank {
     pub(crate) fn barrier(&self) -> Result<()> {
         // SAFETY: live communicator.
         self.check("MPI_Barrier", unsafe { ffi::MPI_Barrier(self.comm.comm) })
+    }
+
+    /// `MPI_Test` of a receive that never completes: the library's progress engine runs once
+    /// (OpenMPI's `opal_progress`, which serves `osc/ucx`'s worker and `osc/pt2pt`'s requests;
+    /// MPICH's progress engine likewise). Not `MPI_Iprobe`: under `pml/ucx` it runs
+    /// `opal_progress` only every 100th call and serves only the point-to-point worker otherwise.
+    /// One thread at a time tests the request; another one calling meanwhile returns.
+    pub(crate) fn progress(&self) -> Result<()> {
+        let Ok(mut held) = self.comm.progress.try_lock() else { return Ok(()) };
+        let req = match &mut *held {
+            Some(req) => req,
+            None => {
+                let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
+                // SAFETY: live communicator; a receive of zero bytes (its buffer is never
+                // written) from this rank to itself with a tag no message carries; `req` is an
+                // out-pointer written on success.
+                let rc = unsafe {
+                    ffi::MPI_Irecv(
+                        std::ptr::NonNull::<u8>::dangling().as_ptr().cast(),
+                        0,
+                        ffi::RSMPI_UINT8_T,
+                        self.comm.rank as c_int,
+                        PROGRESS_TAG,
+                        self.comm.comm,
+                        req.as_mut_ptr(),
+                    )
+                };
+                self.check("MPI_Irecv", rc)?;
+                // SAFETY: written by the successful MPI_Irecv above.
+                held.insert(unsafe { req.assume_init() })
+            }
+        };
+        let mut flag: c_int = 0;
+        // SAFETY: `req` is the live receive posted above, tested by this thread alone (the lock).
+        let rc = unsafe { ffi::MPI_Test(req, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+        self.check("MPI_Test", rc)?;
+        if flag != 0 {
+            // Completed (and freed by MPI_Test), which nothing sent should make it: post anew.
+            *held = None;
+        }
+        Ok(())
     }
 
     /// Checks that every rank passes the same `values`, with one MAX-allreduce of each value and its
