@@ -3,8 +3,9 @@
 //!
 //! Delays happen inside compute, never by skipping work, so every scheme sees the same
 //! stragglers: a rank with delay factor `f` in an iteration sleeps `f` times each chunk's compute
-//! time right after the chunk (many small delay points spread over the iteration, including chunks
-//! it took over from others). A disruptor instead competes for the rank's cores with CPU-burning
+//! time (the computing thread's CPU time: preemptions by the machine are not multiplied) right
+//! after the chunk (many small delay points spread over the iteration, including chunks it took
+//! over from others). A disruptor instead competes for the rank's cores with CPU-burning
 //! threads. Everything random is drawn from `(seed, rank, iteration)` (or `(seed, rank, period)`),
 //! so a rerun, or another scheme, meets the same stragglers.
 //!

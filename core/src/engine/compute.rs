@@ -89,6 +89,18 @@ const SPIN_TAIL: Duration = Duration::from_micros(200);
 /// How much shorter than what is left a sleep slice is cut, for the timer slack.
 const TIMER_SLACK: Duration = Duration::from_micros(150);
 
+/// The CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`); zero if the clock
+/// cannot be read.
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid out-pointer; the clock id is a constant every Linux supports.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(u64::try_from(ts.tv_sec).unwrap_or(0), u32::try_from(ts.tv_nsec).unwrap_or(0))
+}
+
 impl<M: Model> Run<'_, M> {
     /// Whether some rank still has queued chunks of the iteration tagged `tag`.
     pub(super) fn stealable(&self, tag: u16) -> Result<bool, TrainError> {
@@ -399,11 +411,16 @@ impl<M: Model> Run<'_, M> {
     ) -> (f64, Span) {
         let c0 = Instant::now();
         self.watch.chunk_started();
+        let delay = f64::from_bits(self.delay.load(Ordering::Relaxed));
+        let cpu0 = (delay > 0.0).then(thread_cpu_time);
         let loss = self.model.compute_in(self.plan.epoch(it), rows, params, work);
         let computed = Span::now();
-        let delay = f64::from_bits(self.delay.load(Ordering::Relaxed));
-        if delay > 0.0 {
-            self.injected_sleep(c0.elapsed().mul_f64(delay), cancel);
+        if let Some(cpu0) = cpu0 {
+            // The chunk's CPU time, not its wall time: a slower core stretches the compute, and
+            // the machine's preemptions while computing stay its noise, counted once (multiplied
+            // by the factor, they made a delayed rank's iterations several times noisier than
+            // the others').
+            self.injected_sleep(thread_cpu_time().saturating_sub(cpu0).mul_f64(delay), cancel);
         }
         self.iter_busy.fetch_add(c0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         self.watch.chunk_done();
