@@ -43,6 +43,7 @@ cases! {
     fetch_add_tickets => "fetch-add-tickets",
     cas_election => "compare-and-swap-election",
     cas_spin_lock => "compare-and-swap-spin-lock",
+    owner_waits => "owner-waits-on-its-own-shard",
     swap_chain => "swap-chain-and-load",
     load_batch => "load-batch-of-every-rank",
     bad_use => "bad-use-is-an-error",
