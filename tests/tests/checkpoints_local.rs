@@ -196,7 +196,16 @@ fn timed_checkpoints_agree_on_their_iterations_under_every_scheme_and_leave_the_
         for stop_after in [u64::MAX, 25] {
             let out = stopped(world, &data, name, stop_after, |cfg| cfg.checkpoint_seconds = Some(1e-9));
             let at: Vec<u64> = out[0].1.iter().map(|s| s.iteration).collect();
-            assert!(at.len() >= 5, "{name}: checkpoints at {at:?}");
+            // Under BSP and SSP no rank runs more than the bound ahead, and the ranks agree on one
+            // checkpoint after another. Where a rank may run on (ASP, DynSGD) or the others go on
+            // without the slowest (backup workers, DBW, and the schemes that take over its
+            // chunks), the count depends on the machine: while rank 0 is off the core just after
+            // a checkpoint (a 150 ms burst of another process), the others run on to near the end,
+            // and the next agreed iteration with them (asp at [1, 2, 37], dbw:ring at [1, 12, 24,
+            // 37] once). There the requests must still follow one another.
+            let bounded = ["bsp", "ssp", "lb-bsp"].contains(&name.split(':').next().unwrap_or(name));
+            let least = if bounded { 5 } else { 2 };
+            assert!(at.len() >= least, "{name}: checkpoints at {at:?}");
             assert!(at.windows(2).all(|w| w[0] < w[1]), "{name}: checkpoints at {at:?}");
             if stop_after == u64::MAX {
                 assert!(out.iter().all(|r| r.0.is_ok()), "{name}");
