@@ -178,11 +178,8 @@ impl Transport {
     /// a rank that only polls its own window serves the others' requests inside its own calls,
     /// holding its accumulate lock, and starves them. A no-op for the local backend.
     pub fn progress(&self) -> Result<()> {
-        match self {
-            Self::Local(_) => Ok(()),
-            #[cfg(feature = "mpi")]
-            Self::Mpi(t) => t.progress(),
-        }
+        use Transport as Inner;
+        dispatch!(self, t => t.progress())
     }
 
     /// Collective: elementwise reduction of `data` over all ranks; every rank gets the result.

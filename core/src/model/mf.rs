@@ -91,7 +91,7 @@ impl Grid {
                 per[id as usize] += 1;
             }
             let mut order: Vec<usize> = (0..count).collect();
-            shuffle(&mut order, &mut rng);
+            rng.shuffle(&mut order);
             let (mut band, mut seen) = (vec![0; count], 0usize);
             for id in order {
                 band[id] = (seen * bins / n.max(1)).min(bins - 1);
@@ -112,16 +112,13 @@ impl Grid {
             let within = &mut sorted[start..end];
             let full = within.len() / chunk * chunk;
             // The ratings past the full pieces, drawn at random, moved to the block's end.
-            for i in 0..within.len() - full {
-                let last = within.len() - 1 - i;
-                within.swap(rng.below(last as u64 + 1) as usize, last);
-            }
+            rng.shuffle_last(within, within.len() - full);
             loose.extend_from_slice(&within[full..]);
             within[..full].sort_unstable_by_key(|&j| (r.users[j], r.items[j]));
             pieces[b] = (start..start + full).step_by(chunk).collect();
             start = end;
         }
-        shuffle(&mut loose, &mut rng);
+        rng.shuffle(&mut loose);
         let mut order = Vec::with_capacity(n);
         let mut spare = loose.chunks_exact(chunk);
         for s in 0..bins {
@@ -146,13 +143,6 @@ impl Grid {
             items: order.iter().map(|&j| r.items[j]).collect(),
             ratings: order.iter().map(|&j| r.ratings[j]).collect(),
         }
-    }
-}
-
-/// Fisher-Yates.
-fn shuffle<T>(v: &mut [T], rng: &mut Rng) {
-    for i in (1..v.len()).rev() {
-        v.swap(i, rng.below(i as u64 + 1) as usize);
     }
 }
 

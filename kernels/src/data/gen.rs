@@ -47,6 +47,20 @@ impl Rng {
         ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
     }
 
+    /// Shuffles `v` in place (Fisher-Yates).
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        self.shuffle_last(v, v.len().saturating_sub(1));
+    }
+
+    /// The first `m` steps of [`shuffle`](Self::shuffle), from the back: the last `m` places of
+    /// `v` (`m <= v.len()`) get a uniformly drawn selection of its values, in random order.
+    pub fn shuffle_last<T>(&mut self, v: &mut [T], m: usize) {
+        let n = v.len();
+        for last in (n - m..n).rev() {
+            v.swap(last, self.below(last as u64 + 1) as usize);
+        }
+    }
+
     /// Standard normal (Box-Muller).
     pub fn normal(&mut self) -> f64 {
         let u = self.uniform().max(f64::MIN_POSITIVE);

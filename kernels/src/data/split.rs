@@ -28,9 +28,7 @@ pub fn split(input: &Path, train: &Path, test: &Path, fraction: f64, seed: u64) 
     let n = d.rows();
     let mut order: Vec<usize> = (0..n).collect();
     let mut rng = Rng::new(seed, 0x5EED_5B17);
-    for i in (1..n).rev() {
-        order.swap(i, rng.below(i as u64 + 1) as usize);
-    }
+    rng.shuffle(&mut order);
     let n_test = ((fraction * n as f64).round() as usize).clamp(usize::from(n > 1), n.saturating_sub(1));
     let (te, tr) = order.split_at(n_test);
     write_rows(&d, tr, train)?;
