@@ -22,8 +22,9 @@
 //!   the plain C loop (~0.27 G nonzeros/s; target: >= 0.5 G).
 //! - `softmax/*` (d = 784, k = 10, batch 256), `mf/*` (k = 40, MovieLens-1M-sized factor
 //!   matrices), in rows or ratings per second: SIMD against scalar.
-//! - `mlp_*`: forward + backward of a 784-128-10 MLP, batches 32..256, samples/s, and the biggest
-//!   product alone in FLOP/s, for each matmul backend (scalar reference, our `wide` kernel,
+//! - `mlp_*`: forward + backward of a 784-128-10 MLP, batches 32..256, samples/s, and the big
+//!   products of a training chunk alone in FLOP/s, against the FMA peak of one thread measured in
+//!   the same run, for each matmul backend (scalar reference, our `wide` kernel,
 //!   `matrixmultiply`): the basis of `mlp::Backend::default()`.
 
 use std::hint::black_box;
@@ -336,21 +337,37 @@ fn mlp_kernels(c: &mut Criterion) {
     }
     g.finish();
 
-    // Y (256 x 128) = X (256 x 784) W1^T, in FLOP/s (2 m n k per product).
-    let (m, n, k) = (256, HID, IN);
-    let (a, b) = (rng.vec(m * k, 0.0, 1.0), rng.vec(n * k, -0.05, 0.05));
-    let mut out = vec![0.0; m * n];
+    // The three big products of one training chunk (64 rows, the MLP's default chunk), in FLOP/s
+    // (2 m n k per product): the first layer's forward `X W1^T`, its weight gradient `dH^T X`
+    // (accumulated, as chunks add to the gradient) and the same forward at 256 rows.
     let mut g = c.benchmark_group("mlp_gemm");
     slow(&mut g);
-    g.throughput(Throughput::Elements(2 * (m * n * k) as u64));
-    for (name, backend) in BACKENDS {
-        let mut mm = Matmul::new(backend);
-        g.bench_function(name, |bench| {
-            bench.iter(|| mm.matmul(Op::N, Op::T, m, n, k, 1.0, black_box(&a), black_box(&b), 0.0, &mut out))
-        });
+    for &(shape, m, n, k) in GEMMS {
+        let (op_a, op_b, beta) =
+            if shape.starts_with("grad") { (Op::T, Op::N, 1.0) } else { (Op::N, Op::T, 0.0) };
+        let a_len = m * k;
+        let (a, b) = (rng.vec(a_len, -1.0, 1.0), rng.vec(k * n, -0.05, 0.05));
+        let mut out = vec![0.0; m * n];
+        g.throughput(Throughput::Elements(2 * (m * n * k) as u64));
+        for (name, backend) in BACKENDS {
+            if backend == Backend::Scalar && shape != "fwd_256" {
+                continue;
+            }
+            let mut mm = Matmul::new(backend);
+            g.bench_function(format!("{name}_{shape}"), |bench| {
+                bench.iter(|| {
+                    mm.matmul(op_a, op_b, m, n, k, 1.0, black_box(&a), black_box(&b), beta, &mut out)
+                })
+            });
+        }
     }
     g.finish();
 }
+
+/// `(name, m, n, k)` of the products `mlp_gemm` times: `fwd_*` is `X W1^T` (`N`, `T`), `grad_*`
+/// `dH^T X` (`T`, `N`, accumulated).
+const GEMMS: &[(&str, usize, usize, usize)] =
+    &[("fwd_64", 64, HID, IN), ("grad_64", HID, IN, 64), ("fwd_256", 256, HID, IN)];
 
 /// Criterion's output folder, found as criterion finds it.
 fn criterion_dir() -> PathBuf {
@@ -459,12 +476,16 @@ fn summary(since: SystemTime) {
             println!("mlp 784-128-10 fwd+bwd, batch {n:>3}: {}", row.join(", "));
         }
     }
-    for (name, _) in BACKENDS {
-        if let Some(s) = t(&format!("mlp_gemm/{name}")) {
-            println!(
-                "gemm 256x128x784 (X W1^T) {name:<15} {:6.1} GFLOP/s",
-                2.0 * 256.0 * 128.0 * 784.0 / s / 1e9
-            );
+    let peak = peregrine_kernels::roofline::fma_peak_gflops(1, Duration::from_millis(200), 5);
+    for &(shape, m, n, k) in GEMMS {
+        for (name, _) in BACKENDS {
+            if let Some(s) = t(&format!("mlp_gemm/{name}_{shape}")) {
+                let gf = 2.0 * (m * n * k) as f64 / s / 1e9;
+                println!(
+                    "gemm {shape:<7} ({m:>3} x {n:>3} x {k:>3}) {name:<15} {gf:6.1} GFLOP/s, {:3.0} % of the FMA peak ({peak:.1})",
+                    100.0 * gf / peak
+                );
+            }
         }
     }
 }
