@@ -5,7 +5,7 @@
 //! dimension, packing that `KC x NC` block of `op(B)` into column panels of 16; `ic` over `MC`
 //! rows, packing that `MC x KC` block of `op(A)` into row panels of 6; then every (6-row panel,
 //! 16-column panel) pair runs the micro-kernel (along the rows of `C` or down its columns: see
-//! [`ROW_ORDER_B_BYTES`]), which keeps its 6x16 tile of `C` in 12 `f32x8`
+//! `ROW_ORDER_B_BYTES`), which keeps its 6x16 tile of `C` in 12 `f32x8`
 //! registers for the whole `KC` loop: per step, two loads of `B`, six broadcasts of `A` and 12
 //! FMAs. Packing reads `op(A)`/`op(B)` through strides, so transposes cost nothing extra, and
 //! zero-pads the ragged edges so the micro-kernel never branches.
