@@ -816,6 +816,9 @@ fn rank_in(
                 .with_biases(r.intercept)
                 .with_adaptive(matches!(r.optimizer, Optimizer::AdaGrad { .. }))
                 .with_strata(r.batch, r.chunk);
+            if let Some(w) = m.unstratified().filter(|_| t.rank() == 0) {
+                eprintln!("warning: {w}");
+            }
             go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
         ModelKind::Mlp => {

@@ -867,6 +867,14 @@ fn train_divergence_is_an_error() {
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("diverged"), "{stderr}");
+    // 5000 ratings are too few for strata at the default batch (8 x 8 blocks of 1024): a warning,
+    // with the largest batch that keeps them.
+    assert!(
+        stderr.contains("warning: matrix factorization runs without strata")
+            && stderr.contains("the set has 5000")
+            && stderr.contains("strata with --batch 2048 or less at this --chunk"),
+        "{stderr}"
+    );
     // A loss that explodes but stays a number (softmax at lr 1e30) is divergence too.
     let dense = d.join("dense.pgd").to_string_lossy().into_owned();
     let gen = ["data", "gen", "dense", &dense, "--rows", "2000", "--features", "20", "--classes", "4"];

@@ -48,6 +48,8 @@ pub struct Mf {
     adaptive: bool,
     /// The training ratings laid out in strata, if so.
     grid: Option<Grid>,
+    /// Why training runs without strata though a batch has several chunks, if so.
+    unstratified: Option<String>,
 }
 
 /// Values that end each row under adaptive rates: the `G`s of the first factors and of the
@@ -146,6 +148,27 @@ impl Grid {
     }
 }
 
+/// The warning of a grid that does not fit: `n` training ratings, `c` chunks of `chunk` a batch.
+fn unstratified(n: usize, c: usize, chunk: usize) -> String {
+    let need = c.saturating_mul(c).saturating_mul(chunk);
+    // The most chunks a batch that still fit at this chunk (C x C blocks of a chunk each);
+    // failing 2, the largest chunk that 2 of fit.
+    let most =
+        (1..).take_while(|&b: &usize| b.saturating_mul(b).saturating_mul(chunk) <= n).last().unwrap_or(0);
+    let fix = if most >= 2 {
+        format!("--batch {} or less at this --chunk", most * chunk)
+    } else if n / 4 >= 1 {
+        format!("--chunk {} and --batch {} or less", n / 4, 2 * (n / 4))
+    } else {
+        "more training ratings".to_string()
+    };
+    format!(
+        "matrix factorization runs without strata: {c} x {c} blocks of at least one chunk of {chunk} \
+         ratings need {need} training ratings and the set has {n}; the {c} chunks of a batch then share \
+         users and items and their updates add up (a longer step, which can diverge); strata with {fix}"
+    )
+}
+
 impl Mf {
     /// Rank `k` factorization of the ratings in `train` (SGD step `lr`, L2 weight `l2`),
     /// evaluated on `eval` (the training set if `None`).
@@ -172,6 +195,7 @@ impl Mf {
             mean: mean as f32,
             adaptive: false,
             grid: None,
+            unstratified: None,
         })
     }
 
@@ -198,7 +222,15 @@ impl Mf {
         let (c, chunk) = (batch.div_ceil(chunk.max(1)).max(1), chunk.max(1));
         let fits = c.checked_mul(c).and_then(|b| b.checked_mul(chunk)).is_some_and(|need| need <= t.len());
         let grid = fits.then(|| Grid::new(&t, c, chunk));
-        Self { grid, ..self }
+        let unstratified = (!fits && c > 1).then(|| unstratified(t.len(), c, chunk));
+        Self { grid, unstratified, ..self }
+    }
+
+    /// Why training runs in dataset order though a batch has several chunks (the grid would not
+    /// fit: see [`with_strata`](Self::with_strata)), with what would give it strata; `None` in
+    /// strata or with one chunk a batch.
+    pub fn unstratified(&self) -> Option<&str> {
+        self.unstratified.as_deref()
     }
 
     /// With global mean `mean` (a model trained on other data than it is applied to).
@@ -416,6 +448,7 @@ mod tests {
         for (batch, chunk, strata) in [(8192, 1024, false), (512, 128, false), (256, 64, true)] {
             let s = m().with_strata(batch, chunk);
             assert_eq!(s.grid.is_some(), strata, "batch {batch}, chunk {chunk}");
+            assert_eq!(s.unstratified().is_some(), !strata, "batch {batch}, chunk {chunk}");
             assert_eq!(s.rows(), 2000);
             assert_eq!(
                 first_users(&s) != plain,
@@ -423,6 +456,35 @@ mod tests {
                 "batch {batch}, chunk {chunk}: dataset order or not"
             );
         }
+        // What the warnings suggest gives strata.
+        for (batch, chunk, fix) in [
+            (8192, 1024, (1000, 500, "--chunk 500 and --batch 1000 or less")),
+            (512, 128, (384, 128, "--batch 384 or less at this --chunk")),
+        ] {
+            let w = m().with_strata(batch, chunk).unstratified().map(str::to_string).unwrap_or_default();
+            assert!(w.ends_with(&format!("strata with {}", fix.2)), "{w}");
+            assert!(m().with_strata(fix.0, fix.1).grid.is_some(), "batch {}, chunk {}", fix.0, fix.1);
+        }
+    }
+
+    #[test]
+    fn a_grid_that_does_not_fit_says_what_would() {
+        // MovieLens-100k's 90,000 training ratings at --batch 16384 --chunk 2048 (which diverges).
+        let w = super::unstratified(90_000, 8, 2048);
+        assert!(w.contains("8 x 8 blocks of at least one chunk of 2048 ratings need 131072"), "{w}");
+        assert!(w.ends_with("strata with --batch 12288 or less at this --chunk"), "{w}");
+        // (6 chunks of 2048 fit: 6 x 6 x 2048 <= 90,000; 7 do not.)
+        // No chunk count of 2 or more fits 1,000 ratings in chunks of 1024: 2 x 2 x 250 do.
+        let w = super::unstratified(1000, 4, 1024);
+        assert!(w.ends_with("strata with --chunk 250 and --batch 500 or less"), "{w}");
+        assert!(super::unstratified(3, 4, 1024).ends_with("strata with more training ratings"));
+        // One chunk a batch: nothing to share, no warning.
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("r.pgd");
+        let spec = RatingsSpec { rows: 500, users: 20, items: 20, rank: 2, noise: 0.1, seed: 4 };
+        gen::ratings(&spec, &path).expect("generate");
+        let m = Mf::new(&path, None, 2, 0.1, 0.1).expect("model").with_strata(1024, 1024);
+        assert!(m.grid.is_none() && m.unstratified().is_none());
     }
 
     /// Ratings of `users` x `items` drawn with skew (a few heavy users and items, as real
