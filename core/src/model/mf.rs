@@ -74,11 +74,23 @@ pub const ROW_STATE: usize = 2;
 ///
 /// The layout is a function of the ratings, `batch`, `chunk` and a fixed seed: every rank makes
 /// the same one, when the model is built (a sort of the ratings: 10 ms for 90,000).
+///
+/// Each chunk-sized slot of the layout also keeps the keys (rows) its ratings touch, each once:
+/// the pull and the chunk's copy ask for them on every visit, and a piece of 1024 ratings
+/// touches a few hundred rows, so that is a fraction of the 2 keys a rating the ratings would
+/// give (4 bytes a key: at most 8 bytes a rating more; MovieLens-100k at the defaults keeps 0.47
+/// keys a rating, 2 bytes). The pull and the copy gathered the keys rating by rating before:
+/// with them kept, MF's epoch on MovieLens-100k took 17 % less (2 ranks, 8 runs of each binary
+/// alternated, medians 5.40 -> 4.50 ms; the same model).
 #[derive(Debug)]
 struct Grid {
     users: Vec<u32>,
     items: Vec<u32>,
     ratings: Vec<f32>,
+    chunk: usize,
+    /// Where slot `s`'s keys start in `keys` (one more entry than slots).
+    key_starts: Vec<usize>,
+    keys: Vec<u32>,
 }
 
 impl Grid {
@@ -144,7 +156,35 @@ impl Grid {
             users: order.iter().map(|&j| r.users[j]).collect(),
             items: order.iter().map(|&j| r.items[j]).collect(),
             ratings: order.iter().map(|&j| r.ratings[j]).collect(),
+            chunk,
+            key_starts: Vec::new(),
+            keys: Vec::new(),
         }
+    }
+
+    /// Fills each chunk-sized slot's keys: its users, then its items after the `users` user
+    /// rows, of `rows` keys in all.
+    fn with_keys(mut self, users: u32, rows: usize) -> Self {
+        let mut set = KeySet::new(rows);
+        self.key_starts.push(0);
+        for (u, i) in self.users.chunks(self.chunk).zip(self.items.chunks(self.chunk)) {
+            set.extend(u);
+            set.extend_shifted(i, users);
+            self.keys.extend_from_slice(set.keys());
+            self.key_starts.push(self.keys.len());
+            set.clear();
+        }
+        self.keys.shrink_to_fit();
+        self
+    }
+
+    /// The keys of `rows` if they are one chunk-sized slot of the layout (a chunk the engine
+    /// cut: its batches start at multiples of the chunk).
+    fn slot_keys(&self, rows: &Range<usize>) -> Option<&[u32]> {
+        let s = rows.start / self.chunk;
+        let whole =
+            rows.start % self.chunk == 0 && rows.end == (rows.start + self.chunk).min(self.users.len());
+        whole.then(|| &self.keys[self.key_starts[s]..self.key_starts[s + 1]])
     }
 }
 
@@ -221,7 +261,8 @@ impl Mf {
         let t = Self::rows_of(&self.data.train);
         let (c, chunk) = (batch.div_ceil(chunk.max(1)).max(1), chunk.max(1));
         let fits = c.checked_mul(c).and_then(|b| b.checked_mul(chunk)).is_some_and(|need| need <= t.len());
-        let grid = fits.then(|| Grid::new(&t, c, chunk));
+        let rows = self.layout().keys();
+        let grid = fits.then(|| Grid::new(&t, c, chunk).with_keys(self.users as u32, rows));
         let unstratified = (!fits && c > 1).then(|| unstratified(t.len(), c, chunk));
         Self { grid, unstratified, ..self }
     }
@@ -327,6 +368,10 @@ impl Model for Mf {
     }
 
     fn keys(&self, rows: Range<usize>, set: &mut KeySet) {
+        if let Some(keys) = self.grid.as_ref().and_then(|g| g.slot_keys(&rows)) {
+            set.extend(keys);
+            return;
+        }
         let r = self.train_rows(rows);
         set.extend(r.users);
         set.extend_shifted(r.items, self.users as u32);
@@ -433,7 +478,9 @@ mod tests {
 
     use peregrine_kernels::data::gen::{self, RatingsSpec};
 
-    use super::{Grid, Mf, Model, Ratings, Rng};
+    use std::ops::Range;
+
+    use super::{Grid, KeySet, Mf, Model, Ratings, Rng};
 
     #[test]
     fn strata_only_where_a_block_fills_a_chunk_on_average() {
@@ -465,6 +512,46 @@ mod tests {
             assert!(w.ends_with(&format!("strata with {}", fix.2)), "{w}");
             assert!(m().with_strata(fix.0, fix.1).grid.is_some(), "batch {}, chunk {}", fix.0, fix.1);
         }
+    }
+
+    #[test]
+    fn the_keys_a_slot_keeps_are_the_keys_of_its_ratings() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("r.pgd");
+        // 20,000 ratings: 8 x 8 blocks of 128 fit; the last slot holds 20,000 mod 128 = 32.
+        let spec = RatingsSpec { rows: 20_000, users: 200, items: 150, rank: 3, noise: 0.1, seed: 7 };
+        gen::ratings(&spec, &path).expect("generate");
+        let m = Mf::new(&path, None, 4, 0.1, 0.1).expect("model").with_strata(1024, 128);
+        assert!(m.grid.is_some());
+        let keys = m.layout().keys();
+        let of = |rows: Range<usize>, kept: bool| {
+            assert_eq!(m.grid.as_ref().and_then(|g| g.slot_keys(&rows)).is_some(), kept, "{rows:?}");
+            let mut set = KeySet::new(keys);
+            m.keys(rows.clone(), &mut set);
+            let mut got = set.keys().to_vec();
+            got.sort_unstable();
+            let r = m.train_rows(rows);
+            let mut want: Vec<u32> =
+                r.users.iter().copied().chain(r.items.iter().map(|&i| i + m.users as u32)).collect();
+            want.sort_unstable();
+            want.dedup();
+            assert_eq!(got, want);
+        };
+        for start in (0..20_000).step_by(128) {
+            of(start..(start + 128).min(20_000), true);
+        }
+        // Rows that are not one slot: the ratings' keys, as without strata.
+        of(5..300, false);
+        of(0..256, false);
+        of(19_968..19_990, false);
+        // Into a set that has keys already: each key once.
+        let mut set = KeySet::new(keys);
+        m.keys(0..128, &mut set);
+        m.keys(0..128, &mut set);
+        let mut k = set.keys().to_vec();
+        k.sort_unstable();
+        k.dedup();
+        assert_eq!(k.len(), set.keys().len());
     }
 
     #[test]
