@@ -90,6 +90,11 @@ def ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
 
+def sps_key(model, batch):
+    """The results' key of `model`'s throughput at `batch`."""
+    return f"{model}-sps" if batch == 128 else f"{model}-sps-{batch}"
+
+
 def roofline(b, threads=2):
     """`peregrine bench roofline` on `threads` threads: FMA peak and STREAM triad, as JSON."""
     return json.loads(run([b.a.peregrine, "bench", "roofline", "--threads", str(threads), "--json"]))
@@ -102,7 +107,7 @@ def throughput(b, fm, model, batch, rows, peak_each=False):
     the key's `-peak`): the machine's peak moves between minutes of one run as much as the
     throughput does, so a fraction of peak pairs figures taken seconds apart."""
     print(f"== {model}, Fashion-MNIST: throughput (batch {batch}, 2 epochs)", flush=True)
-    key = f"{model}-sps" if batch == 128 else f"{model}-sps-{batch}"
+    key = sps_key(model, batch)
     common = ["--model", model, "--data", fm, "--batch", str(batch)]
     peer = ["--data", fm, "--model", model, "--epochs", "2", "--batch", str(batch)]
 
@@ -157,7 +162,7 @@ def main():
             for batch in (128, 512) if model == "mlp" else (128,):
                 sps = throughput(b, fm, model, batch, rows, peak_each=model == "mlp" and roof is not None)
                 if model == "mlp" and roof:
-                    key = "mlp-sps" if batch == 128 else f"mlp-sps-{batch}"
+                    key = sps_key(model, batch)
                     g = sps * MLP_FLOPS / 1e9
                     # Each run against the peak measured just before it; the median of those.
                     peaks = b.results[f"{key}-peak"]

@@ -182,19 +182,25 @@ impl Grid {
     /// cut: its batches start at multiples of the chunk).
     fn slot_keys(&self, rows: &Range<usize>) -> Option<&[u32]> {
         let s = rows.start / self.chunk;
-        let whole =
-            rows.start % self.chunk == 0 && rows.end == (rows.start + self.chunk).min(self.users.len());
+        let whole = !rows.is_empty()
+            && rows.start % self.chunk == 0
+            && rows.end == (rows.start + self.chunk).min(self.users.len());
         whole.then(|| &self.keys[self.key_starts[s]..self.key_starts[s + 1]])
     }
+}
+
+/// Whether `n` training ratings fill a grid of `c x c` blocks of at least one `chunk` each on
+/// average.
+fn grid_fits(n: usize, c: usize, chunk: usize) -> bool {
+    c.checked_mul(c).and_then(|b| b.checked_mul(chunk)).is_some_and(|need| need <= n)
 }
 
 /// The warning of a grid that does not fit: `n` training ratings, `c` chunks of `chunk` a batch.
 fn unstratified(n: usize, c: usize, chunk: usize) -> String {
     let need = c.saturating_mul(c).saturating_mul(chunk);
-    // The most chunks a batch that still fit at this chunk (C x C blocks of a chunk each);
-    // failing 2, the largest chunk that 2 of fit.
-    let most =
-        (1..).take_while(|&b: &usize| b.saturating_mul(b).saturating_mul(chunk) <= n).last().unwrap_or(0);
+    // The most chunks a batch that still fit at this chunk; failing 2, the largest chunk that 2
+    // of fit.
+    let most = (1..).take_while(|&b| grid_fits(n, b, chunk)).last().unwrap_or(0);
     let fix = if most >= 2 {
         format!("--batch {} or less at this --chunk", most * chunk)
     } else if n / 4 >= 1 {
@@ -260,7 +266,7 @@ impl Mf {
     pub fn with_strata(self, batch: usize, chunk: usize) -> Self {
         let t = Self::rows_of(&self.data.train);
         let (c, chunk) = (batch.div_ceil(chunk.max(1)).max(1), chunk.max(1));
-        let fits = c.checked_mul(c).and_then(|b| b.checked_mul(chunk)).is_some_and(|need| need <= t.len());
+        let fits = grid_fits(t.len(), c, chunk);
         let rows = self.layout().keys();
         let grid = fits.then(|| Grid::new(&t, c, chunk).with_keys(self.users as u32, rows));
         let unstratified = (!fits && c > 1).then(|| unstratified(t.len(), c, chunk));
@@ -482,12 +488,18 @@ mod tests {
 
     use super::{Grid, KeySet, Mf, Model, Ratings, Rng};
 
-    #[test]
-    fn strata_only_where_a_block_fills_a_chunk_on_average() {
+    /// A generated ratings file (in a temporary directory, kept while the first value lives).
+    fn generated(spec: RatingsSpec) -> (tempfile::TempDir, std::path::PathBuf) {
         let dir = tempfile::tempdir().expect("tmp");
         let path = dir.path().join("r.pgd");
-        let spec = RatingsSpec { rows: 2000, users: 60, items: 50, rank: 3, noise: 0.1, seed: 3 };
         gen::ratings(&spec, &path).expect("generate");
+        (dir, path)
+    }
+
+    #[test]
+    fn strata_only_where_a_block_fills_a_chunk_on_average() {
+        let (_dir, path) =
+            generated(RatingsSpec { rows: 2000, users: 60, items: 50, rank: 3, noise: 0.1, seed: 3 });
         let m = || Mf::new(&path, None, 4, 0.1, 0.1).expect("model");
         let first_users = |m: &Mf| m.train_rows(0..8).users.to_vec();
         let plain = first_users(&m());
@@ -516,11 +528,9 @@ mod tests {
 
     #[test]
     fn the_keys_a_slot_keeps_are_the_keys_of_its_ratings() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let path = dir.path().join("r.pgd");
         // 20,000 ratings: 8 x 8 blocks of 128 fit; the last slot holds 20,000 mod 128 = 32.
-        let spec = RatingsSpec { rows: 20_000, users: 200, items: 150, rank: 3, noise: 0.1, seed: 7 };
-        gen::ratings(&spec, &path).expect("generate");
+        let (_dir, path) =
+            generated(RatingsSpec { rows: 20_000, users: 200, items: 150, rank: 3, noise: 0.1, seed: 7 });
         let m = Mf::new(&path, None, 4, 0.1, 0.1).expect("model").with_strata(1024, 128);
         assert!(m.grid.is_some());
         let keys = m.layout().keys();
@@ -544,6 +554,14 @@ mod tests {
         of(5..300, false);
         of(0..256, false);
         of(19_968..19_990, false);
+        // The empty rows past the last slot of a set that fills its slots exactly: no keys.
+        let (_d, exact) =
+            generated(RatingsSpec { rows: 512, users: 30, items: 20, rank: 2, noise: 0.1, seed: 8 });
+        let e = Mf::new(&exact, None, 2, 0.1, 0.1).expect("model").with_strata(256, 128);
+        assert!(e.grid.is_some());
+        let mut set = KeySet::new(e.layout().keys());
+        e.keys(512..512, &mut set);
+        assert!(set.keys().is_empty());
         // Into a set that has keys already: each key once.
         let mut set = KeySet::new(keys);
         m.keys(0..128, &mut set);
@@ -566,10 +584,8 @@ mod tests {
         assert!(w.ends_with("strata with --chunk 250 and --batch 500 or less"), "{w}");
         assert!(super::unstratified(3, 4, 1024).ends_with("strata with more training ratings"));
         // One chunk a batch: nothing to share, no warning.
-        let dir = tempfile::tempdir().expect("tmp");
-        let path = dir.path().join("r.pgd");
-        let spec = RatingsSpec { rows: 500, users: 20, items: 20, rank: 2, noise: 0.1, seed: 4 };
-        gen::ratings(&spec, &path).expect("generate");
+        let (_dir, path) =
+            generated(RatingsSpec { rows: 500, users: 20, items: 20, rank: 2, noise: 0.1, seed: 4 });
         let m = Mf::new(&path, None, 2, 0.1, 0.1).expect("model").with_strata(1024, 1024);
         assert!(m.grid.is_none() && m.unstratified().is_none());
     }

@@ -255,7 +255,7 @@ pub fn gemm(
                     let acc = kernel(ap, bp);
                     write_tile(&acc, &mut c[i * n + j..], n, mr, nr, alpha, beta);
                 };
-                if pb.len() * 4 <= ROW_ORDER_B_BYTES {
+                if std::mem::size_of_val(pb) <= ROW_ORDER_B_BYTES {
                     // Tiles along rows of C: C streams row by row, the packed B from L2.
                     for (p, ap) in pa.chunks_exact(kc * MR).enumerate() {
                         for (q, bp) in pb.chunks_exact(kc * NR).enumerate() {
