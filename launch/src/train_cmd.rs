@@ -816,9 +816,6 @@ fn rank_in(
                 .with_biases(r.intercept)
                 .with_adaptive(matches!(r.optimizer, Optimizer::AdaGrad { .. }))
                 .with_strata(r.batch, r.chunk);
-            if let Some(w) = m.unstratified().filter(|_| t.rank() == 0) {
-                eprintln!("warning: {w}");
-            }
             go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
         ModelKind::Mlp => {
@@ -951,6 +948,9 @@ fn go<M: Export>(
             plan.chunk(),
             n - 1,
         );
+    }
+    if let Some(w) = model.warning().filter(|_| t.rank() == 0) {
+        eprintln!("warning: {w}");
     }
     if let Some(e) = epochs {
         r.iterations = ((e * plan.iters_per_epoch() as f64).ceil() as u64).max(r.at_least).max(1);

@@ -273,13 +273,6 @@ impl Mf {
         Self { grid, unstratified, ..self }
     }
 
-    /// Why training runs in dataset order though a batch has several chunks (the grid would not
-    /// fit: see [`with_strata`](Self::with_strata)), with what would give it strata; `None` in
-    /// strata or with one chunk a batch.
-    pub fn unstratified(&self) -> Option<&str> {
-        self.unstratified.as_deref()
-    }
-
     /// With global mean `mean` (a model trained on other data than it is applied to).
     #[must_use]
     pub fn with_mean(self, mean: f32) -> Self {
@@ -371,6 +364,13 @@ impl Model for Mf {
 
     fn sparse(&self) -> bool {
         true
+    }
+
+    /// Why training runs in dataset order though a batch has several chunks (the grid would not
+    /// fit: see [`Mf::with_strata`]), with what would give it strata; `None` in strata or with
+    /// one chunk a batch.
+    fn warning(&self) -> Option<&str> {
+        self.unstratified.as_deref()
     }
 
     fn keys(&self, rows: Range<usize>, set: &mut KeySet) {
@@ -507,7 +507,7 @@ mod tests {
         for (batch, chunk, strata) in [(8192, 1024, false), (512, 128, false), (256, 64, true)] {
             let s = m().with_strata(batch, chunk);
             assert_eq!(s.grid.is_some(), strata, "batch {batch}, chunk {chunk}");
-            assert_eq!(s.unstratified().is_some(), !strata, "batch {batch}, chunk {chunk}");
+            assert_eq!(s.warning().is_some(), !strata, "batch {batch}, chunk {chunk}");
             assert_eq!(s.rows(), 2000);
             assert_eq!(
                 first_users(&s) != plain,
@@ -520,7 +520,7 @@ mod tests {
             (8192, 1024, (1000, 500, "--chunk 500 and --batch 1000 or less")),
             (512, 128, (384, 128, "--batch 384 or less at this --chunk")),
         ] {
-            let w = m().with_strata(batch, chunk).unstratified().map(str::to_string).unwrap_or_default();
+            let w = m().with_strata(batch, chunk).warning().map(str::to_string).unwrap_or_default();
             assert!(w.ends_with(&format!("strata with {}", fix.2)), "{w}");
             assert!(m().with_strata(fix.0, fix.1).grid.is_some(), "batch {}, chunk {}", fix.0, fix.1);
         }
@@ -587,7 +587,7 @@ mod tests {
         let (_dir, path) =
             generated(RatingsSpec { rows: 500, users: 20, items: 20, rank: 2, noise: 0.1, seed: 4 });
         let m = Mf::new(&path, None, 2, 0.1, 0.1).expect("model").with_strata(1024, 1024);
-        assert!(m.grid.is_none() && m.unstratified().is_none());
+        assert!(m.grid.is_none() && m.warning().is_none());
     }
 
     /// Ratings of `users` x `items` drawn with skew (a few heavy users and items, as real

@@ -512,6 +512,13 @@ pub trait Model: Send + Sync {
         false
     }
 
+    /// What the user should know about how the model trains at the batch and chunk it was built
+    /// for (matrix factorization without strata), if anything: rank 0 prints it once the plan
+    /// is known to be valid.
+    fn warning(&self) -> Option<&str> {
+        None
+    }
+
     /// Evaluates full parameters `params` on evaluation rows `rows`.
     fn evaluate(&self, params: &[f32], rows: Range<usize>) -> EvalSums;
 
