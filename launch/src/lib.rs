@@ -178,10 +178,12 @@ struct RmaArgs {
     /// Largest message of the bandwidth sweep, bytes (a multiple of 8; K/M suffixes allowed).
     #[arg(long, default_value = "4M", value_name = "BYTES", value_parser = size_parser)]
     max_size: usize,
-    /// Timed iterations of each latency loop.
+    /// Timed iterations of each latency loop; the bandwidth loops time a twentieth as many
+    /// windows (each of up to 64 operations), at most 256 MiB a trial.
     #[arg(long, default_value_t = rma::Config::default().latency_iters, value_name = "N")]
     iters: usize,
-    /// Trials per figure; the median is reported.
+    /// Trials per figure: the median time is reported, and the median of the trials' ratios to
+    /// raw MPI.
     #[arg(long, default_value_t = rma::Config::default().trials, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     trials: usize,
     /// Skip the raw-MPI reference.
@@ -457,7 +459,7 @@ fn rma_cmd(a: &RmaArgs) -> Result<(), AppError> {
     run_world(&a.world, 2, |t, _| {
         if t.rank() == 0 {
             println!(
-                "# peregrine bench rma: backend {}, {} ranks, rank 0 -> rank {}; median of {} trials",
+                "# peregrine bench rma: backend {}, {} ranks, rank 0 -> rank {}; median of {} trials (ratio: median of the trials' ratios)",
                 t.backend(),
                 t.world_size(),
                 usize::from(t.world_size() > 1),
