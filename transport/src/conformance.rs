@@ -4,6 +4,7 @@
 //! under `mpirun -n 2|4` for `mpi`: see `tests/`) and returns an error naming the rank and what
 //! was wrong. [`run_all`] runs them in order, with a barrier between cases.
 
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use crate::{Elem, Error, ErrorKind, ReduceOp, ShardMap, Transport, Window};
@@ -71,6 +72,7 @@ pub const CASES: &[Case] = &[
     Case { name: "collectives", run: collectives },
     Case { name: "uneven-shards-crossing-ranges", run: uneven_shards },
     Case { name: "batches-back-and-forth-between-shards", run: batches_between_shards },
+    Case { name: "batches-inside-one-shard", run: batches_inside_one_shard },
     Case { name: "own-shard-in-place", run: own_shard_in_place },
     Case { name: "accumulate-everywhere-f32", run: accumulate_everywhere::<f32> },
     Case { name: "accumulate-everywhere-f64", run: accumulate_everywhere::<f64> },
@@ -260,6 +262,54 @@ fn batches_between_shards(t: &Transport, _: &Params) -> Outcome {
     }
     t.barrier()?;
     check("scope put_batch", &pattern)?;
+    t.barrier()?;
+    w.free()?;
+    Ok(())
+}
+
+/// Batches whose ranges all lie in one shard (the path that issues them with no test per range),
+/// out of order, not from the shard's first element, and with an empty range at the shard's end,
+/// which is the next shard's start:
+/// each rank puts into the next rank's shard through a plain batch, then every rank adds 1
+/// through a scope's batch to rank 0's shard. Each is read back by the same batch and by one read
+/// of the whole window.
+fn batches_inside_one_shard(t: &Transport, _: &Params) -> Outcome {
+    let (rank, n) = (t.rank(), t.world_size());
+    let map = ShardMap::from_lens((0..n).map(|r| 6 + 2 * r));
+    let w: Window<f64> = t.alloc_window("one shard", &map)?;
+    let total = map.total();
+    let inside = |s: usize| {
+        let r = map.range(s);
+        vec![r.end - 2..r.end, r.start + 1..r.start + 2, r.end..r.end, r.start + 3..r.start + 4]
+    };
+    let check = |what: &str, ranges: &[Range<usize>], expected: &dyn Fn(usize) -> f64| -> Outcome {
+        let mut got = vec![0.0; ranges.iter().map(|r| r.len()).sum()];
+        w.get_batch(ranges, &mut got)?;
+        let want: Vec<f64> = ranges.iter().flat_map(|r| r.clone().map(expected)).collect();
+        ensure!(t, got == want, "{what} {ranges:?}, read back by get_batch: got {got:?}, expected {want:?}");
+        let mut all = vec![0.0; total];
+        w.get(0, &mut all)?;
+        for (i, &x) in all.iter().enumerate() {
+            ensure!(t, x == expected(i), "{what} {ranges:?}: element {i} is {x}, expected {}", expected(i));
+        }
+        Ok(())
+    };
+    // Every shard gets the pattern on its batch's ranges from the rank before it.
+    let written = |i: usize| (0..n).any(|s| inside(s).iter().any(|r| r.contains(&i)));
+    let mine = inside((rank + 1) % n);
+    let values: Vec<f64> = mine.iter().flat_map(|r| r.clone().map(pattern)).collect();
+    w.put_batch(&mine, &values)?;
+    w.flush_all()?;
+    t.barrier()?;
+    let put = |i: usize| if written(i) { pattern(i) } else { 0.0 };
+    check("put_batch", &mine, &put)?;
+    t.barrier()?;
+    let first = inside(0);
+    let ones = vec![1.0; first.iter().map(|r| r.len()).sum()];
+    w.write_scope(|s| s.accumulate_batch(&first, &ones))?;
+    t.barrier()?;
+    let added = |i: usize| if first.iter().any(|r| r.contains(&i)) { n as f64 } else { 0.0 };
+    check("scope accumulate_batch", &first, &|i| put(i) + added(i))?;
     t.barrier()?;
     w.free()?;
     Ok(())

@@ -343,9 +343,9 @@ impl<T: Elem> Window<T> {
     /// Reads several global ranges, back to back, into `out` (whose length must be the sum of the
     /// ranges' lengths). All reads are issued before one completion: cheaper than many `get`s.
     pub fn get_batch(&self, ranges: &[Range<usize>], out: &mut [T]) -> Result<()> {
-        self.check_batch("get_batch", ranges, out.len())?;
+        let batch = self.check_batch("get_batch", ranges, out.len())?;
         use WindowInner as Inner;
-        dispatch!(&self.inner, w => w.get_batch(ranges, out))
+        dispatch!(&self.inner, w => w.get_batch(batch, out))
     }
 
     /// Writes `data` at global `start`. Visible at the target after [`flush`](Self::flush) of the
@@ -364,16 +364,16 @@ impl<T: Elem> Window<T> {
 
     /// [`put`](Self::put) of `data` split over several global ranges, back to back.
     pub fn put_batch(&self, ranges: &[Range<usize>], data: &[T]) -> Result<()> {
-        self.check_batch("put_batch", ranges, data.len())?;
+        let batch = self.check_batch("put_batch", ranges, data.len())?;
         use WindowInner as Inner;
-        dispatch!(&self.inner, w => w.write_batch(ranges, data, false))
+        dispatch!(&self.inner, w => w.write_batch(batch, data, false))
     }
 
     /// [`accumulate`](Self::accumulate) of `data` split over several global ranges, back to back.
     pub fn accumulate_batch(&self, ranges: &[Range<usize>], data: &[T]) -> Result<()> {
-        self.check_batch("accumulate_batch", ranges, data.len())?;
+        let batch = self.check_batch("accumulate_batch", ranges, data.len())?;
         use WindowInner as Inner;
-        dispatch!(&self.inner, w => w.write_batch(ranges, data, true))
+        dispatch!(&self.inner, w => w.write_batch(batch, data, true))
     }
 
     /// Atomically adds `value` to global element `index` and returns its previous value.
@@ -455,38 +455,64 @@ impl<T: Elem> Window<T> {
         }
     }
 
-    fn check_batch(&self, op: &'static str, ranges: &[Range<usize>], got: usize) -> Result<()> {
-        let mut expected = 0usize;
+    /// Checks a batch before any of it is issued: every range inside the window, their lengths
+    /// summing to `got`. One pass of four operations a range, with no early exit, that also
+    /// finds the batch's bounds: a backend issues a batch inside one shard with no test per
+    /// range. (Tested range by range, with the lengths' sum checked for overflow, the check cost
+    /// 2 ns a range: 7 % of an 8-byte `get` in a batch on shared memory.)
+    #[inline]
+    fn check_batch<'r>(&self, op: &'static str, ranges: &'r [Range<usize>], got: usize) -> Result<Batch<'r>> {
+        let len = self.len();
+        let (mut start, mut end, mut inverted, mut sum) = (usize::MAX, 0usize, false, 0usize);
         for r in ranges {
-            if r.start > r.end || r.end > self.len() {
-                return Err(ErrorKind::OutOfRange {
-                    rank: self.rank(),
-                    window: self.name().to_owned(),
-                    start: r.start,
-                    end: r.end,
-                    len: self.len(),
-                }
-                .into());
-            }
-            expected += r.end - r.start;
+            (start, end) = (start.min(r.start), end.max(r.end));
+            inverted |= r.start > r.end;
+            sum = sum.wrapping_add(r.end.wrapping_sub(r.start));
         }
-        if expected != got {
+        if inverted || end > len {
+            let r = ranges.iter().find(|r| r.start > r.end || r.end > len).unwrap_or(&(0..0));
+            return Err(ErrorKind::OutOfRange {
+                rank: self.rank(),
+                window: self.name().to_owned(),
+                start: r.start,
+                end: r.end,
+                len,
+            }
+            .into());
+        }
+        // Every range lies in `0..len`, so the sum wraps only if `ranges.len() * len` does.
+        let expected = if ranges.len().checked_mul(len).is_some() {
+            Some(sum)
+        } else {
+            ranges.iter().try_fold(0usize, |n, r| n.checked_add(r.end - r.start))
+        };
+        if expected != Some(got) {
             return Err(ErrorKind::LengthMismatch {
                 rank: self.rank(),
                 op,
                 window: self.name().to_owned(),
-                expected,
+                expected: expected.unwrap_or(usize::MAX),
                 got,
             }
             .into());
         }
-        Ok(())
+        Ok(Batch { ranges, start: start.min(end), end })
     }
 
     fn rank(&self) -> usize {
         use WindowInner as Inner;
         dispatch!(&self.inner, w => w.rank())
     }
+}
+
+/// A batch of ranges that [`Window::check_batch`] found valid: every range inside the window,
+/// their lengths summing to the length of the batch's buffer, and all of them inside
+/// `start..end` (an empty `start..end` for a batch of no elements).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Batch<'r> {
+    pub(crate) ranges: &'r [Range<usize>],
+    pub(crate) start: usize,
+    pub(crate) end: usize,
 }
 
 /// Targets that operations went to since the last completion: none, one, or several. One word
@@ -564,10 +590,10 @@ impl<'d, T: Elem> WriteScope<'_, 'd, T> {
     }
 
     fn issue_batch(&self, op: &'static str, ranges: &[Range<usize>], data: &'d [T], acc: bool) -> Result<()> {
-        self.window.check_batch(op, ranges, data.len())?;
+        let batch = self.window.check_batch(op, ranges, data.len())?;
         use WindowInner as Inner;
         let touched = self.touched.get();
-        self.track(dispatch!(&self.window.inner, w => w.issue_write_batch(ranges, data, acc, touched)))
+        self.track(dispatch!(&self.window.inner, w => w.issue_write_batch(batch, data, acc, touched)))
     }
 
     #[inline(always)]

@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex};
 
 use super::{lock, World};
-use crate::{Elem, Error, ErrorKind, Result, ShardMap, Targets, Touched};
+use crate::{Batch, Elem, Error, ErrorKind, Result, ShardMap, Targets, Touched};
 
 /// A window of the local backend, as seen by one rank.
 #[derive(Debug)]
@@ -124,10 +124,10 @@ impl<T: Elem> LocalWindow<T> {
         Ok(())
     }
 
-    pub(crate) fn get_batch(&self, ranges: &[std::ops::Range<usize>], out: &mut [T]) -> Result<()> {
-        self.world.count_batch(self.rank, ranges.len());
+    pub(crate) fn get_batch(&self, batch: Batch<'_>, out: &mut [T]) -> Result<()> {
+        self.world.count_batch(self.rank, batch.ranges.len());
         let mut at = 0;
-        for r in ranges {
+        for r in batch.ranges {
             let len = r.end - r.start;
             self.get_uncounted(r.start, &mut out[at..at + len])?;
             at += len;
@@ -135,26 +135,21 @@ impl<T: Elem> LocalWindow<T> {
         Ok(())
     }
 
-    pub(crate) fn write_batch(
-        &self,
-        ranges: &[std::ops::Range<usize>],
-        data: &[T],
-        accumulate: bool,
-    ) -> Result<()> {
-        self.issue_write_batch(ranges, data, accumulate, Touched::NONE).map(drop)
+    pub(crate) fn write_batch(&self, batch: Batch<'_>, data: &[T], accumulate: bool) -> Result<()> {
+        self.issue_write_batch(batch, data, accumulate, Touched::NONE).map(drop)
     }
 
     /// Queues puts or accumulates of `data` split over `ranges` (whose lengths sum to
     /// `data.len()`) and adds their targets to `touched`.
     pub(crate) fn issue_write_batch(
         &self,
-        ranges: &[std::ops::Range<usize>],
+        batch: Batch<'_>,
         data: &[T],
         accumulate: bool,
         mut touched: Touched,
     ) -> Result<Touched> {
         let mut at = 0;
-        for r in ranges {
+        for r in batch.ranges {
             let len = r.end - r.start;
             touched = self.issue_write(r.start, &data[at..at + len], accumulate, touched)?;
             at += len;
