@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -23,12 +24,25 @@ PEERS = os.path.join(HERE, "peers")
 MLP_FLOPS = 2 * (784 * 128 + 128 * 10) + 2 * (128 * 10 + 128 * 10 + 784 * 128)
 
 
-def run(cmd, env=None):
-    """Runs cmd, returns its stdout; exits naming the command if it failed."""
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if r.returncode != 0:
-        sys.exit(f"bench_peers: `{shlex.join(cmd)}` failed ({r.returncode}):\n{r.stdout[-2000:]}{r.stderr[-4000:]}")
-    return r.stdout
+class Hung(Exception):
+    """A command that ran past its time limit (it and its children were killed)."""
+
+
+def run(cmd, env=None, timeout=None):
+    """Runs cmd, returns its stdout; exits naming the command if it failed. Past `timeout` seconds
+    the command and every process it started are killed and `Hung` is raised."""
+    # Its own session: a hung PyTorch DDP run leaves no worker behind when its group is killed.
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          start_new_session=True) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            raise Hung(f"`{shlex.join(cmd)}` still running after {timeout:.0f} s: killed") from None
+    if p.returncode != 0:
+        sys.exit(f"bench_peers: `{shlex.join(cmd)}` failed ({p.returncode}):\n{out[-2000:]}{err[-4000:]}")
+    return out
 
 
 def peer_env():
@@ -49,6 +63,7 @@ class Bench:
         self.a = a
         self.py = a.python
         self.results = {}
+        self.hung = []
 
     def peregrine(self, name, flags):
         """One Peregrine run under `mpirun -n 2`; its summary.json."""
@@ -60,7 +75,17 @@ class Bench:
             return json.load(f)
 
     def peer(self, script, args):
-        return last_json(run([self.py, os.path.join(PEERS, script)] + args, env=peer_env()))
+        """One peer run; a run that hangs is killed after `--peer-timeout` seconds and run again
+        (up to 3 tries), and counted (libmf 0.9.2's scheduler was seen to deadlock: both workers
+        waiting in `Scheduler::put_job`, the main thread joining them, no CPU used)."""
+        cmd = [self.py, os.path.join(PEERS, script)] + args
+        for attempt in range(1, 4):
+            try:
+                return last_json(run(cmd, env=peer_env(), timeout=self.a.peer_timeout))
+            except Hung as e:
+                self.hung.append(f"{script}: {e}")
+                print(f"  {script} hung (try {attempt} of 3): {e}", flush=True)
+        sys.exit(f"bench_peers: {script} hung 3 times in a row")
 
     def record(self, key, value):
         self.results.setdefault(key, []).append(value)
@@ -141,6 +166,8 @@ def main():
     p.add_argument("--only", default="roofline,fmnist,mf,lr,scale",
                    help="parts to run: roofline, fmnist, mf, lr, scale (comma-separated)")
     p.add_argument("--big", action="store_true", help="also the 10M x 1M sparse set (sparse-10m.pgd)")
+    p.add_argument("--peer-timeout", type=float, default=300,
+                   help="seconds before a peer's run counts as hung, is killed and run again (default 300)")
     p.add_argument("--out", default=None, help="where table.md and results.json go (default: --data)")
     a = p.parse_args()
     out = a.out or a.data
@@ -270,6 +297,10 @@ def main():
         text += (f"\nRoofline (same run): {roof['simd']}; FMA peak {roof['fma_gflops_1']:.1f} GFLOP/s on 1 thread, "
                  f"{roof['fma_gflops']:.1f} on 2 ({roof['vector']}); STREAM triad {roof['triad_gbs']:.1f} GB/s "
                  f"on 2 threads.\n")
+    if b.hung:
+        text += (f"\nPeer runs that hung, were killed after {a.peer_timeout:.0f} s and ran again "
+                 f"({len(b.hung)}):\n" + "\n".join(f"- {h}" for h in b.hung) + "\n")
+    b.results["hung"] = b.hung
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(text)
