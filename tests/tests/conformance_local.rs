@@ -36,6 +36,7 @@ cases! {
     collectives => "collectives",
     uneven_shards => "uneven-shards-crossing-ranges",
     batches_between_shards => "batches-back-and-forth-between-shards",
+    batches_inside_one_shard => "batches-inside-one-shard",
     own_shard_in_place => "own-shard-in-place",
     accumulate_f32 => "accumulate-everywhere-f32",
     accumulate_f64 => "accumulate-everywhere-f64",
