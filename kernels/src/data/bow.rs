@@ -94,6 +94,19 @@ fn parse_docword(path: &Path) -> Result<SparseText> {
     }
     let mut out = SparseText { row_ptr: vec![0], max_index: vocab, ..SparseText::default() };
     let (mut doc, mut prev_word) = (0u64, 0u64);
+    // Empty documents, counted before their rows are made: a header whose NNZ promises triples
+    // the file does not have must not make the empty rows ask for memory that the check above
+    // was there to refuse (D = 4 * 10^9, NNZ = 5.3 * 10^9 and no triple: 32 GB of rows).
+    let mut empty = 0u64;
+    let too_many_empty = |empty: u64, triples: usize| {
+        DataError::format(
+            path,
+            format!(
+                "document count D = {docs}: {empty} or more documents without a triple (the file has \
+                 {triples} triples); no more than {MAX_EMPTY_DOCUMENTS} documents may be empty"
+            ),
+        )
+    };
     while let Some((no, line)) = lines.next_line()? {
         let mut t = tokens(line);
         let Some((at, d)) = t.next() else { continue };
@@ -119,6 +132,11 @@ fn parse_docword(path: &Path) -> Result<SparseText> {
                 "triples sorted by document, then by word (each word once per document)",
             ));
         }
+        // Sorted (checked above): d >= doc, and the documents strictly between are empty.
+        empty += d.saturating_sub(doc + 1);
+        if empty > MAX_EMPTY_DOCUMENTS {
+            return Err(too_many_empty(empty, out.indices.len()));
+        }
         while doc < d {
             // Documents up to d - 1 end here (absent ones are empty).
             if doc > 0 {
@@ -134,6 +152,9 @@ fn parse_docword(path: &Path) -> Result<SparseText> {
     if doc > 0 {
         out.row_ptr.push(out.indices.len() as u64);
         out.labels.push(0.0);
+    }
+    if empty + (docs - doc) > MAX_EMPTY_DOCUMENTS {
+        return Err(too_many_empty(empty + (docs - doc), out.indices.len()));
     }
     while (out.labels.len() as u64) < docs {
         out.row_ptr.push(out.indices.len() as u64);
@@ -270,6 +291,20 @@ mod tests {
                 "39999999999999992\n4\n0\n",
                 Format::Docword,
                 "no more than 16777216 documents may be empty",
+            ),
+            // Found by fuzzing: a header whose NNZ promises the triples that would make its D
+            // plausible, and no triples (32 GB of empty rows), or one at the last document.
+            (
+                "e.txt",
+                "3999999999\n59999\n5333999993\n",
+                Format::Docword,
+                "3999999999 or more documents without a triple (the file has 0 triples); no more than 16777216",
+            ),
+            (
+                "f.txt",
+                "3999999999\n5\n5333999993\n3999999999 1 1\n",
+                Format::Docword,
+                "3999999998 or more documents without a triple (the file has 0 triples)",
             ),
             ("p.ldac", "2 0:1\n", Format::Ldac, "2 pairs as the line says, found 1"),
             ("i.ldac", "2 3:1 1:1\n", Format::Ldac, "increasing"),
