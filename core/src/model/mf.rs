@@ -218,7 +218,12 @@ impl Grid {
     /// The keys of `rows` if they are one chunk-sized slot of the layout (a chunk the engine
     /// cut: its batches start at multiples of the chunk).
     fn slot_keys(&self, rows: &Range<usize>) -> Option<&[u32]> {
-        self.slot_index(rows).map(|s| &self.keys[self.key_starts[s]..self.key_starts[s + 1]])
+        self.slot_index(rows).map(|s| self.keys_of(s))
+    }
+
+    /// Slot `s`'s keys.
+    fn keys_of(&self, s: usize) -> &[u32] {
+        &self.keys[self.key_starts[s]..self.key_starts[s + 1]]
     }
 
     /// Which slot `rows` are, if they are one whole slot.
@@ -232,7 +237,7 @@ impl Grid {
     /// `rows` as a [`Slot`], if they are one whole slot.
     fn slot(&self, rows: &Range<usize>) -> Option<Slot<'_>> {
         let s = self.slot_index(rows)?;
-        let keys = &self.keys[self.key_starts[s]..self.key_starts[s + 1]];
+        let keys = self.keys_of(s);
         let users = self.slot_users[s] as usize;
         let local = Ratings {
             users: &self.local_users[rows.clone()],
@@ -481,7 +486,7 @@ impl Model for Mf {
             let rows = work.gather(l, params, slot.keys);
             let (u, v) = rows.split_at_mut(slot.users * l.width);
             let sse = self.sgd(epoch, &slot.local, u, v);
-            work.settle_gathered(l, params);
+            work.settle_gathered(l, params, slot.keys);
             return sse;
         }
         self.compute_scattered(epoch, rows, params, work)

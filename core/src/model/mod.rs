@@ -320,9 +320,18 @@ pub struct Copies {
     acc: Vec<f32>,
     chunk_keys: KeySet,
     keys: KeySet,
-    /// The rows of [`gather`](Self::gather)'s keys side by side, and those keys.
+    /// The rows of [`gather`](Self::gather)'s keys side by side.
     gathered: Vec<f32>,
-    gathered_keys: Vec<u32>,
+}
+
+/// `acc += new - old`, element by element (a row's change added to the update).
+#[inline]
+fn add_change(acc: &mut [f32], new: &[f32], old: &[f32]) {
+    // Equal lengths, stated: the loop compiles to vector code without bounds checks.
+    let (new, old) = (&new[..acc.len()], &old[..acc.len()]);
+    for i in 0..acc.len() {
+        acc[i] += new[i] - old[i];
+    }
 }
 
 impl Copies {
@@ -334,13 +343,12 @@ impl Copies {
             chunk_keys: KeySet::new(layout.keys()),
             keys: KeySet::new(layout.keys()),
             gathered: Vec::new(),
-            gathered_keys: Vec::new(),
         }
     }
 
     /// Copies the rows of `keys` (distinct) from `params` side by side, in that order; returns
-    /// them to work on (`keys.len()` rows of `layout.width`). [`settle_gathered`] adds what the
-    /// chunk changed. A chunk whose rows are known in advance (MF's strata keep each slot's)
+    /// them to work on (`keys.len()` rows of `layout.width`). [`settle_gathered`] with the same
+    /// keys adds what the chunk changed. A chunk whose rows are known in advance (MF's strata keep each slot's)
     /// then works on a few hundred rows packed together rather than scattered over a copy of
     /// the whole model.
     ///
@@ -352,25 +360,19 @@ impl Copies {
             let r = layout.range(key);
             row[..r.len()].copy_from_slice(&params[r]);
         }
-        self.gathered_keys.clear();
-        self.gathered_keys.extend_from_slice(keys);
         &mut self.gathered
     }
 
-    /// Adds what the chunk changed in the rows [`gather`](Self::gather) copied (against
-    /// `params`) to the update.
-    pub fn settle_gathered(&mut self, layout: Layout, params: &[f32]) {
+    /// Adds what the chunk changed in the rows [`gather`](Self::gather) copied for `keys` (the
+    /// same keys), against `params`, to the update.
+    pub fn settle_gathered(&mut self, layout: Layout, params: &[f32], keys: &[u32]) {
         let w = layout.width;
-        for (row, &key) in self.gathered.chunks_exact(w).zip(&self.gathered_keys) {
+        debug_assert_eq!(self.gathered.len(), keys.len() * w, "settle_gathered: the keys gathered");
+        for (row, &key) in self.gathered.chunks_exact(w).zip(keys) {
             let r = layout.range(key);
-            let (acc, old) = (&mut self.acc[r.clone()], &params[r]);
-            // Equal lengths, stated: the loop compiles to vector code without bounds checks.
-            let (new, old) = (&row[..acc.len()], &old[..acc.len()]);
-            for i in 0..acc.len() {
-                acc[i] += new[i] - old[i];
-            }
+            add_change(&mut self.acc[r.clone()], row, &params[r]);
         }
-        self.keys.extend(&self.gathered_keys);
+        self.keys.extend(keys);
     }
 
     /// Copies the keys `keys` adds (the chunk's) from `params`; returns the copy to work on
@@ -388,12 +390,7 @@ impl Copies {
     pub fn settle(&mut self, layout: Layout, params: &[f32]) {
         for &key in self.chunk_keys.keys() {
             let r = layout.range(key);
-            let (acc, new, old) = (&mut self.acc[r.clone()], &self.local[r.clone()], &params[r]);
-            // Equal lengths, stated: the loop compiles to vector code without bounds checks.
-            let (new, old) = (&new[..acc.len()], &old[..acc.len()]);
-            for i in 0..acc.len() {
-                acc[i] += new[i] - old[i];
-            }
+            add_change(&mut self.acc[r.clone()], &self.local[r.clone()], &params[r]);
         }
         self.keys.extend(self.chunk_keys.keys());
         self.chunk_keys.clear();

@@ -288,11 +288,13 @@ pub fn gemm(
             let kc = KC.min(k - pc);
             // `op(B) = B`: its rows are the panels' rows, read in place but for a ragged last
             // panel (packed, zero-padded); `op(B) = B^T`: every panel packed (transposed).
-            let full_b = if bcs == 1 { nc / NR } else { 0 };
-            let pb = grow(&mut pack.b, (nc.div_ceil(NR) - full_b) * NR * kc);
+            let (panels_b, full_b) = (nc.div_ceil(NR), if bcs == 1 { nc / NR } else { 0 });
+            let pb = grow(&mut pack.b, (panels_b - full_b) * NR * kc);
             pack_b(b, brs, bcs, pc, kc, jc + full_b * NR, nc - full_b * NR, pb);
+            let pb = &pack.b[..(panels_b - full_b) * NR * kc];
             let beta = if pc == 0 { beta } else { 1.0 };
-            let pb = &pack.b[..(nc.div_ceil(NR) - full_b) * NR * kc];
+            // Tiles along the rows of C for a small block of B (see `ROW_ORDER_B_BYTES`).
+            let row_order = kc * panels_b * NR * std::mem::size_of::<f32>() <= ROW_ORDER_B_BYTES;
             let b_panel = |q: usize| -> (&[f32], usize) {
                 if q < full_b {
                     (&b[pc * brs + jc + q * NR..], brs)
@@ -305,10 +307,10 @@ pub fn gemm(
                 // `op(A) = A`: full panels read in place, a ragged last one packed (zero rows
                 // added); `op(A) = A^T`: every panel packed (read in place, each step's 6
                 // values a row length apart, it took 4 % more time on the weight gradient).
-                let full_a = if acs == 1 { mc / MR } else { 0 };
-                let pa = grow(&mut pack.a, (mc.div_ceil(MR) - full_a) * MR * kc);
+                let (panels_a, full_a) = (mc.div_ceil(MR), if acs == 1 { mc / MR } else { 0 });
+                let pa = grow(&mut pack.a, (panels_a - full_a) * MR * kc);
                 pack_a(a, ars, acs, ic + full_a * MR, mc - full_a * MR, pc, kc, pa);
-                let pa = &pack.a[..(mc.div_ceil(MR) - full_a) * MR * kc];
+                let pa = &pack.a[..(panels_a - full_a) * MR * kc];
                 let a_panel = |p: usize| -> APanel<'_> {
                     if p < full_a {
                         APanel::Rows(array::from_fn(|i| &a[(ic + p * MR + i) * ars + pc..]))
@@ -323,8 +325,7 @@ pub fn gemm(
                     let acc = kernel(a_panel(p), bp, rsb, kc);
                     write_tile(&acc, &mut c[i * n + j..], n, mr, nr, alpha, beta);
                 };
-                let (panels_a, panels_b) = (mc.div_ceil(MR), nc.div_ceil(NR));
-                if kc * nc.div_ceil(NR) * NR * std::mem::size_of::<f32>() <= ROW_ORDER_B_BYTES {
+                if row_order {
                     // Tiles along rows of C: C streams row by row, the block of B from L2.
                     for p in 0..panels_a {
                         for q in 0..panels_b {
