@@ -133,7 +133,7 @@ fn parse_docword(path: &Path) -> Result<SparseText> {
             ));
         }
         // Sorted (checked above): d >= doc, and the documents strictly between are empty.
-        empty += d.saturating_sub(doc + 1);
+        empty += (d - doc).saturating_sub(1);
         if empty > MAX_EMPTY_DOCUMENTS {
             return Err(too_many_empty(empty, out.indices.len()));
         }
