@@ -107,6 +107,24 @@ impl ShardMap {
         Some(Pieces { map: self, rank, next: start, start, end })
     }
 
+    /// [`pieces`](Self::pieces), from the first piece in a shard after `rank`'s, wrapping around
+    /// to those in `rank`'s shard and before it: the order a rank's writes of a range are issued
+    /// in (and, under MPI, its reads, where the order makes no difference). Ranks that write
+    /// a range over every shard at once (a whole vector's push, every iteration) then start in
+    /// different shards, instead of all in the first, where the target serializes their
+    /// accumulates (osc/sm holds the target's lock for each; the local backend, the shard's
+    /// mutex). MF on MovieLens-100k, 2 MPI ranks, 10 runs of each alternated: push 0.52 -> 0.44
+    /// ms an epoch (medians; paired ratio 0.76).
+    pub fn pieces_after(
+        &self,
+        start: usize,
+        len: usize,
+        rank: usize,
+    ) -> Option<impl Iterator<Item = Piece> + '_> {
+        let (after, upto) = (self.pieces(start, len)?, self.pieces(start, len)?);
+        Some(after.filter(move |p| p.rank > rank).chain(upto.filter(move |p| p.rank <= rank)))
+    }
+
     /// A fingerprint that differs (with overwhelming probability) between different maps: used to
     /// check that all ranks allocate the same window.
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // the local backend compares maps directly
@@ -168,6 +186,26 @@ mod tests {
         assert_eq!((0..4).map(|r| m.len_of(r)).collect::<Vec<_>>(), [3, 3, 2, 2]);
         assert_eq!(m.range(2), 6..8);
         assert_eq!(m.total(), 10);
+    }
+
+    #[test]
+    fn writes_start_in_the_shard_after_the_writers() {
+        let m = ShardMap::from_lens([3, 0, 3, 2]);
+        let order = |start, len, rank| -> Vec<(usize, usize, usize)> {
+            m.pieces_after(start, len, rank)
+                .expect("inside the map")
+                .map(|p| (p.rank, p.offset, p.pos))
+                .collect()
+        };
+        // The whole map from each rank: the shards after it first, its own last.
+        assert_eq!(order(0, 8, 0), [(2, 0, 3), (3, 0, 6), (0, 0, 0)]);
+        assert_eq!(order(0, 8, 1), [(2, 0, 3), (3, 0, 6), (0, 0, 0)]);
+        assert_eq!(order(0, 8, 2), [(3, 0, 6), (0, 0, 0), (2, 0, 3)]);
+        assert_eq!(order(0, 8, 3), [(0, 0, 0), (2, 0, 3), (3, 0, 6)]);
+        // Part of it: the same pieces as `pieces`, in that order.
+        assert_eq!(order(1, 4, 2), [(0, 1, 0), (2, 0, 2)]);
+        assert_eq!(order(1, 4, 0), [(2, 0, 2), (0, 1, 0)]);
+        assert!(m.pieces_after(5, 4, 0).is_none(), "past the end");
     }
 
     #[test]

@@ -171,8 +171,10 @@ impl<T: Elem> LocalWindow<T> {
         mut touched: Touched,
     ) -> Result<Touched> {
         self.world.count(self.rank);
-        let pieces =
-            self.map.pieces(start, data.len()).ok_or_else(|| self.out_of_range(start, data.len()))?;
+        let pieces = self
+            .map
+            .pieces_after(start, data.len(), self.rank)
+            .ok_or_else(|| self.out_of_range(start, data.len()))?;
         let mut pending = lock(&self.pending);
         for p in pieces {
             let at = pending.data.len();

@@ -493,7 +493,8 @@ impl<T: Elem> MpiWindow<T> {
     }
 
     /// Calls `f(target, displacement, position, count)` for every piece of `start..start + len`,
-    /// pieces split at [`MAX_COUNT`].
+    /// pieces split at [`MAX_COUNT`], from the shard after this rank's
+    /// ([`ShardMap::pieces_after`]).
     #[inline(always)]
     fn for_pieces(
         &self,
@@ -507,7 +508,8 @@ impl<T: Elem> MpiWindow<T> {
             f(rank as c_int, offset as ffi::MPI_Aint, 0, len as c_int)?;
             return Ok(touched.add(rank));
         }
-        let pieces = self.map.pieces(start, len).ok_or_else(|| self.out_of_range(start, len))?;
+        let me = self.comm.rank;
+        let pieces = self.map.pieces_after(start, len, me).ok_or_else(|| self.out_of_range(start, len))?;
         for p in pieces {
             let mut done = 0;
             while done < p.len {
