@@ -348,9 +348,9 @@ impl Copies {
 
     /// Copies the rows of `keys` (distinct) from `params` side by side, in that order; returns
     /// them to work on (`keys.len()` rows of `layout.width`). [`settle_gathered`] with the same
-    /// keys adds what the chunk changed. A chunk whose rows are known in advance (MF's strata keep each slot's)
-    /// then works on a few hundred rows packed together rather than scattered over a copy of
-    /// the whole model.
+    /// keys adds what the chunk changed. A chunk whose rows are known in advance (MF's strata
+    /// keep each slot's) then works on a few hundred rows packed together rather than scattered
+    /// over a copy of the whole model.
     ///
     /// [`settle_gathered`]: Self::settle_gathered
     pub fn gather(&mut self, layout: Layout, params: &[f32], keys: &[u32]) -> &mut [f32] {

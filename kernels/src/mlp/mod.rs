@@ -9,9 +9,9 @@
 //!   `grad_X = dY W` (`A B`).
 //!
 //! [`Matmul`] runs `C <- alpha op(A) op(B) + beta C` with one of three [`Backend`]s:
-//! [`scalar::gemm`] (the reference), [`simd::gemm`] (our own `wide` kernel: 6x16
-//! micro-kernel, transposed operands packed) and [`mmul::gemm`] (`matrixmultiply::sgemm`). It owns the packing buffers of
-//! the `wide` kernel, so the layers allocate nothing once warm.
+//! [`scalar::gemm`] (the reference), [`simd::gemm`] (our own `wide` kernel: 6x16 micro-kernel,
+//! transposed operands packed) and [`mmul::gemm`] (`matrixmultiply::sgemm`). It owns the
+//! packing buffers of the `wide` kernel, so the layers allocate nothing once warm.
 //!
 //! Which backend the layers use by default ([`Backend::default`]) was decided by
 //! `benches/benches/kernels.rs` (`mlp_step/*`: forward + backward of 784-128-10, one core), in

@@ -1,10 +1,10 @@
 //! SPMD program: the training engine's checks (`peregrine_tests::training`) on every rank.
 //!
 //! `training exactly-once [--backend local|mpi] [--ranks N] [--threads T]
-//! [--takeover required|optional]`: every chunk computed exactly once under BSP, SSP(2), ASP, Falcon, FlexRR and speculative
-//! execution (copies of a chunk race, one result is applied), with rank 0 slowed down (and, unless
-//! `--takeover optional`, chunks taken over from it under one scheme at least), and with the
-//! active thread count changing between iterations.
+//! [--takeover required|optional]`: every chunk computed exactly once under BSP, SSP(2), ASP,
+//! Falcon, FlexRR and speculative execution (copies of a chunk race, one result is applied), with
+//! rank 0 slowed down (and, unless `--takeover optional`, chunks taken over from it under one
+//! scheme at least), and with the active thread count changing between iterations.
 //! `training params --data FILE --out FILE [--optimizer NAME] [--backend ...] [--ranks N]`: BSP
 //! logistic regression on FILE; rank 0 writes the final parameters, one per line, to `--out`.
 
@@ -27,9 +27,13 @@ fn main() -> ExitCode {
             "--backend" => v.parse().map(|b| backend = b).is_ok(),
             "--ranks" => v.parse().map(|n| ranks = n).is_ok(),
             "--threads" => v.parse().map(|n| threads = n).is_ok(),
-            "--takeover" => {
-                matches!(v.as_str(), "required" | "optional").then(|| takeover = v == "required").is_some()
-            }
+            "--takeover" => match v.as_str() {
+                "required" | "optional" => {
+                    takeover = v == "required";
+                    true
+                }
+                _ => false,
+            },
             "--data" => {
                 data = Some(v.clone());
                 true
