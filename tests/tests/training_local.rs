@@ -31,7 +31,7 @@ fn check_exactly_once(scheme: Scheme) {
             // Each chunk's result applied once: by its owner, a thief, or a copy that won.
             assert_eq!(own + taken + cloned, chunks, "{scheme}, {world} ranks x {threads}: chunks counted");
             if world > 1 {
-                // Rank 0 runs at a fifth of its speed: the others must have taken chunks over
+                // Rank 0 runs at a twentieth of its speed: the others must have taken chunks over
                 // (or, speculating, copied and won some).
                 assert!(taken > 0, "{scheme}, {world} ranks x {threads}: nothing taken over");
             } else {

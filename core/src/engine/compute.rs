@@ -90,8 +90,9 @@ const SPIN_TAIL: Duration = Duration::from_micros(200);
 const TIMER_SLACK: Duration = Duration::from_micros(150);
 
 /// The CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`); zero if the clock
-/// cannot be read.
-fn thread_cpu_time() -> Duration {
+/// cannot be read. Injected delays are this time scaled, so a model standing in for compute
+/// should spend its time as CPU time too.
+pub fn thread_cpu_time() -> Duration {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `ts` is a valid out-pointer; the clock id is a constant every Linux supports.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };

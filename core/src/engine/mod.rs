@@ -62,6 +62,7 @@ use crate::scheme::{Scheme, SchemeError, SchemeSpec};
 
 mod comm;
 mod compute;
+pub use compute::thread_cpu_time;
 mod evals;
 pub use evals::{DIVERGED_ABOVE, RISEN_BY, STALL_EVALS};
 mod metrics;
