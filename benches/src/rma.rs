@@ -68,7 +68,7 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        Self { min_size: 8, max_size: 4 << 20, latency_iters: 100_000, warmup: 1_000, trials: 5, raw: true }
+        Self { min_size: 8, max_size: 4 << 20, latency_iters: 100_000, warmup: 1_000, trials: 11, raw: true }
     }
 }
 
