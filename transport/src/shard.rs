@@ -121,8 +121,13 @@ impl ShardMap {
         len: usize,
         rank: usize,
     ) -> Option<impl Iterator<Item = Piece> + '_> {
-        let (after, upto) = (self.pieces(start, len)?, self.pieces(start, len)?);
-        Some(after.filter(move |p| p.rank > rank).chain(upto.filter(move |p| p.rank <= rank)))
+        let end = start.checked_add(len).filter(|&end| end <= self.total())?;
+        // Where the shards after `rank`'s begin, inside the range; the pieces from there on, then
+        // those before (each piece visited once).
+        let next = (rank + 1).min(self.parts());
+        let split = self.offsets[next].clamp(start, end);
+        let after = Pieces { map: self, rank: next, next: split, start, end };
+        Some(after.chain(self.pieces(start, split - start)?))
     }
 
     /// A fingerprint that differs (with overwhelming probability) between different maps: used to
@@ -206,6 +211,16 @@ mod tests {
         assert_eq!(order(1, 4, 2), [(0, 1, 0), (2, 0, 2)]);
         assert_eq!(order(1, 4, 0), [(2, 0, 2), (0, 1, 0)]);
         assert!(m.pieces_after(5, 4, 0).is_none(), "past the end");
+        // Every range from every rank: the pieces of `pieces`, each once, in some order.
+        for (start, len, rank) in
+            (0..=8).flat_map(|s| (0..=8 - s).flat_map(move |l| (0..4).map(move |r| (s, l, r))))
+        {
+            let mut got = order(start, len, rank);
+            got.sort_unstable();
+            let want: Vec<_> =
+                m.pieces(start, len).expect("inside").map(|p| (p.rank, p.offset, p.pos)).collect();
+            assert_eq!(got, want, "{start}+{len} from rank {rank}");
+        }
     }
 
     #[test]

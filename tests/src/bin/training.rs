@@ -28,8 +28,12 @@ fn main() -> ExitCode {
             "--ranks" => v.parse().map(|n| ranks = n).is_ok(),
             "--threads" => v.parse().map(|n| threads = n).is_ok(),
             "--takeover" => match v.as_str() {
-                "required" | "optional" => {
-                    takeover = v == "required";
+                "required" => {
+                    takeover = true;
+                    true
+                }
+                "optional" => {
+                    takeover = false;
                     true
                 }
                 _ => false,
