@@ -9,7 +9,7 @@
 //!   across world sizes and backends.
 
 use std::ops::Range;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use peregrine_core::engine::{self, thread_cpu_time, Config, Report};
 use peregrine_core::inject::{Injection, Pattern};
@@ -83,14 +83,16 @@ impl Model for Counting {
     /// Busy for `per_row` of this thread's CPU time a row, like real compute: on a core shared
     /// with other threads it takes longer by the wall clock. (Spun by the wall clock, a chunk
     /// preempted midway used little CPU time, and the injected delay, scaled from CPU time,
-    /// shrank with it.)
+    /// shrank with it.) Bounded by the wall clock too, at 50 times the busy time: a clock that
+    /// cannot be read reads zero, and must not spin the thread forever.
     fn compute(&self, rows: Range<usize>, _params: &[f32], work: &mut Counts) -> f64 {
-        let until = thread_cpu_time() + self.per_row * rows.len() as u32;
+        let busy = self.per_row * rows.len() as u32;
+        let (until, wall) = (thread_cpu_time() + busy, Instant::now() + busy * 50);
         for r in rows {
             work.counts[r] += 1.0;
             work.keys.insert(r as u32);
         }
-        while thread_cpu_time() < until {
+        while thread_cpu_time() < until && Instant::now() < wall {
             std::hint::spin_loop();
         }
         0.0
