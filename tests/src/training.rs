@@ -231,24 +231,41 @@ pub fn counted_by(
     steal: bool,
     per_row: Duration,
 ) -> Result<(Vec<f32>, Vec<String>), String> {
-    let rows = 997;
-    let model = Counting { rows, per_row };
-    let cfg = Config {
+    let (report, lines) = train_counting(t, counting_config(scheme, inject, epochs, steal), per_row)?;
+    Ok((report.params.ok_or("no parameters")?, lines))
+}
+
+/// Rows of the counting model that [`counted`] and [`train_counting`] train.
+pub const COUNTING_ROWS: usize = 997;
+
+/// [`counted_with`]'s configuration: batches of 200 rows in chunks of 7, 2 threads a rank.
+pub fn counting_config(scheme: Scheme, inject: Injection, epochs: u64, steal: bool) -> Config {
+    Config {
         scheme: SchemeSpec::new(scheme, steal),
         batch: 200,
         chunk: 7,
-        iterations: epochs * rows.div_ceil(200) as u64,
+        iterations: epochs * COUNTING_ROWS.div_ceil(200) as u64,
         threads: 2,
         inject,
         keep_params: true,
         ..Config::default()
-    };
-    let pool = RankPool::new(2, slot(t), Pinning::Off).map_err(|e| e.to_string())?;
+    }
+}
+
+/// The counting model trained under `cfg` (its `threads` on an unpinned pool), each row taking
+/// `per_row`: the report and the metrics lines.
+pub fn train_counting(
+    t: &Transport,
+    cfg: Config,
+    per_row: Duration,
+) -> Result<(Report, Vec<String>), String> {
+    let model = Counting { rows: COUNTING_ROWS, per_row };
+    let pool = RankPool::new(cfg.threads, slot(t), Pinning::Off).map_err(|e| e.to_string())?;
     let mut lines = Vec::new();
     let report = engine::train(t, &model, &cfg, &pool, Some((&mut lines, "memory")), &mut |_| {})
         .map_err(|e| e.to_string())?;
     let text = String::from_utf8(lines).map_err(|e| e.to_string())?;
-    Ok((report.params.ok_or("no parameters")?, text.lines().map(str::to_owned).collect()))
+    Ok((report, text.lines().map(str::to_owned).collect()))
 }
 
 /// [`counted`] for one BSP epoch with `inject`: the metrics lines, after checking every row was

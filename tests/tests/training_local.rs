@@ -377,6 +377,43 @@ fn dynamic_backup_workers_leave_out_the_slow_rank() {
 }
 
 #[test]
+fn a_rank_0_that_skips_ahead_asks_for_the_evaluations_it_skipped() {
+    // Rank 0 at a tenth of its speed under backup workers skips ahead to the others' iteration.
+    // It asks for an evaluation at each of its iterations that reached a multiple of 3 or went
+    // past one (once for several), not only at those that land on one. Its skips follow the
+    // timing: a run whose every skip landed on a multiple (seen: 6, 12, 18, ...) tests nothing
+    // and is run again.
+    use peregrine_tests::training::{counting_config, slowed, train_counting};
+    let (every, epochs) = (3, 10);
+    let iterations = epochs * 997u64.div_ceil(200);
+    for _ in 0..5 {
+        let out = run_local(3, |t| {
+            let mut cfg = counting_config(scheme("backup:1"), slowed(0, 0.1), epochs, true);
+            cfg.eval_every = every;
+            train_counting(&t, cfg, std::time::Duration::from_micros(20))
+        })
+        .expect("world");
+        let (report, lines) = out.into_iter().next().expect("rank 0").expect("rank 0 trains");
+        let (mut before, mut asked, mut past) = (0u64, 0usize, 0usize);
+        for l in &lines {
+            let done = field(l, "iter").parse::<u64>().expect("iter") + 1;
+            if done / every > before / every && done < iterations {
+                asked += 1;
+                past += usize::from(done % every != 0);
+            }
+            before = done;
+        }
+        // One evaluation for each request, and the final one.
+        let at: Vec<u64> = report.evals.iter().map(|e| e.iter).collect();
+        assert_eq!(at.len(), asked + 1, "evaluations at {at:?}");
+        if past > 0 {
+            return;
+        }
+    }
+    panic!("in 5 runs rank 0 never skipped past a multiple of {every}");
+}
+
+#[test]
 fn every_chunk_once_under_falcon() {
     check_exactly_once(scheme("falcon"));
 }
@@ -639,7 +676,8 @@ fn dynamic_dbw_leaves_the_slow_neighbour_out() {
 /// suite, and one evaluation in the middle at 0.058 against 0.039), so there some evaluation of
 /// the later half is below the start. Rank 1 is the slow one, not rank 0: rank 0 asks for the
 /// evaluations at its own iterations, and a slow rank 0 under dynamic DBW skips ahead to its
-/// neighbours' iteration, past the points it would ask at (twice it asked once only).
+/// neighbours' iteration, asking once for the points it skipped (before it asked for none of
+/// them, and twice it asked once only).
 #[test]
 fn dbw_replicas_come_together() {
     use peregrine_core::engine::{self, Config};

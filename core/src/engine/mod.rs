@@ -22,8 +22,9 @@
 //! 5. **wait** until the policy is `ready`; 6. **close**: the record (`end`), metrics,
 //!    evaluations.
 //!
-//! Evaluation pauses the world without lining the ranks up by iteration ([`evals`]): every
-//! `eval_every` of its iterations rank 0 raises a request counter (a word in a window); every rank
+//! Evaluation pauses the world without lining the ranks up by iteration ([`evals`]): at the first
+//! of its iterations at or past each multiple of `eval_every` (once for several multiples, when it
+//! skipped ahead past them) rank 0 raises a request counter (a word in a window); every rank
 //! checks it at the end of each iteration and in every wait, and then all ranks evaluate the model
 //! as it is (each on its share of the evaluation rows) and go on. Under ASP a fast rank is thus not
 //! held back to the slow rank's iteration count by evaluations (a collective at fixed iterations

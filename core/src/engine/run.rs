@@ -734,11 +734,14 @@ impl<'a, M: Model> Run<'a, M> {
             rec.write(*w, path)?;
         }
         let done = rec.iter + 1;
-        me.ev.iters = done;
+        let before = std::mem::replace(&mut me.ev.iters, done);
         // Evaluate when rank 0 asks (the last evaluation comes after the loop, once every push has
-        // landed).
+        // landed): at the first of its iterations at or past each multiple of `eval_every`. A rank
+        // that skips ahead (the slow rank under backup workers and dynamic DBW) asks once for the
+        // multiples it skipped, rather than never for them.
         let cfg = self.cfg;
-        if self.rank == 0 && cfg.eval_every > 0 && done % cfg.eval_every == 0 && done < cfg.iterations {
+        let crossed = cfg.eval_every > 0 && done / cfg.eval_every > before / cfg.eval_every;
+        if self.rank == 0 && crossed && done < cfg.iterations {
             self.control.fetch_add(0, 1)?;
         }
         self.serve_evals(&mut me.ev)?;
