@@ -13,9 +13,9 @@
 //!   window moves at most 16 MiB), issued back to back as one batch, then one completion;
 //! - each figure is the median of several trials; with the MPI backend each trial of ours is
 //!   paired with the same loop in raw MPI on an `MPI_Win_allocate` window in a `lock_all` epoch
-//!   with `MPI_Win_flush` (the reference), so that both see the same machine state; the order
-//!   alternates from trial to trial (ours first, then the reference first), and the ratio
-//!   reported is the median of the trials' ratios;
+//!   with `MPI_Win_flush` (the reference), so that both see the same machine state: the trial's
+//!   timed calls are cut into 16 slices and the two sides take turns slice by slice, the side
+//!   going first alternating; the ratio reported is the median of the trials' ratios;
 //! - a trial lasts about 5-10 ms at every size (OSU runs 10,000 iterations of its small-message
 //!   loops): trials of 1 ms or less moved single ratios by 0.2-0.4 on a shared 2-core machine.
 
@@ -170,18 +170,15 @@ pub fn run(t: &Transport, cfg: &Config, mut report: impl FnMut(&Row)) -> Result<
         for trial in 0..cfg.trials {
             t.barrier()?;
             if me {
-                let mine = || {
-                    timed(cfg.latency_iters, cfg.warmup, || match op {
-                        Op::Get => data.get(base, &mut buf[..1]),
-                        Op::Put => data.write_scope(|s| s.put(base, &buf[..1])),
-                        Op::Accumulate => data.write_scope(|s| s.accumulate(base, &buf[..1])),
-                        Op::FetchAdd => counter.fetch_add(base, 1).map(drop),
-                    })
+                let mine = || match op {
+                    Op::Get => data.get(base, &mut buf[..1]),
+                    Op::Put => data.write_scope(|s| s.put(base, &buf[..1])),
+                    Op::Accumulate => data.write_scope(|s| s.accumulate(base, &buf[..1])),
+                    Op::FetchAdd => counter.fetch_add(base, 1).map(drop),
                 };
-                let reference = raw
-                    .as_mut()
-                    .map(|raw| move || timed(cfg.latency_iters, cfg.warmup, || raw.op(op, target, 1)));
-                both(trial, mine, reference, &mut ours, &mut theirs)?;
+                let reference = raw.as_mut().map(|raw| move || raw.op(op, target, 1));
+                let loops = Loops { trial, iters: cfg.latency_iters, warmup: cfg.warmup, per_call: 1 };
+                loops.both(mine, reference, &mut ours, &mut theirs)?;
             }
         }
         if me {
@@ -211,19 +208,14 @@ pub fn run(t: &Transport, cfg: &Config, mut report: impl FnMut(&Row)) -> Result<
                 t.barrier()?;
                 if me {
                     let out = &mut buf[..len * w];
-                    let warmup = cfg.warmup.min(iters);
-                    let mine = || {
-                        let s = timed(iters, warmup, || match op {
-                            Op::Get => data.get_batch(&ranges, out),
-                            Op::Put => data.write_scope(|s| s.put_batch(&ranges, out)),
-                            _ => data.write_scope(|s| s.accumulate_batch(&ranges, out)),
-                        })?;
-                        Ok(s / w as f64)
+                    let mine = || match op {
+                        Op::Get => data.get_batch(&ranges, out),
+                        Op::Put => data.write_scope(|s| s.put_batch(&ranges, out)),
+                        _ => data.write_scope(|s| s.accumulate_batch(&ranges, out)),
                     };
-                    let reference = raw.as_mut().map(|raw| {
-                        move || Ok(timed(iters, warmup, || raw.window(op, target, len, w))? / w as f64)
-                    });
-                    both(trial, mine, reference, &mut ours, &mut theirs)?;
+                    let reference = raw.as_mut().map(|raw| move || raw.window(op, target, len, w));
+                    let loops = Loops { trial, iters, warmup: cfg.warmup.min(iters), per_call: w };
+                    loops.both(mine, reference, &mut ours, &mut theirs)?;
                 }
             }
             if me {
@@ -247,40 +239,66 @@ pub fn run(t: &Transport, cfg: &Config, mut report: impl FnMut(&Row)) -> Result<
     data.free()
 }
 
-/// One trial of ours (`mine`) and of the raw-MPI `reference` (when there is one), their seconds
-/// pushed to `ours` and `theirs`: ours first in even trials, the reference first in odd ones, so
-/// that neither side always finds the caches and the target as the other left them.
-fn both(
+/// Slices a trial is cut into, ours and the reference taking turns (see [`Loops::both`]).
+const SLICES: usize = 16;
+
+/// One trial's loops: `iters` timed calls a side after `warmup` untimed ones, each call
+/// `per_call` operations.
+struct Loops {
     trial: usize,
-    mut mine: impl FnMut() -> Result<f64>,
-    reference: Option<impl FnMut() -> Result<f64>>,
-    ours: &mut Vec<f64>,
-    theirs: &mut Vec<f64>,
-) -> Result<()> {
-    let Some(mut reference) = reference else {
-        ours.push(mine()?);
-        return Ok(());
-    };
-    if trial % 2 == 0 {
-        ours.push(mine()?);
-        theirs.push(reference()?);
-    } else {
-        theirs.push(reference()?);
-        ours.push(mine()?);
-    }
-    Ok(())
+    iters: usize,
+    warmup: usize,
+    per_call: usize,
 }
 
-/// Seconds per call of `f` over `iters` calls, after `warmup` untimed ones.
-fn timed(iters: usize, warmup: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    for _ in 0..warmup {
-        f()?;
+impl Loops {
+    /// One trial of ours (`mine`) and of the raw-MPI `reference` (when there is one): seconds per
+    /// operation of each pushed to `ours` and `theirs`. The timed calls are cut into
+    /// [`SLICES`] slices and the two sides take turns slice by slice, the side that goes first
+    /// alternating (ABBA...) and starting with ours in even trials and the reference in odd ones:
+    /// both sample the same stretch of the machine's time, and neither always finds the caches
+    /// and the target as the other left them. (One side's whole loop, then the other's, left a
+    /// shared machine's swings of a few milliseconds between them: at 512 KiB-4 MiB, where both
+    /// sides make the same MPI calls, single figures came out at 1.19-1.23.)
+    fn both(
+        &self,
+        mut mine: impl FnMut() -> Result<()>,
+        reference: Option<impl FnMut() -> Result<()>>,
+        ours: &mut Vec<f64>,
+        theirs: &mut Vec<f64>,
+    ) -> Result<()> {
+        let ops = (self.iters.max(1) * self.per_call.max(1)) as f64;
+        calls(self.warmup, &mut mine)?;
+        let Some(mut reference) = reference else {
+            ours.push(calls(self.iters, &mut mine)? / ops);
+            return Ok(());
+        };
+        calls(self.warmup, &mut reference)?;
+        let (mut a, mut b) = (0.0, 0.0);
+        let slices = SLICES.min(self.iters).max(1);
+        for s in 0..slices {
+            let n = self.iters * (s + 1) / slices - self.iters * s / slices;
+            if (self.trial + s) % 2 == 0 {
+                a += calls(n, &mut mine)?;
+                b += calls(n, &mut reference)?;
+            } else {
+                b += calls(n, &mut reference)?;
+                a += calls(n, &mut mine)?;
+            }
+        }
+        ours.push(a / ops);
+        theirs.push(b / ops);
+        Ok(())
     }
+}
+
+/// Seconds taken by `n` calls of `f`.
+fn calls(n: usize, f: &mut impl FnMut() -> Result<()>) -> Result<f64> {
     let start = Instant::now();
-    for _ in 0..iters {
+    for _ in 0..n {
         f()?;
     }
-    Ok(start.elapsed().as_secs_f64() / iters.max(1) as f64)
+    Ok(start.elapsed().as_secs_f64())
 }
 
 fn median(v: &mut [f64]) -> f64 {
