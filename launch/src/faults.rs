@@ -20,6 +20,13 @@ pub const EXIT_PANIC: i32 = 101;
 pub fn install() -> Result<(), AppError> {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
+        if stdout_closed(info) {
+            // The reader of the output went away (`peregrine ... | head`): not a bug. The job
+            // ends quietly, with the status of a Unix tool that SIGPIPE ended.
+            peregrine_transport::abort_world(EXIT_PIPE);
+            // SAFETY: as in `exit_now`.
+            unsafe { libc::_exit(EXIT_PIPE) }
+        }
         // Our line first, in one write, and the default hook's message and backtrace after it:
         // symbolizing a backtrace can take seconds, and under MPICH the launcher once ended the
         // process (a peer had aborted) while it was still printing one, before this line.
@@ -51,6 +58,19 @@ pub fn install() -> Result<(), AppError> {
     }));
     peregrine_kernels::data::guard::install()
         .map_err(|source| AppError::Io { what: "installing the SIGBUS handler".into(), source })
+}
+
+/// Exit code of a process whose standard output was closed by its reader (the shells' 128 +
+/// SIGPIPE: Rust ignores the signal, so a print fails instead and panics).
+pub const EXIT_PIPE: i32 = 128 + libc::SIGPIPE;
+
+/// Whether a panic is a print to standard output that failed because its reader closed it.
+fn stdout_closed(info: &std::panic::PanicHookInfo<'_>) -> bool {
+    let p = info.payload();
+    let msg = p.downcast_ref::<String>().map(String::as_str).or_else(|| p.downcast_ref::<&str>().copied());
+    msg.is_some_and(|m| {
+        m.starts_with("failed printing to stdout") && m.ends_with(&format!("(os error {})", libc::EPIPE))
+    })
 }
 
 /// How long `MPI_Abort` may take before the process ends without it.

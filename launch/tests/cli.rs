@@ -72,6 +72,29 @@ fn bad_arguments_are_usage_errors() {
     assert!(text(&out).1.contains("--min-size 64 is larger than --max-size 8"));
 }
 
+#[test]
+fn a_reader_that_closes_the_output_ends_the_job_quietly() {
+    // `peregrine bench rma | head -1`: the reader goes away after the first line, and the next
+    // print fails (Rust ignores SIGPIPE). The job ends with the status of a tool that SIGPIPE
+    // ended, without calling it a bug. (The run takes half a second: it is still printing when
+    // the reader goes.)
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_peregrine"))
+        .args(["bench", "rma", "--backend", "local", "--max-size", "1K", "--trials", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run peregrine");
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut first).expect("a first line");
+    assert!(first.starts_with("# peregrine bench rma"), "{first}");
+    let out = child.wait_with_output().expect("wait");
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(141), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 #[cfg(not(feature = "mpi"))]
 #[test]
 fn asking_for_mpi_without_the_feature_names_the_feature() {
