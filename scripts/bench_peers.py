@@ -12,6 +12,7 @@ import os
 import shlex
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import time
@@ -22,6 +23,16 @@ PEERS = os.path.join(HERE, "peers")
 # Multiply-adds of the MLP 784-128-10 per sample, forward and backward (weight gradients of both
 # layers and the hidden layer's input gradient), 2 flops each.
 MLP_FLOPS = 2 * (784 * 128 + 128 * 10) + 2 * (128 * 10 + 128 * 10 + 784 * 128)
+
+
+def pgd_shape(path):
+    """(rows, nonzeros) from a Peregrine dataset's header (kernels/src/data/format.rs)."""
+    with open(path, "rb") as f:
+        h = f.read(40)
+    if len(h) < 40 or h[:8] != b"PRGRNDS\0":
+        sys.exit(f"bench_peers: {path}: not a Peregrine dataset")
+    _version, _kind, rows, _cols, nnz = struct.unpack_from("<IIQQQ", h, 8)
+    return rows, nnz
 
 
 class Hung(Exception):
@@ -242,6 +253,16 @@ def main():
         lrmse = b.median("mf-libmf", "rmse")
         rows.append(("MF ms per epoch (test RMSE)", f"{ms:.2f} ({rmse:.4f})", f"libmf {lms:.2f} ({lrmse:.4f})",
                      f"{ms / lms:.2f}x libmf's time, RMSE {rmse - lrmse:+.4f}"))
+        if roof:
+            # Per rating: its 12 bytes (user, item, rating) and the user's and the item's rows, each
+            # read and written once (k = 40 factors and the 2 G's of adaptive rates, no biases).
+            n, _ = pgd_shape(tr)
+            per = 12 + 2 * 2 * 4 * (40 + 2)
+            gbs = n * per / (ms / 1000) / 1e9
+            rows.append((f"MF bytes touched, GB/s ({per} B per rating: the rating, and its user's and item's "
+                         f"rows read and written)", f"{gbs:.1f}", f"triad {roof['triad_gbs']:.1f}",
+                         f"{100 * gbs / roof['triad_gbs']:.0f} % of triad (the rows are mostly cache hits: "
+                         f"the model is 441 KB)"))
 
     if "lr" in parts:
         target = 0.345
@@ -268,6 +289,14 @@ def main():
         rows.append((f"LR Adult, seconds to log-loss {target} (final)", f"{fmt(t, '.3f')} ({loss:.4f})",
                      "; ".join(f"{tool} {fmt(m, '.3f')} ({l:.4f}, {s} {u})" for tool, m, l, s, u in cells),
                      ", ".join(f"{fmt(ratio(m, t), '.1f')}x faster than {tool}" for tool, m, _, _, _ in cells)))
+        if roof:
+            # Per row: its offset (8 B), label (4 B) and nonzeros (index and value, 8 B each), read once.
+            n, nnz = pgd_shape(ad)
+            per = (8 * nnz + 12 * n) / n
+            sps = statistics.median(s["samples"] / s["train_seconds"] for s in b.results["lr-peregrine"])
+            gbs = sps * per / 1e9
+            rows.append((f"LR Adult features read, GB/s ({per:.0f} B per row)", f"{gbs:.1f}",
+                         f"triad {roof['triad_gbs']:.1f}", f"{100 * gbs / roof['triad_gbs']:.0f} % of triad"))
 
     if "scale" in parts:
         sets = [("2M x 100k", "sparse-2m.pgd")] + ([("10M x 1M", "sparse-10m.pgd")] if a.big else [])
