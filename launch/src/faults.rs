@@ -20,7 +20,7 @@ pub const EXIT_PANIC: i32 = 101;
 pub fn install() -> Result<(), AppError> {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        if stdout_closed(info) {
+        if output_closed(info) {
             // The reader of the output went away (`peregrine ... | head`): not a bug. The job
             // ends quietly, with the status of a Unix tool that SIGPIPE ended.
             peregrine_transport::abort_world(EXIT_PIPE);
@@ -60,17 +60,23 @@ pub fn install() -> Result<(), AppError> {
         .map_err(|source| AppError::Io { what: "installing the SIGBUS handler".into(), source })
 }
 
-/// Exit code of a process whose standard output was closed by its reader (the shells' 128 +
+/// Exit code of a process whose standard output or error was closed by its reader (the shells' 128 +
 /// SIGPIPE: Rust ignores the signal, so a print fails instead and panics).
 pub const EXIT_PIPE: i32 = 128 + libc::SIGPIPE;
 
-/// Whether a panic is a print to standard output that failed because its reader closed it.
-fn stdout_closed(info: &std::panic::PanicHookInfo<'_>) -> bool {
+/// Whether a panic is a print to standard output or error that failed because its reader closed
+/// it.
+fn output_closed(info: &std::panic::PanicHookInfo<'_>) -> bool {
     let p = info.payload();
     let msg = p.downcast_ref::<String>().map(String::as_str).or_else(|| p.downcast_ref::<&str>().copied());
-    msg.is_some_and(|m| {
-        m.starts_with("failed printing to stdout") && m.ends_with(&format!("(os error {})", libc::EPIPE))
-    })
+    msg.is_some_and(closed_output_message)
+}
+
+/// Whether `msg` is the panic of a print whose reader closed the pipe (the standard library's
+/// words: "failed printing to stdout: Broken pipe (os error 32)").
+fn closed_output_message(msg: &str) -> bool {
+    let print = msg.starts_with("failed printing to stdout") || msg.starts_with("failed printing to stderr");
+    print && msg.ends_with(&format!("(os error {})", libc::EPIPE))
 }
 
 /// How long `MPI_Abort` may take before the process ends without it.
@@ -148,6 +154,17 @@ pub fn check_datasets(t: &Transport, paths: &[&Path]) -> Result<f64, AppError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_print_to_a_closed_pipe_ends_the_job_quietly() {
+        let closed =
+            |stream: &str| format!("failed printing to {stream}: Broken pipe (os error {})", libc::EPIPE);
+        assert!(closed_output_message(&closed("stdout")));
+        assert!(closed_output_message(&closed("stderr")));
+        assert!(!closed_output_message("failed printing to stdout: No space left on device (os error 28)"));
+        assert!(!closed_output_message("index out of bounds: the len is 3 but the index is 32"));
+        assert!(!closed_output_message(&format!("a chunk failed (os error {})", libc::EPIPE)));
+    }
 
     #[test]
     fn threads_are_named_with_their_rank() {
