@@ -673,11 +673,14 @@ impl<T: Elem> MpiWindow<T> {
     }
 
     pub(crate) fn get_batch(&self, batch: Batch<'_>, out: &mut [T]) -> Result<()> {
+        let (base, len) = (out.as_mut_ptr(), out.len());
         let issued = self.for_batch(batch, Touched::NONE, |pos, target, disp, n| {
-            let o = &mut out[pos..pos + n as usize];
-            // SAFETY: `o` stays borrowed (through `out`) until the completion below; target/disp/n
-            // lie inside the target's shard (from the shard map every rank agreed on).
-            unsafe { self.get_piece(o.as_mut_ptr(), target, disp, n) }
+            debug_assert!(pos + n as usize <= len, "a piece past the batch's buffer");
+            // SAFETY: `pos + n <= out.len()`: the batch's lengths sum to `out.len()` (its
+            // `check_batch`) and `pos` sums the lengths before this piece; `out` stays borrowed
+            // until the completion below; target/disp/n lie inside the target's shard (from the
+            // shard map every rank agreed on).
+            unsafe { self.get_piece(base.add(pos), target, disp, n) }
         });
         self.complete_batch(issued)
     }
@@ -702,10 +705,12 @@ impl<T: Elem> MpiWindow<T> {
         accumulate: bool,
         touched: Touched,
     ) -> Result<Touched> {
+        let (base, len) = (data.as_ptr(), data.len());
         self.for_batch(batch, touched, |pos, target, disp, n| {
-            let d = &data[pos..pos + n as usize];
-            // SAFETY: as in `get_batch`; the caller keeps `data` borrowed until the completion.
-            unsafe { self.write_piece(d.as_ptr(), target, disp, n, accumulate) }
+            debug_assert!(pos + n as usize <= len, "a piece past the batch's data");
+            // SAFETY: `pos + n <= data.len()`, as in `get_batch`; the caller keeps `data`
+            // borrowed until the completion.
+            unsafe { self.write_piece(base.add(pos), target, disp, n, accumulate) }
         })
     }
 
