@@ -416,6 +416,14 @@ fn count(n: usize) -> c_int {
     c_int::try_from(n).expect("MPI counts are split at MAX_COUNT elements")
 }
 
+/// The handles of a window's operations ([`MpiWindow::handles`]).
+#[derive(Clone, Copy)]
+struct Handles {
+    dt: ffi::MPI_Datatype,
+    win: ffi::MPI_Win,
+    sum: ffi::MPI_Op,
+}
+
 /// A window of the MPI backend.
 ///
 /// Invariant: while `live`, `win` is a window allocated on `comm` and in a `lock_all` epoch.
@@ -596,11 +604,26 @@ impl<T: Elem> MpiWindow<T> {
     /// `origin .. origin + n` must be writable and stay borrowed, unread, until a local completion
     /// of `target`; `disp .. disp + n` must lie inside `target`'s shard.
     #[inline(always)]
-    unsafe fn get_piece(&self, origin: *mut T, target: c_int, disp: ffi::MPI_Aint, n: c_int) -> Result<()> {
-        let dt = T::mpi_datatype();
+    unsafe fn get_piece(
+        &self,
+        h: Handles,
+        origin: *mut T,
+        target: c_int,
+        disp: ffi::MPI_Aint,
+        n: c_int,
+    ) -> Result<()> {
         // SAFETY: the caller's contract; a live window in its lock_all epoch.
-        let rc = unsafe { ffi::MPI_Get(origin.cast(), n, dt, target, disp, n, dt, self.win) };
+        let rc = unsafe { ffi::MPI_Get(origin.cast(), n, h.dt, target, disp, n, h.dt, h.win) };
         self.check("MPI_Get", rc)
+    }
+
+    /// The handles every operation of a batch passes, read once for the batch: as values in
+    /// registers, rather than loaded again after each MPI call (which the compiler must assume
+    /// could have changed the window and the library's handles).
+    #[inline(always)]
+    fn handles(&self) -> Handles {
+        // SAFETY: a constant handle exported by rsmpi's shim, never written.
+        Handles { dt: T::mpi_datatype(), win: self.win, sum: unsafe { ffi::RSMPI_SUM } }
     }
 
     /// One `MPI_Put` (or `MPI_Accumulate` with `MPI_SUM`) of `n` elements from `origin` to
@@ -612,20 +635,20 @@ impl<T: Elem> MpiWindow<T> {
     #[inline(always)]
     unsafe fn write_piece(
         &self,
+        h: Handles,
         origin: *const T,
         target: c_int,
         disp: ffi::MPI_Aint,
         n: c_int,
         accumulate: bool,
     ) -> Result<()> {
-        let dt = T::mpi_datatype();
         // SAFETY: the caller's contract; a live window in its lock_all epoch; MPI only reads
         // the origin buffer.
         let rc = unsafe {
             if accumulate {
-                ffi::MPI_Accumulate(origin.cast(), n, dt, target, disp, n, dt, ffi::RSMPI_SUM, self.win)
+                ffi::MPI_Accumulate(origin.cast(), n, h.dt, target, disp, n, h.dt, h.sum, h.win)
             } else {
-                ffi::MPI_Put(origin.cast(), n, dt, target, disp, n, dt, self.win)
+                ffi::MPI_Put(origin.cast(), n, h.dt, target, disp, n, h.dt, h.win)
             }
         };
         self.check(if accumulate { "MPI_Accumulate" } else { "MPI_Put" }, rc)
@@ -641,12 +664,12 @@ impl<T: Elem> MpiWindow<T> {
 
     #[inline(always)]
     fn issue_get(&self, start: usize, out: &mut [T], touched: Touched) -> Result<Touched> {
-        let base = out.as_mut_ptr();
+        let (base, h) = (out.as_mut_ptr(), self.handles());
         self.for_pieces(start, out.len(), touched, |target, disp, pos, n| {
             // SAFETY: `base + pos .. + n` lies inside `out` (pieces tile `0..out.len()`), which stays
             // borrowed until the completion that follows in the caller; target/disp/n lie inside the
             // target's shard (from the shard map every rank agreed on).
-            unsafe { self.get_piece(base.add(pos), target, disp, n) }
+            unsafe { self.get_piece(h, base.add(pos), target, disp, n) }
         })
     }
 
@@ -660,10 +683,10 @@ impl<T: Elem> MpiWindow<T> {
         accumulate: bool,
         touched: Touched,
     ) -> Result<Touched> {
-        let base = data.as_ptr();
+        let (base, h) = (data.as_ptr(), self.handles());
         self.for_pieces(start, data.len(), touched, |target, disp, pos, n| {
             // SAFETY: as in `issue_get`; the caller keeps `data` borrowed until the completion.
-            unsafe { self.write_piece(base.add(pos), target, disp, n, accumulate) }
+            unsafe { self.write_piece(h, base.add(pos), target, disp, n, accumulate) }
         })
     }
 
@@ -673,14 +696,14 @@ impl<T: Elem> MpiWindow<T> {
     }
 
     pub(crate) fn get_batch(&self, batch: Batch<'_>, out: &mut [T]) -> Result<()> {
-        let (base, len) = (out.as_mut_ptr(), out.len());
+        let (base, len, h) = (out.as_mut_ptr(), out.len(), self.handles());
         let issued = self.for_batch(batch, Touched::NONE, |pos, target, disp, n| {
             debug_assert!(pos + n as usize <= len, "a piece past the batch's buffer");
             // SAFETY: `pos + n <= out.len()`: the batch's lengths sum to `out.len()` (its
             // `check_batch`) and `pos` sums the lengths before this piece; `out` stays borrowed
             // until the completion below; target/disp/n lie inside the target's shard (from the
             // shard map every rank agreed on).
-            unsafe { self.get_piece(base.add(pos), target, disp, n) }
+            unsafe { self.get_piece(h, base.add(pos), target, disp, n) }
         });
         self.complete_batch(issued)
     }
@@ -705,12 +728,12 @@ impl<T: Elem> MpiWindow<T> {
         accumulate: bool,
         touched: Touched,
     ) -> Result<Touched> {
-        let (base, len) = (data.as_ptr(), data.len());
+        let (base, len, h) = (data.as_ptr(), data.len(), self.handles());
         self.for_batch(batch, touched, |pos, target, disp, n| {
             debug_assert!(pos + n as usize <= len, "a piece past the batch's data");
             // SAFETY: `pos + n <= data.len()`, as in `get_batch`; the caller keeps `data`
             // borrowed until the completion.
-            unsafe { self.write_piece(base.add(pos), target, disp, n, accumulate) }
+            unsafe { self.write_piece(h, base.add(pos), target, disp, n, accumulate) }
         })
     }
 
