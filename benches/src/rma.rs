@@ -154,8 +154,10 @@ pub fn run(t: &Transport, cfg: &Config, mut report: impl FnMut(&Row)) -> Result<
     let n = t.world_size();
     let target = usize::from(n > 1);
     let elems = (cfg.max_size / 8).max(1);
-    // Rank 1's shard holds the target region; the others are a single element.
-    let map = ShardMap::from_lens((0..n).map(|r| if r == target { elems } else { 1 }));
+    // Rank 1's shard holds the target region. Every shard is as large as the raw reference's
+    // window on every rank, so that the target region lies where raw MPI's does in the shared
+    // segment, page-aligned (with one-element shards elsewhere it began 64 bytes into a page).
+    let map = ShardMap::from_lens((0..n).map(|_| elems));
     let data: Window<f64> = t.alloc_window("rma bench data", &map)?;
     let counter: Window<u64> = t.alloc_window("rma bench counter", &map)?;
     let base = map.range(target).start;
