@@ -12,13 +12,14 @@ import os
 import shlex
 import signal
 import statistics
-import struct
 import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEERS = os.path.join(HERE, "peers")
+sys.path.insert(0, PEERS)
+import pgd  # noqa: E402
 
 # Multiply-adds of the MLP 784-128-10 per sample, forward and backward (weight gradients of both
 # layers and the hidden layer's input gradient), 2 flops each.
@@ -26,12 +27,8 @@ MLP_FLOPS = 2 * (784 * 128 + 128 * 10) + 2 * (128 * 10 + 128 * 10 + 784 * 128)
 
 
 def pgd_shape(path):
-    """(rows, nonzeros) from a Peregrine dataset's header (kernels/src/data/format.rs)."""
-    with open(path, "rb") as f:
-        h = f.read(40)
-    if len(h) < 40 or h[:8] != b"PRGRNDS\0":
-        sys.exit(f"bench_peers: {path}: not a Peregrine dataset")
-    _version, _kind, rows, _cols, nnz = struct.unpack_from("<IIQQQ", h, 8)
+    """(rows, nonzeros) from a Peregrine dataset's header (the peers' reader, `peers/pgd.py`)."""
+    _kind, rows, _cols, nnz, *_ = pgd.header(path)
     return rows, nnz
 
 

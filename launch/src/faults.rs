@@ -23,9 +23,7 @@ pub fn install() -> Result<(), AppError> {
         if output_closed(info) {
             // The reader of the output went away (`peregrine ... | head`): not a bug. The job
             // ends quietly, with the status of a Unix tool that SIGPIPE ended.
-            peregrine_transport::abort_world(EXIT_PIPE);
-            // SAFETY: as in `exit_now`.
-            unsafe { libc::_exit(EXIT_PIPE) }
+            end_job(EXIT_PIPE);
         }
         // Our line first, in one write, and the default hook's message and backtrace after it:
         // symbolizing a backtrace can take seconds, and under MPICH the launcher once ended the
@@ -47,14 +45,7 @@ pub fn install() -> Result<(), AppError> {
             ));
         }
         default(info);
-        // MPI_Abort may itself hang (MPICH, a peer inside MPI_Finalize): the process ends
-        // within ABORT_GRACE whatever it does, and the launcher then ends the others.
-        std::thread::spawn(|| {
-            std::thread::sleep(ABORT_GRACE);
-            exit_now();
-        });
-        peregrine_transport::abort_world(EXIT_PANIC);
-        exit_now();
+        end_job(EXIT_PANIC);
     }));
     peregrine_kernels::data::guard::install()
         .map_err(|source| AppError::Io { what: "installing the SIGBUS handler".into(), source })
@@ -82,11 +73,23 @@ fn closed_output_message(msg: &str) -> bool {
 /// How long `MPI_Abort` may take before the process ends without it.
 const ABORT_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
-fn exit_now() -> ! {
+/// Ends the whole job with `code`: `MPI_Abort` under MPI, then the process. MPI_Abort may itself
+/// hang (MPICH, a peer inside MPI_Finalize): the process ends within ABORT_GRACE whatever it
+/// does, and the launcher then ends the others.
+fn end_job(code: i32) -> ! {
+    std::thread::spawn(move || {
+        std::thread::sleep(ABORT_GRACE);
+        exit_now(code);
+    });
+    peregrine_transport::abort_world(code);
+    exit_now(code);
+}
+
+fn exit_now(code: i32) -> ! {
     // SAFETY: `_exit` ends the process without running exit handlers, which could wait for the
     // threads that wait for the panicked one; every file that matters is written aside and
     // renamed into place, so nothing is left half-written.
-    unsafe { libc::_exit(EXIT_PANIC) }
+    unsafe { libc::_exit(code) }
 }
 
 /// "rank R, compute thread W (pgr-sRwW)" from a thread's name: local ranks run as threads

@@ -7,7 +7,8 @@ import numpy as np
 SPARSE, DENSE, RATINGS = 1, 2, 3
 
 
-def _header(path):
+def header(path):
+    """(kind, rows, cols, nonzeros, classes, users, sections) from a dataset's 192-byte header."""
     with open(path, "rb") as f:
         h = f.read(192)
     if h[:8] != b"PRGRNDS\0":
@@ -26,7 +27,7 @@ def _section(path, sections, i, dtype):
 
 def dense(path):
     """(features rows x cols f32, labels u32 -> int64, classes)."""
-    kind, rows, cols, _, classes, _, s = _header(path)
+    kind, rows, cols, _, classes, _, s = header(path)
     if kind != DENSE:
         raise SystemExit(f"{path}: kind {kind}, expected a dense dataset")
     x = _section(path, s, 0, np.float32).reshape(rows, cols)
@@ -37,7 +38,7 @@ def dense(path):
 def sparse(path):
     """(scipy CSR matrix f32, labels 0/1 f32)."""
     import scipy.sparse as sp
-    kind, rows, cols, nnz, _, _, s = _header(path)
+    kind, rows, cols, nnz, _, _, s = header(path)
     if kind != SPARSE:
         raise SystemExit(f"{path}: kind {kind}, expected a sparse dataset")
     ptr = _section(path, s, 0, np.uint64).astype(np.int64)
@@ -49,7 +50,7 @@ def sparse(path):
 
 def ratings(path):
     """(users u32, items u32, ratings f32, number of users, number of items)."""
-    kind, rows, cols, _, _, users, s = _header(path)
+    kind, rows, cols, _, _, users, s = header(path)
     if kind != RATINGS:
         raise SystemExit(f"{path}: kind {kind}, expected a ratings dataset")
     u = np.array(_section(path, s, 0, np.uint32))

@@ -384,15 +384,12 @@ fn a_rank_0_that_skips_ahead_asks_for_the_evaluations_it_skipped() {
     // timing: a run whose every skip landed on a multiple (seen: 6, 12, 18, ...) tests nothing
     // and is run again.
     use peregrine_tests::training::{counting_config, slowed, train_counting};
-    let (every, epochs) = (3, 10);
-    let iterations = epochs * 997u64.div_ceil(200);
+    let every = 3;
+    let cfg = Config { eval_every: every, ..counting_config(scheme("backup:1"), slowed(0, 0.1), 10, true) };
+    let iterations = cfg.iterations;
     for _ in 0..5 {
-        let out = run_local(3, |t| {
-            let mut cfg = counting_config(scheme("backup:1"), slowed(0, 0.1), epochs, true);
-            cfg.eval_every = every;
-            train_counting(&t, cfg, std::time::Duration::from_micros(20))
-        })
-        .expect("world");
+        let out = run_local(3, |t| train_counting(&t, cfg.clone(), std::time::Duration::from_micros(20)))
+            .expect("world");
         let (report, lines) = out.into_iter().next().expect("rank 0").expect("rank 0 trains");
         let (mut before, mut asked, mut past) = (0u64, 0usize, 0usize);
         for l in &lines {
