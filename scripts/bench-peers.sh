@@ -5,7 +5,7 @@
 #     seconds to a training loss of 0.40 (each with its usual optimizer: SGD with momentum for
 #     PyTorch, Peregrine's defaults);
 #   MF k=40 on MovieLens-100k (90/10): libmf (PyPI bindings, libmf's C++ built with AVX), 2 threads:
-#     ms per epoch and test RMSE;
+#     ms per epoch (the marginal epoch on both sides: (T(20) - T(1)) / 19) and test RMSE;
 #   LR on Adult: Vowpal Wabbit, scikit-learn (lbfgs, SGD): seconds to a training log-loss of 0.345;
 #   sparse LR at scale (2M x 100k, 20 nonzeros per row; 10M x 1M with --big): communication
 #     against computation per rank;
