@@ -161,10 +161,7 @@ impl Model for LogReg {
                     }
                 }
             }
-            Grad::Sparse(g) => {
-                delta.add_keys(g.indices(), g.values(), scale);
-                g.clear();
-            }
+            Grad::Sparse(g) => delta.take_sparse(scale, g),
         }
     }
 

@@ -206,6 +206,32 @@ impl SparseGrad {
         }
     }
 
+    /// Hands `scale * g` over to a caller's empty sparse vector and leaves this gradient empty, in
+    /// `O(len())`: the touched values are scaled in place, the value and bitmap buffers trade
+    /// places with `dense` and `bits` (all zeros, as an empty vector's are: they become this
+    /// gradient's), and the touched indices, in first-touch order, are appended to `list`. What
+    /// adding into the empty vector and [`clear`](Self::clear)ing would give, without the second
+    /// scattered pass over each buffer.
+    ///
+    /// # Panics
+    /// If `dense` or `bits` are not this gradient's lengths, or `list` is not empty.
+    pub fn trade(&mut self, scale: f32, dense: &mut Vec<f32>, bits: &mut Vec<u64>, list: &mut Vec<u32>) {
+        assert_eq!(dense.len(), self.dense.len(), "trade: the values are not the gradient's length");
+        assert_eq!(bits.len(), self.bits.len(), "trade: the bitmap is not the gradient's length");
+        assert!(list.is_empty(), "trade: the receiving vector is not empty");
+        debug_assert!(dense.iter().all(|&v| v == 0.0) && bits.iter().all(|&w| w == 0));
+        let touched = &self.touched[..self.len];
+        if scale != 1.0 {
+            for &j in touched {
+                self.dense[j as usize] *= scale;
+            }
+        }
+        list.extend_from_slice(touched);
+        std::mem::swap(&mut self.dense, dense);
+        std::mem::swap(&mut self.bits, bits);
+        self.len = 0;
+    }
+
     /// Zeroes and forgets the touched features, in `O(len())`; keeps every buffer.
     pub fn clear(&mut self) {
         for &j in &self.touched[..self.len] {

@@ -263,3 +263,40 @@ fn sparse_grad_reuse_and_l2() {
     super::add_l2(&w[..10], &mut dense, 0.5);
     assert_eq!(dense[4], 3.0);
 }
+
+#[test]
+fn a_traded_gradient_is_scaled_and_handed_over_whole() {
+    let dim = 200;
+    let mut g = SparseGrad::new(dim);
+    for (j, v) in [(130u32, 1.0f32), (7, -2.0), (64, 0.5), (7, 1.0), (199, 4.0)] {
+        g.add(j, v);
+    }
+    let (mut dense, mut bits, mut list) = (vec![0.0f32; dim], vec![0u64; dim.div_ceil(64)], Vec::new());
+    g.trade(-0.5, &mut dense, &mut bits, &mut list);
+    assert_eq!(list, vec![130, 7, 64, 199], "the touched features, in first-touch order");
+    let want: Vec<f32> = (0..dim)
+        .map(|j| {
+            [(130, -0.5), (7, 0.5), (64, -0.25), (199, -2.0)].iter().find(|p| p.0 == j).map_or(0.0, |p| p.1)
+        })
+        .collect();
+    assert_eq!(dense, want);
+    let marked: Vec<usize> = (0..dim).filter(|&j| bits[j / 64] & (1 << (j % 64)) != 0).collect();
+    assert_eq!(marked, vec![7, 64, 130, 199]);
+    // Left empty, with the zeroed buffers it was given: it scatters afresh.
+    assert!(g.is_empty() && g.values().iter().all(|&v| v == 0.0));
+    g.add(64, 3.0);
+    g.add(65, 1.0);
+    assert_eq!(g.iter().collect::<Vec<_>>(), vec![(64, 3.0), (65, 1.0)]);
+    // Scale 1: handed over as it is.
+    let (mut d2, mut b2, mut l2) = (vec![0.0f32; dim], vec![0u64; dim.div_ceil(64)], Vec::new());
+    g.trade(1.0, &mut d2, &mut b2, &mut l2);
+    assert_eq!((d2[64], d2[65], l2), (3.0, 1.0, vec![64, 65]));
+}
+
+#[test]
+#[should_panic(expected = "not empty")]
+fn a_trade_into_a_vector_that_is_not_empty_panics() {
+    let mut g = SparseGrad::new(10);
+    g.add(1, 1.0);
+    g.trade(1.0, &mut vec![0.0; 10], &mut vec![0; 1], &mut vec![3]);
+}
