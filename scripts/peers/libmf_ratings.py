@@ -34,6 +34,8 @@ def main():
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--threads", type=int, default=2)
     a = p.parse_args()
+    if a.iters < 2:
+        p.error("--iters must be at least 2 (an epoch's time is the difference of two fits)")
     # The bindings print which shared object they load.
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -44,8 +46,6 @@ def main():
     # libmf's own defaults (mf_get_default_param, as its command line): L2 0.1 on both factors, no
     # L1. The bindings' defaults differ (L1 0.04, L2 0) and reach a test RMSE of 1.45 here.
     params = dict(lambda_p1=0.0, lambda_q1=0.0, lambda_p2=0.1, lambda_q2=0.1, eta=0.1, nr_bins=26)
-    if a.iters < 2:
-        sys.exit("libmf_ratings.py: --iters must be at least 2 (an epoch's time is the difference of two fits)")
 
     def fit(iters):
         engine = mf.MF(k=a.k, nr_threads=a.threads, nr_iters=iters, quiet=True, **params)
