@@ -218,7 +218,21 @@ fn sparse_data(dir: &Path) -> PathBuf {
 /// BSP with rank 0 at half speed and chunks taken over, `iterations` iterations of 256 rows:
 /// the final parameters.
 fn bsp_params<M: Model>(t: &Transport, model: &M, o: Optimizer, iterations: u64) -> Result<Vec<f32>, String> {
+    run_under(t, model, o, iterations, SchemeSpec::new(scheme("bsp"), true))?
+        .params
+        .ok_or_else(|| "no parameters".into())
+}
+
+/// As [`bsp_params`], under `spec`: the report, parameters kept.
+fn run_under<M: Model>(
+    t: &Transport,
+    model: &M,
+    o: Optimizer,
+    iterations: u64,
+    spec: SchemeSpec,
+) -> Result<Report, String> {
     let cfg = Config {
+        scheme: spec,
         batch: 256,
         chunk: 16,
         iterations,
@@ -229,7 +243,7 @@ fn bsp_params<M: Model>(t: &Transport, model: &M, o: Optimizer, iterations: u64)
         optimizer: o,
         ..Config::default()
     };
-    train(t, model, &cfg)?.params.ok_or_else(|| "no parameters".into())
+    train(t, model, &cfg)
 }
 
 #[test]
@@ -249,6 +263,30 @@ fn every_optimizer_under_bsp_is_the_same_for_1_2_4_ranks() {
                 let d = distance(&p, &one);
                 assert!(d <= BSP_TOLERANCE, "{o}, {world} ranks vs 1: parameters differ by {d:e}");
             }
+        }
+    }
+}
+
+#[test]
+fn lb_bsp_steps_at_the_owners_and_gives_the_bsp_model() {
+    // LB-BSP waits for every rank's push as BSP does, so its uneven batches (rank 0, at half
+    // speed, is given fewer rows) step at the owners with the summed gradient too: AdaGrad and
+    // Adam, whose steps are not linear in the gradient, give BSP's model on 1 rank, which
+    // per-rank shares of the step would only approximate. Without taking over, the split is
+    // LB-BSP's alone; the ranks' rows must differ for the check to mean anything.
+    let tmp = scratch("lb-bsp");
+    let data = dense_data(tmp.path());
+    let make = || Mlp::new(&data, None, &[16], 0.05).expect("model");
+    for o in ["adagrad", "adam"] {
+        let o: Optimizer = o.parse().expect("optimizer");
+        let one = run_local(1, |t| bsp_params(&t, &make(), o, 25)).expect("world").remove(0).expect("1 rank");
+        let lb = SchemeSpec::new(scheme("lb-bsp:ma"), false);
+        for r in run_local(2, |t| run_under(&t, &make(), o, 25, lb.clone())).expect("world") {
+            let r = r.unwrap_or_else(|e| panic!("{o}, lb-bsp: {e}"));
+            let rows: Vec<u64> = r.per_rank.iter().map(|t| t.rows).collect();
+            assert!(rows[0] < rows[1], "{o}: the slow rank was not given fewer rows: {rows:?}");
+            let d = distance(&r.params.expect("parameters"), &one);
+            assert!(d <= BSP_TOLERANCE, "{o}, lb-bsp on 2 ranks vs BSP on 1: parameters differ by {d:e}");
         }
     }
 }

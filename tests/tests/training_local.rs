@@ -6,14 +6,15 @@ use std::path::{Path, PathBuf};
 use peregrine_core::engine::Config;
 use peregrine_core::inject::Injection;
 use peregrine_core::model::{lr::LogReg, mf::Mf, mlp::Mlp, softmax::Softmax, Delta, Model};
+use peregrine_core::optim::Optimizer;
 use peregrine_core::plan::Plan;
-use peregrine_core::Scheme;
+use peregrine_core::{Scheme, SchemeSpec};
 use peregrine_kernels::data::gen::{self, DenseSpec, RatingsSpec, SparseSpec};
 use peregrine_tests::training::{
-    counted, counted_with, distance, exactly_once, exactly_once_elastic, final_params, final_params_with,
-    injected, scheme, BSP_TOLERANCE,
+    counted, counted_with, distance, exactly_once, exactly_once_elastic, final_params, final_params_of,
+    final_params_with, injected, params_config, scheme, BSP_TOLERANCE,
 };
-use peregrine_transport::run_local;
+use peregrine_transport::{run_local, Transport};
 
 fn check_exactly_once(scheme: Scheme) {
     for world in 1..=4 {
@@ -256,6 +257,37 @@ fn bsp_mlp_is_the_same_for_1_2_4_ranks() {
     let p = tmp.path().join("dense.pgd");
     gen::dense(&DenseSpec { rows: 3000, cols: 20, classes: 4, noise: 0.3, seed: 4 }, &p).expect("gen");
     same_model_for_every_world(|| Mlp::new(&p, None, &[16], 0.1).expect("model"), 20);
+}
+
+#[test]
+fn runs_of_chunks_computed_in_one_call_give_the_same_model() {
+    // A rank taking 4 chunks of 8 rows at a time computes them in one call, its MLP buffers
+    // (sized for 8 rows) grown to 32: the model is the one of 1 rank taking one chunk at a time,
+    // rank 0 at half speed and chunks taken over (in runs too) or not.
+    let tmp = scratch("mlp-runs");
+    let p = tmp.path().join("dense.pgd");
+    gen::dense(&DenseSpec { rows: 3000, cols: 20, classes: 4, noise: 0.3, seed: 4 }, &p).expect("gen");
+    let make = || Mlp::new(&p, None, &[16], 0.1).expect("model");
+    let cfg = |t: &Transport, grain: u32, steal: bool| Config {
+        chunk: 8,
+        grain,
+        scheme: SchemeSpec::new(scheme("bsp"), steal),
+        ..params_config(t, 20, scheme("bsp"), Optimizer::Sgd)
+    };
+    let one = run_local(1, |t| final_params_of(&t, &make(), &cfg(&t, 1, false)))
+        .expect("world")
+        .remove(0)
+        .expect("1 rank");
+    for steal in [false, true] {
+        for (r, p) in run_local(2, |t| final_params_of(&t, &make(), &cfg(&t, 4, steal)))
+            .expect("world")
+            .into_iter()
+            .enumerate()
+        {
+            let d = distance(&p.unwrap_or_else(|e| panic!("rank {r}: {e}")), &one);
+            assert!(d <= BSP_TOLERANCE, "runs of 4 chunks (taking over {steal}) vs one at a time: {d:e}");
+        }
+    }
 }
 
 #[test]

@@ -79,8 +79,8 @@ struct StealBuf {
 /// Chunks taken over: `(victim, victim's iteration, chunks, the share taken)`.
 type Taken = (usize, u64, Range<u32>, f64);
 
-/// A chunk as traced: `(kind, owner, owner's iteration, chunk)`.
-type ChunkId = (&'static str, usize, u64, u32);
+/// Chunks as traced: `(kind, owner, owner's iteration, chunks)`.
+type ChunkId = (&'static str, usize, u64, Range<u32>);
 
 /// Injected delays sleep in slices of at most this long (see [`Run::injected_sleep`]).
 const SLEEP_SLICE: Duration = Duration::from_millis(1);
@@ -171,9 +171,7 @@ impl<M: Model> Run<'_, M> {
             let rows = |c: u32| self.plan.global_chunk_rows(it, start + c as usize);
             match policy.own_chunks(&view)? {
                 OwnChunks::Whole => {
-                    for c in r.clone() {
-                        self.run_chunk(rows(c), replica, slot, ("own chunk", self.rank, it, c));
-                    }
+                    self.run_chunks(r.clone(), rows, replica, slot, ("own chunk", self.rank, it));
                     slot.own += u64::from(r.end - r.start);
                     self.clocks.done(self.rank, r.end - r.start)?;
                 }
@@ -182,7 +180,7 @@ impl<M: Model> Run<'_, M> {
                         // Claimed before computing, so nobody copies it, and its result goes
                         // straight into the thread's buffers (no per-chunk copy to drain).
                         if policy.claim(self.rank, tag, c)? {
-                            self.run_chunk(rows(c), replica, slot, ("own chunk", self.rank, it, c));
+                            self.run_chunk(rows(c), replica, slot, ("own chunk", self.rank, it, c..c + 1));
                             slot.own += 1;
                             self.clocks.done(self.rank, 1)?;
                         }
@@ -266,11 +264,9 @@ impl<M: Model> Run<'_, M> {
         replica: &[f32],
         slot: &mut Slot<M::Work>,
     ) -> Result<(), TrainError> {
-        let rows = r.clone().map(|c| self.plan.chunk_rows(vit, victim, c));
-        self.with_params(rows.clone(), replica, slot, |run, params, slot| {
-            for (c, rows) in r.clone().zip(rows) {
-                run.run_chunk(rows, params, slot, ("taken chunk", victim, vit, c));
-            }
+        let rows = |c: u32| self.plan.chunk_rows(vit, victim, c);
+        self.with_params(r.clone().map(rows), replica, slot, |run, params, slot| {
+            run.run_chunks(r.clone(), rows, params, slot, ("taken chunk", victim, vit));
             Ok(())
         })?;
         Ok(self.clocks.done(victim, r.end - r.start)?)
@@ -330,12 +326,12 @@ impl<M: Model> Run<'_, M> {
         });
         let n = rows.len() as u64;
         let start = Span::now();
-        let (loss, computed) = self.chunk_into((it, rows), params, &mut sp.work, &|| {
+        let (loss, computed) = self.chunk_into((it, rows), 1, params, &mut sp.work, &|| {
             policy.settled(owner, tag, chunk).unwrap_or(false)
         });
         let won = policy.claim(owner, tag, chunk)?;
         let kind = if won { "copy applied" } else { "copy dropped" };
-        self.trace_chunk((&mut slot.events, slot.tid), (kind, owner, it, chunk), start, computed);
+        self.trace_chunk((&mut slot.events, slot.tid), (kind, owner, it, chunk..chunk + 1), start, computed);
         if won {
             self.model.drain(&mut sp.work, 1.0, &mut sp.won);
             slot.rows += n;
@@ -379,11 +375,40 @@ impl<M: Model> Run<'_, M> {
         })
     }
 
-    /// Computes chunk `id` (`(kind, owner, owner's iteration, chunk)`), rows `rows`.
+    /// Computes chunks `r` of `(kind, owner, owner's iteration)`, chunk `c` being rows `rows(c)`:
+    /// for a model that [`joins_chunks`](Model::joins_chunks), each run of chunks whose rows
+    /// follow one another in one call; else one call a chunk.
+    fn run_chunks(
+        &self,
+        r: Range<u32>,
+        rows: impl Fn(u32) -> Range<usize>,
+        params: &[f32],
+        slot: &mut Slot<M::Work>,
+        (kind, owner, it): (&'static str, usize, u64),
+    ) {
+        let mut c = r.start;
+        while c < r.end {
+            let (mut end, mut span) = (c + 1, rows(c));
+            while end < r.end && self.model.joins_chunks() {
+                let next = rows(end);
+                if next.start != span.end {
+                    break;
+                }
+                span.end = next.end;
+                end += 1;
+            }
+            self.run_chunk(span, params, slot, (kind, owner, it, c..end));
+            c = end;
+        }
+    }
+
+    /// Computes chunks `id` (`(kind, owner, owner's iteration, chunks)`), rows `rows`, in one
+    /// call.
     fn run_chunk(&self, rows: Range<usize>, params: &[f32], slot: &mut Slot<M::Work>, id: ChunkId) {
         slot.rows += rows.len() as u64;
         let start = Span::now();
-        let (loss, computed) = self.chunk_into((id.2, rows), params, &mut slot.work, &|| false);
+        let chunks = id.3.end - id.3.start;
+        let (loss, computed) = self.chunk_into((id.2, rows), chunks, params, &mut slot.work, &|| false);
         slot.loss += loss;
         self.trace_chunk((&mut slot.events, slot.tid), id, start, computed);
     }
@@ -400,12 +425,14 @@ impl<M: Model> Run<'_, M> {
         t.chunk(events, tid, kind, (owner, it, chunk), start, delay);
     }
 
-    /// Computes rows `rows` of iteration `it` into `work`, then sleeps the injected delay (cut short when `cancel`
-    /// says so); returns the rows' summed loss and when the compute (and any delay) began.
-    /// Publishes this rank's chunk rate when the policy reads rates.
+    /// Computes rows `rows` of iteration `it` (`chunks` chunks) into `work`, then sleeps the
+    /// injected delay (cut short when `cancel` says so); returns the rows' summed loss and when
+    /// the compute (and any delay) began. Publishes this rank's chunk rate when the policy reads
+    /// rates.
     fn chunk_into(
         &self,
         (it, rows): (u64, Range<usize>),
+        chunks: u32,
         params: &[f32],
         work: &mut M::Work,
         cancel: &dyn Fn() -> bool,
@@ -425,7 +452,7 @@ impl<M: Model> Run<'_, M> {
         }
         self.iter_busy.fetch_add(c0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         self.watch.chunk_done();
-        let n = self.iter_chunks.fetch_add(1, Ordering::Relaxed) + 1;
+        let n = self.iter_chunks.fetch_add(u64::from(chunks), Ordering::Relaxed) + u64::from(chunks);
         if self.publish_rates {
             // This iteration's completion rate (a failed store just skips one update; the next
             // chunk publishes again).

@@ -16,6 +16,7 @@
 use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{BufWriter, Write};
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -164,33 +165,34 @@ impl Tracer {
         buf.push(Event { name, cat, ph: 'X', ts, dur: end.saturating_sub(ts), tid, args, run: None });
     }
 
-    /// Chunk `chunk` of `owner`'s iteration `iter`, computed by thread `tid` from `start` to
-    /// now with `delay` nanoseconds of injected delay in it: added to the thread's last event if
-    /// that is the run of chunks it continues (same kind, owner and iteration, the next chunk,
-    /// begun at most 20 us after), else a new event. Runs keep the trace small: a thread going
-    /// through its queue is one event per iteration.
+    /// Chunks `chunks` of `owner`'s iteration `iter` (computed in one call), by thread `tid`
+    /// from `start` to now with `delay` nanoseconds of injected delay in it: added to the
+    /// thread's last event if that is the run of chunks they continue (same kind, owner and
+    /// iteration, the next chunk, begun at most 20 us after), else a new event. Runs keep the
+    /// trace small: a thread going through its queue is one event per iteration.
     pub fn chunk(
         &self,
         buf: &mut Vec<Event>,
         tid: u32,
         kind: &'static str,
-        (owner, iter, chunk): (usize, u64, u32),
+        (owner, iter, chunks): (usize, u64, Range<u32>),
         start: Span,
         delay: u64,
     ) {
         let (ts, end) = (self.ns(start.0), self.ns(Instant::now()));
+        let count = chunks.end.saturating_sub(chunks.start);
         if let Some(last) = buf.last_mut() {
             if let Some(r) = last.run.as_mut() {
-                let next = r.owner == owner && r.iter == iter && r.first + r.count == chunk;
+                let next = r.owner == owner && r.iter == iter && r.first + r.count == chunks.start;
                 if last.name == kind && next && ts.saturating_sub(last.ts + last.dur) <= RUN_GAP_NS {
-                    r.count += 1;
+                    r.count += count;
                     r.delay += delay;
                     last.dur = end.saturating_sub(last.ts);
                     return;
                 }
             }
         }
-        let run = ChunkRun { owner, iter, first: chunk, count: 1, delay };
+        let run = ChunkRun { owner, iter, first: chunks.start, count, delay };
         let dur = end.saturating_sub(ts);
         buf.push(Event {
             name: kind,
@@ -410,8 +412,9 @@ mod tests {
             Span::now(),
             Args::default().int("owner", 0).num("x", f64::NAN),
         );
-        // Chunks 4, 5, 6 of rank 0's iteration 3 back to back: one run; then chunk 9: another.
-        for c in [4, 5, 6, 9] {
+        // Chunks 4, 5, 6 of rank 0's iteration 3 back to back: one run; then chunk 9 and chunks
+        // 10 to 12 in one call: another.
+        for c in [4..5, 5..6, 6..7, 9..10, 10..13] {
             t.chunk(&mut thread, 2, "own chunk", (0, 3, c), Span::now(), 10);
         }
         t.write(&mut [&mut thread]).expect("write");
@@ -437,7 +440,7 @@ mod tests {
         assert_eq!(runs[0]["args"]["delay_us"].as_f64(), Some(0.03));
         assert_eq!(
             (runs[1]["args"]["first"].as_u64(), runs[1]["args"]["chunks"].as_u64()),
-            (Some(9), Some(1))
+            (Some(9), Some(4))
         );
         assert_eq!(events.iter().filter(|e| e["name"] == "thread_name").count(), 3);
         assert!(events.iter().any(|e| e["name"] == "clock_alignment"));

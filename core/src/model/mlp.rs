@@ -79,6 +79,16 @@ impl Mlp {
         self.dims[1..].iter().map(|&d| vec![0.0; n * d]).collect()
     }
 
+    /// Grows `bufs` (from [`buffers`](Self::buffers)) to hold `n` rows: the engine computes a
+    /// run of consecutive chunks in one call.
+    fn fit(&self, bufs: &mut [Vec<f32>], n: usize) {
+        for (b, &d) in bufs.iter_mut().zip(&self.dims[1..]) {
+            if b.len() < n * d {
+                b.resize(n * d, 0.0);
+            }
+        }
+    }
+
     /// Forward pass of `x` (`n` rows) into `acts`; returns the logits' layer index.
     fn forward(&self, mm: &mut Matmul, x: &[f32], params: &[f32], acts: &mut [Vec<f32>], n: usize) {
         for l in 0..self.layers() {
@@ -149,6 +159,8 @@ impl Model for Mlp {
         let x = Self::rows_of(&self.data.train).rows(rows);
         let n = x.len();
         let top = self.layers() - 1;
+        self.fit(&mut work.acts, n);
+        self.fit(&mut work.grads, n);
         self.forward(&mut work.mm, x.features, params, &mut work.acts, n);
         let c = self.dims[top + 1];
         let loss =
@@ -189,6 +201,14 @@ impl Model for Mlp {
 
     fn lr(&self) -> Option<f32> {
         Some(self.lr)
+    }
+
+    /// Each call streams every layer's weights and their gradient through the cache. At
+    /// 784-128-10 on Fashion-MNIST, batch 128 in chunks of 16 under LB-BSP, rank 0 at half
+    /// speed (2 MPI ranks, Zen 4, 4 runs of each binary alternated): 130k-162k samples/s chunk
+    /// by chunk, 168k-206k with runs in one call.
+    fn joins_chunks(&self) -> bool {
+        true
     }
 
     fn baseline(&self) -> Baseline {

@@ -528,7 +528,8 @@ pub trait Model: Send + Sync {
     /// Adds the keys training rows `rows` read to `set` (sparse models).
     fn keys(&self, rows: Range<usize>, set: &mut KeySet);
 
-    /// Buffers for one thread computing chunks of at most `chunk` rows.
+    /// Buffers for one thread computing chunks of `chunk` rows (a model that
+    /// [`joins_chunks`](Self::joins_chunks) grows them in [`compute`](Self::compute) for more).
     fn work(&self, chunk: usize) -> Self::Work;
 
     /// Computes training rows `rows` against `params` (valid at least at the rows' keys), adding
@@ -553,6 +554,15 @@ pub trait Model: Send + Sync {
     /// gives the mean gradient (what optimizers other than SGD step with); `None` for a model
     /// whose update is not a gradient (matrix factorization's SGD over its own ratings).
     fn lr(&self) -> Option<f32>;
+
+    /// Whether the engine computes a run of consecutive chunks a thread took at once in one
+    /// call over all their rows, rather than chunk by chunk: for a model whose cost per call
+    /// falls with more rows (matrix products, which pass the weights and their gradient
+    /// through the cache once per call). Either way gives the same sums. No by default: MF's
+    /// chunks are its strata's slots, each computed on its own rows gathered.
+    fn joins_chunks(&self) -> bool {
+        false
+    }
 
     /// Parameters L1 regularization leaves alone (an intercept).
     fn unpenalized(&self) -> Range<usize> {
