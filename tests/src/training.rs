@@ -9,6 +9,7 @@
 //!   across world sizes and backends.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use peregrine_core::engine::{self, thread_cpu_time, Config, Report};
@@ -30,6 +31,16 @@ pub struct Counting {
     rows: usize,
     /// Busy time per row computed.
     per_row: Duration,
+    /// Whether it [joins chunks](Model::joins_chunks).
+    joins: bool,
+    /// The most rows one call computed.
+    widest: AtomicUsize,
+}
+
+impl Counting {
+    fn new(rows: usize, per_row: Duration) -> Self {
+        Counting { rows, per_row, joins: false, widest: AtomicUsize::new(0) }
+    }
 }
 
 /// Per-thread counts.
@@ -86,6 +97,7 @@ impl Model for Counting {
     /// shrank with it.) Bounded by the wall clock too, at 50 times the busy time: a clock that
     /// cannot be read reads zero, and must not spin the thread forever.
     fn compute(&self, rows: Range<usize>, _params: &[f32], work: &mut Counts) -> f64 {
+        self.widest.fetch_max(rows.len(), Ordering::Relaxed);
         let busy = self.per_row * rows.len() as u32;
         let (until, wall) = (thread_cpu_time() + busy, Instant::now() + busy * 50);
         for r in rows {
@@ -120,6 +132,10 @@ impl Model for Counting {
         None
     }
 
+    fn joins_chunks(&self) -> bool {
+        self.joins
+    }
+
     fn evaluate(&self, _params: &[f32], rows: Range<usize>) -> EvalSums {
         [0.0, 0.0, rows.len() as f64]
     }
@@ -136,10 +152,24 @@ pub fn slot(t: &Transport) -> Slot {
 /// Trains [`Counting`] for `epochs` epochs under `scheme` with `threads` threads per rank and
 /// checks every counter. Returns the report (chunks taken over are in `per_rank`).
 pub fn exactly_once(t: &Transport, scheme: Scheme, threads: usize, epochs: u64) -> Result<Report, String> {
+    Ok(exactly_once_in(t, scheme, threads, epochs, 1)?.0)
+}
+
+/// [`exactly_once`] with threads taking `grain` chunks of their own at a time, and for `grain`
+/// above 1 a model that [joins chunks](Model::joins_chunks). Returns the report and the most
+/// rows one call computed.
+pub fn exactly_once_in(
+    t: &Transport,
+    scheme: Scheme,
+    threads: usize,
+    epochs: u64,
+    grain: u32,
+) -> Result<(Report, usize), String> {
     let rows = 997;
-    let model = Counting { rows, per_row: Duration::from_micros(5) };
+    let model = Counting { joins: grain > 1, ..Counting::new(rows, Duration::from_micros(5)) };
     let (batch, chunk) = (200, 7);
     let cfg = Config {
+        grain,
         scheme: SchemeSpec::new(scheme.clone(), true),
         batch,
         chunk,
@@ -164,7 +194,7 @@ pub fn exactly_once(t: &Transport, scheme: Scheme, threads: usize, epochs: u64) 
             t.world_size()
         ));
     }
-    Ok(report)
+    Ok((report, model.widest.load(Ordering::Relaxed)))
 }
 
 /// [`exactly_once`] with every rank's active threads changing between iterations (elastic
@@ -172,7 +202,7 @@ pub fn exactly_once(t: &Transport, scheme: Scheme, threads: usize, epochs: u64) 
 /// metrics lines, which must show the schedule.
 pub fn exactly_once_elastic(t: &Transport, max: usize) -> Result<(Report, Vec<String>), String> {
     let rows = 997;
-    let model = Counting { rows, per_row: Duration::from_micros(5) };
+    let model = Counting::new(rows, Duration::from_micros(5));
     let iterations = 3 * rows.div_ceil(200) as u64;
     let schedule = (0..iterations / 3)
         .flat_map(|k| (0..t.world_size()).map(move |r| (r, 3 * k, if k % 2 == 0 { 1 } else { max })))
@@ -259,7 +289,7 @@ pub fn train_counting(
     cfg: Config,
     per_row: Duration,
 ) -> Result<(Report, Vec<String>), String> {
-    let model = Counting { rows: COUNTING_ROWS, per_row };
+    let model = Counting::new(COUNTING_ROWS, per_row);
     let pool = RankPool::new(cfg.threads, slot(t), Pinning::Off).map_err(|e| e.to_string())?;
     let mut lines = Vec::new();
     let report = engine::train(t, &model, &cfg, &pool, Some((&mut lines, "memory")), &mut |_| {})
