@@ -149,7 +149,8 @@ pub struct TrainArgs {
     /// mlp 64].
     #[arg(long, value_name = "N")]
     chunk: Option<usize>,
-    /// Chunks a thread takes from its own queue at once [default: 1].
+    /// Chunks a thread takes from its own queue at once (the MLP computes them in one call)
+    /// [default: 1].
     #[arg(long, value_name = "N")]
     grain: Option<u32>,
     /// Passes over the training set [default: 5 unless --iterations is given, and at least 1000

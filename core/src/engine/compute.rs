@@ -386,10 +386,11 @@ impl<M: Model> Run<'_, M> {
         slot: &mut Slot<M::Work>,
         (kind, owner, it): (&'static str, usize, u64),
     ) {
+        let joins = self.model.joins_chunks();
         let mut c = r.start;
         while c < r.end {
             let (mut end, mut span) = (c + 1, rows(c));
-            while end < r.end && self.model.joins_chunks() {
+            while end < r.end && joins {
                 let next = rows(end);
                 if next.start != span.end {
                     break;
@@ -407,7 +408,7 @@ impl<M: Model> Run<'_, M> {
     fn run_chunk(&self, rows: Range<usize>, params: &[f32], slot: &mut Slot<M::Work>, id: ChunkId) {
         slot.rows += rows.len() as u64;
         let start = Span::now();
-        let chunks = id.3.end - id.3.start;
+        let chunks = id.3.len() as u32;
         let (loss, computed) = self.chunk_into((id.2, rows), chunks, params, &mut slot.work, &|| false);
         slot.loss += loss;
         self.trace_chunk((&mut slot.events, slot.tid), id, start, computed);

@@ -193,7 +193,8 @@ pub struct Config {
     pub batch: usize,
     /// Rows per chunk.
     pub chunk: usize,
-    /// Chunks a thread takes from its own queue at a time.
+    /// Chunks a thread takes from its own queue at a time (a model that joins chunks computes
+    /// them in one call: [`Model::joins_chunks`](crate::model::Model::joins_chunks)).
     pub grain: u32,
     /// Iterations to run (at most).
     pub iterations: u64,

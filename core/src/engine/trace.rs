@@ -180,7 +180,7 @@ impl Tracer {
         delay: u64,
     ) {
         let (ts, end) = (self.ns(start.0), self.ns(Instant::now()));
-        let count = chunks.end.saturating_sub(chunks.start);
+        let count = chunks.len() as u32;
         if let Some(last) = buf.last_mut() {
             if let Some(r) = last.run.as_mut() {
                 let next = r.owner == owner && r.iter == iter && r.first + r.count == chunks.start;
