@@ -189,41 +189,51 @@ impl Optimizer {
     }
 
     /// One step of the whole batch (share 1, as [`step`](Self::step) takes it) on parameters in
-    /// place: `g` holds their summed contributions (plus `own`, if given: a last contribution
-    /// that did not go through `g`) and is left zero; `w` (the weights) and `st` (their state,
-    /// `slots()` values per parameter, interleaved) are stepped. The values are
-    /// [`step`](Self::step)'s on `g + own` followed by adding its updates to `w` and `st`, bit for
-    /// bit: `step` runs on blocks small enough to stay in the first-level cache, and each block's
-    /// updates are added at once, so the parameters pass through memory once (the owner-side
-    /// step, which before read the gradient and the state into buffers, stepped, and accumulated
-    /// both back).
+    /// place: the gradient is the sum of `parts` (contributions, each as long as `w`, back to
+    /// back, added in their order) and of `own` (if given: a last contribution), and `w` (the
+    /// weights) and `st` (their state, `slots()` values per parameter, interleaved) are stepped;
+    /// `parts` is only read. The values are [`step`](Self::step)'s on that sum followed by adding
+    /// its updates to `w` and `st`, bit for bit: the sum and `step` run on blocks small enough to
+    /// stay in the first-level cache, and each block's updates are added at once, so the
+    /// parameters pass through memory once (the owner-side step, which before read the gradient
+    /// and the state into buffers, stepped, and accumulated both back).
     ///
     /// # Panics
     /// If FTRL (its step needs the derived weights), on `p.share != 1`, or if the lengths
     /// disagree.
-    pub fn step_in_place(&self, p: Step, w: &mut [f32], st: &mut [f32], g: &mut [f32], own: Option<&[f32]>) {
+    pub fn step_in_place(&self, p: Step, w: &mut [f32], st: &mut [f32], parts: &[f32], own: Option<&[f32]>) {
         /// Parameters per block: with Adam's two slots, 3 KiB of updates.
         const BLOCK: usize = 256;
-        let k = self.slots();
+        let (k, n) = (self.slots(), w.len());
         assert!(!self.derived(), "{}: no step in place (its step reads the derived weights)", self.name());
         assert!(p.share == 1.0, "a step in place is the whole batch's (share {})", p.share);
-        assert_eq!(w.len(), g.len(), "step_in_place: weights and gradient differ in length");
-        assert_eq!(st.len(), g.len() * k, "step_in_place: the state is not {k} values per parameter");
-        let mut ds = [0.0f32; BLOCK * 2];
+        assert!(
+            (n == 0 && parts.is_empty()) || (n > 0 && parts.len() % n == 0),
+            "step_in_place: the contributions ({}) are not whole multiples of the weights ({n})",
+            parts.len()
+        );
+        assert_eq!(st.len(), n * k, "step_in_place: the state is not {k} values per parameter");
         assert!(k <= 2, "step_in_place: {k} state slots");
-        assert!(own.is_none_or(|o| o.len() == g.len()), "step_in_place: own contributions differ in length");
-        for (b, (w, g)) in w.chunks_mut(BLOCK).zip(g.chunks_mut(BLOCK)).enumerate() {
-            let st = &mut st[b * BLOCK * k..(b * BLOCK + g.len()) * k];
-            let ds = &mut ds[..g.len() * k];
-            if let Some(own) = own {
-                for (g, o) in g.iter_mut().zip(&own[b * BLOCK..]) {
-                    *g += *o;
+        assert!(own.is_none_or(|o| o.len() == n), "step_in_place: own contributions differ in length");
+        let (mut c, mut ds) = ([0.0f32; BLOCK], [0.0f32; BLOCK * 2]);
+        for (b, w) in w.chunks_mut(BLOCK).enumerate() {
+            let at = b * BLOCK..b * BLOCK + w.len();
+            let st = &mut st[at.start * k..at.end * k];
+            let (c, ds) = (&mut c[..w.len()], &mut ds[..w.len() * k]);
+            c.fill(0.0);
+            for part in parts.chunks_exact(n.max(1)) {
+                for (c, g) in c.iter_mut().zip(&part[at.clone()]) {
+                    *c += *g;
                 }
             }
-            self.step(p, g, st, ds, &[]);
-            for (w, c) in w.iter_mut().zip(g.iter_mut()) {
+            if let Some(own) = own {
+                for (c, o) in c.iter_mut().zip(&own[at]) {
+                    *c += *o;
+                }
+            }
+            self.step(p, c, st, ds, &[]);
+            for (w, c) in w.iter_mut().zip(c.iter()) {
                 *w += *c;
-                *c = 0.0;
             }
             for (s, d) in st.iter_mut().zip(ds.iter()) {
                 *s += *d;

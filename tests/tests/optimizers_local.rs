@@ -12,7 +12,9 @@ use peregrine_core::optim::{Decay, Optimizer, Schedule};
 use peregrine_core::pool::{Pinning, RankPool};
 use peregrine_core::SchemeSpec;
 use peregrine_kernels::data::gen::{self, DenseSpec, SparseSpec};
-use peregrine_tests::training::{distance, scheme, slot, slowed, BSP_TOLERANCE};
+use peregrine_tests::training::{
+    distance, final_params_of, params_config, scheme, slot, slowed, BSP_TOLERANCE,
+};
 use peregrine_transport::{run_local, Transport};
 
 /// Loss `0.5 |w - x_i|^2` of row `i`, `x_i` a fixed pseudo-random point: the mean gradient over
@@ -264,6 +266,36 @@ fn every_optimizer_under_bsp_is_the_same_for_1_2_4_ranks() {
                 assert!(d <= BSP_TOLERANCE, "{o}, {world} ranks vs 1: parameters differ by {d:e}");
             }
         }
+    }
+}
+
+#[test]
+fn owners_add_the_ranks_gradients_in_rank_order_so_every_run_is_alike() {
+    // One thread a rank and nothing taken over: each rank's gradient is the same from run to
+    // run, and the owners add the other ranks' slots in rank order whatever order their pushes
+    // landed in, so 4 ranks give the same model bit for bit every run. (Added in arrival order,
+    // as accumulates into one gradient were, runs differed in the last bits.)
+    let tmp = scratch("rank-order");
+    let data = dense_data(tmp.path());
+    let make = || Mlp::new(&data, None, &[16], 0.05).expect("model");
+    let adam: Optimizer = "adam".parse().expect("optimizer");
+    let run = || {
+        run_local(4, |t| {
+            let cfg = Config {
+                threads: 1,
+                scheme: SchemeSpec::new(scheme("bsp"), false),
+                ..params_config(&t, 25, scheme("bsp"), adam)
+            };
+            final_params_of(&t, &make(), &cfg)
+        })
+        .expect("world")
+        .remove(0)
+        .expect("rank 0")
+    };
+    let bits = |p: &[f32]| p.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let first = bits(&run());
+    for i in 1..6 {
+        assert!(bits(&run()) == first, "run {i} of 4 ranks differs from the first");
     }
 }
 

@@ -7,12 +7,12 @@
 //! it, and a range of parameters reads its state as one range.
 //!
 //! Under a synchronous scheme (BSP) a dense model's optimizer steps at the owners instead
-//! ([`Params::owner_steps`]): ranks accumulate their share of the iteration's mean gradient into
-//! a third window laid out like the weights, and once every rank's share has landed each rank
-//! steps its own shard of the weights with its own shard of the state, in place in the windows'
-//! local memory ([`Params::step_owned`]). The state
-//! then never travels: a rank's pull reads the weights only and its push writes the gradient
-//! only, half the bytes of pulling and pushing both.
+//! ([`Params::owner_steps`]): ranks `put` their share of the iteration's mean gradient into
+//! their own slots at the owners ([`Slots`]), and once every rank's share has landed each rank
+//! sums them and steps its own shard of the weights with its own shard of the state, in place in
+//! the windows' local memory ([`Params::step_owned`]). The state then never travels: a rank's
+//! pull reads the weights only and its push writes the gradient only, half the bytes of pulling
+//! and pushing both.
 
 use std::ops::Range;
 use std::sync::Mutex;
@@ -37,9 +37,8 @@ pub(super) struct Params {
     exempt: Range<usize>,
     /// Replicated: where this rank's replica starts in `w`, and its optimizer state.
     own: Option<(usize, Mutex<Vec<f32>>)>,
-    /// Owner-side steps: the iteration's summed gradient, laid out like `w`, and this rank's
-    /// shard of it.
-    grad: Option<(Window<f32>, Range<usize>)>,
+    /// Owner-side steps: the other ranks' contributions to the gradient of this rank's shard.
+    grad: Option<Slots>,
     /// The model's parameters.
     len: usize,
 }
@@ -54,6 +53,46 @@ pub(super) struct PushBufs {
     ds: Vec<f32>,
     /// FTRL: the touched weights as read (derived).
     z: Vec<f32>,
+}
+
+/// The gradient of owner-side steps ([`Params::owner_steps`]): at each owner `r`, one slot as
+/// long as `r`'s shard of the weights for every other rank, in rank order, where that rank `put`s
+/// its contribution to the iteration's gradient of the shard. Each slot has one writer, so a
+/// push is a plain put (an RDMA write where the network does it; no accumulate with its
+/// target-side sum and lock), the owner never clears them (the next put overwrites), and it sums
+/// them in rank order, the same sum whatever order the pushes landed in. A rank holds `world - 1`
+/// slots of its shard: about one model's worth, beside its replica and its update.
+struct Slots {
+    win: Window<f32>,
+    /// The weights' sharding.
+    map: ShardMap,
+    rank: usize,
+}
+
+impl Slots {
+    /// Collective: allocates the slots for weights sharded as `map`.
+    fn alloc(t: &Transport, map: &ShardMap) -> Result<Self, TrainError> {
+        let others = t.world_size() - 1;
+        let lens = (0..t.world_size()).map(|r| map.len_of(r) * others);
+        let win = t.alloc_window("gradient slots", &ShardMap::from_lens(lens))?;
+        Ok(Self { win, map: map.clone(), rank: t.rank() })
+    }
+
+    /// Puts `values` (the whole vector) into this rank's slot at every other owner, starting
+    /// with the owner after this rank (ranks that push at once start at different owners), and
+    /// completes the puts.
+    fn put(&self, values: &[f32]) -> Result<(), TrainError> {
+        let world = self.map.parts();
+        self.win.write_scope(|s| {
+            for owner in (1..world).map(|i| (self.rank + i) % world).filter(|&r| self.map.len_of(r) > 0) {
+                let slot = if self.rank < owner { self.rank } else { self.rank - 1 };
+                let at = self.win.map().range(owner).start + slot * self.map.len_of(owner);
+                s.put(at, &values[self.map.range(owner)])?;
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
 }
 
 impl Params {
@@ -98,7 +137,7 @@ impl Params {
         let mine = map.range(t.rank());
         w.put(mine.start, &stored(mine.clone()))?;
         w.flush_all()?;
-        let grad = if owner_steps { Some((t.alloc_window("gradients", &map)?, mine)) } else { None };
+        let grad = if owner_steps { Some(Slots::alloc(t, &map)?) } else { None };
         Ok(Self { w, state, opt, slots, lr, exempt, own: None, grad, len: layout.params })
     }
 
@@ -345,7 +384,7 @@ impl Params {
         let PushBufs { ranges, data, sranges, st, ds, z } = b;
         let params = delta.layout().params;
         let Some(step) = step else {
-            return add_delta(&self.w, delta, ranges, 0..0);
+            return add_delta(&self.w, delta, ranges);
         };
         let (state, k, derived) = (self.state(), self.slots, self.opt.derived());
         // What steps: every parameter of a model pulled whole (untouched ones with a zero
@@ -418,44 +457,45 @@ impl Params {
     }
 
     /// Whether the optimizer steps at the owners (see the module docs): pulls read the weights
-    /// only, pushes ([`push_gradient`](Self::push_gradient)) add to the gradient window, and
+    /// only, pushes ([`push_gradient`](Self::push_gradient)) write the gradient slots, and
     /// every rank steps its own shard ([`step_owned`](Self::step_owned)) once the iteration's
     /// pushes have landed.
     pub(super) fn owner_steps(&self) -> bool {
         self.grad.is_some()
     }
 
-    /// Owner-side steps: adds this rank's share of the iteration's mean gradient (`delta`) to
-    /// the other ranks' shards of the gradient window, straight from `delta` (only the touched
-    /// keys, or the whole vector when they are too [`scattered`]). The part in this rank's own
-    /// shard stays in `delta` and joins [`step_owned`](Self::step_owned) there: it would only
-    /// pass through local memory twice.
-    pub(super) fn push_gradient(&self, delta: &mut Delta, b: &mut PushBufs) -> Result<(), TrainError> {
-        let (g, mine) = self.grad.as_ref().expect("owner-side steps");
-        add_delta(g, delta, &mut b.ranges, mine.clone())
+    /// Owner-side steps: puts this rank's share of the iteration's mean gradient (`delta`; all
+    /// zeros when the rank has nothing to add) into its slot at every other owner, each owner's
+    /// whole shard of it straight from `delta`. Every rank pushes at every iteration that the
+    /// owners step: a slot holds what its rank put last. The part in this rank's own shard stays
+    /// in `delta` and joins [`step_owned`](Self::step_owned) there: it would only pass through
+    /// local memory twice.
+    pub(super) fn push_gradient(&self, delta: &Delta) -> Result<(), TrainError> {
+        self.grad.as_ref().expect("owner-side steps").put(delta.values())
     }
 
     /// Owner-side steps, once every rank's gradient of the iteration has landed: steps this
-    /// rank's shard of the weights and of the state with its shard of the summed gradient
-    /// (`step`'s share is the whole iteration) plus this rank's own part of it (its pushed
-    /// `delta`, if it pushed one: see [`push_gradient`](Self::push_gradient)), and zeroes that
-    /// gradient for the next iteration, all in place in the windows' local memory
-    /// ([`Optimizer::step_in_place`]).
+    /// rank's shard of the weights and of the state with the sum of the other ranks' slots in
+    /// rank order (`step`'s share is the whole iteration) plus this rank's own part (its pushed
+    /// `delta`, if it pushed one: see [`push_gradient`](Self::push_gradient)), in place in the
+    /// windows' local memory ([`Optimizer::step_in_place`]; the slots are only read).
     ///
     /// The caller's protocol makes that exclusive (the windows' `with_own_shard` contract): every
-    /// rank flushed its pushes into the gradient window before the wait that said they landed,
-    /// and pulled the weights of this iteration before pushing; pushes never write the weights or
-    /// the state; and the ranks line up (a barrier) after the step, before anyone reads the
-    /// weights again.
+    /// rank flushed its pushes into the slots before the wait that said they landed, and pulled
+    /// the weights of this iteration before pushing; pushes never write the weights or the
+    /// state; and the ranks line up (a barrier) after the step, before anyone reads the weights
+    /// or writes the slots again.
     pub(super) fn step_owned(&self, step: Step, pushed: Option<&Delta>) -> Result<(), TrainError> {
-        let (g, mine) = self.grad.as_ref().expect("owner-side steps");
+        let g = self.grad.as_ref().expect("owner-side steps");
         let (state, opt) = (self.state(), self.opt);
         let step = Step { share: 1.0, ..step };
-        let own = pushed.map(|d| &d.values()[mine.clone()]);
+        let own = pushed.map(|d| &d.values()[g.map.range(g.rank)]);
         // SAFETY: exclusive access to the three shards, by the protocol above.
         let stepped = unsafe {
-            g.with_own_shard(|g| {
-                state.with_own_shard(|st| self.w.with_own_shard(|w| opt.step_in_place(step, w, st, g, own)))
+            g.win.with_own_shard(|parts| {
+                state.with_own_shard(|st| {
+                    self.w.with_own_shard(|w| opt.step_in_place(step, w, st, parts, own))
+                })
             })
         };
         stepped???;
@@ -468,8 +508,8 @@ impl Params {
         if let Some(s) = &self.state {
             s.flush_all()?;
         }
-        if let Some((g, _)) = &self.grad {
-            g.flush_all()?;
+        if let Some(g) = &self.grad {
+            g.win.flush_all()?;
         }
         Ok(())
     }
@@ -480,8 +520,8 @@ impl Params {
         if let Some(s) = self.state {
             s.free()?;
         }
-        if let Some((g, _)) = self.grad {
-            g.free()?;
+        if let Some(g) = self.grad {
+            g.win.free()?;
         }
         Ok(())
     }
@@ -506,14 +546,8 @@ pub(super) fn owner_steps_apply(
 }
 
 /// Adds `delta` into window `w` straight from its values (no gathering copy), completed at the
-/// targets on return: its touched ranges, or the whole vector when they are too [`scattered`];
-/// all but `keep` (a part the caller adds itself; `0..0` for none).
-fn add_delta(
-    w: &Window<f32>,
-    delta: &mut Delta,
-    ranges: &mut Vec<Range<usize>>,
-    keep: Range<usize>,
-) -> Result<(), TrainError> {
+/// targets on return: its touched ranges, or the whole vector when they are too [`scattered`].
+fn add_delta(w: &Window<f32>, delta: &mut Delta, ranges: &mut Vec<Range<usize>>) -> Result<(), TrainError> {
     let (runs, len) = (delta.runs(), delta.layout().params);
     if runs > 1 && scattered(runs, len) {
         ranges.clear();
@@ -523,12 +557,8 @@ fn add_delta(
     }
     let values = delta.values();
     w.write_scope(|s| {
-        for r in ranges.iter() {
-            for part in [r.start..r.end.min(keep.start), r.start.max(keep.end)..r.end] {
-                if !part.is_empty() {
-                    s.accumulate(part.start, &values[part])?;
-                }
-            }
+        for r in ranges.iter().filter(|r| !r.is_empty()) {
+            s.accumulate(r.start, &values[r.clone()])?;
         }
         Ok(())
     })?;

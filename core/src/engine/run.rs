@@ -660,12 +660,12 @@ impl<'a, M: Model> Run<'a, M> {
             self.params.step_own(admit.apply.then_some(&me.delta), step, &mut me.mixed, &mut me.push)?;
             policy.publish(&view, it, &me.mixed)?;
         } else if self.params.owner_steps() {
-            if admit.apply && !me.delta.is_empty() {
-                self.params.push_gradient(&mut me.delta, &mut me.push)?;
-            } else {
+            if !admit.apply {
                 // Nothing of it joins the step either.
                 me.delta.clear();
             }
+            // Zeros when there is nothing to add: the slots hold what was put last.
+            self.params.push_gradient(&me.delta)?;
             me.step = step;
         } else if admit.apply && !me.delta.is_empty() && step.is_none_or(|s| s.share > 0.0) {
             // A model pulled whole stepped with the state read with it.
