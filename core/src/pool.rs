@@ -200,6 +200,16 @@ struct Job<'f> {
 thread_local! {
     /// The `Shared` of the pool whose worker the current thread is (null on other threads).
     static WORKER_OF: Cell<*const Shared> = const { Cell::new(ptr::null()) };
+    /// The worker the current thread stands in for while it runs a job itself (a caller on its
+    /// worker's CPU: see the module docs).
+    static STANDING_IN: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// The worker of a pool that the calling thread is running a job for in its stead (a one-worker
+/// run on the caller's own CPU, see the module docs), if it is: for messages that name the
+/// thread a panic happened on.
+pub fn standing_in_for() -> Option<usize> {
+    STANDING_IN.with(Cell::get)
 }
 
 impl fmt::Debug for RankPool {
@@ -340,13 +350,17 @@ impl RankPool {
         if active == 1 && self.placement.pinned && sched::bound_to_only(self.placement.cpus[0]) {
             // The caller is worker 0 for this run (see the module docs); a run from inside `f`
             // panics as on a worker.
-            struct Restore(*const Shared);
+            struct Restore(*const Shared, Option<usize>);
             impl Drop for Restore {
                 fn drop(&mut self) {
                     WORKER_OF.with(|w| w.set(self.0));
+                    STANDING_IN.with(|s| s.set(self.1));
                 }
             }
-            let _restore = Restore(WORKER_OF.with(|w| w.replace(Arc::as_ptr(&self.shared))));
+            let _restore = Restore(
+                WORKER_OF.with(|w| w.replace(Arc::as_ptr(&self.shared))),
+                STANDING_IN.with(|s| s.replace(Some(0))),
+            );
             f(0);
             return;
         }
@@ -1041,6 +1055,8 @@ mod tests {
         }
         sched::bind_current_thread(&p.cpus[..1]).expect("bind the caller");
         assert_eq!(run(), (0, caller), "the caller bound to the worker's cpu runs it: {p:?}");
+        pool.run(|w| assert_eq!(standing_in_for(), Some(w)));
+        assert_eq!(standing_in_for(), None);
         // A run from inside it panics as on a worker, and leaves the caller usable.
         let nested = panic::catch_unwind(AssertUnwindSafe(|| pool.run(|_| pool.run(|_| {}))));
         assert!(nested.is_err(), "a nested run must panic");

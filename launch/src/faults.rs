@@ -29,7 +29,11 @@ pub fn install() -> Result<(), AppError> {
         // symbolizing a backtrace can take seconds, and under MPICH the launcher once ended the
         // process (a peer had aborted) while it was still printing one, before this line.
         let thread = std::thread::current();
-        let who = who(thread.name().unwrap_or("unnamed"), peregrine_transport::process_rank());
+        let who = who(
+            thread.name().unwrap_or("unnamed"),
+            peregrine_transport::process_rank(),
+            peregrine_core::pool::standing_in_for(),
+        );
         let modified = peregrine_kernels::data::guard::modified();
         if modified.is_empty() {
             crate::say(format_args!(
@@ -94,8 +98,18 @@ fn exit_now(code: i32) -> ! {
 
 /// "rank R, compute thread W (pgr-sRwW)" from a thread's name: local ranks run as threads
 /// `rank-R` with compute threads `pgr-sRwW` (R the rank's slot); under MPI the process's rank
-/// decides.
-fn who(name: &str, mpi_rank: Option<usize>) -> String {
+/// decides. A rank's loop thread (`rank-R`, or `main` under MPI) that ran its one compute
+/// thread's job itself (`standing_in`, see `peregrine_core::pool`) is named as that compute
+/// thread, on the loop thread.
+fn who(name: &str, mpi_rank: Option<usize>, standing_in: Option<usize>) -> String {
+    let loop_thread = name.strip_prefix("rank-").map(|r| r.parse().ok()).or((name == "main").then_some(None));
+    if let (Some(w), Some(rank)) = (standing_in, loop_thread) {
+        let what = format!("compute thread {w}, run on its loop thread");
+        return match mpi_rank.or(rank) {
+            Some(r) => format!("rank {r}, {what} ({name})"),
+            None => format!("{what} ({name})"),
+        };
+    }
     let (rank, what) = if let Some(r) = name.strip_prefix("rank-") {
         (r.parse().ok(), "its loop thread".to_owned())
     } else if let Some((slot, w)) = name.strip_prefix("pgr-s").and_then(|s| s.split_once('w')) {
@@ -171,11 +185,14 @@ mod tests {
 
     #[test]
     fn threads_are_named_with_their_rank() {
-        assert_eq!(who("pgr-s1w3", None), "rank 1, compute thread 3 (pgr-s1w3)");
-        assert_eq!(who("rank-2", None), "rank 2, its loop thread (rank-2)");
-        assert_eq!(who("pgr-s0w0", Some(5)), "rank 5, compute thread 0 (pgr-s0w0)");
-        assert_eq!(who("main", Some(1)), "rank 1, the main thread (main)");
-        assert_eq!(who("main", None), "the main thread (main)");
-        assert_eq!(who("pgr-watch", None), "thread (pgr-watch)");
+        assert_eq!(who("pgr-s1w3", None, None), "rank 1, compute thread 3 (pgr-s1w3)");
+        assert_eq!(who("rank-2", None, None), "rank 2, its loop thread (rank-2)");
+        assert_eq!(who("pgr-s0w0", Some(5), None), "rank 5, compute thread 0 (pgr-s0w0)");
+        assert_eq!(who("main", Some(1), None), "rank 1, the main thread (main)");
+        assert_eq!(who("main", None, None), "the main thread (main)");
+        assert_eq!(who("pgr-watch", None, None), "thread (pgr-watch)");
+        assert_eq!(who("rank-2", None, Some(0)), "rank 2, compute thread 0, run on its loop thread (rank-2)");
+        assert_eq!(who("main", Some(1), Some(0)), "rank 1, compute thread 0, run on its loop thread (main)");
+        assert_eq!(who("pgr-s0w1", Some(1), Some(0)), "rank 1, compute thread 1 (pgr-s0w1)");
     }
 }
