@@ -12,8 +12,8 @@
 //!   `active..max` are not woken at all: after their spin time (below) they sleep in the kernel
 //!   and take no CPU time until a `run` needs them again, so shrinking the active count really
 //!   frees their cores (for another rank sharing them, or the communication thread).
-//! - **Worker `i` always runs on thread `i`, pinned to `placement().cpus[i]`.** So "worker `i`"
-//!   means the same core in every iteration, and the data it touched in the last iteration is
+//! - **Worker `i` always runs on thread `i`, pinned to `placement().cpus[i]`** (or worker 0 on a
+//!   caller bound to that CPU alone, below). So "worker `i`" means the same core in every iteration, and the data it touched in the last iteration is
 //!   still in that core's cache in the next one. A work-stealing `scope`/`spawn` would not give
 //!   that guarantee.
 //! - **Dispatch: per-worker flags, spin, then sleep.** `run` publishes `f` and sets the "go" word
@@ -25,6 +25,11 @@
 //!   worker (measured on the 2-core development VM, 2 threads, empty jobs); after a longer pause
 //!   a run pays the OS wake-up of each parked worker (25-50 us on that VM). This is the policy of
 //!   OpenMP runtimes (`KMP_BLOCKTIME`, `GOMP_SPINCOUNT`), with a much shorter default.
+//!
+//!   Why not rayon's `broadcast` (the first version): rayon's workers fall asleep after ~32 idle
+//!   rounds, a caller from outside the pool blocks on a condition variable, and a broadcast wakes
+//!   every thread, including the inactive ones. Measured the same way: 15 us per back-to-back
+//!   run, 40-55 us with 20 us of caller work between runs, 70-90 us with 0.2-1 ms.
 //! - **One worker on the caller's own CPU: no hand-over.** When a run has one active worker, the
 //!   pool is pinned, and the calling thread is bound to that worker's CPU alone (a rank of one
 //!   thread under `mpirun`'s default binding to a core), the two could only take turns on that
@@ -32,11 +37,6 @@
 //!   a run of the MLP's chunk on the 2-core VM, traced, 12 -> 3 us between the compute phase and
 //!   its chunk), and the worker no longer spins beside the caller's communication after each
 //!   run. `f` sees the same worker index and the same CPU, so nothing else changes.
-//!
-//!   Why not rayon's `broadcast` (the first version): rayon's workers fall asleep after ~32 idle
-//!   rounds, a caller from outside the pool blocks on a condition variable, and a broadcast wakes
-//!   every thread, including the inactive ones. Measured the same way: 15 us per back-to-back
-//!   run, 40-55 us with 20 us of caller work between runs, 70-90 us with 0.2-1 ms.
 //! - **Pinning.** The CPUs this process may run on are split among the ranks of the process
 //!   ([`Slot`]): into `of` contiguous, disjoint groups of cores, in hwloc's logical (locality) order
 //!   with the `hwloc` feature and in OS cpu-id order without it. If there are fewer cores than
@@ -331,8 +331,9 @@ impl RankPool {
     }
 
     /// Runs `f(worker)` for worker in `0..active()` concurrently on the pool's threads (worker `i`
-    /// on the thread pinned to `placement().cpus[i]`) and returns when all have returned. The
-    /// other threads are not woken.
+    /// on the thread pinned to `placement().cpus[i]`; a single worker on the calling thread itself
+    /// when that thread is bound to the worker's CPU alone, see the module docs) and returns when
+    /// all have returned. The other threads are not woken.
     ///
     /// Call it from a thread outside the pool (the rank's training thread): calling it from
     /// inside `f` panics. Runs from several threads at once are serialized. If `f` panics on a
