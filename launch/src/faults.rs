@@ -102,15 +102,7 @@ fn exit_now(code: i32) -> ! {
 /// thread's job itself (`standing_in`, see `peregrine_core::pool`) is named as that compute
 /// thread, on the loop thread.
 fn who(name: &str, mpi_rank: Option<usize>, standing_in: Option<usize>) -> String {
-    let loop_thread = name.strip_prefix("rank-").map(|r| r.parse().ok()).or((name == "main").then_some(None));
-    if let (Some(w), Some(rank)) = (standing_in, loop_thread) {
-        let what = format!("compute thread {w}, run on its loop thread");
-        return match mpi_rank.or(rank) {
-            Some(r) => format!("rank {r}, {what} ({name})"),
-            None => format!("{what} ({name})"),
-        };
-    }
-    let (rank, what) = if let Some(r) = name.strip_prefix("rank-") {
+    let (rank, mut what) = if let Some(r) = name.strip_prefix("rank-") {
         (r.parse().ok(), "its loop thread".to_owned())
     } else if let Some((slot, w)) = name.strip_prefix("pgr-s").and_then(|s| s.split_once('w')) {
         (slot.parse().ok(), format!("compute thread {w}"))
@@ -119,6 +111,9 @@ fn who(name: &str, mpi_rank: Option<usize>, standing_in: Option<usize>) -> Strin
     } else {
         (None, "thread".to_owned())
     };
+    if let (Some(w), true) = (standing_in, name.starts_with("rank-") || name == "main") {
+        what = format!("compute thread {w}, run on its loop thread");
+    }
     match mpi_rank.or(rank) {
         Some(r) => format!("rank {r}, {what} ({name})"),
         None => format!("{what} ({name})"),

@@ -18,7 +18,7 @@ use peregrine_core::model::{Baseline, Delta, EvalSums, KeySet, Layout, Metric, M
 use peregrine_core::optim::Optimizer;
 use peregrine_core::pool::{Pinning, RankPool, Slot};
 use peregrine_core::{Scheme, SchemeSpec};
-use peregrine_transport::{Backend, Transport};
+use peregrine_transport::{run_local, Backend, Transport};
 
 /// Rank `rank` slowed to `speed` for good.
 pub fn slowed(rank: usize, speed: f64) -> Injection {
@@ -344,6 +344,30 @@ pub fn final_params_of<M: Model>(t: &Transport, model: &M, cfg: &Config) -> Resu
     let pool = RankPool::new(cfg.threads, slot(t), Pinning::Off).map_err(|e| e.to_string())?;
     let report = engine::train(t, model, cfg, &pool, None, &mut |_| {}).map_err(|e| e.to_string())?;
     report.params.ok_or_else(|| "no parameters in the report".into())
+}
+
+/// Rank 0's final parameters of `model` on `world` local ranks under BSP with one thread a rank
+/// and nothing taken over, so that each rank's gradient is the same from run to run: the
+/// configuration is [`params_config`]'s for `iterations` and `optimizer`, then `adjust`ed.
+pub fn bsp_params_one_thread<M: Model>(
+    world: usize,
+    model: &M,
+    iterations: u64,
+    optimizer: Optimizer,
+    adjust: impl Fn(&mut Config) + Sync,
+) -> Vec<f32> {
+    run_local(world, |t| {
+        let mut cfg = Config {
+            threads: 1,
+            scheme: SchemeSpec::new(scheme("bsp"), false),
+            ..params_config(&t, iterations, scheme("bsp"), optimizer)
+        };
+        adjust(&mut cfg);
+        final_params_of(&t, model, &cfg)
+    })
+    .expect("world")
+    .remove(0)
+    .expect("rank 0")
 }
 
 /// [`final_params_by`]'s configuration.

@@ -12,9 +12,7 @@ use peregrine_core::optim::{Decay, Optimizer, Schedule};
 use peregrine_core::pool::{Pinning, RankPool};
 use peregrine_core::SchemeSpec;
 use peregrine_kernels::data::gen::{self, DenseSpec, SparseSpec};
-use peregrine_tests::training::{
-    distance, final_params_of, params_config, scheme, slot, slowed, BSP_TOLERANCE,
-};
+use peregrine_tests::training::{bsp_params_one_thread, distance, scheme, slot, slowed, BSP_TOLERANCE};
 use peregrine_transport::{run_local, Transport};
 
 /// Loss `0.5 |w - x_i|^2` of row `i`, `x_i` a fixed pseudo-random point: the mean gradient over
@@ -277,21 +275,9 @@ fn owners_add_the_ranks_gradients_in_rank_order_so_every_run_is_alike() {
     // as accumulates into one gradient were, runs differed in the last bits.)
     let tmp = scratch("rank-order");
     let data = dense_data(tmp.path());
-    let make = || Mlp::new(&data, None, &[16], 0.05).expect("model");
+    let model = Mlp::new(&data, None, &[16], 0.05).expect("model");
     let adam: Optimizer = "adam".parse().expect("optimizer");
-    let run = || {
-        run_local(4, |t| {
-            let cfg = Config {
-                threads: 1,
-                scheme: SchemeSpec::new(scheme("bsp"), false),
-                ..params_config(&t, 25, scheme("bsp"), adam)
-            };
-            final_params_of(&t, &make(), &cfg)
-        })
-        .expect("world")
-        .remove(0)
-        .expect("rank 0")
-    };
+    let run = || bsp_params_one_thread(4, &model, 25, adam, |_| {});
     let bits = |p: &[f32]| p.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     let first = bits(&run());
     for i in 1..6 {

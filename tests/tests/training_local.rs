@@ -8,11 +8,11 @@ use peregrine_core::inject::Injection;
 use peregrine_core::model::{lr::LogReg, mf::Mf, mlp::Mlp, softmax::Softmax, Delta, Model};
 use peregrine_core::optim::Optimizer;
 use peregrine_core::plan::Plan;
-use peregrine_core::{Scheme, SchemeSpec};
+use peregrine_core::Scheme;
 use peregrine_kernels::data::gen::{self, DenseSpec, RatingsSpec, SparseSpec};
 use peregrine_tests::training::{
-    counted, counted_with, distance, exactly_once, exactly_once_elastic, exactly_once_in, final_params,
-    final_params_of, final_params_with, injected, params_config, scheme, BSP_TOLERANCE,
+    bsp_params_one_thread, counted, counted_with, distance, exactly_once, exactly_once_elastic,
+    exactly_once_in, final_params, final_params_with, injected, scheme, BSP_TOLERANCE,
 };
 use peregrine_transport::run_local;
 
@@ -271,22 +271,13 @@ fn runs_of_chunks_computed_in_one_call_give_the_same_mlp() {
     let tmp = scratch("mlp-runs");
     let p = tmp.path().join("dense.pgd");
     gen::dense(&DenseSpec { rows: 3000, cols: 20, classes: 4, noise: 0.3, seed: 4 }, &p).expect("gen");
-    let make = || Mlp::new(&p, None, &[16], 0.1).expect("model");
+    let model = Mlp::new(&p, None, &[16], 0.1).expect("model");
     let momentum: Optimizer = "momentum".parse().expect("optimizer");
     let run = |grain: u32| {
-        run_local(2, |t| {
-            let cfg = Config {
-                chunk: 8,
-                grain,
-                threads: 1,
-                scheme: SchemeSpec::new(scheme("bsp"), false),
-                ..params_config(&t, 20, scheme("bsp"), momentum)
-            };
-            final_params_of(&t, &make(), &cfg)
+        bsp_params_one_thread(2, &model, 20, momentum, |cfg| {
+            cfg.chunk = 8;
+            cfg.grain = grain;
         })
-        .expect("world")
-        .remove(0)
-        .expect("rank 0")
     };
     let (one_by_one, joined) = (run(1), run(4));
     let d = distance(&joined, &one_by_one);
