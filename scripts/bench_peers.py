@@ -129,8 +129,14 @@ def sps_key(model, batch):
 
 
 def roofline(b, threads=2):
-    """`peregrine bench roofline` on `threads` threads: FMA peak and STREAM triad, as JSON."""
+    """`peregrine bench roofline` on `threads` threads: FMA peak, STREAM triad and the line round
+    trip between two CPUs, as JSON."""
     return json.loads(run([b.a.peregrine, "bench", "roofline", "--threads", str(threads), "--json"]))
+
+
+def lines(ns):
+    """Line round trips (ns, None where not measured) as text."""
+    return ", ".join("-" if v is None else f"{v:.0f}" for v in ns) + " ns"
 
 
 def throughput(b, fm, model, batch, rows, peak_each=False):
@@ -146,7 +152,11 @@ def throughput(b, fm, model, batch, rows, peak_each=False):
 
     def ours():
         if peak_each:
-            b.record(f"{key}-peak", roofline(b)["fma_gflops"])
+            roof = roofline(b)
+            b.record(f"{key}-peak", roof["fma_gflops"])
+            # How far apart the host has put the two CPUs right now (it moves them: 50-85 ns
+            # between neighbours, 340-420 ns between distant cores, seen within one hour).
+            b.record(f"{key}-line", roof.get("line_round_trip_ns"))
         b.record(f"{key}-peregrine", b.peregrine(key, common + ["--epochs", "2", "--eval-every", "1000000"])[
             "samples_per_second"])
 
@@ -206,7 +216,8 @@ def main():
                                  f"FMA peak {roof['fma_gflops']:.1f} at the start; {min(peaks):.1f}-{max(peaks):.1f} "
                                  f"before each run",
                                  f"{100 * g / roof['fma_gflops']:.0f} % of the first; {statistics.median(each):.0f} % "
-                                 f"of each run's own (runs: {', '.join(f'{e:.1f}' for e in each)} %)"))
+                                 f"of each run's own (runs: {', '.join(f'{e:.1f}' for e in each)} %; "
+                                 f"line round trip before each: {lines(b.results.get(f'{key}-line', []))})"))
                 if model == "softmax" and roof:
                     gbs = sps * 784 * 4 / 1e9
                     rows.append(("softmax features read, GB/s (3136 B per sample)", f"{gbs:.1f}",
@@ -338,7 +349,8 @@ def main():
     if roof:
         text += (f"\nRoofline (same run): {roof['simd']}; FMA peak {roof['fma_gflops_1']:.1f} GFLOP/s on 1 thread, "
                  f"{roof['fma_gflops']:.1f} on 2 ({roof['vector']}); STREAM triad {roof['triad_gbs']:.1f} GB/s "
-                 f"on 2 threads.\n")
+                 f"on 2 threads; one cache line's round trip between the two CPUs "
+                 f"{lines([roof.get('line_round_trip_ns')])}.\n")
     if b.hung:
         text += (f"\nPeer runs that hung, were killed after {a.peer_timeout:.0f} s and ran again "
                  f"({len(b.hung)}):\n" + "\n".join(f"- {h}" for h in b.hung) + "\n")

@@ -8,8 +8,17 @@
 //! two constants; 12 on AVX-512, with 32 `zmm`). The triad is `a[i] = b[i] + s * c[i]` on three
 //! arrays split between the threads, each thread touching its own part first (its pages local),
 //! 12 bytes counted per element as STREAM counts them (the write-allocate read of `a` is not).
+//!
+//! And what a cache line costs between two cores: [`line_round_trip_ns`], two threads on two CPUs
+//! handing one line back and forth. Ranks on one machine exchange their gradients and weights
+//! through memory, so every line of them crosses between cores; on a virtual machine the
+//! host decides how far apart its CPUs are, and that can change while a job runs (on one 2-CPU
+//! cloud machine the round trip was 50-85 ns for minutes, then 340-420 ns for minutes, as the
+//! host moved the two onto distant cores; a two-thread copy of 72 KB each way then took 3.5x as
+//! long). A figure taken beside a run tells which of those machines the run had.
 
 use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 #[cfg(target_feature = "avx512f")]
@@ -69,8 +78,10 @@ fn together<I: Send, R: Send>(inputs: Vec<I>, work: impl Fn(I) -> R + Sync) -> (
                 })
             })
             .collect();
-        start.wait();
+        // The clock starts before the threads are let go: started after, it could start late
+        // (this thread descheduled while they run) and a short run would look impossibly fast.
         let t0 = Instant::now();
+        start.wait();
         let out = handles.into_iter().map(|h| h.join().expect("probe thread")).collect();
         (out, t0.elapsed())
     })
@@ -125,6 +136,83 @@ pub fn triad_gbs(threads: usize, elems: usize, reps: usize) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// The round trip of one cache line between a thread on CPU `cpus[0]` and one on `cpus[1]`
+/// (each bound to its CPU where the system lets it), in nanoseconds: the first thread writes
+/// the line, the second answers on it, `rounds` times; the best of `reps` runs.
+pub fn line_round_trip_ns(cpus: [usize; 2], rounds: u64, reps: usize) -> f64 {
+    /// A line of its own: nothing else shares it.
+    #[repr(align(128))]
+    struct Line(AtomicU64);
+    let rounds = rounds.max(1);
+    let line = Line(AtomicU64::new(0));
+    // Spins, yielding now and then: two threads bound to one CPU still take turns.
+    let wait_for = |v: u64| {
+        let mut spins = 0u32;
+        while line.0.load(Ordering::Acquire) != v {
+            spins += 1;
+            if spins % 4096 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    };
+    (0..reps.max(1))
+        .map(|_| {
+            line.0.store(0, Ordering::Relaxed);
+            let start = std::sync::Barrier::new(2);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    bind_to(cpus[1]);
+                    start.wait();
+                    for i in 0..rounds {
+                        wait_for(2 * i + 1);
+                        line.0.store(2 * i + 2, Ordering::Release);
+                    }
+                });
+                s.spawn(|| {
+                    bind_to(cpus[0]);
+                    start.wait();
+                    let t0 = Instant::now();
+                    for i in 0..rounds {
+                        line.0.store(2 * i + 1, Ordering::Release);
+                        wait_for(2 * i + 2);
+                    }
+                    t0.elapsed().as_nanos() as f64 / rounds as f64
+                })
+                .join()
+                .expect("line probe thread")
+            })
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// The first two CPUs this process may run on, if it may run on two.
+pub fn two_cpus() -> Option<[usize; 2]> {
+    // SAFETY: `set` is a plain bit mask that `sched_getaffinity` fills (pid 0: this thread) and
+    // `CPU_ISSET` reads; indices stay below `CPU_SETSIZE`.
+    let mut cpus = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return None;
+        }
+        (0..libc::CPU_SETSIZE as usize).filter(move |&c| libc::CPU_ISSET(c, &set))
+    };
+    Some([cpus.next()?, cpus.next()?])
+}
+
+/// Binds the calling thread to `cpu`, if the system lets it (a probe thread: best effort).
+fn bind_to(cpu: usize) {
+    // SAFETY: as in `two_cpus`; `cpu` is checked against `CPU_SETSIZE` before `CPU_SET`.
+    unsafe {
+        if cpu < libc::CPU_SETSIZE as usize {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,5 +241,15 @@ mod tests {
         assert!(peak.is_finite() && peak > 0.1, "{peak}");
         let triad = triad_gbs(2, 1 << 16, 2);
         assert!(triad.is_finite() && triad > 0.01, "{triad}");
+        // Two distinct CPUs where the process may use two; on one, the threads take turns (a
+        // slow, finite figure).
+        let cpus = two_cpus();
+        let allowed = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(cpus.is_some(), allowed >= 2, "{cpus:?}");
+        if let Some([a, b]) = cpus {
+            assert!(a < b, "{a} {b}");
+        }
+        let ns = line_round_trip_ns(cpus.unwrap_or([0, 0]), 2000, 2);
+        assert!(ns.is_finite() && ns > 1.0, "{ns}");
     }
 }

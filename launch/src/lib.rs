@@ -382,11 +382,17 @@ fn roofline_cmd(a: &RooflineArgs) {
     let one = roofline::fma_peak_gflops(1, each, a.reps);
     let all = roofline::fma_peak_gflops(threads, each, a.reps);
     let triad = roofline::triad_gbs(threads, a.elems, a.reps);
+    // 100,000 round trips: 5-40 ms a run on the machines seen.
+    let line = roofline::two_cpus().map(|cpus| (cpus, roofline::line_round_trip_ns(cpus, 100_000, a.reps)));
     if a.json {
+        let line_json = line.map_or_else(
+            || "\"line_round_trip_ns\": null".to_owned(),
+            |(c, ns)| format!("\"line_round_trip_ns\": {ns:.1}, \"line_cpus\": [{}, {}]", c[0], c[1]),
+        );
         println!(
             "{{\"simd\": \"{simd}\", \"vector\": \"{vector}\", \"threads\": {threads}, \
              \"fma_gflops_1\": {one:.2}, \"fma_gflops\": {all:.2}, \"triad_gbs\": {triad:.2}, \
-             \"triad_elems\": {}}}",
+             \"triad_elems\": {}, {line_json}}}",
             a.elems
         );
         return;
@@ -398,6 +404,13 @@ fn roofline_cmd(a: &RooflineArgs) {
         "STREAM triad      {triad:8.1} GB/s on {threads} (3 x {} MiB f32, 12 B per element counted)",
         (a.elems * 4) >> 20
     );
+    match line {
+        Some((c, ns)) => println!(
+            "line round trip   {ns:8.1} ns between CPUs {} and {} (one cache line, handed back and forth)",
+            c[0], c[1]
+        ),
+        None => println!("line round trip   not measured: this process may run on one CPU only"),
+    }
 }
 
 fn predictors_cmd(a: &PredictorArgs) {
