@@ -694,6 +694,11 @@ impl Binder {
     }
 }
 
+/// The CPUs the calling thread may run on (its affinity mask), ascending.
+pub fn allowed_cpus() -> Result<Vec<usize>, String> {
+    sched::allowed_cpus()
+}
+
 /// Pins the calling thread to `cpu` (best effort: a failure leaves it where it is). Used for
 /// threads outside a pool that must share a rank's cores, like straggler-injection disruptors.
 pub fn pin_current_thread(cpu: usize) -> bool {

@@ -136,16 +136,16 @@ pub fn triad_gbs(threads: usize, elems: usize, reps: usize) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// The round trip of one cache line between a thread on CPU `cpus[0]` and one on `cpus[1]`
-/// (each bound to its CPU where the system lets it), in nanoseconds: the first thread writes
-/// the line, the second answers on it, `rounds` times; the best of `reps` runs.
-pub fn line_round_trip_ns(cpus: [usize; 2], rounds: u64, reps: usize) -> f64 {
+/// The round trip of one cache line between two threads, in nanoseconds: the first writes the
+/// line, the second answers on it, `rounds` times; the best of `reps` runs. Each thread first
+/// calls `place(i)` (`i` 0 or 1): where the caller binds them to the CPUs it wants measured.
+pub fn line_round_trip_ns(rounds: u64, reps: usize, place: impl Fn(usize) + Sync) -> f64 {
     /// A line of its own: nothing else shares it.
     #[repr(align(128))]
     struct Line(AtomicU64);
     let rounds = rounds.max(1);
     let line = Line(AtomicU64::new(0));
-    // Spins, yielding now and then: two threads bound to one CPU still take turns.
+    // Spins, yielding now and then: two threads on one CPU still take turns.
     let wait_for = |v: u64| {
         let mut spins = 0u32;
         while line.0.load(Ordering::Acquire) != v {
@@ -163,7 +163,7 @@ pub fn line_round_trip_ns(cpus: [usize; 2], rounds: u64, reps: usize) -> f64 {
             let start = std::sync::Barrier::new(2);
             std::thread::scope(|s| {
                 s.spawn(|| {
-                    bind_to(cpus[1]);
+                    place(1);
                     start.wait();
                     for i in 0..rounds {
                         wait_for(2 * i + 1);
@@ -171,7 +171,7 @@ pub fn line_round_trip_ns(cpus: [usize; 2], rounds: u64, reps: usize) -> f64 {
                     }
                 });
                 s.spawn(|| {
-                    bind_to(cpus[0]);
+                    place(0);
                     start.wait();
                     let t0 = Instant::now();
                     for i in 0..rounds {
@@ -185,32 +185,6 @@ pub fn line_round_trip_ns(cpus: [usize; 2], rounds: u64, reps: usize) -> f64 {
             })
         })
         .fold(f64::INFINITY, f64::min)
-}
-
-/// The first two CPUs this process may run on, if it may run on two.
-pub fn two_cpus() -> Option<[usize; 2]> {
-    // SAFETY: `set` is a plain bit mask that `sched_getaffinity` fills (pid 0: this thread) and
-    // `CPU_ISSET` reads; indices stay below `CPU_SETSIZE`.
-    let mut cpus = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return None;
-        }
-        (0..libc::CPU_SETSIZE as usize).filter(move |&c| libc::CPU_ISSET(c, &set))
-    };
-    Some([cpus.next()?, cpus.next()?])
-}
-
-/// Binds the calling thread to `cpu`, if the system lets it (a probe thread: best effort).
-fn bind_to(cpu: usize) {
-    // SAFETY: as in `two_cpus`; `cpu` is checked against `CPU_SETSIZE` before `CPU_SET`.
-    unsafe {
-        if cpu < libc::CPU_SETSIZE as usize {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-        }
-    }
 }
 
 #[cfg(test)]
@@ -241,16 +215,12 @@ mod tests {
         assert!(peak.is_finite() && peak > 0.1, "{peak}");
         let triad = triad_gbs(2, 1 << 16, 2);
         assert!(triad.is_finite() && triad > 0.01, "{triad}");
-        // Two distinct CPUs where the process may use two (a CPU quota can make that count
-        // lower than the affinity mask, never higher); on one, the threads take turns (a slow,
-        // finite figure).
-        let cpus = two_cpus();
-        let allowed = std::thread::available_parallelism().map_or(1, |n| n.get());
-        assert!(cpus.is_some() || allowed < 2, "{cpus:?}");
-        if let Some([a, b]) = cpus {
-            assert!(a < b, "{a} {b}");
-        }
-        let ns = line_round_trip_ns(cpus.unwrap_or([0, 0]), 2000, 2);
+        // Each thread is placed first, once a run (where the caller binds it; here nowhere).
+        let placed = std::sync::Mutex::new(Vec::new());
+        let ns = line_round_trip_ns(2000, 2, |i| placed.lock().expect("placed").push(i));
+        let mut placed = placed.into_inner().expect("placed");
+        placed.sort_unstable();
+        assert_eq!(placed, [0, 0, 1, 1]);
         assert!(ns.is_finite() && ns > 1.0, "{ns}");
     }
 }

@@ -383,7 +383,13 @@ fn roofline_cmd(a: &RooflineArgs) {
     let all = roofline::fma_peak_gflops(threads, each, a.reps);
     let triad = roofline::triad_gbs(threads, a.elems, a.reps);
     // 100,000 round trips: 5-40 ms a run on the machines seen.
-    let line = roofline::two_cpus().map(|cpus| (cpus, roofline::line_round_trip_ns(cpus, 100_000, a.reps)));
+    let two = peregrine_core::pool::allowed_cpus().ok().filter(|c| c.len() >= 2).map(|c| [c[0], c[1]]);
+    let line = two.map(|cpus| {
+        let place = |i: usize| {
+            peregrine_core::pool::pin_current_thread(cpus[i]);
+        };
+        (cpus, roofline::line_round_trip_ns(100_000, a.reps, place))
+    });
     if a.json {
         let line_json = line.map_or_else(
             || "\"line_round_trip_ns\": null".to_owned(),
