@@ -108,7 +108,9 @@ enum BenchCommand {
     Predictors(PredictorArgs),
     /// This machine's limits, for judging kernels against: the peak f32 FMA throughput (the
     /// widest vectors this build emits, independent chains in registers) on one thread and on
-    /// `--threads`, and STREAM's triad bandwidth on `--threads`. Best of `--reps` runs each.
+    /// `--threads`, STREAM's triad bandwidth on `--threads`, and the round trip of one cache line
+    /// between the first two CPUs this process may use (what every line a rank pushes to or
+    /// pulls from another rank of the machine waits on). Best of `--reps` runs each.
     Roofline(RooflineArgs),
 }
 
