@@ -9,6 +9,10 @@
 //!   over. Lining up (BSP with taking over) pushes only once every rank's chunks of `t` are done:
 //!   a rank taking over chunks reads the parameters of `t` after others finished computing, and
 //!   nobody may have changed them yet.
+//! - `held`: for each rank, one `u64` per other rank: how many of its chunks that rank has taken
+//!   over and not finished. A rank waiting for another's chunks learns from it who is computing
+//!   them: the owner itself, or a rank that took them over (a straggler may take chunks over
+//!   too, when its own were all taken before it started).
 //!
 //! All reads of these words race with atomic updates, so they are atomic loads too.
 
@@ -23,6 +27,7 @@ use crate::words::Progress;
 pub struct Clocks {
     clocks: Window<u64>,
     progress: Window<u64>,
+    held: Window<u64>,
     rank: usize,
     world: usize,
 }
@@ -32,10 +37,12 @@ impl Clocks {
     /// start (a zero word would read as "iteration 0: all of its 0 chunks done" on a rank that
     /// has not announced iteration 0 yet, letting others push before it pulled).
     pub fn new(t: &Transport) -> Result<Self> {
-        let map = ShardMap::from_lens(vec![1; t.world_size()]);
+        let world = t.world_size();
+        let map = ShardMap::from_lens(vec![1; world]);
         let c = Self {
             clocks: t.alloc_window("clocks", &map)?,
             progress: t.alloc_window("progress", &map)?,
+            held: t.alloc_window("chunks held", &ShardMap::from_lens(vec![world; world]))?,
             rank: t.rank(),
             world: t.world_size(),
         };
@@ -76,6 +83,27 @@ impl Clocks {
         self.progress.fetch_add(rank, u64::from(n)).map(drop)
     }
 
+    /// Records that this rank takes over `n` of `owner`'s chunks, to compute them now; they are
+    /// counted done (and no longer held) by [`done_taken`](Self::done_taken).
+    pub fn taking(&self, owner: usize, n: u32) -> Result<()> {
+        self.held.fetch_add(owner * self.world + self.rank, u64::from(n)).map(drop)
+    }
+
+    /// Records `n` of `owner`'s chunks, taken over by this rank, done.
+    pub fn done_taken(&self, owner: usize, n: u32) -> Result<()> {
+        self.done(owner, n)?;
+        // Minus `n`, wrapping (the word never goes below zero: `taking` added it first).
+        self.held.fetch_add(owner * self.world + self.rank, u64::from(n).wrapping_neg()).map(drop)
+    }
+
+    /// The first rank other than `owner` computing chunks of `owner`'s that it took over, if any
+    /// (one batch: one round trip).
+    pub fn holder(&self, owner: usize) -> Result<Option<usize>> {
+        let mut words = vec![0; self.world];
+        self.held.load_range(owner * self.world, &mut words)?;
+        Ok(words.iter().enumerate().position(|(r, &n)| r != owner && n > 0))
+    }
+
     /// `rank`'s current iteration: its tag, chunks and chunks done.
     pub fn progress(&self, rank: usize) -> Result<Progress> {
         Ok(Progress::unpack(self.progress.load(rank)?))
@@ -98,7 +126,8 @@ impl Clocks {
     /// Collective: frees the windows.
     pub fn free(self) -> Result<()> {
         self.clocks.free()?;
-        self.progress.free()
+        self.progress.free()?;
+        self.held.free()
     }
 }
 
@@ -150,6 +179,22 @@ mod tests {
             t.barrier()?;
             assert_eq!(c.progress(t.rank())?, Progress { tag: 9, total: mine, done: mine });
             assert!(c.all_done(9)?);
+            // Rank 2 takes over two of rank 0's chunks: held by it until they are done.
+            assert_eq!(c.holder(0)?, None);
+            t.barrier()?;
+            if t.rank() == 2 {
+                c.taking(0, 2)?;
+            }
+            t.barrier()?;
+            assert_eq!(c.holder(0)?, Some(2));
+            assert_eq!(c.holder(1)?, None);
+            t.barrier()?;
+            if t.rank() == 2 {
+                c.done_taken(0, 2)?;
+            }
+            t.barrier()?;
+            assert_eq!(c.holder(0)?, None);
+            assert_eq!(c.progress(0)?.done, 5);
             assert!(!c.all_done(10)?);
             assert_eq!(c.tick()?, 1);
             t.barrier()?;

@@ -1122,7 +1122,7 @@ fn join_trace(parts: &Path, out: &Path, world: usize) -> Result<(), AppError> {
 fn end_hung_job(message: &str, stopping: bool) {
     // Local ranks share the process: their watchdogs fire together. The first waits a moment
     // for the others and speaks for them all, preferring a rank that found itself stuck (a
-    // waiting rank sees only whose chunks are not done, not who holds them).
+    // waiting rank's guess is as good as its last look at the others' words).
     static HEARD: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     let first = {
         let mut heard = HEARD.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

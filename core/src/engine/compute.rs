@@ -265,11 +265,13 @@ impl<M: Model> Run<'_, M> {
         slot: &mut Slot<M::Work>,
     ) -> Result<(), TrainError> {
         let rows = |c: u32| self.plan.chunk_rows(vit, victim, c);
+        // Marked held, so that a rank waiting for the victim's chunks knows who computes them.
+        self.clocks.taking(victim, r.end - r.start)?;
         self.with_params(r.clone().map(rows), replica, slot, |run, params, slot| {
             run.run_chunks(r.clone(), rows, params, slot, ("taken chunk", victim, vit));
             Ok(())
         })?;
-        Ok(self.clocks.done(victim, r.end - r.start)?)
+        Ok(self.clocks.done_taken(victim, r.end - r.start)?)
     }
 
     /// Runs `f` with parameters valid at the keys of `rows`: the rank's `replica` for dense

@@ -123,6 +123,10 @@ struct Local {
 /// Iteration rates a rank keeps for its straggler statistics.
 const MAX_RATE_SAMPLES: usize = 1 << 16;
 
+/// Lining up, how long a rank waits before it reads who holds the chunks it waits for (chunks
+/// taken over), and then how often it reads again.
+const HOLDER_AFTER: Duration = Duration::from_millis(10);
+
 impl<'a, M: Model> Run<'a, M> {
     /// Collective: allocates the windows, writes this rank's shard of the initial model and
     /// builds the policy.
@@ -592,6 +596,7 @@ impl<'a, M: Model> Run<'a, M> {
             self.watch.mark(Phase::LiningUp, it);
             let lining = Span::now();
             let tag = queue::tag(it);
+            let mut held = None;
             let w = crate::clocks::wait_until(|| -> Result<bool, TrainError> {
                 paused += self.serve_evals(ev)?;
                 // Once an evaluation says stop, nobody waits for anyone any more.
@@ -600,7 +605,10 @@ impl<'a, M: Model> Run<'a, M> {
                 }
                 match self.clocks.first_not_done(tag)? {
                     None => return Ok(true),
-                    Some(rank) => self.watch.saw(Behind::Chunks { rank }),
+                    Some(rank) => {
+                        let holder = self.holder(rank, lining.0, &mut held)?;
+                        self.watch.saw(Behind::Chunks { rank, holder });
+                    }
                 }
                 let h = Instant::now();
                 if self.steal && self.stealable(tag)? {
@@ -623,6 +631,26 @@ impl<'a, M: Model> Run<'a, M> {
         }
         rec.compute += (c1.elapsed().saturating_sub(paused).as_secs_f64() - rec.wait).max(0.0);
         Ok(c1)
+    }
+
+    /// While lining up since `since` for `owner`'s chunks: the rank computing some of them,
+    /// taken over, if any. Read only once the wait passed [`HOLDER_AFTER`] (a short wait is
+    /// not worth a round trip) and then at most every [`HOLDER_AFTER`] (`read`: the last read).
+    fn holder(
+        &self,
+        owner: usize,
+        since: Instant,
+        read: &mut Option<(usize, Option<usize>, Instant)>,
+    ) -> Result<Option<usize>, TrainError> {
+        match *read {
+            Some((o, h, at)) if o == owner && at.elapsed() < HOLDER_AFTER => Ok(h),
+            _ if since.elapsed() < HOLDER_AFTER => Ok(None),
+            _ => {
+                let h = self.clocks.holder(owner)?;
+                *read = Some((owner, h, Instant::now()));
+                Ok(h)
+            }
+        }
     }
 
     /// Pushes this rank's update of `it` as the policy admits it, and ticks the clock.

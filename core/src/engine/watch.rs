@@ -97,8 +97,9 @@ pub(super) enum Behind {
     /// The slowest other rank's clock in its last read of every rank's clock, and how many
     /// other ranks were at the same clock.
     Clock { rank: usize, clock: u64, tied: usize },
-    /// The first rank whose chunks of the iteration were not done.
-    Chunks { rank: usize },
+    /// The first rank whose chunks of the iteration were not done, and the first other rank
+    /// computing some of them, taken over (once the wait was long enough to look).
+    Chunks { rank: usize, holder: Option<usize> },
     /// The first rank that had not arrived at the checkpoint.
     Arrival { rank: usize },
 }
@@ -170,11 +171,13 @@ impl Watch {
     /// The rank the rank saw behind in its iteration `it`, if any.
     pub fn behind_in(&self, it: u64) -> Option<usize> {
         match *self.behind.lock().expect("watch") {
-            Some((Behind::Clock { rank, .. } | Behind::Chunks { rank } | Behind::Arrival { rank }, seen))
-                if seen == it =>
-            {
-                Some(rank)
-            }
+            Some((
+                Behind::Clock { rank, .. }
+                | Behind::Chunks { holder: None, rank }
+                | Behind::Chunks { holder: Some(rank), .. }
+                | Behind::Arrival { rank },
+                seen,
+            )) if seen == it => Some(rank),
             _ => None,
         }
     }
@@ -238,8 +241,10 @@ impl Watch {
         let seen = *self.behind.lock().expect("watch");
         let behind = seen.map(|s| s.0);
         // Computing with no chunk in progress: its threads are blocked in a one-sided call (taking
-        // over, counting a chunk done), waiting on another rank like the other phases.
-        let own = phase == Phase::Computing && self.in_chunk.load(Ordering::Relaxed) > 0;
+        // over, counting a chunk done), waiting on another rank like the other phases. Lining up,
+        // a rank computes chunks it took over: stuck in one, it is itself the one stuck.
+        let computing = matches!(phase, Phase::Computing | Phase::LiningUp);
+        let own = computing && self.in_chunk.load(Ordering::Relaxed) > 0;
         let suspect = match (!own, behind) {
             (false, _) => format!("rank {rank} itself looks stuck"),
             (true, Some(Behind::Clock { rank: r, clock, tied: 0 })) => format!(
@@ -250,9 +255,16 @@ impl Watch {
                 "the last clocks rank {rank} read put rank {r} and {tied} other rank(s) at iteration \
                  {clock}, the slowest: one of them looks stuck"
             ),
-            (true, Some(Behind::Chunks { rank: r })) => {
+            (true, Some(Behind::Chunks { rank: r, holder: None })) => {
                 format!("rank {r} looks stuck: its chunks of iteration {it} were not done when rank {rank} last looked")
             }
+            (true, Some(Behind::Chunks { holder: Some(h), .. })) if h == rank => {
+                format!("rank {rank} itself looks stuck")
+            }
+            (true, Some(Behind::Chunks { rank: r, holder: Some(h) })) => format!(
+                "rank {h} looks stuck: it had taken over chunks of rank {r}'s iteration {it} and not \
+                 finished them when rank {rank} last looked"
+            ),
             (true, Some(Behind::Arrival { rank: r })) => {
                 format!(
                     "rank {r} looks stuck: it had not arrived at a checkpoint when rank {rank} last looked"
@@ -337,13 +349,41 @@ mod tests {
     fn a_rank_stuck_in_its_own_compute_names_itself() {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let w = Watch::new(0);
-        w.saw(Behind::Chunks { rank: 3 });
+        w.saw(Behind::Chunks { rank: 3, holder: None });
         w.mark(Phase::Computing, 2);
         w.chunk_started();
         let (_tx, rx) = mpsc::channel();
         w.guard(0, 4, &dog(50, seen.clone()), None, &rx);
         let seen = seen.lock().expect("seen");
         assert!(seen[0].contains("rank 0 itself looks stuck"), "{}", seen[0]);
+    }
+
+    #[test]
+    fn a_rank_waiting_for_chunks_names_the_rank_that_took_them_over() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let w = Watch::new(0);
+        w.mark(Phase::LiningUp, 0);
+        // Rank 0's chunks are not done: rank 1 took them over and computes them.
+        w.saw(Behind::Chunks { rank: 0, holder: Some(1) });
+        assert_eq!(w.behind_in(0), Some(1));
+        let (_tx, rx) = mpsc::channel();
+        w.guard(2, 3, &dog(50, seen.clone()), None, &rx);
+        let said = |i: usize| seen.lock().expect("seen")[i].clone();
+        assert!(said(0).contains("rank 1 looks stuck: it had taken over chunks of rank 0's"), "{}", said(0));
+        // Lining up, stuck in a chunk it took over itself: the rank names itself, whomever it
+        // saw behind before.
+        let w = Watch::new(0);
+        w.mark(Phase::LiningUp, 4);
+        w.saw(Behind::Chunks { rank: 0, holder: None });
+        w.chunk_started();
+        let (_tx, rx) = mpsc::channel();
+        w.guard(1, 3, &dog(50, seen.clone()), None, &rx);
+        assert!(said(1).contains("rank 1 itself looks stuck"), "{}", said(1));
+        // Nobody else holds them: the owner is named.
+        let w = Watch::new(0);
+        w.mark(Phase::LiningUp, 0);
+        w.saw(Behind::Chunks { rank: 0, holder: None });
+        assert_eq!(w.behind_in(0), Some(0));
     }
 
     #[test]
