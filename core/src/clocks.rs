@@ -44,7 +44,7 @@ impl Clocks {
             progress: t.alloc_window("progress", &map)?,
             held: t.alloc_window("chunks held", &ShardMap::from_lens(vec![world; world]))?,
             rank: t.rank(),
-            world: t.world_size(),
+            world,
         };
         c.progress.swap(c.rank, Progress::NONE)?;
         t.barrier()?;

@@ -714,30 +714,34 @@ mod sched {
     /// Bits in a `cpu_set_t`: cpu ids at or above it cannot be named here.
     const SETSIZE: usize = libc::CPU_SETSIZE as usize;
 
-    /// The cpu ids in the calling thread's affinity mask, ascending.
-    pub(super) fn allowed_cpus() -> Result<Vec<usize>, String> {
+    /// The calling thread's affinity mask.
+    fn mask() -> io::Result<libc::cpu_set_t> {
         // SAFETY: cpu_set_t is a plain bit array, for which all zeroes is a valid (empty) set.
         let mut set: libc::cpu_set_t = unsafe { mem::zeroed() };
         // SAFETY: pid 0 is the calling thread; `set` is a valid, writable cpu_set_t of the size
         // passed.
         let rc = unsafe { libc::sched_getaffinity(0, mem::size_of::<libc::cpu_set_t>(), &mut set) };
         if rc != 0 {
-            return Err(format!("sched_getaffinity failed: {}", io::Error::last_os_error()));
+            return Err(io::Error::last_os_error());
         }
+        Ok(set)
+    }
+
+    /// The cpu ids in the calling thread's affinity mask, ascending.
+    pub(super) fn allowed_cpus() -> Result<Vec<usize>, String> {
+        let set = mask().map_err(|e| format!("sched_getaffinity failed: {e}"))?;
         // SAFETY: every index is below CPU_SETSIZE, the bit length of `set`.
         Ok((0..SETSIZE).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect())
     }
 
     /// Whether the calling thread may run on `cpu` and on no other (false if the mask cannot be
-    /// read).
+    /// read). No allocation: it is asked at every one-worker run.
     pub(super) fn bound_to_only(cpu: usize) -> bool {
-        // SAFETY: cpu_set_t is a plain bit array, for which all zeroes is a valid (empty) set.
-        let mut set: libc::cpu_set_t = unsafe { mem::zeroed() };
-        // SAFETY: pid 0 is the calling thread; `set` is a valid, writable cpu_set_t of the size
-        // passed.
-        let rc = unsafe { libc::sched_getaffinity(0, mem::size_of::<libc::cpu_set_t>(), &mut set) };
-        // SAFETY: `set` is a valid cpu_set_t, and `cpu` is checked against its bit length first.
-        rc == 0 && cpu < SETSIZE && unsafe { libc::CPU_COUNT(&set) == 1 && libc::CPU_ISSET(cpu, &set) }
+        mask().is_ok_and(|set| {
+            cpu < SETSIZE
+                // SAFETY: `set` is a valid cpu_set_t, and `cpu` is below its bit length (checked).
+                && unsafe { libc::CPU_COUNT(&set) == 1 && libc::CPU_ISSET(cpu, &set) }
+        })
     }
 
     /// Restricts the calling thread to `cpus`.

@@ -258,9 +258,6 @@ impl Watch {
             (true, Some(Behind::Chunks { rank: r, holder: None })) => {
                 format!("rank {r} looks stuck: its chunks of iteration {it} were not done when rank {rank} last looked")
             }
-            (true, Some(Behind::Chunks { holder: Some(h), .. })) if h == rank => {
-                format!("rank {rank} itself looks stuck")
-            }
             (true, Some(Behind::Chunks { rank: r, holder: Some(h) })) => format!(
                 "rank {h} looks stuck: it had taken over chunks of rank {r}'s iteration {it} and not \
                  finished them when rank {rank} last looked"
