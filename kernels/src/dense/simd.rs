@@ -3,7 +3,7 @@
 //! Slices are loaded through `[f32; 8]` arrays, never cast to `[f32x8]`: a plain `Vec<f32>` is only
 //! 4-byte aligned and `f32x8` wants 32.
 
-use wide::f32x8;
+use wide::{f32x4, f32x8};
 
 /// Lanes of an `f32x8`.
 pub const LANES: usize = 8;
@@ -20,10 +20,29 @@ pub fn store(chunk: &mut [f32], v: f32x8) {
     chunk.copy_from_slice(v.as_array());
 }
 
+/// `[sum a, sum b, sum c, sum d]`: four horizontal sums at once. With AVX that is three
+/// `vhaddps` and one add, where four [`f32x8::reduce_add`]s take six instructions each; the
+/// lanes are summed in another order than `reduce_add`'s, so the last bits may differ.
+#[inline(always)]
+pub fn reduce_add4(a: f32x8, b: f32x8, c: f32x8, d: f32x8) -> f32x4 {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx"))]
+    {
+        use safe_arch::{
+            add_horizontal_m256 as hadd, add_m128, cast_to_m128_from_m256, extract_m128_from_m256, m256,
+        };
+        let m = |v: f32x8| -> m256 { bytemuck::cast(v) };
+        let h = hadd(hadd(m(a), m(b)), hadd(m(c), m(d)));
+        bytemuck::cast(add_m128(cast_to_m128_from_m256(h), extract_m128_from_m256::<1>(h)))
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx")))]
+    f32x4::from([a.reduce_add(), b.reduce_add(), c.reduce_add(), d.reduce_add()])
+}
+
 /// `sum_i a[i] * b[i]`, four `f32x8` accumulators (32 products in flight), then a scalar tail.
 ///
 /// # Panics
 /// If `a.len() != b.len()`.
+#[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot: length mismatch");
     let mut acc = [f32x8::ZERO; 4];

@@ -86,6 +86,18 @@ fn known_values() {
     assert_eq!(y[8], 9.5);
 }
 
+/// Each of the four sums is its own vector's, lane for lane: powers of two that no two lanes or
+/// vectors share, so a lane summed into the wrong sum or twice shows.
+#[test]
+fn four_sums_at_once_keep_their_lanes_apart() {
+    let v = |j: i32| wide::f32x8::from(std::array::from_fn::<f32, 8, _>(|l| 2f32.powi(8 * j + l as i32)));
+    let got = simd::reduce_add4(v(0), v(1), v(2), v(3)).to_array();
+    for (j, got) in got.into_iter().enumerate() {
+        assert_eq!(got, v(j as i32).reduce_add(), "sum {j}");
+        assert_eq!(got, (0..8).map(|l| 2f32.powi(8 * j as i32 + l)).sum::<f32>(), "sum {j}");
+    }
+}
+
 #[test]
 #[should_panic(expected = "dot: length mismatch")]
 fn dot_rejects_mismatched_lengths() {

@@ -240,9 +240,17 @@ fn adaptive_rows_step_at_their_own_rates_and_match_the_scalar_reference() {
     }
     let mut rng = Rng::new(13);
     let (n_users, n_items, n) = (11, 6, 300);
-    for (k, mean, first_pass) in
-        [(1, None, false), (8, None, true), (9, Some(3.5), false), (17, None, true), (40, Some(3.5), false)]
-    {
+    for (k, mean, first_pass) in [
+        (1, None, false),
+        (8, None, true),
+        (8, Some(3.5), false),
+        (9, Some(3.5), false),
+        (16, Some(3.5), true),
+        (17, None, true),
+        (40, Some(3.5), false),
+        (40, None, false),
+        (48, None, true),
+    ] {
         let w = k + usize::from(mean.is_some()) + 2;
         let users: Vec<u32> = (0..n).map(|_| rng.below(n_users) as u32).collect();
         let items: Vec<u32> = (0..n).map(|_| rng.below(n_items) as u32).collect();
