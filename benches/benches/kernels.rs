@@ -21,7 +21,8 @@
 //!   20..=50 nonzeros at uniform random indices, in nonzeros/s; against the scalar reference and
 //!   the plain C loop (~0.27 G nonzeros/s; target: >= 0.5 G).
 //! - `softmax/*` (d = 784, k = 10, batch 256), `mf/*` (k = 40, MovieLens-1M-sized factor
-//!   matrices), in rows or ratings per second: SIMD against scalar.
+//!   matrices), in rows or ratings per second: SIMD against scalar; `mf/adaptive_*` the
+//!   default optimizer's kernel on a training chunk's shape (1024 ratings, rows in cache).
 //! - `mlp_*`: forward + backward of a 784-128-10 MLP, batches 32..256, samples/s, and the big
 //!   products of a training chunk alone in FLOP/s, against the FMA peak of one thread measured in
 //!   the same run, for each matmul backend (scalar reference, our `wide` kernel,
@@ -249,6 +250,51 @@ fn mf_kernels(c: &mut Criterion) {
             )
         })
     });
+    // Adaptive rates (the default optimizer) on a training chunk's shape: 1024 ratings of 200
+    // users and 280 items (rows of k + 2 values, in cache), the users taking turns as in the strata.
+    let (cu, ci, cn, w) = (200, 280, 1024, k + 2);
+    let mut by_user: Vec<(u32, u32)> =
+        (0..cn).map(|_| (rng.below(cu) as u32, rng.below(ci) as u32)).collect();
+    by_user.sort_unstable();
+    let mut turn = vec![0u32; cn];
+    for j in 1..cn {
+        turn[j] = if by_user[j].0 == by_user[j - 1].0 { turn[j - 1] + 1 } else { 0 };
+    }
+    let mut order: Vec<usize> = (0..cn).collect();
+    order.sort_unstable_by_key(|&j| (turn[j], by_user[j].0));
+    let cusers: Vec<u32> = order.iter().map(|&j| by_user[j].0).collect();
+    let citems: Vec<u32> = order.iter().map(|&j| by_user[j].1).collect();
+    let cratings: Vec<f32> = (0..cn).map(|_| 1.0 + rng.below(5) as f32).collect();
+    let rows = |n: usize, rng: &mut Rng| -> Vec<f32> {
+        let mut r = rng.vec(n * w, 0.0, 0.15);
+        r.chunks_exact_mut(w).for_each(|row| row[k..].fill(1.0));
+        r
+    };
+    let (mut au, mut av) = (rows(cu, &mut rng), rows(ci, &mut rng));
+    g.throughput(Throughput::Elements(cn as u64));
+    type Adaptive =
+        fn(&[u32], &[u32], &[f32], &mut [f32], &mut [f32], usize, f32, f32, Option<f32>, bool) -> f64;
+    for (name, f) in [
+        ("adaptive_simd", mf::sgd_chunk_adaptive as Adaptive),
+        ("adaptive_scalar", mf::scalar::sgd_chunk_adaptive),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                f(
+                    &cusers,
+                    &citems,
+                    &cratings,
+                    black_box(&mut au),
+                    black_box(&mut av),
+                    k,
+                    0.1,
+                    0.1,
+                    None,
+                    false,
+                )
+            })
+        });
+    }
     g.finish();
 }
 
@@ -453,6 +499,13 @@ fn summary(since: SystemTime) {
         if let Some(s) = t(id) {
             println!("{id:<27} margins only: {:5.3} G nnz/s", nnz / s / 1e9);
         }
+    }
+    if let (Some(simd), Some(scalar)) = (t("mf/adaptive_simd"), t("mf/adaptive_scalar")) {
+        println!(
+            "mf adaptive, a 1024-rating chunk: simd {:5.1} ns a rating, {:5.2}x the scalar reference",
+            simd / 1024.0 * 1e9,
+            scalar / simd
+        );
     }
     for (group, unit, n) in [("softmax", "rows", 256.0), ("mf", "ratings", 100_000.0)] {
         let names: &[&str] = if group == "mf" { &["sgd_simd", "sgd_scalar"] } else { &["simd", "scalar"] };
