@@ -63,9 +63,9 @@ pub const ROW_STATE: usize = 2;
 ///   users, as libmf's random maps), items likewise; a block is a user band by an item band, its
 ///   ratings sorted by user, then item;
 /// - each block is cut into pieces of `chunk` ratings, in which the users then take turns
-///   ([`take_turns`]: each one's first rating, then each one's second, ...); what does not fill a piece (drawn at
-///   random from the block, not its last users, who would then all meet untrained in the same
-///   batches) joins a pool of loose ratings, shuffled;
+///   ([`take_turns`]: each one's first rating, then each one's second, ...); what does not fill
+///   a piece (drawn at random from the block, not its last users, who would then all meet
+///   untrained in the same batches) joins a pool of loose ratings, shuffled;
 /// - stratum `s` is the blocks `(b, (b + s) mod C)`, which share no user band and no item band;
 ///   it is laid out in rounds, round `j` the `j`-th piece of each of its blocks in turn (or a
 ///   piece of loose ratings where a block has no `j`-th piece), so that each batch-aligned run of
@@ -255,7 +255,7 @@ impl Grid {
 }
 
 /// Reorders `piece` (ratings sorted by user) so that its users take turns: each user's first
-/// rating, then each user's second, and so on (by user, then item, within a turn). Neighbouring
+/// rating, then each user's second, and so on (within a turn, by user). Neighbouring
 /// ratings then seldom share a row, and the kernel's steps, which would otherwise wait for the
 /// previous step's store of the same user row, overlap: on a Zen 4 the adaptive kernel at k = 40
 /// took 15 ns a rating in this order against 19-21 ns sorted by user (1024 ratings over rows in

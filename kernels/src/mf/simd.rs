@@ -208,7 +208,7 @@ fn adaptive_whole(
             vt[0] += rates[1] * (e - l2 * vt[0]);
         }
         let ve = f32x8::splat(e);
-        // Vector `j` of both rows at rates `eu`, `ev`; adds the squared gradients to `su`, `sv`.
+        // Vector `j` of both rows at rates `eu`, `ev`; adds the squared gradients to `s`.
         let step =
             |ur: &mut [f32], vr: &mut [f32], j: usize, (eu, ev): (f32x8, f32x8), s: &mut (f32x8, f32x8)| {
                 let (x, y) = (at(ur, j), at(vr, j));
