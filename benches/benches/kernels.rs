@@ -256,12 +256,8 @@ fn mf_kernels(c: &mut Criterion) {
     let mut by_user: Vec<(u32, u32)> =
         (0..cn).map(|_| (rng.below(cu) as u32, rng.below(ci) as u32)).collect();
     by_user.sort_unstable();
-    let mut turn = vec![0u32; cn];
-    for j in 1..cn {
-        turn[j] = if by_user[j].0 == by_user[j - 1].0 { turn[j - 1] + 1 } else { 0 };
-    }
     let mut order: Vec<usize> = (0..cn).collect();
-    order.sort_unstable_by_key(|&j| (turn[j], by_user[j].0));
+    mf::take_turns(&mut order, &by_user.iter().map(|r| r.0).collect::<Vec<_>>());
     let cusers: Vec<u32> = order.iter().map(|&j| by_user[j].0).collect();
     let citems: Vec<u32> = order.iter().map(|&j| by_user[j].1).collect();
     let cratings: Vec<f32> = (0..cn).map(|_| 1.0 + rng.below(5) as f32).collect();

@@ -634,8 +634,9 @@ impl<'a, M: Model> Run<'a, M> {
     }
 
     /// While lining up since `since` for `owner`'s chunks: the rank computing some of them,
-    /// taken over, if any (never this rank: it asks between its own take-overs, holding none). Read only once the wait passed [`HOLDER_AFTER`] (a short wait is
-    /// not worth a round trip) and then at most every [`HOLDER_AFTER`] (`read`: the last read).
+    /// taken over, if any (never this rank: it asks between its own take-overs, holding none).
+    /// Read only once the wait passed [`HOLDER_AFTER`] (a short wait is not worth a round trip)
+    /// and then at most every [`HOLDER_AFTER`] (`read`: the last read).
     fn holder(
         &self,
         owner: usize,

@@ -63,7 +63,7 @@ pub const ROW_STATE: usize = 2;
 ///   users, as libmf's random maps), items likewise; a block is a user band by an item band, its
 ///   ratings sorted by user, then item;
 /// - each block is cut into pieces of `chunk` ratings, in which the users then take turns
-///   ([`take_turns`]: each one's first rating, then each one's second, ...); what does not fill
+///   ([`mf::take_turns`]: each one's first rating, then each one's second, ...); what does not fill
 ///   a piece (drawn at random from the block, not its last users, who would then all meet
 ///   untrained in the same batches) joins a pool of loose ratings, shuffled;
 /// - stratum `s` is the blocks `(b, (b + s) mod C)`, which share no user band and no item band;
@@ -153,7 +153,7 @@ impl Grid {
             loose.extend_from_slice(&within[full..]);
             within[..full].sort_unstable_by_key(|&j| (r.users[j], r.items[j]));
             for piece in within[..full].chunks_exact_mut(chunk) {
-                take_turns(piece, r.users);
+                mf::take_turns(piece, r.users);
             }
             pieces[b] = (start..start + full).step_by(chunk).collect();
             start = end;
@@ -251,27 +251,6 @@ impl Grid {
             n_items: keys.len() - users,
         };
         Some(Slot { keys, users, local })
-    }
-}
-
-/// Reorders `piece` (ratings sorted by user) so that its users take turns: each user's first
-/// rating, then each user's second, and so on (within a turn, by user). Neighbouring
-/// ratings then seldom share a row, and the kernel's steps, which would otherwise wait for the
-/// previous step's store of the same user row, overlap: on a Zen 4 the adaptive kernel at k = 40
-/// took 15 ns a rating in this order against 19-21 ns sorted by user (1024 ratings over rows in
-/// cache). The test RMSE on the tuning sets of `docs/defaults.md` (r1, r2; 5 and 20 epochs, with
-/// and without biases) moved by 0.0016 at most, either way.
-fn take_turns(piece: &mut [usize], users: &[u32]) {
-    let mut turn = 0u32;
-    let mut keyed: Vec<(u32, u32, usize)> = Vec::with_capacity(piece.len());
-    for (t, &j) in piece.iter().enumerate() {
-        turn = if t > 0 && users[j] == users[piece[t - 1]] { turn + 1 } else { 0 };
-        keyed.push((turn, users[j], j));
-    }
-    // A user has one rating a turn: the keys are distinct.
-    keyed.sort_unstable_by_key(|&(turn, user, _)| (turn, user));
-    for (dst, (_, _, j)) in piece.iter_mut().zip(keyed) {
-        *dst = j;
     }
 }
 
@@ -594,7 +573,7 @@ mod tests {
 
     use std::ops::Range;
 
-    use super::{take_turns, Copies, Delta, Grid, KeySet, Mf, Model, Ratings, Rng};
+    use super::{Copies, Delta, Grid, KeySet, Mf, Model, Ratings, Rng};
 
     /// A generated ratings file (in a temporary directory, kept while the first value lives).
     fn generated(spec: RatingsSpec) -> (tempfile::TempDir, std::path::PathBuf) {
@@ -632,18 +611,6 @@ mod tests {
             assert!(w.ends_with(&format!("strata with {}", fix.2)), "{w}");
             assert!(m().with_strata(fix.0, fix.1).grid.is_some(), "batch {}, chunk {}", fix.0, fix.1);
         }
-    }
-
-    #[test]
-    fn users_take_turns_within_a_piece() {
-        // Ratings 0..6 sorted by user: user 4 has three, user 7 two, user 9 one.
-        let users = [4, 4, 4, 7, 7, 9];
-        let mut piece: Vec<usize> = (0..6).collect();
-        take_turns(&mut piece, &users);
-        assert_eq!(piece, [0, 3, 5, 1, 4, 2], "first ratings by user, then second ones, then the third");
-        let mut one: Vec<usize> = vec![2, 0, 1];
-        take_turns(&mut one, &[5, 5, 5]);
-        assert_eq!(one, [2, 0, 1], "one user: the order stays");
     }
 
     #[test]

@@ -42,7 +42,6 @@ pub fn reduce_add4(a: f32x8, b: f32x8, c: f32x8, d: f32x8) -> f32x4 {
 ///
 /// # Panics
 /// If `a.len() != b.len()`.
-#[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot: length mismatch");
     let mut acc = [f32x8::ZERO; 4];

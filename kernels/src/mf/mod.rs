@@ -76,6 +76,31 @@ fn check(users: &[u32], items: &[u32], ratings: &[f32], u: &[f32], v: &[f32], k:
     assert_eq!(v.len() % k, 0, "mf: v.len() is not a multiple of k");
 }
 
+/// Reorders `piece` (indices of ratings sorted by user; `users[j]` is rating `j`'s user) so that
+/// its users take turns: each user's first rating, then each one's second, and so on (within a
+/// turn, by user). Neighbouring ratings then seldom share a row, and the kernel's steps, which
+/// would otherwise wait for the previous step's store of the same user row, overlap: on a Zen 4
+/// the adaptive kernel at k = 40 took 15 ns a rating in this order against 19-21 ns sorted by
+/// user (1024 ratings over rows in cache). MF's strata lay out their pieces so; the test RMSE on
+/// the tuning sets of `docs/defaults.md` (r1, r2; 5 and 20 epochs, with and without biases)
+/// moved by 0.0016 at most, either way.
+///
+/// # Panics
+/// If an index in `piece` is out of range of `users`.
+pub fn take_turns(piece: &mut [usize], users: &[u32]) {
+    let mut turn = 0u32;
+    let mut keyed: Vec<(u32, u32, usize)> = Vec::with_capacity(piece.len());
+    for (t, &j) in piece.iter().enumerate() {
+        turn = if t > 0 && users[j] == users[piece[t - 1]] { turn + 1 } else { 0 };
+        keyed.push((turn, users[j], j));
+    }
+    // A user has one rating a turn: the keys are distinct.
+    keyed.sort_unstable_by_key(|&(turn, user, _)| (turn, user));
+    for (dst, (_, _, j)) in piece.iter_mut().zip(keyed) {
+        *dst = j;
+    }
+}
+
 /// Factors in the first group of an adaptive row ([`sgd_chunk_adaptive`]): libmf's AVX build
 /// splits each row after its first vector of 8 floats.
 pub const FIRST: usize = 8;

@@ -125,16 +125,12 @@ pub fn sgd_chunk_adaptive(
     let first = k.min(super::FIRST);
     let rest = !first_pass && k > first;
     let (per_first, per_rest) = (1.0 / first as f32, 1.0 / (k - first).max(1) as f32);
-    let vlr = f32x4::splat(lr);
     let mut sse = 0.0f64;
     for ((&uid, &iid), &r) in users.iter().zip(items).zip(ratings) {
         let (uid, iid) = (uid as usize, iid as usize);
         let (ur, ut) = u[uid * stride..(uid + 1) * stride].split_at_mut(k);
         let (vr, vt) = v[iid * stride..(iid + 1) * stride].split_at_mut(k);
-        // Both groups' rates at once (group 2's `G`s are not touched by group 1's step): one
-        // vector square root and division, each lane rounded as the scalar `lr / G.sqrt()`.
-        let rates = (vlr / f32x4::from([ut[bias], vt[bias], ut[bias + 1], vt[bias + 1]]).sqrt()).to_array();
-        let (eu, ev) = (rates[0], rates[1]);
+        let (eu, ev) = (lr / ut[bias].sqrt(), lr / vt[bias].sqrt());
         let e = r - mean.map_or(0.0, |m| m + ut[0] + vt[0]) - dot(ur, vr);
         sse += f64::from(e * e);
         if mean.is_some() {
@@ -147,7 +143,7 @@ pub fn sgd_chunk_adaptive(
         ut[bias] += su * per_first;
         vt[bias] += sv * per_first;
         if rest {
-            let (eu, ev) = (rates[2], rates[3]);
+            let (eu, ev) = (lr / ut[bias + 1].sqrt(), lr / vt[bias + 1].sqrt());
             let (su, sv) = adaptive_step(u2, v2, e, eu, ev, l2);
             ut[bias + 1] += su * per_rest;
             vt[bias + 1] += sv * per_rest;
@@ -161,7 +157,8 @@ pub fn sgd_chunk_adaptive(
 /// each vector loaded for its step where it is needed rather than held through the dot product
 /// (16 registers do not hold two rows of 40), and the four `G`s' sums of squares reduced at once
 /// ([`reduce_add4`]) and added in one vector. On a Zen 4 at k = 40 (one core, 1024 ratings over
-/// rows in cache) a rating took 15-16 ns against 19-21 ns for the general loop.
+/// rows in cache, the users taking turns) a rating took 15.2-16.5 ns against 18.7-20.0 ns for the
+/// general loop (criterion, `mf/adaptive_simd`).
 #[allow(clippy::too_many_arguments)]
 fn adaptive_whole(
     users: &[u32],

@@ -284,3 +284,15 @@ fn adaptive_rows_step_at_their_own_rates_and_match_the_scalar_reference() {
         assert!(after < s1, "k={k}: sse {s1} before the pass, {after} after");
     }
 }
+
+#[test]
+fn users_take_turns_within_a_piece() {
+    // Ratings 0..6 sorted by user: user 4 has three, user 7 two, user 9 one.
+    let users = [4, 4, 4, 7, 7, 9];
+    let mut piece: Vec<usize> = (0..6).collect();
+    super::take_turns(&mut piece, &users);
+    assert_eq!(piece, [0, 3, 5, 1, 4, 2], "first ratings by user, then second ones, then the third");
+    let mut one: Vec<usize> = vec![2, 0, 1];
+    super::take_turns(&mut one, &[5, 5, 5]);
+    assert_eq!(one, [2, 0, 1], "one user: the order stays");
+}
