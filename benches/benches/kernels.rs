@@ -20,8 +20,10 @@
 //! - `lr_*`: sparse logistic-regression gradient, 65,536 features (256 KiB model, in L2), rows of
 //!   20..=50 nonzeros at uniform random indices, in nonzeros/s; against the scalar reference and
 //!   the plain C loop (~0.27 G nonzeros/s; target: >= 0.5 G).
-//! - `softmax/*` (d = 784, k = 10, batch 256), `mf/*` (k = 40, MovieLens-1M-sized factor
-//!   matrices), in rows or ratings per second: SIMD against scalar; `mf/adaptive_*` the
+//! - `softmax/*` (d = 784, k = 10, batch 256; `softmax/simd_chunk64*` a training chunk's 64 rows,
+//!   in cache and from memory),
+//!   `mf/*` (k = 40, MovieLens-1M-sized factor matrices), in rows or ratings per second: SIMD
+//!   against scalar; `mf/adaptive_*` the
 //!   default optimizer's kernel on a training chunk's shape (1024 ratings, rows in cache).
 //! - `mlp_*`: forward + backward of a 784-128-10 MLP, batches 32..256, samples/s, and the big
 //!   products of a training chunk alone in FLOP/s, against the FMA peak of one thread measured in
@@ -208,7 +210,7 @@ fn softmax_kernels(c: &mut Criterion) {
     let x = rng.vec(n * d, 0.0, 1.0);
     let labels: Vec<u32> = (0..n).map(|_| rng.below(k) as u32).collect();
     let (w, bias) = (rng.vec(k * d, -0.05, 0.05), rng.vec(k, -0.1, 0.1));
-    let (mut gw, mut gb, mut s) = (vec![0.0; k * d], vec![0.0; k], vec![0.0; k]);
+    let (mut gw, mut gb, mut s) = (vec![0.0; k * d], vec![0.0; k], vec![0.0; softmax::simd::BLOCK_ROWS * k]);
     let mut g = c.benchmark_group("softmax");
     g.throughput(Throughput::Elements(n as u64));
     g.bench_function("simd", |b| {
@@ -216,6 +218,32 @@ fn softmax_kernels(c: &mut Criterion) {
     });
     g.bench_function("scalar", |b| {
         b.iter(|| softmax::scalar::loss_grad(black_box(&x), &labels, &w, &bias, &mut gw, &mut gb, &mut s))
+    });
+    // A training chunk's shape: 64 rows (batch 128 on 2 ranks).
+    g.bench_function("simd_chunk64", |b| {
+        b.iter(|| {
+            softmax::loss_grad(black_box(&x[..64 * d]), &labels[..64], &w, &bias, &mut gw, &mut gb, &mut s)
+        })
+    });
+    // The same chunk's shape with its rows from memory, as in training: consecutive chunks of a
+    // 75 MB set, more than a last-level cache holds.
+    let big_n = 24_000;
+    let xb = rng.vec(big_n * d, 0.0, 1.0);
+    let lb: Vec<u32> = (0..big_n).map(|_| rng.below(k) as u32).collect();
+    let mut at = 0;
+    g.bench_function("simd_chunk64_from_memory", |b| {
+        b.iter(|| {
+            at = (at + 64) % big_n;
+            softmax::loss_grad(
+                black_box(&xb[at * d..(at + 64) * d]),
+                &lb[at..at + 64],
+                &w,
+                &bias,
+                &mut gw,
+                &mut gb,
+                &mut s,
+            )
+        })
     });
     g.finish();
 }

@@ -21,7 +21,7 @@ pub struct Softmax {
     classes: usize,
 }
 
-/// Per-thread gradient and logits.
+/// Per-thread gradient and logits (of a block of rows: see `softmax::simd::BLOCK_ROWS`).
 #[derive(Debug)]
 pub struct Work {
     grad: Vec<f32>,
@@ -92,7 +92,10 @@ impl Model for Softmax {
     fn keys(&self, _rows: Range<usize>, _set: &mut KeySet) {}
 
     fn work(&self, _chunk: usize) -> Work {
-        Work { grad: vec![0.0; self.layout().params], scratch: vec![0.0; self.classes] }
+        Work {
+            grad: vec![0.0; self.layout().params],
+            scratch: vec![0.0; softmax::simd::BLOCK_ROWS * self.classes],
+        }
     }
 
     fn compute(&self, rows: Range<usize>, params: &[f32], work: &mut Work) -> f64 {

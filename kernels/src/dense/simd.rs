@@ -14,6 +14,31 @@ pub fn load(chunk: &[f32]) -> f32x8 {
     f32x8::new(<[f32; LANES]>::try_from(chunk).expect("load: chunk of exactly 8 floats"))
 }
 
+/// The whole `f32x8`s of `x` (its first `len / 8 * 8` floats) as arrays of 8: indexing them
+/// needs no bounds check per vector beyond the index's own.
+#[inline(always)]
+pub fn vectors(x: &[f32]) -> &[[f32; LANES]] {
+    bytemuck::cast_slice(&x[..x.len() / LANES * LANES])
+}
+
+/// [`vectors`], mutable.
+#[inline(always)]
+pub fn vectors_mut(x: &mut [f32]) -> &mut [[f32; LANES]] {
+    let full = x.len() / LANES * LANES;
+    bytemuck::cast_slice_mut(&mut x[..full])
+}
+
+/// Asks for the cache line holding `x` in the second-level cache (a hint: nothing happens on
+/// targets without one). Into L2 rather than L1: a stream of rows from memory asked for a few
+/// rows ahead keeps more lines in flight there, and the first-level prefetcher takes them on.
+#[inline(always)]
+pub fn prefetch(x: &f32) {
+    #[cfg(all(target_arch = "x86_64", target_feature = "sse"))]
+    safe_arch::prefetch_t1(x);
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "sse")))]
+    let _ = x;
+}
+
 /// Stores `v` into `chunk` (which must hold exactly 8 floats).
 #[inline(always)]
 pub fn store(chunk: &mut [f32], v: f32x8) {

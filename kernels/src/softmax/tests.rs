@@ -15,8 +15,13 @@ fn simd_matches_scalar() {
     let mut rng = Rng::new(7);
     for d in [0, 1, 7, 8, 9, 15, 16, 17, 33, 784] {
         for k in [1, 2, 3, 5, 10] {
-            for (n, off) in [(0, 0), (1, 3), (3, 1), (9, 7), (20, 0)] {
-                let what = format!("d={d} k={k} n={n} off={off}");
+            // Rows one at a time, in blocks of 3 (a scratch of 3k + 1), and in whole blocks.
+            let blocks = [1, 3, simd::BLOCK_ROWS];
+            for ((n, off), rows) in [(0, 0), (1, 3), (3, 1), (9, 7), (20, 0), (70, 2)]
+                .into_iter()
+                .flat_map(|c| blocks.map(|b| (c, b)))
+            {
+                let what = format!("d={d} k={k} n={n} off={off} rows={rows}");
                 let xs = rng.vec(n * d + off, -1.0, 1.0);
                 let x = &xs[off..];
                 let labels: Vec<u32> = (0..n).map(|_| rng.below(k) as u32).collect();
@@ -26,7 +31,7 @@ fn simd_matches_scalar() {
                 let mut gw1 = vec![0.5; k * d];
                 let mut gb1 = vec![0.5; k];
                 let (mut gw2, mut gb2) = (gw1.clone(), gb1.clone());
-                let mut scratch = vec![0.0; k + 3];
+                let mut scratch = vec![0.0; rows * k + usize::from(rows == 3)];
                 let l1 = simd::loss_grad(x, &labels, w, &b, &mut gw1, &mut gb1, &mut scratch);
                 let l2 = scalar::loss_grad(x, &labels, w, &b, &mut gw2, &mut gb2, &mut scratch);
                 assert_close(l1, l2, l2.abs(), 1e-5, 1e-6, &format!("loss {what}"));
