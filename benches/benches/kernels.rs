@@ -21,10 +21,9 @@
 //!   20..=50 nonzeros at uniform random indices, in nonzeros/s; against the scalar reference and
 //!   the plain C loop (~0.27 G nonzeros/s; target: >= 0.5 G).
 //! - `softmax/*` (d = 784, k = 10, batch 256; `softmax/simd_chunk64*` a training chunk's 64 rows,
-//!   in cache and from memory),
-//!   `mf/*` (k = 40, MovieLens-1M-sized factor matrices), in rows or ratings per second: SIMD
-//!   against scalar; `mf/adaptive_*` the
-//!   default optimizer's kernel on a training chunk's shape (1024 ratings, rows in cache).
+//!   in cache and from memory), `mf/*` (k = 40, MovieLens-1M-sized factor matrices), in rows or
+//!   ratings per second: SIMD against scalar; `mf/adaptive_*` the default optimizer's kernel on a
+//!   training chunk's shape (1024 ratings, rows in cache).
 //! - `mlp_*`: forward + backward of a 784-128-10 MLP, batches 32..256, samples/s, and the big
 //!   products of a training chunk alone in FLOP/s, against the FMA peak of one thread measured in
 //!   the same run, for each matmul backend (scalar reference, our `wide` kernel,
