@@ -36,56 +36,6 @@ pub fn xent_row(z: &mut [f32], label: usize) -> f64 {
     f64::from(m) + f64::from(s.ln()) - f64::from(zl)
 }
 
-/// `z_c = w_c . x + b_c` for the `C` classes whose rows are `w` (`C x d`), loading each `f32x8`
-/// of `x` once for all of them; two accumulators per class.
-#[inline(always)]
-fn logits_group<const C: usize>(x: &[f32], w: &[f32], b: &[f32], z: &mut [f32]) {
-    let d = x.len();
-    let mut rows: [&[f32]; C] = array::from_fn(|c| &w[c * d..(c + 1) * d]);
-    let mut acc = [[f32x8::ZERO; 2]; C];
-    let x16 = x.chunks_exact(2 * LANES);
-    let x_rest = x16.remainder();
-    for xc in x16 {
-        let (x0, x1) = (load(&xc[..LANES]), load(&xc[LANES..]));
-        for c in 0..C {
-            let (wc, rest) = rows[c].split_at(2 * LANES);
-            rows[c] = rest;
-            acc[c][0] = load(&wc[..LANES]).mul_add(x0, acc[c][0]);
-            acc[c][1] = load(&wc[LANES..]).mul_add(x1, acc[c][1]);
-        }
-    }
-    for c in 0..C {
-        let mut s = (acc[c][0] + acc[c][1]).reduce_add();
-        for (xi, wi) in x_rest.iter().zip(rows[c]) {
-            s = xi.mul_add(*wi, s);
-        }
-        z[c] = s + b[c];
-    }
-}
-
-/// `z = W x + b`, classes in groups of 4, then 2, then 1.
-fn logits(x: &[f32], w: &[f32], b: &[f32], z: &mut [f32]) {
-    let (d, k) = (x.len(), b.len());
-    let mut c = 0;
-    while c < k {
-        let (wc, bc, zc) = (&w[c * d..], &b[c..], &mut z[c..]);
-        c += match k - c {
-            1 => {
-                logits_group::<1>(x, wc, bc, zc);
-                1
-            }
-            2 | 3 => {
-                logits_group::<2>(x, wc, bc, zc);
-                2
-            }
-            _ => {
-                logits_group::<4>(x, wc, bc, zc);
-                4
-            }
-        };
-    }
-}
-
 /// Rows that [`loss_grad`] takes at once when its `scratch` holds their logits (`BLOCK_ROWS x k`
 /// values): each block's rows are read from memory once for both products, and the weight
 /// gradient is read and written once per block instead of once per row.
@@ -229,31 +179,19 @@ fn rank_tile<const C: usize>(g: &[f32], k: usize, c0: usize, x: &[f32], m: usize
 /// Runs `f::<C>(c0)` over the classes `0..k` in groups of [`TILE_CLASSES`], the last group
 /// smaller.
 macro_rules! by_class_groups {
-    ($k:expr, |$c0:ident, $C:ident| $body:expr) => {{
+    ($k:expr, |$c0:ident, $C:ident| $body:expr) => {
+        by_class_groups!(@groups $k, $c0, $C, $body, 1 2 3 4)
+    };
+    (@groups $k:expr, $c0:ident, $C:ident, $body:expr, $($n:literal)*) => {{
         let k = $k;
         let mut $c0 = 0;
         while $c0 < k {
             $c0 += match k - $c0 {
-                1 => {
-                    const $C: usize = 1;
+                $($n => {
+                    const $C: usize = $n;
                     $body;
-                    1
-                }
-                2 => {
-                    const $C: usize = 2;
-                    $body;
-                    2
-                }
-                3 => {
-                    const $C: usize = 3;
-                    $body;
-                    3
-                }
-                4 => {
-                    const $C: usize = 4;
-                    $body;
-                    4
-                }
+                    $n
+                })*
                 _ => {
                     const $C: usize = TILE_CLASSES;
                     $body;
@@ -305,6 +243,6 @@ pub fn loss_grad(
 pub fn predict(x_row: &[f32], w: &[f32], b: &[f32], scratch: &mut [f32]) -> u32 {
     assert_eq!(w.len(), b.len() * x_row.len(), "predict: w is not k x d");
     let z = &mut scratch[..b.len()];
-    logits(x_row, w, b, z);
+    by_class_groups!(b.len(), |c0, C| logits_classes::<C>(x_row, 1, w, b, z, c0));
     super::argmax(z)
 }
