@@ -280,7 +280,7 @@ impl Loops {
         let slices = SLICES.min(self.iters).max(1);
         for s in 0..slices {
             let n = self.iters * (s + 1) / slices - self.iters * s / slices;
-            if (self.trial + s) % 2 == 0 {
+            if (self.trial + s).is_multiple_of(2) {
                 a += calls(n, &mut mine)?;
                 b += calls(n, &mut reference)?;
             } else {

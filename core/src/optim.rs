@@ -208,7 +208,7 @@ impl Optimizer {
         assert!(!self.derived(), "{}: no step in place (its step reads the derived weights)", self.name());
         assert!(p.share == 1.0, "a step in place is the whole batch's (share {})", p.share);
         assert!(
-            (n == 0 && parts.is_empty()) || (n > 0 && parts.len() % n == 0),
+            (n == 0 && parts.is_empty()) || (n > 0 && parts.len().is_multiple_of(n)),
             "step_in_place: the contributions ({}) are not whole multiples of the weights ({n})",
             parts.len()
         );

@@ -138,7 +138,7 @@ fn lr_intercept_learns_the_base_rate() {
     for i in 0..4000u64 {
         let y = u8::from(i % 5 == 0);
         let (a, b) = (peregrine_core::plan::mix(i) % 50, peregrine_core::plan::mix(i ^ 0xABCD) % 50 + 50);
-        let v = if peregrine_core::plan::mix(i * 3) % 2 == 0 { 1.0 } else { -1.0 };
+        let v = if peregrine_core::plan::mix(i * 3).is_multiple_of(2) { 1.0 } else { -1.0 };
         body.push_str(&format!("{y} {}:{v} {}:{}\n", a + 1, b + 1, -v));
     }
     std::fs::write(&text, body).expect("write");

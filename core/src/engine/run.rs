@@ -746,7 +746,7 @@ impl<'a, M: Model> Run<'a, M> {
         if let Some(r) = rec.waited_for.filter(|&r| r != self.rank) {
             me.waited_for[r] += rec.wait;
         }
-        if rec.rows > 0 && rec.busy > 0.0 && rec.iter % me.rate_stride == 0 {
+        if rec.rows > 0 && rec.busy > 0.0 && rec.iter.is_multiple_of(me.rate_stride) {
             if me.rates.len() == MAX_RATE_SAMPLES {
                 // Keep every other one, and from now on every other iteration's.
                 let kept: Vec<_> = me.rates.iter().step_by(2).copied().collect();

@@ -233,7 +233,7 @@ impl Grid {
     /// Which slot `rows` are, if they are one whole slot.
     fn slot_index(&self, rows: &Range<usize>) -> Option<usize> {
         let whole = !rows.is_empty()
-            && rows.start % self.chunk == 0
+            && rows.start.is_multiple_of(self.chunk)
             && rows.end == (rows.start + self.chunk).min(self.users.len());
         whole.then(|| rows.start / self.chunk)
     }

@@ -142,7 +142,7 @@ impl Graph {
             Self::Ring => (0..n).for_each(|i| link(&mut sets, i, (i + 1) % n)),
             Self::Complete => (0..n).for_each(|i| (i + 1..n).for_each(|j| link(&mut sets, i, j))),
             Self::Torus => {
-                let r = (1..=n).filter(|r| n % r == 0 && r * r <= n).max().unwrap_or(1);
+                let r = (1..=n).filter(|r| n.is_multiple_of(*r) && r * r <= n).max().unwrap_or(1);
                 if r < 2 {
                     return Err(format!(
                         "a torus is r x c ranks with r and c at least 2 (4, 6, 8, 9, 10, 12, ...); {n} is not"

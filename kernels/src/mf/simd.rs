@@ -119,7 +119,7 @@ pub fn sgd_chunk_adaptive(
     let bias = usize::from(mean.is_some());
     let stride = k + bias + 2;
     check(users, items, ratings, u, v, stride);
-    if k % LANES == 0 && super::FIRST == LANES {
+    if k.is_multiple_of(LANES) && super::FIRST == LANES {
         return adaptive_whole(users, items, ratings, u, v, k, lr, l2, mean, first_pass);
     }
     let first = k.min(super::FIRST);
