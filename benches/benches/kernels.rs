@@ -35,6 +35,7 @@ use std::time::{Duration, SystemTime};
 
 use criterion::{criterion_group, BenchmarkGroup, Criterion, SamplingMode, Throughput};
 use peregrine_kernels::lr::{Csr, SparseGrad};
+use peregrine_kernels::mlp::simd::Isa;
 use peregrine_kernels::mlp::{self, Backend, Matmul, Op};
 use peregrine_kernels::{dense, lr, mf, softmax};
 
@@ -384,8 +385,18 @@ impl Mlp {
     }
 }
 
-const BACKENDS: [(&str, Backend); 3] =
-    [("wide", Backend::Wide), ("matrixmultiply", Backend::MatrixMultiply), ("scalar", Backend::Scalar)];
+/// The runners timed: our kernel with the widest micro-kernel the CPU runs (`wide`), and, on
+/// CPUs where that is AVX-512, with the `f32x8` one too (`wide_f32x8`); `matrixmultiply`; the
+/// scalar reference.
+fn backends() -> Vec<(&'static str, Matmul)> {
+    let mut out = vec![("wide", Matmul::new(Backend::Wide))];
+    if Isa::best() != Isa::F32x8 {
+        out.push(("wide_f32x8", Matmul::with_isa(Backend::Wide, Isa::F32x8)));
+    }
+    out.push(("matrixmultiply", Matmul::new(Backend::MatrixMultiply)));
+    out.push(("scalar", Matmul::new(Backend::Scalar)));
+    out
+}
 const BATCHES: [usize; 4] = [32, 64, 128, 256];
 
 /// MLP forward + backward per backend and batch size; the first layer's forward product alone.
@@ -396,11 +407,10 @@ fn mlp_kernels(c: &mut Criterion) {
     for n in BATCHES {
         let mut net = Mlp::new(n, &mut rng);
         g.throughput(Throughput::Elements(n as u64));
-        for (name, backend) in BACKENDS {
-            if backend == Backend::Scalar && n != 256 {
+        for (name, mut mm) in backends() {
+            if mm.backend() == Backend::Scalar && n != 256 {
                 continue;
             }
-            let mut mm = Matmul::new(backend);
             g.bench_function(format!("{name}_{n}"), |b| b.iter(|| net.step(black_box(&mut mm))));
         }
     }
@@ -415,11 +425,10 @@ fn mlp_kernels(c: &mut Criterion) {
         let (a, b) = (rng.vec(m * k, -1.0, 1.0), rng.vec(k * n, -0.05, 0.05));
         let mut out = vec![0.0; m * n];
         g.throughput(Throughput::Elements(2 * (m * n * k) as u64));
-        for (name, backend) in BACKENDS {
-            if backend == Backend::Scalar && shape != "fwd_256" {
+        for (name, mut mm) in backends() {
+            if mm.backend() == Backend::Scalar && shape != "fwd_256" {
                 continue;
             }
-            let mut mm = Matmul::new(backend);
             g.bench_function(format!("{name}_{shape}"), |bench| {
                 bench.iter(|| {
                     mm.matmul(op_a, op_b, m, n, k, 1.0, black_box(&a), black_box(&b), beta, &mut out)
@@ -543,7 +552,7 @@ fn summary(since: SystemTime) {
         }
     }
     for n in BATCHES {
-        let row: Vec<String> = BACKENDS
+        let row: Vec<String> = backends()
             .iter()
             .filter_map(|(name, _)| {
                 t(&format!("mlp_step/{name}_{n}")).map(|s| format!("{name} {:8.1} us", s * 1e6))
@@ -556,20 +565,30 @@ fn summary(since: SystemTime) {
     // The products timed, then the FMA peak only if there are any (a second of probing).
     let mut gemms = Vec::new();
     for &(shape, _, _, _, m, n, k) in GEMMS {
-        for (name, _) in BACKENDS {
+        for (name, mm) in backends() {
             if let Some(s) = t(&format!("mlp_gemm/{name}_{shape}")) {
-                gemms.push((shape, name, m, n, k, 2.0 * (m * n * k) as f64 / s / 1e9));
+                // matrixmultiply, too, picks the widest kernel the CPU runs.
+                let isa = if mm.backend() == Backend::Wide { mm.isa() } else { Isa::best() };
+                gemms.push((shape, name, isa, m, n, k, 2.0 * (m * n * k) as f64 / s / 1e9));
             }
         }
     }
     if gemms.is_empty() {
         return;
     }
-    let peak = peregrine_kernels::roofline::fma_peak_gflops(1, Duration::from_millis(200), 5);
-    for (shape, name, m, n, k, gf) in gemms {
+    // Each figure against the peak of its own instructions.
+    let peak = |isa: Isa| peregrine_kernels::roofline::fma_peak_gflops(isa, 1, Duration::from_millis(200), 5);
+    let peaks: Vec<(Isa, f64)> = [Isa::F32x8, Isa::Avx512]
+        .into_iter()
+        .filter(|isa| isa.available())
+        .map(|isa| (isa, peak(isa)))
+        .collect();
+    for (shape, name, isa, m, n, k, gf) in gemms {
+        let peak = peaks.iter().find(|(i, _)| *i == isa).map_or(f64::NAN, |p| p.1);
         println!(
-            "gemm {shape:<7} ({m:>3} x {n:>3} x {k:>3}) {name:<15} {gf:6.1} GFLOP/s, {:3.0} % of the FMA peak ({peak:.1})",
-            100.0 * gf / peak
+            "gemm {shape:<7} ({m:>3} x {n:>3} x {k:>3}) {name:<15} {gf:6.1} GFLOP/s, {:3.0} % of the {} FMA peak ({peak:.1})",
+            100.0 * gf / peak,
+            isa.name()
         );
     }
 }

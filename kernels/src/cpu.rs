@@ -1,4 +1,5 @@
-//! Which instruction set the kernels were compiled for, and whether this CPU has it.
+//! Which instruction set the kernels were compiled for, and whether this CPU has it; and the
+//! instructions of the kernels that choose theirs at run time ([`Isa`]).
 //!
 //! The `wide` kernels use AVX2/FMA/AVX-512 only when the crate is compiled with those target
 //! features, so the instruction set is fixed at build time (`.cargo/config.toml`: `x86-64-v3` by
@@ -92,6 +93,17 @@ pub fn detected_level(features: &[Feature]) -> &'static str {
     }
 }
 
+/// The build's level, the CPU's and the MLP products' micro-kernel, in words: `compiled for AVX2+FMA
+/// (x86-64-v3); CPU: AVX-512 (x86-64-v4); MLP products: AVX-512 (chosen at run time)`.
+pub fn summary() -> String {
+    format!(
+        "compiled for {}; CPU: {}; MLP products: {} (chosen at run time)",
+        compiled_level(),
+        detected_level(&features()),
+        Isa::best().name()
+    )
+}
+
 /// Features this build was compiled for that the CPU lacks. `detected`, when given, replaces the
 /// CPU's answer with that set of names (to test the check on a CPU that has everything).
 pub fn missing(features: &[Feature], detected: Option<&[&str]>) -> Vec<&'static str> {
@@ -123,6 +135,66 @@ pub fn check(detected: Option<&[&str]>) -> Result<(), String> {
         compiled.join(","),
         lacking.join(", ")
     ))
+}
+
+/// The instructions of the kernels that choose theirs at run time (the MLP's GEMM micro-kernel,
+/// [`crate::mlp::simd::gemm`]), and of the FMA probe that measures their peak
+/// ([`crate::roofline::fma_peak_gflops`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// `wide::f32x8` (8 lanes; the GEMM's tile 6x16): AVX2+FMA in the default (x86-64-v3)
+    /// build.
+    F32x8,
+    /// AVX-512F (16 lanes; the GEMM's tile 8x32), on x86-64 CPUs that have it (checked at run
+    /// time, whatever level the build was compiled for).
+    Avx512,
+}
+
+impl Default for Isa {
+    /// [`Isa::best`].
+    fn default() -> Isa {
+        Isa::best()
+    }
+}
+
+impl Isa {
+    /// The widest the CPU runs: [`Isa::Avx512`] where it has AVX-512F, else [`Isa::F32x8`].
+    pub fn best() -> Isa {
+        if Isa::Avx512.available() {
+            Isa::Avx512
+        } else {
+            Isa::F32x8
+        }
+    }
+
+    /// Whether this CPU runs it ([`Isa::F32x8`]: always, the binary checks its own target
+    /// features at start-up).
+    pub fn available(self) -> bool {
+        match self {
+            Isa::F32x8 => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+            #[cfg(not(target_arch = "x86_64"))]
+            Isa::Avx512 => false,
+        }
+    }
+
+    /// f32 lanes of one FMA.
+    pub fn lanes(self) -> usize {
+        match self {
+            Isa::F32x8 => 8,
+            Isa::Avx512 => 16,
+        }
+    }
+
+    /// A name for reports: `f32x8` is whatever the build makes of `wide::f32x8` (AVX2+FMA in
+    /// the default x86-64-v3 build).
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::F32x8 => "f32x8",
+            Isa::Avx512 => "AVX-512",
+        }
+    }
 }
 
 #[cfg(test)]

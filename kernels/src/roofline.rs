@@ -1,8 +1,8 @@
-//! The machine's own limits, measured: the peak rate of fused multiply-adds (f32, the widest
-//! vectors this build emits) and STREAM's triad bandwidth. A kernel's GFLOP/s or GB/s is judged
+//! The machine's own limits, measured: the peak rate of fused multiply-adds (f32, in the
+//! instructions of a kernel: [`Isa`]) and STREAM's triad bandwidth. A kernel's GFLOP/s or GB/s is judged
 //! as a fraction of these, taken on the same machine in the same run.
 //!
-//! The FMA probe runs [`CHAINS`] independent dependency chains of `x = x * a + b` per thread: an
+//! The FMA probe runs [`chains`] independent dependency chains of `x = x * a + b` per thread: an
 //! FMA has a latency of about 4 cycles and two issue ports on recent x86 cores, so 8 or more
 //! chains in registers keep both ports busy (10 on AVX2, whose 16 `ymm` registers also hold the
 //! two constants; 12 on AVX-512, with 32 `zmm`). The triad is `a[i] = b[i] + s * c[i]` on three
@@ -21,46 +21,80 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-#[cfg(target_feature = "avx512f")]
-mod vector {
-    /// The widest f32 vector this build emits.
-    pub type V = wide::f32x16;
-    /// Independent FMA chains per thread.
-    pub const CHAINS: usize = 12;
-}
-#[cfg(not(target_feature = "avx512f"))]
-mod vector {
-    /// The widest f32 vector this build emits.
-    pub type V = wide::f32x8;
-    /// Independent FMA chains per thread.
-    pub const CHAINS: usize = 10;
-}
-pub use vector::CHAINS;
-use vector::V;
+use wide::f32x8;
 
-/// f32 lanes per vector of the probe.
-pub const LANES: usize = std::mem::size_of::<V>() / 4;
+pub use crate::cpu::Isa;
 
-/// Whether this build's `mul_add` is one fused instruction (otherwise a multiply and an add,
-/// counted as the same two flops).
+/// Independent FMA chains per thread of `isa`'s probe: 10 `ymm` (whose 16 registers also hold
+/// the two constants), 12 `zmm` (of 32).
+pub fn chains(isa: Isa) -> usize {
+    match isa {
+        Isa::F32x8 => 10,
+        Isa::Avx512 => 12,
+    }
+}
+
+/// Whether this build's `f32x8::mul_add` is one fused instruction (otherwise a multiply and an
+/// add, counted as the same two flops). AVX-512's probe always fuses.
 pub const FUSED: bool = cfg!(target_feature = "fma");
 
-/// `rounds` rounds of one `mul_add` on each of [`CHAINS`] vectors; returns a value that depends
-/// on every chain (so none is optimized away). Flops: `rounds * CHAINS * LANES * 2`.
+/// `rounds` rounds of one `mul_add` on each of 10 `f32x8`; returns a value that depends on every
+/// chain (so none is optimized away). Flops: `rounds * 10 * 8 * 2`.
 #[inline(never)]
-fn fma_chains(rounds: u64, seed: f32) -> f32 {
-    let a = V::splat(black_box(0.999_999_9));
-    let b = V::splat(black_box(1e-7));
-    let mut acc = [V::splat(seed); CHAINS];
+fn fma_chains_f32x8(rounds: u64, seed: f32) -> f32 {
+    let a = f32x8::splat(black_box(0.999_999_9));
+    let b = f32x8::splat(black_box(1e-7));
+    let mut acc = [f32x8::splat(seed); 10];
     for (i, x) in acc.iter_mut().enumerate() {
-        *x += V::splat(i as f32 * 1e-3);
+        *x += f32x8::splat(i as f32 * 1e-3);
     }
     for _ in 0..rounds {
         for x in acc.iter_mut() {
             *x = x.mul_add(a, b);
         }
     }
-    acc.iter().fold(V::splat(0.0), |s, x| s + *x).reduce_add()
+    acc.iter().fold(f32x8::splat(0.0), |s, x| s + *x).reduce_add()
+}
+
+/// The same on 12 `zmm` registers. Flops: `rounds * 12 * 16 * 2`.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline(never)]
+unsafe fn fma_chains_zmm(rounds: u64, seed: f32) -> f32 {
+    use std::arch::x86_64::{
+        _mm512_add_ps, _mm512_fmadd_ps, _mm512_reduce_add_ps, _mm512_set1_ps, _mm512_setzero_ps,
+    };
+    let a = _mm512_set1_ps(black_box(0.999_999_9));
+    let b = _mm512_set1_ps(black_box(1e-7));
+    let mut acc = [_mm512_setzero_ps(); 12];
+    for (i, x) in acc.iter_mut().enumerate() {
+        *x = _mm512_set1_ps(seed + i as f32 * 1e-3);
+    }
+    for _ in 0..rounds {
+        for x in acc.iter_mut() {
+            *x = _mm512_fmadd_ps(*x, a, b);
+        }
+    }
+    _mm512_reduce_add_ps(acc.iter().fold(_mm512_setzero_ps(), |s, x| _mm512_add_ps(s, *x)))
+}
+
+/// `isa`'s probe: `rounds` rounds on each chain.
+///
+/// # Panics
+/// If the CPU does not run `isa`.
+fn fma_chains(isa: Isa, rounds: u64, seed: f32) -> f32 {
+    assert!(isa.available(), "FMA probe: this CPU does not run {} instructions", isa.name());
+    match isa {
+        Isa::F32x8 => fma_chains_f32x8(rounds, seed),
+        // SAFETY: AVX-512F detected just above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { fma_chains_zmm(rounds, seed) },
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Avx512 => unreachable!("AVX-512 is never available off x86-64"),
+    }
 }
 
 /// Runs `work` on each input, one thread per input, the threads started together; returns the
@@ -87,15 +121,18 @@ fn together<I: Send, R: Send>(inputs: Vec<I>, work: impl Fn(I) -> R + Sync) -> (
     })
 }
 
-/// Peak f32 FMA throughput of `threads` threads in GFLOP/s (one multiply-add counted as two
-/// flops): the best of `reps` runs of about `each` apiece.
-pub fn fma_peak_gflops(threads: usize, each: Duration, reps: usize) -> f64 {
+/// Peak f32 FMA throughput of `threads` threads in GFLOP/s with `isa`'s instructions (one
+/// multiply-add counted as two flops): the best of `reps` runs of about `each` apiece.
+///
+/// # Panics
+/// If the CPU does not run `isa` ([`Isa::available`]).
+pub fn fma_peak_gflops(isa: Isa, threads: usize, each: Duration, reps: usize) -> f64 {
     let threads = threads.max(1);
     // Calibrate the rounds for `each` on one thread.
     let mut rounds = 1u64 << 16;
     loop {
         let t0 = Instant::now();
-        black_box(fma_chains(rounds, 1.0));
+        black_box(fma_chains(isa, rounds, 1.0));
         let e = t0.elapsed();
         if e >= each / 4 || rounds >= 1 << 40 {
             rounds = (rounds as f64 * each.as_secs_f64() / e.as_secs_f64().max(1e-9)).max(1.0) as u64;
@@ -103,10 +140,10 @@ pub fn fma_peak_gflops(threads: usize, each: Duration, reps: usize) -> f64 {
         }
         rounds *= 4;
     }
-    let flops = (rounds * (CHAINS * LANES * 2) as u64 * threads as u64) as f64;
+    let flops = (rounds * (chains(isa) * isa.lanes() * 2) as u64 * threads as u64) as f64;
     (0..reps.max(1))
         .map(|_| {
-            let (sums, took) = together((0..threads).collect(), |t| fma_chains(rounds, 1.0 + t as f32));
+            let (sums, took) = together((0..threads).collect(), |t| fma_chains(isa, rounds, 1.0 + t as f32));
             black_box(sums);
             flops / took.as_secs_f64() / 1e9
         })
@@ -150,7 +187,7 @@ pub fn line_round_trip_ns(rounds: u64, reps: usize, place: impl Fn(usize) + Sync
         let mut spins = 0u32;
         while line.0.load(Ordering::Acquire) != v {
             spins += 1;
-            if spins % 4096 == 0 {
+            if spins.is_multiple_of(4096) {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
@@ -193,25 +230,28 @@ mod tests {
 
     #[test]
     fn the_chains_compute_what_they_say() {
-        // Each chain x -> x a + b, from seed + i / 1000, summed over the lanes.
+        // Each chain x -> x a + b, from seed + i / 1000, summed over the lanes; each probe this
+        // CPU runs.
         let rounds = 1000u64;
-        let got = fma_chains(rounds, 1.0) as f64;
         let (a, b) = (0.999_999_9f64, 1e-7f64);
-        let want: f64 = (0..CHAINS)
-            .map(|i| {
-                let mut x = 1.0 + i as f64 * 1e-3;
-                for _ in 0..rounds {
-                    x = x * a + b;
-                }
-                x * LANES as f64
-            })
-            .sum();
-        assert!((got - want).abs() / want < 1e-4, "{got} vs {want}");
+        for isa in [Isa::F32x8, Isa::Avx512].into_iter().filter(|isa| isa.available()) {
+            let got = fma_chains(isa, rounds, 1.0) as f64;
+            let want: f64 = (0..chains(isa))
+                .map(|i| {
+                    let mut x = 1.0 + i as f64 * 1e-3;
+                    for _ in 0..rounds {
+                        x = x * a + b;
+                    }
+                    x * isa.lanes() as f64
+                })
+                .sum();
+            assert!((got - want).abs() / want < 1e-4, "{isa:?}: {got} vs {want}");
+        }
     }
 
     #[test]
     fn the_probes_measure_positive_rates() {
-        let peak = fma_peak_gflops(2, Duration::from_millis(20), 2);
+        let peak = fma_peak_gflops(Isa::best(), 2, Duration::from_millis(20), 2);
         assert!(peak.is_finite() && peak > 0.1, "{peak}");
         let triad = triad_gbs(2, 1 << 16, 2);
         assert!(triad.is_finite() && triad > 0.01, "{triad}");

@@ -373,16 +373,26 @@ fn roofline_cmd(a: &RooflineArgs) {
     use peregrine_kernels::{cpu, roofline};
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let each = std::time::Duration::from_secs_f64(a.seconds);
-    let simd =
-        format!("compiled for {}; CPU: {}", cpu::compiled_level(), cpu::detected_level(&cpu::features()));
-    let vector = format!(
-        "f32 x {} lanes, {} chains per thread, {}",
-        roofline::LANES,
-        roofline::CHAINS,
-        if roofline::FUSED { "fused multiply-add" } else { "multiply and add (not fused)" }
-    );
-    let one = roofline::fma_peak_gflops(1, each, a.reps);
-    let all = roofline::fma_peak_gflops(threads, each, a.reps);
+    let simd = cpu::summary();
+    // The peak of the instructions the MLP's products use (AVX-512 where the CPU has it, chosen
+    // at run time), and of the build's own `f32x8` where that differs.
+    let isa = cpu::Isa::best();
+    let vector = |isa: cpu::Isa| {
+        let fused = isa == cpu::Isa::Avx512 || roofline::FUSED;
+        format!(
+            "f32 x {} lanes ({}), {} chains per thread, {}",
+            isa.lanes(),
+            isa.name(),
+            roofline::chains(isa),
+            if fused { "fused multiply-add" } else { "multiply and add (not fused)" }
+        )
+    };
+    let one = roofline::fma_peak_gflops(isa, 1, each, a.reps);
+    let all = roofline::fma_peak_gflops(isa, threads, each, a.reps);
+    let narrow = (isa != cpu::Isa::F32x8).then(|| {
+        let f = cpu::Isa::F32x8;
+        (roofline::fma_peak_gflops(f, 1, each, a.reps), roofline::fma_peak_gflops(f, threads, each, a.reps))
+    });
     let triad = roofline::triad_gbs(threads, a.elems, a.reps);
     // 100,000 round trips: 5-40 ms a run on the machines seen.
     let two = peregrine_core::pool::allowed_cpus().ok().filter(|c| c.len() >= 2).map(|c| [c[0], c[1]]);
@@ -397,17 +407,26 @@ fn roofline_cmd(a: &RooflineArgs) {
             || "\"line_round_trip_ns\": null".to_owned(),
             |(c, ns)| format!("\"line_round_trip_ns\": {ns:.1}, \"line_cpus\": [{}, {}]", c[0], c[1]),
         );
+        let narrow_json = narrow.map_or_else(
+            || "\"f32x8_fma_gflops_1\": null, \"f32x8_fma_gflops\": null".to_owned(),
+            |(one, all)| format!("\"f32x8_fma_gflops_1\": {one:.2}, \"f32x8_fma_gflops\": {all:.2}"),
+        );
         println!(
-            "{{\"simd\": \"{simd}\", \"vector\": \"{vector}\", \"threads\": {threads}, \
-             \"fma_gflops_1\": {one:.2}, \"fma_gflops\": {all:.2}, \"triad_gbs\": {triad:.2}, \
+            "{{\"simd\": \"{simd}\", \"isa\": \"{}\", \"vector\": \"{}\", \"threads\": {threads}, \
+             \"fma_gflops_1\": {one:.2}, \"fma_gflops\": {all:.2}, {narrow_json}, \"triad_gbs\": {triad:.2}, \
              \"triad_elems\": {}, {line_json}}}",
+            isa.name(),
+            vector(isa),
             a.elems
         );
         return;
     }
     println!("instruction set   {simd}");
-    println!("FMA probe         {vector}");
+    println!("FMA probe         {}", vector(isa));
     println!("FMA peak          {one:8.1} GFLOP/s on 1 thread, {all:8.1} GFLOP/s on {threads}");
+    if let Some((one, all)) = narrow {
+        println!("FMA peak, f32x8   {one:8.1} GFLOP/s on 1 thread, {all:8.1} GFLOP/s on {threads} (the build's own vectors)");
+    }
     println!(
         "STREAM triad      {triad:8.1} GB/s on {threads} (3 x {} MiB f32, 12 B per element counted)",
         (a.elems * 4) >> 20

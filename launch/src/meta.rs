@@ -63,12 +63,7 @@ impl RankInfo {
                 l.strip_prefix("model name").and_then(|v| v.split_once(':')).map(|(_, v)| v.trim().to_owned())
             })
             .unwrap_or_default();
-        let features = peregrine_kernels::cpu::features();
-        let simd = format!(
-            "compiled for {}; CPU: {}",
-            peregrine_kernels::cpu::compiled_level(),
-            peregrine_kernels::cpu::detected_level(&features)
-        );
+        let simd = peregrine_kernels::cpu::summary();
         let mpi_library = match t.backend() {
             Backend::Mpi => peregrine_transport::mpi_library_version().unwrap_or_default(),
             Backend::Local => String::new(),

@@ -2281,6 +2281,19 @@ fn bench_roofline_measures_the_fma_peak_and_the_triad() {
     }
     assert_eq!(v["threads"], 2, "{out}");
     assert!(v["simd"].as_str().is_some_and(|s| s.starts_with("compiled for")), "{out}");
+    // The peak is the MLP products' instructions'; where those are AVX-512, the build's own
+    // f32x8 peak beside it.
+    let isa = peregrine_kernels::cpu::Isa::best();
+    assert_eq!(v["isa"], isa.name(), "{out}");
+    assert!(
+        v["vector"].as_str().is_some_and(|s| s.starts_with(&format!("f32 x {} lanes", isa.lanes()))),
+        "{out}"
+    );
+    let narrow = v["f32x8_fma_gflops"].as_f64();
+    match isa {
+        peregrine_kernels::cpu::Isa::F32x8 => assert!(narrow.is_none(), "{out}"),
+        peregrine_kernels::cpu::Isa::Avx512 => assert!(narrow.is_some_and(|x| x > 0.0), "{out}"),
+    }
     let (shown, _) =
         ok(&["bench", "roofline", "--threads", "1", "--seconds", "0.02", "--elems", "4096", "--reps", "1"]);
     assert!(shown.contains("FMA peak") && shown.contains("STREAM triad"), "{shown}");

@@ -1,18 +1,30 @@
-//! Our own `wide` GEMM: BLIS-style blocks and a 6x16 register-tiled micro-kernel, its operands
-//! packed only where their layout asks for it; `f32x8` ReLU and softmax cross-entropy.
+//! Our own GEMM: BLIS-style blocks and a register-tiled micro-kernel, its operands packed only
+//! where their layout asks for it; `f32x8` ReLU and softmax cross-entropy.
+//!
+//! Two micro-kernels, the CPU's choosing at run time ([`Isa::best`]): `wide::f32x8`, a 6x16
+//! tile of `C` in 12 `f32x8` registers (per step two loads of `B`, six broadcasts of `A`, 12
+//! FMAs: the 16 `ymm` registers of AVX2 hold no more), and AVX-512, an 8x32 tile in 16 `zmm`
+//! registers (two loads, eight broadcasts, 16 FMAs of 16 lanes). The default build targets
+//! x86-64-v3, so AVX-512 code can only come from a function compiled with the feature enabled
+//! ([`gemm_isa`] picks it after `is_x86_feature_detected!`); on a CPU with two 512-bit FMA
+//! units (Intel Xeon) it doubles the peak, on a Zen 4 (256-bit units) it halves the
+//! instructions. Why 8x32 and not 6x32 (the `f32x8` tile widened): a tile of 8 rows divides the
+//! MLP's 64- and 128-row products into whole panels, and its 16 FMAs a step for two loads of `B`
+//! read a third less of `B` per flop; the 6x32 tile ran the first layer's forward of a 64-row
+//! chunk at 100 GFLOP/s, the 8x32 one at 119-125 (Intel Xeon, AVX-512 peak 232-245 GFLOP/s a
+//! core; the `f32x8` kernel 86-93, its own peak 123-131).
 //!
 //! Loops, outermost first (BLIS): `jc` over `NC` columns of `C`; `pc` over `KC` of the inner
-//! dimension, that `KC x NC` block of `op(B)` in column panels of 16; `ic` over `MC` rows, that
-//! `MC x KC` block of `op(A)` in row panels of 6; then every (6-row panel, 16-column panel) pair
-//! runs the micro-kernel (along the rows of `C` or down its columns: see `ROW_ORDER_B_BYTES`),
-//! which keeps its 6x16 tile of `C` in 12 `f32x8` registers for the whole `KC` loop: per step,
-//! two loads of `B`, six broadcasts of `A` and 12 FMAs.
+//! dimension, that `KC x NC` block of `op(B)` in column panels of `NR`; `ic` over `MC` rows,
+//! that `MC x KC` block of `op(A)` in row panels of `MR`; then every (row panel, column panel)
+//! pair runs the micro-kernel (along the rows of `C` or down its columns: see
+//! `ROW_ORDER_B_BYTES`), which keeps its tile of `C` in registers for the whole `KC` loop.
 //!
-//! What the micro-kernel reads per step is 16 consecutive values of a row of `op(B)` and one
-//! value of each of 6 rows of `op(A)`. A transposed operand has neither in one place, and is
+//! What the micro-kernel reads per step is `NR` consecutive values of a row of `op(B)` and one
+//! value of each of `MR` rows of `op(A)`. A transposed operand has neither in one place, and is
 //! packed (8x8 `f32x8` transposes into panels). An untransposed one already has them: a row of
-//! `op(B) = B` holds its 16 values side by side, one row length from the next step's, and the 6
-//! rows of `op(A) = A` are 6 streams the prefetcher follows; both are read in place, but for a
+//! `op(B) = B` holds its `NR` values side by side, one row length from the next step's, and the
+//! `MR` rows of `op(A) = A` are streams the prefetcher follows; both are read in place, but for a
 //! ragged last panel, packed with zeros past the edge so that the micro-kernel never branches.
 //! (BLIS packs every panel, for contiguous streams and fewer TLB misses on large matrices; at
 //! an MLP's sizes the copy cost more than it saved.) Measured in one process on a Zen 4, the
@@ -22,26 +34,24 @@
 //! reading `op(A) = A^T` in place too (each step's 6 values a row length from the next's) took
 //! the weight gradient to 140 us, and is not done. MLP training, 2 MPI ranks, 8 runs of each
 //! binary alternated: 279.9k -> 292.8k samples/s at batch 128, 354.7k -> 362.2k at 512
-//! (medians), the same model.
+//! (medians), the same model. (Those figures are the `f32x8` kernel's.)
 
 use std::array;
 
 use wide::f32x8;
 
 use super::{check_gemm, Op};
+pub use crate::cpu::Isa;
 use crate::dense::simd::{load, store, LANES};
 
-/// Rows of the micro-tile.
-const MR: usize = 6;
-/// Columns of the micro-tile (two `f32x8`).
-const NR: usize = 16;
-/// Inner-dimension block: a `MR x KC` panel of `A` (24 KiB) stays in L1, a `KC x NR` panel of
-/// `B` (64 KiB) streams from L2. BLIS keeps the panel of `B` in L1 (`KC` = 256 here before), but
-/// an MLP's inner dimension is its input width (784 for MNIST-sized images): in one block, each
-/// tile of `C` is written once rather than once per block, and nothing is packed twice.
-/// Measured on the forward `X W1^T` of a 64-row chunk and of 256 rows (both orders of tiles
-/// alternated in one process, 1000 calls each, two runs): `KC` = 512, 784 and 1024 took 2, 4
-/// and 5 % less time than 256.
+/// Inner-dimension block: a `MR x KC` panel of `A` (24-32 KiB) stays in L1, a `KC x NR` panel
+/// of `B` (64 KiB for 16 columns, 128 KiB for 32) streams from L2. BLIS keeps the panel of `B`
+/// in L1 (`KC` = 256 here before), but an MLP's inner dimension is its input width (784 for
+/// MNIST-sized images): in one block, each tile of `C` is written once rather than once per
+/// block, and nothing is packed twice. Measured on the forward `X W1^T` of a 64-row chunk and of
+/// 256 rows (both orders of tiles alternated in one process, 1000 calls each, two runs): `KC` =
+/// 512, 784 and 1024 took 2, 4 and 5 % less time than 256 (`f32x8`); with AVX-512, 256 gave
+/// 122 GFLOP/s on the 64-row forward against 119 (one run each): the same.
 const KC: usize = 1024;
 /// Row block: the packed `MC x KC` block of `A` (384 KiB) stays in L2.
 const MC: usize = 96;
@@ -79,7 +89,17 @@ fn grow(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
 /// rows) by 8 columns, then the first `MR` lanes of each column; `op(A) = A^T` (`rs == 1`): each
 /// column of the panel is `MR` contiguous floats, a copy.
 #[allow(clippy::too_many_arguments)]
-fn pack_a(a: &[f32], rs: usize, cs: usize, i0: usize, mc: usize, p0: usize, kc: usize, out: &mut [f32]) {
+fn pack_a<const MR: usize>(
+    a: &[f32],
+    rs: usize,
+    cs: usize,
+    i0: usize,
+    mc: usize,
+    p0: usize,
+    kc: usize,
+    out: &mut [f32],
+) {
+    const { assert!(MR <= LANES, "pack_a: a panel's rows are lanes of one f32x8") };
     for (p, panel) in out.chunks_exact_mut(kc * MR).enumerate() {
         let rows = (mc - p * MR).min(MR);
         let r0 = i0 + p * MR;
@@ -122,32 +142,44 @@ fn pack_a(a: &[f32], rs: usize, cs: usize, i0: usize, mc: usize, p0: usize, kc: 
 }
 
 /// Packs rows `p0..p0 + kc`, columns `j0..j0 + nc` of `op(B)` (strides `rs`, `cs`, one of them
-/// 1) into panels of `NR` columns: `out[panel][kk * NR + j]`, zero columns past `nc`.
+/// 1) into panels of `nr` columns (a multiple of 8, the micro-kernel's): `out[panel][kk * nr +
+/// j]`, zero columns past `nc`.
 ///
 /// `op(B) = B` (`cs == 1`): each row of the panel is a contiguous copy; `op(B) = B^T`
 /// (`rs == 1`, columns contiguous): 8x8 `f32x8` transposes, two per 8 rows of the panel.
 #[allow(clippy::too_many_arguments)]
-fn pack_b(b: &[f32], rs: usize, cs: usize, p0: usize, kc: usize, j0: usize, nc: usize, out: &mut [f32]) {
-    for (q, panel) in out.chunks_exact_mut(kc * NR).enumerate() {
-        let cols = (nc - q * NR).min(NR);
-        let jq = j0 + q * NR;
-        if cols < NR {
+fn pack_b(
+    nr: usize,
+    b: &[f32],
+    rs: usize,
+    cs: usize,
+    p0: usize,
+    kc: usize,
+    j0: usize,
+    nc: usize,
+    out: &mut [f32],
+) {
+    for (q, panel) in out.chunks_exact_mut(kc * nr).enumerate() {
+        let cols = (nc - q * nr).min(nr);
+        let jq = j0 + q * nr;
+        if cols < nr {
             panel.fill(0.0);
         }
         if cs == 1 {
-            for (kk, dst) in panel.chunks_exact_mut(NR).enumerate() {
+            for (kk, dst) in panel.chunks_exact_mut(nr).enumerate() {
                 let s = (p0 + kk) * rs + jq;
-                if cols == NR {
-                    // Fixed length: two `f32x8` moves, not a `memcpy` call per row.
-                    store(&mut dst[..LANES], load(&b[s..s + LANES]));
-                    store(&mut dst[LANES..], load(&b[s + LANES..s + NR]));
+                if cols == nr {
+                    // Fixed length: `f32x8` moves, not a `memcpy` call per row.
+                    for (h, d) in dst.chunks_exact_mut(LANES).enumerate() {
+                        store(d, load(&b[s + h * LANES..s + (h + 1) * LANES]));
+                    }
                 } else {
                     dst[..cols].copy_from_slice(&b[s..s + cols]);
                 }
             }
         } else {
             let kc8 = kc - kc % LANES;
-            for h in 0..NR / LANES {
+            for h in 0..nr / LANES {
                 let hcols = cols.saturating_sub(h * LANES).min(LANES);
                 if hcols == 0 {
                     break;
@@ -162,14 +194,14 @@ fn pack_b(b: &[f32], rs: usize, cs: usize, p0: usize, kc: usize, j0: usize, nc: 
                         }
                     }));
                     for (r, t) in t.iter().enumerate() {
-                        let d = (kk + r) * NR + h * LANES;
+                        let d = (kk + r) * nr + h * LANES;
                         store(&mut panel[d..d + LANES], *t);
                     }
                 }
                 for j in 0..hcols {
                     let s = (jq + h * LANES + j) * cs + p0;
                     for kk in kc8..kc {
-                        panel[kk * NR + h * LANES + j] = b[s + kk];
+                        panel[kk * nr + h * LANES + j] = b[s + kk];
                     }
                 }
             }
@@ -180,7 +212,7 @@ fn pack_b(b: &[f32], rs: usize, cs: usize, p0: usize, kc: usize, j0: usize, nc: 
 /// Where the micro-kernel reads a panel of `MR` rows of `op(A)` over `kc` steps of the inner
 /// dimension.
 #[derive(Clone, Copy)]
-enum APanel<'a> {
+enum APanel<'a, const MR: usize> {
     /// `op(A) = A` read in place: row `i`'s values `rows[i][..kc]`, each row a stream the
     /// prefetcher follows.
     Rows([&'a [f32]; MR]),
@@ -188,45 +220,71 @@ enum APanel<'a> {
     Packed(&'a [f32]),
 }
 
-/// The 6x16 micro-kernel: `sum_kk a[kk] (6) x b[kk] (16)` over `kc` steps, `b`'s rows of 16
-/// `rsb` apart (a packed panel: `NR`; `op(B) = B` read in place: `B`'s row length).
+/// The steps of a micro-kernel: `step(a_k, b_k)` for each `kk < kc`, with the `MR` values of
+/// `op(A)`'s column `kk` (by reference: the kernel broadcasts each straight from memory, which
+/// takes a load port, not the shuffle port that FMAs share on Intel cores) and the `NR` values of
+/// `op(B)`'s row `kk` (`b`'s rows `rsb` apart: a packed panel `NR`, `op(B) = B` read in place its
+/// row length).
 #[inline(always)]
-fn kernel(a: APanel<'_>, b: &[f32], rsb: usize, kc: usize) -> [[f32x8; 2]; MR] {
-    let mut acc = [[f32x8::ZERO; 2]; MR];
-    let mut step = |ak: [f32; MR], bk: &[f32]| {
-        let (b0, b1) = (load(&bk[..LANES]), load(&bk[LANES..NR]));
-        for i in 0..MR {
-            let ai = f32x8::splat(ak[i]);
-            acc[i][0] = ai.mul_add(b0, acc[i][0]);
-            acc[i][1] = ai.mul_add(b1, acc[i][1]);
-        }
-    };
+fn steps<const MR: usize, const NR: usize>(
+    a: APanel<'_, MR>,
+    b: &[f32],
+    rsb: usize,
+    kc: usize,
+    mut step: impl FnMut([&f32; MR], &[f32]),
+) {
     match a {
         APanel::Packed(ap) if rsb == NR => {
             // Both packed: fixed strides, no bounds test per step.
             for (ak, bk) in ap[..kc * MR].chunks_exact(MR).zip(b[..kc * NR].chunks_exact(NR)) {
-                step(array::from_fn(|i| ak[i]), bk);
+                step(array::from_fn(|i| &ak[i]), bk);
             }
         }
         APanel::Packed(ap) => {
             for (kk, ak) in ap[..kc * MR].chunks_exact(MR).enumerate() {
-                step(array::from_fn(|i| ak[i]), &b[kk * rsb..kk * rsb + NR]);
+                step(array::from_fn(|i| &ak[i]), &b[kk * rsb..kk * rsb + NR]);
             }
         }
         APanel::Rows(rows) => {
             let rows: [&[f32]; MR] = array::from_fn(|i| &rows[i][..kc]);
             for kk in 0..kc {
-                step(array::from_fn(|i| rows[i][kk]), &b[kk * rsb..kk * rsb + NR]);
+                step(array::from_fn(|i| &rows[i][kk]), &b[kk * rsb..kk * rsb + NR]);
             }
         }
     }
-    acc
 }
 
-/// `C[tile] <- alpha acc + beta C[tile]` for the valid `mr x nr` corner (`C` not read if
-/// `beta == 0`).
-fn write_tile(
-    acc: &[[f32x8; 2]; MR],
+/// A register-tiled micro-kernel of `MR x NR` and the instructions it is written in.
+trait Micro<const MR: usize, const NR: usize> {
+    /// The tile in registers.
+    type Acc;
+
+    /// `sum_kk a[kk] (MR) x b[kk] (NR)` over `kc` steps (see [`steps`]).
+    ///
+    /// # Safety
+    /// The CPU runs the kernel's instructions.
+    unsafe fn kernel(a: APanel<'_, MR>, b: &[f32], rsb: usize, kc: usize) -> Self::Acc;
+
+    /// `C[tile] <- alpha acc + beta C[tile]` for the valid `mr x nr` corner (`C` not read if
+    /// `beta == 0`), `C`'s rows `ldc` apart.
+    ///
+    /// # Safety
+    /// As for [`Micro::kernel`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn write_tile(
+        acc: &Self::Acc,
+        c: &mut [f32],
+        ldc: usize,
+        mr: usize,
+        nr: usize,
+        alpha: f32,
+        beta: f32,
+    );
+}
+
+/// `C[tile] <- alpha t + beta C[tile]` for a ragged `mr x nr` corner of a tile stored in `t`.
+fn write_ragged<const MR: usize, const NR: usize>(
+    t: &[[f32; NR]; MR],
     c: &mut [f32],
     ldc: usize,
     mr: usize,
@@ -234,32 +292,200 @@ fn write_tile(
     alpha: f32,
     beta: f32,
 ) {
-    let (va, vb) = (f32x8::splat(alpha), f32x8::splat(beta));
-    for (i, acc) in acc.iter().enumerate().take(mr) {
-        let row = &mut c[i * ldc..i * ldc + nr];
-        if nr == NR {
-            for (h, cs) in row.chunks_exact_mut(LANES).enumerate() {
+    for (i, t) in t.iter().enumerate().take(mr) {
+        for (cij, &tj) in c[i * ldc..i * ldc + nr].iter_mut().zip(t) {
+            *cij = if beta == 0.0 { alpha * tj } else { alpha * tj + beta * *cij };
+        }
+    }
+}
+
+/// The `wide` micro-kernel, `MR` x 16 in `2 MR` `f32x8` (6 x 16 in [`gemm_isa`]: 12 of AVX2's 16
+/// registers): per step two loads of `B`, `MR` broadcasts of `A` and `2 MR` FMAs. AVX2+FMA in the default build; whatever the build's target features make of
+/// `f32x8` otherwise.
+struct F32x8Tile;
+
+impl<const MR: usize> Micro<MR, 16> for F32x8Tile {
+    type Acc = [[f32x8; 2]; MR];
+
+    #[inline(always)]
+    unsafe fn kernel(a: APanel<'_, MR>, b: &[f32], rsb: usize, kc: usize) -> Self::Acc {
+        let mut acc = [[f32x8::ZERO; 2]; MR];
+        steps::<MR, 16>(a, b, rsb, kc, |ak, bk| {
+            let (b0, b1) = (load(&bk[..LANES]), load(&bk[LANES..2 * LANES]));
+            for i in 0..MR {
+                let ai = f32x8::splat(*ak[i]);
+                acc[i][0] = ai.mul_add(b0, acc[i][0]);
+                acc[i][1] = ai.mul_add(b1, acc[i][1]);
+            }
+        });
+        acc
+    }
+
+    #[inline(always)]
+    unsafe fn write_tile(
+        acc: &Self::Acc,
+        c: &mut [f32],
+        ldc: usize,
+        mr: usize,
+        nr: usize,
+        alpha: f32,
+        beta: f32,
+    ) {
+        if nr < 2 * LANES {
+            let t: [[f32; 16]; MR] =
+                array::from_fn(|i| array::from_fn(|j| acc[i][j / LANES].as_array()[j % LANES]));
+            return write_ragged(&t, c, ldc, mr, nr, alpha, beta);
+        }
+        let (va, vb) = (f32x8::splat(alpha), f32x8::splat(beta));
+        for (i, acc) in acc.iter().enumerate().take(mr) {
+            for (h, cs) in c[i * ldc..i * ldc + 2 * LANES].chunks_exact_mut(LANES).enumerate() {
                 let v = acc[h] * va;
                 store(cs, if beta == 0.0 { v } else { vb.mul_add(load(cs), v) });
             }
-        } else {
-            let mut t = [0.0f32; NR];
-            t[..LANES].copy_from_slice(acc[0].as_array());
-            t[LANES..].copy_from_slice(acc[1].as_array());
-            for (cij, &tj) in row.iter_mut().zip(&t) {
-                *cij = if beta == 0.0 { alpha * tj } else { alpha * tj + beta * *cij };
+        }
+    }
+}
+
+/// The AVX-512 micro-kernel, `MR` x 32 in `2 MR` `zmm` registers (8 x 32 in [`gemm_isa`]):
+/// per step two loads of `B`, `MR` broadcasts of `A` and `2 MR` FMAs of 16 lanes. Chosen at run
+/// time ([`Isa::best`]) whatever the build's target level, so that
+/// the portable x86-64-v3 binary uses the AVX-512 units of the CPUs that have them.
+#[cfg(target_arch = "x86_64")]
+struct ZmmTile;
+
+#[cfg(target_arch = "x86_64")]
+impl<const MR: usize> Micro<MR, 32> for ZmmTile {
+    type Acc = [[std::arch::x86_64::__m512; 2]; MR];
+
+    #[inline(always)]
+    unsafe fn kernel(a: APanel<'_, MR>, b: &[f32], rsb: usize, kc: usize) -> Self::Acc {
+        // SAFETY: the caller's contract.
+        unsafe { zmm::kernel(a, b, rsb, kc) }
+    }
+
+    #[inline(always)]
+    unsafe fn write_tile(
+        acc: &Self::Acc,
+        c: &mut [f32],
+        ldc: usize,
+        mr: usize,
+        nr: usize,
+        alpha: f32,
+        beta: f32,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { zmm::write_tile(acc, c, ldc, mr, nr, alpha, beta) }
+    }
+}
+
+/// [`ZmmTile`]'s code, in functions compiled with AVX-512F enabled: the intrinsics inline only
+/// into code that has their feature (a closure inherits its function's).
+#[cfg(target_arch = "x86_64")]
+mod zmm {
+    use std::arch::x86_64::{
+        __m512, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps,
+        _mm512_storeu_ps,
+    };
+
+    use super::{steps, write_ragged, APanel};
+
+    /// Lanes of a `zmm` register.
+    const W: usize = 16;
+
+    /// See [`super::Micro::kernel`].
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn kernel<const MR: usize>(
+        a: APanel<'_, MR>,
+        b: &[f32],
+        rsb: usize,
+        kc: usize,
+    ) -> [[__m512; 2]; MR] {
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        steps::<MR, 32>(a, b, rsb, kc, |ak, bk| {
+            let bk = &bk[..2 * W];
+            // SAFETY: each load reads 16 floats of `bk`, which holds 32.
+            let (b0, b1) = unsafe { (_mm512_loadu_ps(bk.as_ptr()), _mm512_loadu_ps(bk[W..].as_ptr())) };
+            for i in 0..MR {
+                let ai = _mm512_set1_ps(*ak[i]);
+                acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
+                acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+            }
+        });
+        acc
+    }
+
+    /// See [`super::Micro::write_tile`].
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn write_tile<const MR: usize>(
+        acc: &[[__m512; 2]; MR],
+        c: &mut [f32],
+        ldc: usize,
+        mr: usize,
+        nr: usize,
+        alpha: f32,
+        beta: f32,
+    ) {
+        if nr < 2 * W {
+            let mut t = [[0.0f32; 2 * W]; MR];
+            for (t, acc) in t.iter_mut().zip(acc) {
+                for (th, &v) in t.chunks_exact_mut(W).zip(acc) {
+                    // SAFETY: `th` holds 16 floats.
+                    unsafe { _mm512_storeu_ps(th.as_mut_ptr(), v) };
+                }
+            }
+            return write_ragged(&t, c, ldc, mr, nr, alpha, beta);
+        }
+        let (va, vb) = (_mm512_set1_ps(alpha), _mm512_set1_ps(beta));
+        for (i, acc) in acc.iter().enumerate().take(mr) {
+            for (cs, &v) in c[i * ldc..i * ldc + 2 * W].chunks_exact_mut(W).zip(acc) {
+                let v = _mm512_mul_ps(v, va);
+                // SAFETY: the load and the store cover the 16 floats of `cs`.
+                unsafe {
+                    let v =
+                        if beta == 0.0 { v } else { _mm512_fmadd_ps(vb, _mm512_loadu_ps(cs.as_ptr()), v) };
+                    _mm512_storeu_ps(cs.as_mut_ptr(), v);
+                }
             }
         }
     }
 }
 
 /// `C <- alpha op(A) op(B) + beta C` (row-major; `op(A)` is `m x k`, `op(B)` is `k x n`). With
-/// `beta == 0`, `C` is only written.
+/// `beta == 0`, `C` is only written. The micro-kernel is [`Isa::best`]'s.
 ///
 /// # Panics
 /// If `a.len() != m k`, `b.len() != k n` or `c.len() != m n`.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(
+    op_a: Op,
+    op_b: Op,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: &[f32],
+    b: &[f32],
+    beta: f32,
+    c: &mut [f32],
+    pack: &mut Pack,
+) {
+    gemm_isa(Isa::best(), op_a, op_b, m, n, k, alpha, a, b, beta, c, pack);
+}
+
+/// [`gemm`] with the micro-kernel of `isa`.
+///
+/// # Panics
+/// As [`gemm`]; also if the CPU does not run `isa` ([`Isa::available`]).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_isa(
+    isa: Isa,
     op_a: Op,
     op_b: Op,
     m: usize,
@@ -280,6 +506,63 @@ pub fn gemm(
         super::scale_c(beta, c);
         return;
     }
+    assert!(isa.available(), "gemm: this CPU does not run {} instructions", isa.name());
+    match isa {
+        // SAFETY: the binary's own target features, checked at start-up.
+        Isa::F32x8 => unsafe { blocks::<F32x8Tile, 6, 16>(op_a, op_b, m, n, k, alpha, a, b, beta, c, pack) },
+        // SAFETY: AVX-512F detected just above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { gemm_avx512(op_a, op_b, m, n, k, alpha, a, b, beta, c, pack) },
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Avx512 => unreachable!("AVX-512 is never available off x86-64"),
+    }
+}
+
+/// [`blocks`] with the AVX-512 kernel, compiled with AVX-512F enabled so that its intrinsics
+/// inline.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_avx512(
+    op_a: Op,
+    op_b: Op,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: &[f32],
+    b: &[f32],
+    beta: f32,
+    c: &mut [f32],
+    pack: &mut Pack,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { blocks::<ZmmTile, 8, 32>(op_a, op_b, m, n, k, alpha, a, b, beta, c, pack) }
+}
+
+/// The blocked loops of [`gemm`] around micro-kernel `K` (`m`, `n`, `k` > 0, shapes checked).
+///
+/// # Safety
+/// The CPU runs `K`'s instructions.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn blocks<K: Micro<MR, NR>, const MR: usize, const NR: usize>(
+    op_a: Op,
+    op_b: Op,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: &[f32],
+    b: &[f32],
+    beta: f32,
+    c: &mut [f32],
+    pack: &mut Pack,
+) {
+    let nr_k = NR;
     let (ars, acs) = op_a.strides(m, k);
     let (brs, bcs) = op_b.strides(k, n);
     for jc in (0..n).step_by(NC) {
@@ -288,18 +571,18 @@ pub fn gemm(
             let kc = KC.min(k - pc);
             // `op(B) = B`: its rows are the panels' rows, read in place but for a ragged last
             // panel (packed, zero-padded); `op(B) = B^T`: every panel packed (transposed).
-            let (panels_b, full_b) = (nc.div_ceil(NR), if bcs == 1 { nc / NR } else { 0 });
-            let pb = grow(&mut pack.b, (panels_b - full_b) * NR * kc);
-            pack_b(b, brs, bcs, pc, kc, jc + full_b * NR, nc - full_b * NR, pb);
-            let pb = &pack.b[..(panels_b - full_b) * NR * kc];
+            let (panels_b, full_b) = (nc.div_ceil(nr_k), if bcs == 1 { nc / nr_k } else { 0 });
+            let pb = grow(&mut pack.b, (panels_b - full_b) * nr_k * kc);
+            pack_b(nr_k, b, brs, bcs, pc, kc, jc + full_b * nr_k, nc - full_b * nr_k, pb);
+            let pb = &pack.b[..(panels_b - full_b) * nr_k * kc];
             let beta = if pc == 0 { beta } else { 1.0 };
             // Tiles along the rows of C for a small block of B (see `ROW_ORDER_B_BYTES`).
-            let row_order = kc * panels_b * NR * std::mem::size_of::<f32>() <= ROW_ORDER_B_BYTES;
+            let row_order = kc * panels_b * nr_k * std::mem::size_of::<f32>() <= ROW_ORDER_B_BYTES;
             let b_panel = |q: usize| -> (&[f32], usize) {
                 if q < full_b {
-                    (&b[pc * brs + jc + q * NR..], brs)
+                    (&b[pc * brs + jc + q * nr_k..], brs)
                 } else {
-                    (&pb[(q - full_b) * kc * NR..(q - full_b + 1) * kc * NR], NR)
+                    (&pb[(q - full_b) * kc * nr_k..(q - full_b + 1) * kc * nr_k], nr_k)
                 }
             };
             for ic in (0..m).step_by(MC) {
@@ -309,9 +592,9 @@ pub fn gemm(
                 // values a row length apart, it took 4 % more time on the weight gradient).
                 let (panels_a, full_a) = (mc.div_ceil(MR), if acs == 1 { mc / MR } else { 0 });
                 let pa = grow(&mut pack.a, (panels_a - full_a) * MR * kc);
-                pack_a(a, ars, acs, ic + full_a * MR, mc - full_a * MR, pc, kc, pa);
+                pack_a::<MR>(a, ars, acs, ic + full_a * MR, mc - full_a * MR, pc, kc, pa);
                 let pa = &pack.a[..(panels_a - full_a) * MR * kc];
-                let a_panel = |p: usize| -> APanel<'_> {
+                let a_panel = |p: usize| -> APanel<'_, MR> {
                     if p < full_a {
                         APanel::Rows(array::from_fn(|i| &a[(ic + p * MR + i) * ars + pc..]))
                     } else {
@@ -320,10 +603,13 @@ pub fn gemm(
                 };
                 let mut tile = |p: usize, q: usize| {
                     let (i, mr) = (ic + p * MR, (mc - p * MR).min(MR));
-                    let (j, nr) = (jc + q * NR, (nc - q * NR).min(NR));
+                    let (j, nr) = (jc + q * nr_k, (nc - q * nr_k).min(nr_k));
                     let (bp, rsb) = b_panel(q);
-                    let acc = kernel(a_panel(p), bp, rsb, kc);
-                    write_tile(&acc, &mut c[i * n + j..], n, mr, nr, alpha, beta);
+                    // SAFETY: the caller's contract.
+                    unsafe {
+                        let acc = K::kernel(a_panel(p), bp, rsb, kc);
+                        K::write_tile(&acc, &mut c[i * n + j..], n, mr, nr, alpha, beta);
+                    }
                 };
                 if row_order {
                     // Tiles along rows of C: C streams row by row, the block of B from L2.
@@ -344,7 +630,6 @@ pub fn gemm(
         }
     }
 }
-
 /// `x <- max(x, 0)`.
 pub fn relu(x: &mut [f32]) {
     let mut x8 = x.chunks_exact_mut(LANES);

@@ -32,8 +32,11 @@ fn check_gemm(
     mm.matmul(op_a, op_b, m, n, k, alpha, &a, &b, beta, &mut got);
     for i in 0..m * n {
         let scale = f64::from(bound[i]) + if beta == 0.0 { 0.0 } else { f64::from((beta * c0[i]).abs()) };
-        let what =
-            format!("{:?} {op_a:?}{op_b:?} m={m} n={n} k={k} alpha={alpha} beta={beta} at {i}", mm.backend());
+        let what = format!(
+            "{:?} ({:?}) {op_a:?}{op_b:?} m={m} n={n} k={k} alpha={alpha} beta={beta} at {i}",
+            mm.backend(),
+            mm.isa()
+        );
         assert_close(f64::from(got[i]), f64::from(want[i]), scale, 1e-5, 1e-6, &what);
     }
 }
@@ -41,12 +44,15 @@ fn check_gemm(
 #[test]
 fn fast_gemms_match_scalar() {
     let mut rng = Rng::new(12);
-    for backend in [Backend::Wide, Backend::MatrixMultiply] {
-        let mut mm = Matmul::new(backend);
+    // Our kernel with each micro-kernel this CPU runs (the AVX-512 one only where it has
+    // AVX-512F), and matrixmultiply.
+    let wide = [simd::Isa::F32x8, simd::Isa::Avx512].into_iter().filter(|isa| isa.available());
+    let runners = wide.map(|isa| Matmul::with_isa(Backend::Wide, isa));
+    for mut mm in runners.chain([Matmul::new(Backend::MatrixMultiply)]) {
         for op_a in [Op::N, Op::T] {
             for op_b in [Op::N, Op::T] {
                 for m in [0, 1, 5, 6, 7, 13, 150] {
-                    for n in [0, 1, 15, 16, 17, 33] {
+                    for n in [0, 1, 15, 16, 17, 31, 32, 33, 65] {
                         for k in [0, 1, 7, 8, 9, 300] {
                             let (alpha, beta) = [(1.0, 0.0), (0.7, 1.0), (-1.0, -0.5)][(m + n + k) % 3];
                             check_gemm(&mut mm, &mut rng, op_a, op_b, m, n, k, alpha, beta);
@@ -160,6 +166,33 @@ fn layer_gradients_match_finite_difference() {
                 };
                 let d = (at(eps) - at(-eps)) / f64::from(2.0 * eps);
                 assert_close(f64::from(g), d, d.abs(), 5e-3, 5e-3, &format!("{backend:?} {name}[{j}]"));
+            }
+        }
+    }
+}
+
+/// The forward pass with our kernel (each micro-kernel this CPU runs), fewer rows than outputs
+/// (taken as `W X^T`, transposed) and as many or more (`X W^T`), against the scalar reference;
+/// `Y` is written whole (it starts as NaN) and the `Y^T` buffer kept between calls of different
+/// shapes leaves nothing behind.
+#[test]
+fn dense_forward_either_way_matches_scalar() {
+    let mut rng = Rng::new(15);
+    let wide = [simd::Isa::F32x8, simd::Isa::Avx512].into_iter().filter(|isa| isa.available());
+    for isa in wide {
+        let mm = &mut Matmul::with_isa(Backend::Wide, isa);
+        for (n, n_in, n_out) in
+            [(64, 784, 128), (1, 3, 2), (7, 9, 33), (33, 9, 7), (10, 20, 10), (256, 784, 128), (5, 130, 64)]
+        {
+            let (x, w, b) =
+                (rng.vec(n * n_in, -1.0, 1.0), rng.vec(n_out * n_in, -1.0, 1.0), rng.vec(n_out, -1.0, 1.0));
+            let mut want = vec![0.0; n * n_out];
+            dense_forward(&mut Matmul::new(Backend::Scalar), &x, &w, &b, &mut want);
+            let mut got = vec![f32::NAN; n * n_out];
+            dense_forward(mm, &x, &w, &b, &mut got);
+            for (i, (g, r)) in got.iter().zip(&want).enumerate() {
+                let what = format!("{isa:?} n={n} n_in={n_in} n_out={n_out} at {i}");
+                assert_close(f64::from(*g), f64::from(*r), n_in as f64, 1e-5, 1e-6, &what);
             }
         }
     }
