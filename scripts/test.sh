@@ -43,7 +43,9 @@ export MPICC=mpicc.mpich CARGO_TARGET_DIR=target/mpich PEREGRINE_MPIRUN=mpirun.m
 cargo test --locked --all-features -p peregrine-tests -p peregrine --test mpi --test cli -- --test-threads=1
 # Under srun (pmi2), on one node and across two; the requeue tests (and the heterogeneous job) are
 # left to the OpenMPI leg: MPICH busy-polls, and 300 oversubscribed rounds would take minutes.
-cargo test --locked --all-features -p peregrine --test slurm -- srun_ an_sbatch_job \
+# One test at a time here too: the two-node conformance and BSP tests at once (8 busy-polling
+# ranks on two cores) once took 20 minutes, a BSP iteration 8 minutes, on an Intel Xeon host.
+cargo test --locked --all-features -p peregrine --test slurm -- --test-threads=1 srun_ an_sbatch_job \
     cluster::conformance_across cluster::bsp_training cluster::rma_bench
 
 # The straggler experiment's small configuration, end to end (release build, tables and plots).

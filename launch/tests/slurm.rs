@@ -334,7 +334,12 @@ mod cluster {
         let train = ["train", "--model", "lr", "--data", &data, "--iterations", "150", "--batch", "512"];
         let run = |name: &str| d.join(name).to_string_lossy().into_owned();
         let (nodes, local) = (run("nodes"), run("local"));
-        let more = ["--chunk", "64", "--scheme", "bsp", "-q", "--run-dir"];
+        // One compute thread a rank: the 4 ranks of the two "nodes" share the host's 2 cores, and
+        // with 2 threads each (8 on 2 cores) MPICH's ranks, which busy-poll UCX and serialize
+        // their MPI calls on one lock, starved one node's ranks for minutes on an Intel Xeon host
+        // (a BSP iteration once took 8 minutes). What is tested, the model 2 nodes make against
+        // 1 node's, does not depend on the threads; BSP's model does not depend on them either.
+        let more = ["--chunk", "64", "--scheme", "bsp", "--threads", "1", "-q", "--run-dir"];
         let out = srun(&slurm, &["-N", "2", "-n", "4", exe()])
             .args(train)
             .args(more)
