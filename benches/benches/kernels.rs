@@ -578,11 +578,7 @@ fn summary(since: SystemTime) {
     }
     // Each figure against the peak of its own instructions.
     let peak = |isa: Isa| peregrine_kernels::roofline::fma_peak_gflops(isa, 1, Duration::from_millis(200), 5);
-    let peaks: Vec<(Isa, f64)> = [Isa::F32x8, Isa::Avx512]
-        .into_iter()
-        .filter(|isa| isa.available())
-        .map(|isa| (isa, peak(isa)))
-        .collect();
+    let peaks: Vec<(Isa, f64)> = Isa::runnable().map(|isa| (isa, peak(isa))).collect();
     for (shape, name, isa, m, n, k, gf) in gemms {
         let peak = peaks.iter().find(|(i, _)| *i == isa).map_or(f64::NAN, |p| p.1);
         println!(

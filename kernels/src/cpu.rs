@@ -158,6 +158,14 @@ impl Default for Isa {
 }
 
 impl Isa {
+    /// Every one, narrowest first.
+    pub const ALL: [Isa; 2] = [Isa::F32x8, Isa::Avx512];
+
+    /// Those this CPU runs, narrowest first (tests and benches run each).
+    pub fn runnable() -> impl Iterator<Item = Isa> {
+        Isa::ALL.into_iter().filter(|isa| isa.available())
+    }
+
     /// The widest the CPU runs: [`Isa::Avx512`] where it has AVX-512F, else [`Isa::F32x8`].
     pub fn best() -> Isa {
         if Isa::Avx512.available() {

@@ -146,9 +146,7 @@ impl Matmul {
     ) {
         match self.backend {
             Backend::Scalar => scalar::gemm(op_a, op_b, m, n, k, alpha, a, b, beta, c),
-            Backend::Wide => {
-                simd::gemm_isa(self.isa, op_a, op_b, m, n, k, alpha, a, b, beta, c, &mut self.pack)
-            }
+            Backend::Wide => simd::gemm(self.isa, op_a, op_b, m, n, k, alpha, a, b, beta, c, &mut self.pack),
             Backend::MatrixMultiply => mmul::gemm(op_a, op_b, m, n, k, alpha, a, b, beta, c),
         }
     }

@@ -6,7 +6,7 @@
 //! FMAs: the 16 `ymm` registers of AVX2 hold no more), and AVX-512, an 8x32 tile in 16 `zmm`
 //! registers (two loads, eight broadcasts, 16 FMAs of 16 lanes). The default build targets
 //! x86-64-v3, so AVX-512 code can only come from a function compiled with the feature enabled
-//! ([`gemm_isa`] picks it after `is_x86_feature_detected!`); on a CPU with two 512-bit FMA
+//! ([`gemm`] picks it after `is_x86_feature_detected!`); on a CPU with two 512-bit FMA
 //! units (Intel Xeon) it doubles the peak, on a Zen 4 (256-bit units) it halves the
 //! instructions. Why 8x32 and not 6x32 (the `f32x8` tile widened): a tile of 8 rows divides the
 //! MLP's 64- and 128-row products into whole panels, and its 16 FMAs a step for two loads of `B`
@@ -299,7 +299,7 @@ fn write_ragged<const MR: usize, const NR: usize>(
     }
 }
 
-/// The `wide` micro-kernel, `MR` x 16 in `2 MR` `f32x8` (6 x 16 in [`gemm_isa`]: 12 of AVX2's 16
+/// The `wide` micro-kernel, `MR` x 16 in `2 MR` `f32x8` (6 x 16 in [`gemm`]: 12 of AVX2's 16
 /// registers): per step two loads of `B`, `MR` broadcasts of `A` and `2 MR` FMAs. AVX2+FMA in the default build; whatever the build's target features make of
 /// `f32x8` otherwise.
 struct F32x8Tile;
@@ -346,7 +346,7 @@ impl<const MR: usize> Micro<MR, 16> for F32x8Tile {
     }
 }
 
-/// The AVX-512 micro-kernel, `MR` x 32 in `2 MR` `zmm` registers (8 x 32 in [`gemm_isa`]):
+/// The AVX-512 micro-kernel, `MR` x 32 in `2 MR` `zmm` registers (8 x 32 in [`gemm`]):
 /// per step two loads of `B`, `MR` broadcasts of `A` and `2 MR` FMAs of 16 lanes. Chosen at run
 /// time ([`Isa::best`]) whatever the build's target level, so that
 /// the portable x86-64-v3 binary uses the AVX-512 units of the CPUs that have them.
@@ -457,34 +457,15 @@ mod zmm {
     }
 }
 
-/// `C <- alpha op(A) op(B) + beta C` (row-major; `op(A)` is `m x k`, `op(B)` is `k x n`). With
-/// `beta == 0`, `C` is only written. The micro-kernel is [`Isa::best`]'s.
+/// `C <- alpha op(A) op(B) + beta C` (row-major; `op(A)` is `m x k`, `op(B)` is `k x n`) with
+/// the micro-kernel of `isa` ([`Isa::best`] for the widest this CPU runs). With `beta == 0`, `C`
+/// is only written.
 ///
 /// # Panics
-/// If `a.len() != m k`, `b.len() != k n` or `c.len() != m n`.
+/// If `a.len() != m k`, `b.len() != k n` or `c.len() != m n`, or if the CPU does not run `isa`
+/// ([`Isa::available`]).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(
-    op_a: Op,
-    op_b: Op,
-    m: usize,
-    n: usize,
-    k: usize,
-    alpha: f32,
-    a: &[f32],
-    b: &[f32],
-    beta: f32,
-    c: &mut [f32],
-    pack: &mut Pack,
-) {
-    gemm_isa(Isa::best(), op_a, op_b, m, n, k, alpha, a, b, beta, c, pack);
-}
-
-/// [`gemm`] with the micro-kernel of `isa`.
-///
-/// # Panics
-/// As [`gemm`]; also if the CPU does not run `isa` ([`Isa::available`]).
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_isa(
     isa: Isa,
     op_a: Op,
     op_b: Op,
@@ -507,15 +488,30 @@ pub fn gemm_isa(
         return;
     }
     assert!(isa.available(), "gemm: this CPU does not run {} instructions", isa.name());
+    let p = Product { op_a, op_b, m, n, k, alpha, a, b, beta };
     match isa {
         // SAFETY: the binary's own target features, checked at start-up.
-        Isa::F32x8 => unsafe { blocks::<F32x8Tile, 6, 16>(op_a, op_b, m, n, k, alpha, a, b, beta, c, pack) },
+        Isa::F32x8 => unsafe { blocks::<F32x8Tile, 6, 16>(&p, c, pack) },
         // SAFETY: AVX-512F detected just above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { gemm_avx512(op_a, op_b, m, n, k, alpha, a, b, beta, c, pack) },
+        Isa::Avx512 => unsafe { gemm_avx512(&p, c, pack) },
         #[cfg(not(target_arch = "x86_64"))]
         Isa::Avx512 => unreachable!("AVX-512 is never available off x86-64"),
     }
+}
+
+/// A product's operands as [`gemm`] takes them (`C` apart: it is written), checked, with `m`,
+/// `n`, `k` > 0.
+struct Product<'a> {
+    op_a: Op,
+    op_b: Op,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: &'a [f32],
+    b: &'a [f32],
+    beta: f32,
 }
 
 /// [`blocks`] with the AVX-512 kernel, compiled with AVX-512F enabled so that its intrinsics
@@ -525,43 +521,22 @@ pub fn gemm_isa(
 /// The CPU has AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_avx512(
-    op_a: Op,
-    op_b: Op,
-    m: usize,
-    n: usize,
-    k: usize,
-    alpha: f32,
-    a: &[f32],
-    b: &[f32],
-    beta: f32,
-    c: &mut [f32],
-    pack: &mut Pack,
-) {
+unsafe fn gemm_avx512(p: &Product<'_>, c: &mut [f32], pack: &mut Pack) {
     // SAFETY: the caller's contract.
-    unsafe { blocks::<ZmmTile, 8, 32>(op_a, op_b, m, n, k, alpha, a, b, beta, c, pack) }
+    unsafe { blocks::<ZmmTile, 8, 32>(p, c, pack) }
 }
 
-/// The blocked loops of [`gemm`] around micro-kernel `K` (`m`, `n`, `k` > 0, shapes checked).
+/// The blocked loops of [`gemm`] around micro-kernel `K`.
 ///
 /// # Safety
 /// The CPU runs `K`'s instructions.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn blocks<K: Micro<MR, NR>, const MR: usize, const NR: usize>(
-    op_a: Op,
-    op_b: Op,
-    m: usize,
-    n: usize,
-    k: usize,
-    alpha: f32,
-    a: &[f32],
-    b: &[f32],
-    beta: f32,
+    p: &Product<'_>,
     c: &mut [f32],
     pack: &mut Pack,
 ) {
+    let &Product { op_a, op_b, m, n, k, alpha, a, b, beta } = p;
     let nr_k = NR;
     let (ars, acs) = op_a.strides(m, k);
     let (brs, bcs) = op_b.strides(k, n);

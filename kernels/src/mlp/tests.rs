@@ -46,7 +46,7 @@ fn fast_gemms_match_scalar() {
     let mut rng = Rng::new(12);
     // Our kernel with each micro-kernel this CPU runs (the AVX-512 one only where it has
     // AVX-512F), and matrixmultiply.
-    let wide = [simd::Isa::F32x8, simd::Isa::Avx512].into_iter().filter(|isa| isa.available());
+    let wide = simd::Isa::runnable();
     let runners = wide.map(|isa| Matmul::with_isa(Backend::Wide, isa));
     for mut mm in runners.chain([Matmul::new(Backend::MatrixMultiply)]) {
         for op_a in [Op::N, Op::T] {
@@ -178,7 +178,7 @@ fn layer_gradients_match_finite_difference() {
 #[test]
 fn dense_forward_either_way_matches_scalar() {
     let mut rng = Rng::new(15);
-    let wide = [simd::Isa::F32x8, simd::Isa::Avx512].into_iter().filter(|isa| isa.available());
+    let wide = simd::Isa::runnable();
     for isa in wide {
         let mm = &mut Matmul::with_isa(Backend::Wide, isa);
         for (n, n_in, n_out) in
