@@ -387,6 +387,44 @@ pub fn params_config(t: &Transport, iterations: u64, scheme: Scheme, optimizer: 
     }
 }
 
+/// Matrix factorization (k 8, adaptive rates) in strata for [`mf_strata_config`]'s batches: on
+/// 6,000 ratings a 4 x 4 grid of blocks of about 375, most batches a round of block pieces whose
+/// chunks touch disjoint rows (their pushes put new values), the rest the loose ratings'.
+pub fn mf_strata(data: &std::path::Path) -> Result<peregrine_core::model::mf::Mf, String> {
+    let m = peregrine_core::model::mf::Mf::new(data, None, 8, 0.05, 0.05).map_err(|e| e.to_string())?;
+    Ok(m.with_adaptive(true).with_strata(MF_BATCH, MF_CHUNK))
+}
+
+const MF_BATCH: usize = 256;
+const MF_CHUNK: usize = 64;
+
+/// BSP for [`mf_strata`]: [`params_config`]'s (2 threads; with more than one rank, rank 0 slowed
+/// and its chunks taken over) in batches of 256 in chunks of 64, putting the new values of
+/// disjoint batches or not, traced into `trace` if given.
+pub fn mf_strata_config(
+    t: &Transport,
+    iterations: u64,
+    put_disjoint: bool,
+    trace: Option<std::path::PathBuf>,
+) -> Config {
+    Config {
+        put_disjoint,
+        trace,
+        batch: MF_BATCH,
+        chunk: MF_CHUNK,
+        ..params_config(t, iterations, scheme("bsp"), Optimizer::Sgd)
+    }
+}
+
+/// Pushes in rank 0's trace (`rank-0.jsonl` in `dir`) and how many of them put new values.
+pub fn traced_puts(dir: &std::path::Path) -> Result<(u64, u64), String> {
+    let path = dir.join("rank-0.jsonl");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let pushes: Vec<&str> = text.lines().filter(|l| l.contains("\"name\":\"push\"")).collect();
+    let puts = pushes.iter().filter(|l| l.contains("\"values\":1")).count();
+    Ok((pushes.len() as u64, puts as u64))
+}
+
 /// The configuration of the checkpoint tests: [`final_params_by`]'s, with a checkpoint every
 /// `every` iterations and, if given, resuming from `resume`.
 pub fn checkpoint_config(

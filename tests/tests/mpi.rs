@@ -152,3 +152,47 @@ fn bsp_model_is_the_same_over_mpi_and_local() {
         }
     }
 }
+
+/// BSP matrix factorization in strata under mpirun -n 2 and -n 4, where the pushes of batches
+/// whose chunks touch disjoint rows put the rows' new values (`MPI_Put`, not `MPI_Accumulate`):
+/// the model one local rank gives, and most pushes put values.
+#[test]
+fn bsp_mf_putting_new_values_is_the_same_over_mpi_and_local() {
+    use peregrine_kernels::data::gen::{self, RatingsSpec};
+    use peregrine_tests::training::{
+        distance, final_params_of, mf_strata, mf_strata_config, traced_puts, BSP_TOLERANCE,
+    };
+    let scratch = tempfile::Builder::new().prefix("peregrine-mpi-mf-").tempdir().expect("scratch");
+    let dir = scratch.path();
+    let data = dir.join("ratings.pgd");
+    gen::ratings(&RatingsSpec { rows: 6000, users: 200, items: 150, rank: 4, noise: 0.1, seed: 3 }, &data)
+        .expect("gen");
+    let model = mf_strata(&data).expect("model");
+    let want = peregrine_transport::run_local(1, |t| {
+        final_params_of(&t, &model, &mf_strata_config(&t, 60, true, None))
+    })
+    .expect("world")
+    .remove(0)
+    .expect("local");
+    let exe = Path::new(env!("CARGO_BIN_EXE_training"));
+    for ranks in [2, 4] {
+        let (out_file, trace) = (dir.join(format!("mf-{ranks}.txt")), dir.join(format!("trace-{ranks}")));
+        std::fs::create_dir(&trace).expect("trace dir");
+        let (d, o, tr) = (data.to_string_lossy(), out_file.to_string_lossy(), trace.to_string_lossy());
+        let out = mpirun_n(
+            ranks,
+            exe,
+            &["mf-params", "--backend", "mpi", "--data", &d, "--out", &o, "--trace", &tr],
+        );
+        assert_success(&format!("mpirun -n {ranks} training mf-params"), &out);
+        let text = std::fs::read_to_string(&out_file).expect("params file");
+        let p: Vec<f32> = text.lines().map(|l| l.parse().expect("a number")).collect();
+        let d = distance(&p, &want);
+        assert!(d <= BSP_TOLERANCE, "mpirun -n {ranks} vs local: parameters differ by {d:e} (relative)");
+        let (pushes, puts) = traced_puts(&trace).expect("trace");
+        assert!(
+            puts >= pushes / 2 && puts < pushes,
+            "mpirun -n {ranks}: {puts} of {pushes} pushes put values"
+        );
+    }
+}

@@ -169,6 +169,48 @@ fn bsp_mf_is_the_same_for_1_2_4_ranks() {
     same_model_for_every_world(|| Mf::new(&p, None, 8, 0.1, 0.1).expect("model").with_adaptive(true), 20);
 }
 
+/// MF in strata under BSP: the iterations whose chunks touch pairwise disjoint rows (rounds of
+/// block pieces) put the rows' new values instead of accumulating their changes, and the model is
+/// the one accumulating gives (up to rounding: `w + (new - w)` against `new`): on 2 ranks of 2
+/// threads, rank 0 slowed and its chunks taken over, and on 4 ranks against 1. The ranks' traces
+/// say which pushes put values: most iterations, not all (the loose ratings' batches share rows).
+#[test]
+fn bsp_mf_in_strata_puts_new_values_and_trains_the_model_of_accumulates() {
+    use peregrine_tests::training::{final_params_of, mf_strata, mf_strata_config, traced_puts};
+    let tmp = scratch("mf-puts");
+    let p = tmp.path().join("ratings.pgd");
+    gen::ratings(&RatingsSpec { rows: 6000, users: 200, items: 150, rank: 4, noise: 0.1, seed: 3 }, &p)
+        .expect("gen");
+    let model = mf_strata(&p).expect("model");
+    let iterations = 60;
+    let run = |world: usize, put_disjoint: bool, name: &str| {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir(&dir).expect("trace dir");
+        let p = run_local(world, |t| {
+            final_params_of(&t, &model, &mf_strata_config(&t, iterations, put_disjoint, Some(dir.clone())))
+        })
+        .expect("world")
+        .remove(0)
+        .unwrap_or_else(|e| panic!("{world} ranks, put_disjoint {put_disjoint}: {e}"));
+        let (pushes, puts) = traced_puts(&dir).expect("trace");
+        assert_eq!(pushes, iterations, "{name}: one push an iteration");
+        (p, puts)
+    };
+    let ((put, n), (added, none)) = (run(2, true, "put-2"), run(2, false, "add-2"));
+    let d = distance(&put, &added);
+    assert!(d <= BSP_TOLERANCE, "puts and accumulates: models differ by {d:e}");
+    assert!(n >= iterations / 2 && n < iterations, "{n} of {iterations} pushes put values");
+    assert_eq!(none, 0, "put_disjoint false still put values");
+    let (one, n1) = run(1, true, "put-1");
+    assert_eq!(n1, n, "1 rank put values in other iterations than 2");
+    let (four, _) = run(4, true, "put-4");
+    let d = distance(&four, &one);
+    assert!(d <= BSP_TOLERANCE, "4 ranks vs 1: models differ by {d:e}");
+    let mut init = vec![0.0; model.layout().params];
+    model.init(5, 0..init.len(), &mut init);
+    assert!(distance(&one, &init) > 0.1, "the model did not move");
+}
+
 /// The gradient `m` drains for `rows` at `params` (one work buffer, scale 1), as a dense vector.
 fn drained<M: Model>(m: &M, rows: std::ops::Range<usize>, params: &[f32]) -> (f64, Vec<f32>) {
     let mut work = m.work(rows.len());

@@ -444,7 +444,11 @@ impl<M: Model> Run<'_, M> {
         self.watch.chunk_started();
         let delay = f64::from_bits(self.delay.load(Ordering::Relaxed));
         let cpu0 = (delay > 0.0).then(thread_cpu_time);
-        let loss = self.model.compute_in(self.plan.epoch(it), rows, params, work);
+        let loss = if self.values.load(Ordering::Relaxed) {
+            self.model.compute_values(self.plan.epoch(it), rows, params, work)
+        } else {
+            self.model.compute_in(self.plan.epoch(it), rows, params, work)
+        };
         let computed = Span::now();
         if let Some(cpu0) = cpu0 {
             // The chunk's CPU time, not its wall time: a slower core stretches the compute, and

@@ -242,6 +242,11 @@ pub struct Config {
     /// of a small model costs less than finding the keys of a batch (Adult's 122 weights: one
     /// 0.5 KB get instead of a pass over 340k feature indices per iteration).
     pub dense_pull_below: usize,
+    /// Under a synchronous scheme (BSP, LB-BSP) without copies of chunks, the iterations whose
+    /// chunks touch pairwise disjoint keys ([`Model::disjoint`]: MF's strata) push their keys'
+    /// new values as puts instead of their changes as accumulates; `false` always accumulates
+    /// (the same model up to rounding: `w + (new - w)` against `new`).
+    pub put_disjoint: bool,
     /// With `Some`, a thread beside each rank's loop ends the job when the rank makes no progress
     /// for [`Watchdog::after`] (see `watch`).
     pub watchdog: Option<Watchdog>,
@@ -270,6 +275,7 @@ impl Default for Config {
             schedule: Schedule::default(),
             stop_on_stall: false,
             dense_pull_below: 1 << 16,
+            put_disjoint: true,
             checkpoint_every: 0,
             checkpoint_budget: None,
             checkpoint_seconds: None,

@@ -456,6 +456,23 @@ impl Params {
         Ok(())
     }
 
+    /// Puts `delta`'s values at its touched keys (their new values: the iteration's chunks touched
+    /// disjoint keys, [`crate::model::Model::disjoint`]) into the owning shards, completed at the
+    /// targets on return: one put per run of touched keys, never the whole vector (the keys it
+    /// does not touch belong to other ranks' chunks, or to none).
+    pub(super) fn put_values(&self, delta: &mut Delta, b: &mut PushBufs) -> Result<(), TrainError> {
+        let ranges = &mut b.ranges;
+        delta.key_ranges(ranges);
+        let values = delta.values();
+        self.w.write_scope(|s| {
+            for r in ranges.iter() {
+                s.put(r.start, &values[r.clone()])?;
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+
     /// Whether the optimizer steps at the owners (see the module docs): pulls read the weights
     /// only, pushes ([`push_gradient`](Self::push_gradient)) write the gradient slots, and
     /// every rank steps its own shard ([`step_owned`](Self::step_owned)) once the iteration's

@@ -3,7 +3,7 @@
 
 use std::io::Write;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -63,6 +63,14 @@ pub(super) struct Run<'a, M: Model> {
     pub iter_busy: AtomicU64,
     /// When the current iteration's compute began.
     pub iter_start: Mutex<Instant>,
+    /// Whether iterations whose chunks touch pairwise disjoint keys push their new values as
+    /// puts ([`Config::put_disjoint`](super::Config::put_disjoint)): under a synchronous policy
+    /// without copies of chunks, for a model whose update is its own (not a gradient an
+    /// optimizer steps with) pulled from the shared windows (not replicated).
+    pub puts: bool,
+    /// Whether the current iteration's chunks compute their keys' new values
+    /// ([`Model::compute_values`]), pushed as puts.
+    pub values: AtomicBool,
     /// This rank's chunks of the current iteration (global chunk numbers).
     pub own: Mutex<Range<usize>>,
     pub disruptor: Option<Disruptor>,
@@ -77,7 +85,7 @@ pub(super) struct Run<'a, M: Model> {
     /// Requests whose checkpoint this rank has taken.
     pub settled: AtomicU64,
     /// Rank 0: a timed checkpoint is due ([`Config::checkpoint_seconds`]).
-    pub timed: std::sync::atomic::AtomicBool,
+    pub timed: AtomicBool,
     /// This rank's progress marks, for the watchdog.
     pub watch: &'a Watch,
     /// This rank's timeline, when traced.
@@ -189,13 +197,20 @@ impl<'a, M: Model> Run<'a, M> {
             iter_chunks: AtomicU64::new(0),
             iter_busy: AtomicU64::new(0),
             iter_start: Mutex::new(Instant::now()),
+            puts: cfg.put_disjoint
+                && policy.synchronous()
+                && !policy.copies()
+                && !replicated
+                && !owner_steps
+                && model.lr().is_none(),
+            values: AtomicBool::new(false),
             own: Mutex::new(0..0),
             disruptor: cfg.inject.disruptor(t.rank(), &pool.placement().cpus, pool.max_threads()),
             stops: t.alloc_window("stop iterations", &ShardMap::from_lens(vec![1; t.world_size()]))?,
             current: AtomicU64::new(cfg.start_iteration()),
             published: AtomicU64::new(0),
             settled: AtomicU64::new(0),
-            timed: std::sync::atomic::AtomicBool::new(false),
+            timed: AtomicBool::new(false),
             watch,
             trace,
             traced_split: AtomicU64::new(u64::MAX),
@@ -561,6 +576,10 @@ impl<'a, M: Model> Run<'a, M> {
             }
         }
         *self.own.lock().expect("own chunks") = part;
+        let values = self.puts
+            && self.update_scale(it) == 1.0
+            && self.model.disjoint(self.plan.batch_rows(it), self.plan.chunk());
+        self.values.store(values, Ordering::Relaxed);
         policy.open(&view, it)?;
         let tag = queue::tag(it);
         self.clocks.start(tag, n_chunks)?;
@@ -670,20 +689,23 @@ impl<'a, M: Model> Run<'a, M> {
         let admit = policy.admit(&view, it, computing.elapsed(), rec)?;
         let batch_rows = self.plan.batch_rows(it).len();
         let cfg = self.cfg;
-        let sched = cfg.schedule.factor(it, self.plan.iters_per_epoch(), cfg.iterations) as f32;
         let step = match self.model.lr() {
             // The rank's contribution to the iteration's mean gradient, and its share.
             Some(lr) if cfg.optimizer.slots() > 0 => {
                 let per_row = admit.scale / batch_rows.max(1) as f32;
                 self.drain(per_row, &mut me.delta, rec);
                 let share = per_row * rec.rows as f32;
+                let sched = cfg.schedule.factor(it, self.plan.iters_per_epoch(), cfg.iterations) as f32;
                 Some(Step { lr: lr * sched, share, t: it + 1 })
             }
             _ => {
-                self.drain(self.model.scale(batch_rows) * sched * admit.scale, &mut me.delta, rec);
+                self.drain(self.update_scale(it) * admit.scale, &mut me.delta, rec);
                 None
             }
         };
+        // New values (a synchronous scheme admits every update whole: see `Run::puts`).
+        let values = self.values.load(Ordering::Relaxed);
+        debug_assert!(!values || admit.scale == 1.0, "new values scaled by {}", admit.scale);
         if self.params.replicated() {
             // This rank's replica steps by itself and is published for its neighbours.
             self.params.step_own(admit.apply.then_some(&me.delta), step, &mut me.mixed, &mut me.push)?;
@@ -696,6 +718,8 @@ impl<'a, M: Model> Run<'a, M> {
             // Zeros when there is nothing to add: the slots hold what was put last.
             self.params.push_gradient(&me.delta)?;
             me.step = step;
+        } else if values && admit.apply {
+            self.params.put_values(&mut me.delta, &mut me.push)?;
         } else if admit.apply && !me.delta.is_empty() && step.is_none_or(|s| s.share > 0.0) {
             // A model pulled whole stepped with the state read with it.
             let pulled =
@@ -713,7 +737,10 @@ impl<'a, M: Model> Run<'a, M> {
         rec.comm += c2.elapsed().as_secs_f64();
         me.samples += batch_rows as u64;
         if let Some(t) = &self.trace {
-            let args = Args::default().int("iter", it).num("scale", f64::from(admit.scale));
+            let mut args = Args::default().int("iter", it).num("scale", f64::from(admit.scale));
+            if values {
+                args = args.int("values", 1);
+            }
             t.end(
                 "push",
                 "comm",
@@ -725,6 +752,14 @@ impl<'a, M: Model> Run<'a, M> {
             }
         }
         Ok(())
+    }
+
+    /// The factor on iteration `it`'s update of a model that steps by itself: the model's scale
+    /// for the batch and the learning-rate schedule's (before the policy's own).
+    fn update_scale(&self, it: u64) -> f32 {
+        let cfg = self.cfg;
+        let sched = cfg.schedule.factor(it, self.plan.iters_per_epoch(), cfg.iterations) as f32;
+        self.model.scale(self.plan.batch_rows(it).len()) * sched
     }
 
     /// Closes the iteration: its record to the policy, the totals and the metrics; then the

@@ -97,6 +97,11 @@ struct Grid {
     items: Vec<u32>,
     ratings: Vec<f32>,
     chunk: usize,
+    /// Chunks a batch (`C`).
+    bins: usize,
+    /// Per batch of `bins` slots, whether its slots' keys are pairwise disjoint: its slots are
+    /// all block pieces of one round, not loose ratings ([`Model::disjoint`]).
+    disjoint: Vec<bool>,
     /// Where slot `s`'s keys start in `keys` (one more entry than slots).
     key_starts: Vec<usize>,
     keys: Vec<u32>,
@@ -183,6 +188,8 @@ impl Grid {
             items: order.iter().map(|&j| r.items[j]).collect(),
             ratings: order.iter().map(|&j| r.ratings[j]).collect(),
             chunk,
+            bins,
+            disjoint: Vec::new(),
             key_starts: Vec::new(),
             keys: Vec::new(),
             slot_users: Vec::new(),
@@ -216,7 +223,32 @@ impl Grid {
             set.clear();
         }
         self.keys.shrink_to_fit();
+        // A key's batch when last seen (the slots' own keys are distinct).
+        let mut seen = vec![usize::MAX; rows];
+        let slots = self.key_starts.len() - 1;
+        self.disjoint = (0..slots.div_ceil(self.bins))
+            .map(|b| {
+                let mut disjoint = true;
+                for s in b * self.bins..((b + 1) * self.bins).min(slots) {
+                    for &key in self.keys_of(s) {
+                        disjoint &= seen[key as usize] != b;
+                        seen[key as usize] = b;
+                    }
+                }
+                disjoint
+            })
+            .collect();
         self
+    }
+
+    /// Whether `rows` are one batch of the layout (`bins` slots from a multiple of that, cut in
+    /// chunks of this layout's) whose slots touch pairwise disjoint keys.
+    fn disjoint(&self, rows: &Range<usize>, chunk: usize) -> bool {
+        let len = self.bins * self.chunk;
+        chunk == self.chunk
+            && rows.start.is_multiple_of(len)
+            && rows.end == (rows.start + len).min(self.users.len())
+            && self.disjoint.get(rows.start / len).copied().unwrap_or(false)
     }
 
     /// The keys of `rows` if they are one chunk-sized slot of the layout (a chunk the engine
@@ -396,14 +428,45 @@ impl Mf {
         }
     }
 
-    /// A chunk on a copy of the whole model, at the keys its ratings touch (any rows: not one
-    /// slot of the strata, or no strata).
-    fn compute_scattered(&self, epoch: u64, rows: Range<usize>, params: &[f32], work: &mut Copies) -> f64 {
+    /// A chunk of pass `epoch` into `work`: what it changed, or its rows' new values
+    /// ([`Model::compute_values`]). A chunk that is one slot of the strata runs on its rows
+    /// gathered side by side ([`Copies::gather`]: a few hundred rows, where the whole model's
+    /// copy scatters them over all of it), its ratings indexed by their places among them.
+    fn chunk(&self, epoch: u64, rows: Range<usize>, params: &[f32], work: &mut Copies, values: bool) -> f64 {
+        let l = self.layout();
+        let Some(slot) = self.grid.as_ref().and_then(|g| g.slot(&rows)) else {
+            return self.compute_scattered(epoch, rows, params, work, values);
+        };
+        let rows = work.gather(l, params, slot.keys);
+        let (u, v) = rows.split_at_mut(slot.users * l.width);
+        let sse = self.sgd(epoch, &slot.local, u, v);
+        if values {
+            work.keep_gathered(l, slot.keys);
+        } else {
+            work.settle_gathered(l, params, slot.keys);
+        }
+        sse
+    }
+
+    /// [`Mf::chunk`] on a copy of the whole model, at the keys its ratings touch (any rows: not
+    /// one slot of the strata, or no strata).
+    fn compute_scattered(
+        &self,
+        epoch: u64,
+        rows: Range<usize>,
+        params: &[f32],
+        work: &mut Copies,
+        values: bool,
+    ) -> f64 {
         let l = self.layout();
         let local = work.take(l, params, |set| self.keys(rows.clone(), set));
         let (u, v) = local.split_at_mut(self.users * self.width());
         let sse = self.sgd(epoch, &self.train_rows(rows), u, v);
-        work.settle(l, params);
+        if values {
+            work.keep(l);
+        } else {
+            work.settle(l, params);
+        }
         sse
     }
 
@@ -481,19 +544,19 @@ impl Model for Mf {
         self.compute_in(1, rows, params, work)
     }
 
-    /// A chunk that is one slot of the strata runs on its rows gathered side by side
-    /// ([`Copies::gather`]: a few hundred rows, where the whole model's copy scatters them over
-    /// all of it), its ratings indexed by their places among them.
+    /// See [`Mf::chunk`].
     fn compute_in(&self, epoch: u64, rows: Range<usize>, params: &[f32], work: &mut Copies) -> f64 {
-        let l = self.layout();
-        if let Some(slot) = self.grid.as_ref().and_then(|g| g.slot(&rows)) {
-            let rows = work.gather(l, params, slot.keys);
-            let (u, v) = rows.split_at_mut(slot.users * l.width);
-            let sse = self.sgd(epoch, &slot.local, u, v);
-            work.settle_gathered(l, params, slot.keys);
-            return sse;
-        }
-        self.compute_scattered(epoch, rows, params, work)
+        self.chunk(epoch, rows, params, work, false)
+    }
+
+    /// The batches of a round of the strata: each chunk one block piece, the blocks sharing no
+    /// user band and no item band (the loose ratings' batches share rows).
+    fn disjoint(&self, batch: Range<usize>, chunk: usize) -> bool {
+        self.grid.as_ref().is_some_and(|g| g.disjoint(&batch, chunk))
+    }
+
+    fn compute_values(&self, epoch: u64, rows: Range<usize>, params: &[f32], work: &mut Copies) -> f64 {
+        self.chunk(epoch, rows, params, work, true)
     }
 
     fn drain(&self, work: &mut Copies, scale: f32, delta: &mut Delta) {
@@ -660,6 +723,84 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_is_disjoint_where_its_chunks_share_no_row_and_they_then_leave_new_values() {
+        // 20,000 ratings, batches of 8 chunks of 128: 8 x 8 blocks of about 312 ratings, two
+        // pieces each and the rest loose.
+        let (_dir, path) =
+            generated(RatingsSpec { rows: 20_000, users: 200, items: 150, rank: 3, noise: 0.1, seed: 9 });
+        let (n, batch, chunk) = (20_000, 1024, 128);
+        let m = Mf::new(&path, None, 12, 0.05, 0.02)
+            .expect("model")
+            .with_adaptive(true)
+            .with_strata(batch, chunk);
+        let l = m.layout();
+        let mut disjoint = 0;
+        for start in (0..n).step_by(batch) {
+            let rows = start..(start + batch).min(n);
+            // The chunks' keys, as the model reads them, pairwise disjoint or not.
+            let mut seen = HashSet::new();
+            for c in rows.clone().step_by(chunk) {
+                let mut set = KeySet::new(l.keys());
+                m.keys(c..(c + chunk).min(rows.end), &mut set);
+                seen.extend(set.keys().iter().map(|&k| (c, k)));
+            }
+            let keys: HashSet<u32> = seen.iter().map(|&(_, k)| k).collect();
+            let expect = keys.len() == seen.len();
+            assert_eq!(m.disjoint(rows.clone(), chunk), expect, "{rows:?}");
+            disjoint += usize::from(expect);
+            // Not one of the layout's batches: other chunks, or misaligned, or cut short.
+            assert!(!m.disjoint(rows.clone(), chunk / 2), "{rows:?} in chunks of {}", chunk / 2);
+            assert!(!m.disjoint(rows.start + 1..rows.end, chunk), "{rows:?} from one row on");
+            assert!(!m.disjoint(rows.start..rows.end - 1, chunk), "{rows:?} less its last row");
+        }
+        // 20 batches: 8 strata of 2 rounds of block pieces (16 disjoint here), then the loose
+        // ratings' batches.
+        assert!((10..20).contains(&disjoint), "{disjoint} of 20 batches disjoint");
+        assert!(
+            !Mf::new(&path, None, 12, 0.05, 0.02).expect("model").disjoint(0..batch, chunk),
+            "without strata"
+        );
+
+        // A chunk's new values are the snapshot plus its change, on its gathered rows (a slot) and on
+        // the whole copy (any rows), in the first pass and a later one, drained into an update that
+        // is zero at its keys.
+        let mut params = vec![0.0; l.params];
+        m.init(3, 0..l.params, &mut params);
+        for rows in [0..chunk, 3 * chunk..4 * chunk, 5..chunk + 5] {
+            for epoch in [0, 1] {
+                let (mut a, mut b) = (m.work(chunk), m.work(chunk));
+                let sa = m.compute_in(epoch, rows.clone(), &params, &mut a);
+                let sb = m.compute_values(epoch, rows.clone(), &params, &mut b);
+                assert_eq!(sa.to_bits(), sb.to_bits(), "{rows:?}, epoch {epoch}: error");
+                let (mut change, mut values) = (Delta::new(l), Delta::new(l));
+                m.drain(&mut a, 1.0, &mut change);
+                m.drain(&mut b, 1.0, &mut values);
+                let (mut ra, mut rb) = (Vec::new(), Vec::new());
+                change.key_ranges(&mut ra);
+                values.key_ranges(&mut rb);
+                assert_eq!(ra, rb, "{rows:?}, epoch {epoch}: keys");
+                let mut moved = 0;
+                for j in ra.into_iter().flatten() {
+                    let want = params[j] + change.values()[j];
+                    let got = values.values()[j];
+                    assert!(
+                        (got - want).abs() <= 1e-6 * (1.0 + want.abs()),
+                        "{rows:?}, {j}: {got} vs {want}"
+                    );
+                    moved += usize::from(got != params[j]);
+                }
+                assert!(moved > chunk, "{rows:?}, epoch {epoch}: {moved} values moved");
+                // The buffers are left as drained: a second chunk's values land on zeros.
+                let sc = m.compute_values(epoch, rows.clone(), &params, &mut b);
+                assert_eq!(sc.to_bits(), sa.to_bits());
+                let mut again = Delta::new(l);
+                m.drain(&mut b, 1.0, &mut again);
+                assert_eq!(again.values(), values.values(), "{rows:?}, epoch {epoch}: computed again");
+            }
+        }
+    }
+
+    #[test]
     fn a_slot_on_its_gathered_rows_changes_what_it_would_on_the_whole_copy() {
         // 20,000 ratings in 8 x 8 blocks of 128: every chunk-sized slot, the first pass and a
         // later one, with biases or without, plain or adaptive rates.
@@ -684,7 +825,7 @@ mod tests {
                         if gathered {
                             m.compute_in(epoch, rows.clone(), &params, c)
                         } else {
-                            m.compute_scattered(epoch, rows.clone(), &params, c)
+                            m.compute_scattered(epoch, rows.clone(), &params, c, false)
                         }
                     };
                     let (mut a, mut b) = (m.work(128), m.work(128));

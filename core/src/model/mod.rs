@@ -331,7 +331,9 @@ impl Delta {
 /// A thread's private copy of the keys a chunk touches, and the change its chunks made: the
 /// buffers of models whose chunk runs on a copy of the iteration's snapshot and whose update is
 /// what the chunk changed (matrix factorization's SGD, LDA's Gibbs sweep). Chunks of one
-/// iteration thus start from the same parameters whichever rank or thread computes them.
+/// iteration thus start from the same parameters whichever rank or thread computes them. Chunks
+/// of a [`disjoint`](Model::disjoint) batch leave their keys' new values instead
+/// ([`keep`](Self::keep), [`keep_gathered`](Self::keep_gathered)).
 #[derive(Debug)]
 pub struct Copies {
     local: Vec<f32>,
@@ -393,6 +395,20 @@ impl Copies {
         self.keys.extend(keys);
     }
 
+    /// Writes the rows [`gather`](Self::gather) copied for `keys` (the same keys), as the chunk
+    /// left them, into the update: their new values rather than their change, for a chunk whose
+    /// keys no other chunk of the iteration touches ([`Model::disjoint`]).
+    pub fn keep_gathered(&mut self, layout: Layout, keys: &[u32]) {
+        let w = layout.width;
+        debug_assert_eq!(self.gathered.len(), keys.len() * w, "keep_gathered: the keys gathered");
+        for (row, &key) in self.gathered.chunks_exact(w).zip(keys) {
+            let r = layout.range(key);
+            let n = r.len();
+            self.acc[r].copy_from_slice(&row[..n]);
+        }
+        self.keys.extend(keys);
+    }
+
     /// Copies the keys `keys` adds (the chunk's) from `params`; returns the copy to work on
     /// (valid at those keys).
     pub fn take(&mut self, layout: Layout, params: &[f32], keys: impl FnOnce(&mut KeySet)) -> &mut [f32] {
@@ -409,6 +425,17 @@ impl Copies {
         for &key in self.chunk_keys.keys() {
             let r = layout.range(key);
             add_change(&mut self.acc[r.clone()], &self.local[r.clone()], &params[r]);
+        }
+        self.keys.extend(self.chunk_keys.keys());
+        self.chunk_keys.clear();
+    }
+
+    /// Writes the copy's values at the chunk's keys into the update: their new values rather
+    /// than their change, as [`keep_gathered`](Self::keep_gathered) does.
+    pub fn keep(&mut self, layout: Layout) {
+        for &key in self.chunk_keys.keys() {
+            let r = layout.range(key);
+            self.acc[r.clone()].copy_from_slice(&self.local[r]);
         }
         self.keys.extend(self.chunk_keys.keys());
         self.chunk_keys.clear();
@@ -542,6 +569,29 @@ pub trait Model: Send + Sync {
     fn compute_in(&self, epoch: u64, rows: Range<usize>, params: &[f32], work: &mut Self::Work) -> f64 {
         let _ = epoch;
         self.compute(rows, params, work)
+    }
+
+    /// Whether the chunks of `chunk` rows that training rows `batch` (one iteration's batch)
+    /// are cut into touch pairwise disjoint keys. Then, under a scheme whose ranks all start an
+    /// iteration from one snapshot and apply every update whole (BSP), a key's value after the
+    /// iteration is what the one chunk that touched it left: the engine has those chunks
+    /// compute their keys' new values ([`compute_values`](Self::compute_values)) and pushes
+    /// them as puts, instead of their changes as accumulates (no subtraction in the chunk, no
+    /// read and sum at the target). No by default; MF's strata say yes for their batches of
+    /// block pieces.
+    fn disjoint(&self, batch: Range<usize>, chunk: usize) -> bool {
+        let _ = (batch, chunk);
+        false
+    }
+
+    /// As [`compute_in`](Self::compute_in), leaving in `work` the new values of the keys the
+    /// rows touch instead of what the rows changed ([`drain`](Self::drain) with scale 1 then
+    /// writes those values into an update that is zero there). The engine calls it only for the
+    /// chunks of batches the model calls [`disjoint`](Self::disjoint); a model that can say so
+    /// implements it.
+    fn compute_values(&self, epoch: u64, rows: Range<usize>, params: &[f32], work: &mut Self::Work) -> f64 {
+        let _ = (epoch, rows, params, work);
+        unreachable!("{}: a model with disjoint batches computes new values", self.name())
     }
 
     /// Adds `scale` times what `work` accumulated to `delta`, and clears `work`.

@@ -7,11 +7,14 @@
 //! scheme at least), and with the active thread count changing between iterations.
 //! `training params --data FILE --out FILE [--optimizer NAME] [--backend ...] [--ranks N]`: BSP
 //! logistic regression on FILE; rank 0 writes the final parameters, one per line, to `--out`.
+//! `training mf-params --data FILE --out FILE --trace DIR [--backend ...] [--ranks N]`: BSP matrix
+//! factorization in strata on the ratings in FILE (`training::mf_strata`), the pushes of disjoint
+//! batches putting new values, traced into DIR; rank 0 writes the final parameters to `--out`.
 
 use std::process::ExitCode;
 
 use peregrine_core::model::lr::LogReg;
-use peregrine_tests::training::{exactly_once, exactly_once_elastic, final_params_by, scheme};
+use peregrine_tests::training::{self, exactly_once, exactly_once_elastic, final_params_by, scheme};
 use peregrine_transport::{Backend, Transport};
 
 fn main() -> ExitCode {
@@ -20,6 +23,7 @@ fn main() -> ExitCode {
     let (mut backend, mut ranks, mut threads) = (Backend::detect(), 2usize, 2usize);
     let mut takeover = true;
     let (mut data, mut out, mut optimizer) = (None, None, peregrine_core::optim::Optimizer::Sgd);
+    let mut trace = None;
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
         let v = it.next().unwrap_or_default();
@@ -45,6 +49,10 @@ fn main() -> ExitCode {
             "--optimizer" => v.parse().map(|o| optimizer = o).is_ok(),
             "--out" => {
                 out = Some(v.clone());
+                true
+            }
+            "--trace" => {
+                trace = Some(std::path::PathBuf::from(&v));
                 true
             }
             _ => false,
@@ -97,7 +105,19 @@ fn main() -> ExitCode {
                 }
                 Ok(())
             })(),
-            _ => Err(format!("unknown mode `{mode}`: expected exactly-once or params")),
+            "mf-params" => (|| {
+                let data = data.as_deref().ok_or("--data is required")?;
+                let model = training::mf_strata(std::path::Path::new(data))?;
+                let cfg = training::mf_strata_config(&t, 60, true, Some(trace.clone().ok_or("--trace is required")?));
+                let p = training::final_params_of(&t, &model, &cfg)?;
+                if t.rank() == 0 {
+                    let out = out.as_deref().ok_or("--out is required")?;
+                    let text: String = p.iter().map(|w| format!("{w:e}\n")).collect();
+                    std::fs::write(out, text).map_err(|e| format!("{out}: {e}"))?;
+                }
+                Ok(())
+            })(),
+            _ => Err(format!("unknown mode `{mode}`: expected exactly-once, params or mf-params")),
         };
         match result {
             Ok(()) => true,
