@@ -592,7 +592,9 @@ pub(crate) trait Policy: Send + Sync {
 
     /// Whether `ready(it)` holds only once every rank has pushed its update of `it` in full
     /// (BSP): the engine may then step a dense model's optimizer at the owners of the parameters
-    /// with the iteration's summed gradient, instead of every rank stepping with its share.
+    /// with the iteration's summed gradient, instead of every rank stepping with its share, and
+    /// put the new values of batches whose chunks touch disjoint keys (`Model::disjoint`). Such
+    /// a policy admits every update whole ([`Admit::FULL`]): new values cannot be scaled.
     fn synchronous(&self) -> bool {
         false
     }
