@@ -703,7 +703,7 @@ impl<'a, M: Model> Run<'a, M> {
                 None
             }
         };
-        // New values (a synchronous scheme admits every update whole: see `Run::puts`).
+        // New values (a synchronous scheme admits every update whole: `Policy::synchronous`).
         let values = self.values.load(Ordering::Relaxed);
         debug_assert!(!values || admit.scale == 1.0, "new values scaled by {}", admit.scale);
         if self.params.replicated() {
