@@ -384,7 +384,7 @@ impl Params {
         let PushBufs { ranges, data, sranges, st, ds, z } = b;
         let params = delta.layout().params;
         let Some(step) = step else {
-            return add_delta(&self.w, delta, ranges);
+            return write_delta(&self.w, delta, ranges, true);
         };
         let (state, k, derived) = (self.state(), self.slots, self.opt.derived());
         // What steps: every parameter of a model pulled whole (untouched ones with a zero
@@ -458,19 +458,9 @@ impl Params {
 
     /// Puts `delta`'s values at its touched keys (their new values: the iteration's chunks touched
     /// disjoint keys, [`crate::model::Model::disjoint`]) into the owning shards, completed at the
-    /// targets on return: one put per run of touched keys, never the whole vector (the keys it
-    /// does not touch belong to other ranks' chunks, or to none).
+    /// targets on return ([`write_delta`]).
     pub(super) fn put_values(&self, delta: &mut Delta, b: &mut PushBufs) -> Result<(), TrainError> {
-        let ranges = &mut b.ranges;
-        delta.key_ranges(ranges);
-        let values = delta.values();
-        self.w.write_scope(|s| {
-            for r in ranges.iter() {
-                s.put(r.start, &values[r.clone()])?;
-            }
-            Ok(())
-        })?;
-        Ok(())
+        write_delta(&self.w, delta, &mut b.ranges, false)
     }
 
     /// Whether the optimizer steps at the owners (see the module docs): pulls read the weights
@@ -562,11 +552,18 @@ pub(super) fn owner_steps_apply(
     synchronous && !replicated && !keyed && stepped && opt.slots() > 0 && !opt.derived()
 }
 
-/// Adds `delta` into window `w` straight from its values (no gathering copy), completed at the
-/// targets on return: its touched ranges, or the whole vector when they are too [`scattered`].
-fn add_delta(w: &Window<f32>, delta: &mut Delta, ranges: &mut Vec<Range<usize>>) -> Result<(), TrainError> {
+/// Writes `delta` into window `w` straight from its values (no gathering copy), completed at the
+/// targets on return: adds it (`accumulate`) at its touched ranges, or over the whole vector
+/// when they are too [`scattered`]; or puts it (new values) at its touched ranges only, one put
+/// per run of touched keys (the keys it does not touch belong to other ranks' chunks, or to none).
+fn write_delta(
+    w: &Window<f32>,
+    delta: &mut Delta,
+    ranges: &mut Vec<Range<usize>>,
+    accumulate: bool,
+) -> Result<(), TrainError> {
     let (runs, len) = (delta.runs(), delta.layout().params);
-    if runs > 1 && scattered(runs, len) {
+    if accumulate && runs > 1 && scattered(runs, len) {
         ranges.clear();
         ranges.push(0..len);
     } else {
@@ -575,7 +572,11 @@ fn add_delta(w: &Window<f32>, delta: &mut Delta, ranges: &mut Vec<Range<usize>>)
     let values = delta.values();
     w.write_scope(|s| {
         for r in ranges.iter().filter(|r| !r.is_empty()) {
-            s.accumulate(r.start, &values[r.clone()])?;
+            if accumulate {
+                s.accumulate(r.start, &values[r.clone()])?;
+            } else {
+                s.put(r.start, &values[r.clone()])?;
+            }
         }
         Ok(())
     })?;

@@ -298,7 +298,7 @@ impl Model for Lda {
         for d in rows {
             loss += self.sample_doc(x, d, local, &mut work.p);
         }
-        work.copies.settle(l, params);
+        work.copies.settle(l, Some(params));
         loss
     }
 

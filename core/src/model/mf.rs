@@ -440,11 +440,7 @@ impl Mf {
         let rows = work.gather(l, params, slot.keys);
         let (u, v) = rows.split_at_mut(slot.users * l.width);
         let sse = self.sgd(epoch, &slot.local, u, v);
-        if values {
-            work.keep_gathered(l, slot.keys);
-        } else {
-            work.settle_gathered(l, params, slot.keys);
-        }
+        work.settle_gathered(l, (!values).then_some(params), slot.keys);
         sse
     }
 
@@ -462,11 +458,7 @@ impl Mf {
         let local = work.take(l, params, |set| self.keys(rows.clone(), set));
         let (u, v) = local.split_at_mut(self.users * self.width());
         let sse = self.sgd(epoch, &self.train_rows(rows), u, v);
-        if values {
-            work.keep(l);
-        } else {
-            work.settle(l, params);
-        }
+        work.settle(l, (!values).then_some(params));
         sse
     }
 

@@ -332,8 +332,8 @@ impl Delta {
 /// buffers of models whose chunk runs on a copy of the iteration's snapshot and whose update is
 /// what the chunk changed (matrix factorization's SGD, LDA's Gibbs sweep). Chunks of one
 /// iteration thus start from the same parameters whichever rank or thread computes them. Chunks
-/// of a [`disjoint`](Model::disjoint) batch leave their keys' new values instead
-/// ([`keep`](Self::keep), [`keep_gathered`](Self::keep_gathered)).
+/// of a [`disjoint`](Model::disjoint) batch leave their keys' new values instead (settled
+/// without a snapshot).
 #[derive(Debug)]
 pub struct Copies {
     local: Vec<f32>,
@@ -344,11 +344,17 @@ pub struct Copies {
     gathered: Vec<f32>,
 }
 
-/// `acc += new - old`, element by element (a row's change added to the update).
+/// A row a chunk left, `new`, into the update's `acc`: its change against the snapshot's row
+/// (`acc += new - old`, element by element), or with no snapshot its new values (copied).
 #[inline]
-fn add_change(acc: &mut [f32], new: &[f32], old: &[f32]) {
+fn settle_row(acc: &mut [f32], new: &[f32], old: Option<&[f32]>) {
     // Equal lengths, stated: the loop compiles to vector code without bounds checks.
-    let (new, old) = (&new[..acc.len()], &old[..acc.len()]);
+    let new = &new[..acc.len()];
+    let Some(old) = old else {
+        acc.copy_from_slice(new);
+        return;
+    };
+    let old = &old[..acc.len()];
     for i in 0..acc.len() {
         acc[i] += new[i] - old[i];
     }
@@ -384,27 +390,15 @@ impl Copies {
     }
 
     /// Adds what the chunk changed in the rows [`gather`](Self::gather) copied for `keys` (the
-    /// same keys), against `params`, to the update.
-    pub fn settle_gathered(&mut self, layout: Layout, params: &[f32], keys: &[u32]) {
+    /// same keys), against the snapshot `params`, to the update; with no snapshot, writes their
+    /// new values into it instead (for a chunk whose keys no other chunk of the iteration
+    /// touches: [`Model::disjoint`]).
+    pub fn settle_gathered(&mut self, layout: Layout, params: Option<&[f32]>, keys: &[u32]) {
         let w = layout.width;
         debug_assert_eq!(self.gathered.len(), keys.len() * w, "settle_gathered: the keys gathered");
         for (row, &key) in self.gathered.chunks_exact(w).zip(keys) {
             let r = layout.range(key);
-            add_change(&mut self.acc[r.clone()], row, &params[r]);
-        }
-        self.keys.extend(keys);
-    }
-
-    /// Writes the rows [`gather`](Self::gather) copied for `keys` (the same keys), as the chunk
-    /// left them, into the update: their new values rather than their change, for a chunk whose
-    /// keys no other chunk of the iteration touches ([`Model::disjoint`]).
-    pub fn keep_gathered(&mut self, layout: Layout, keys: &[u32]) {
-        let w = layout.width;
-        debug_assert_eq!(self.gathered.len(), keys.len() * w, "keep_gathered: the keys gathered");
-        for (row, &key) in self.gathered.chunks_exact(w).zip(keys) {
-            let r = layout.range(key);
-            let n = r.len();
-            self.acc[r].copy_from_slice(&row[..n]);
+            settle_row(&mut self.acc[r.clone()], row, params.map(|p| &p[r]));
         }
         self.keys.extend(keys);
     }
@@ -420,22 +414,13 @@ impl Copies {
         &mut self.local
     }
 
-    /// Adds what the chunk changed (the copy against `params`, at its keys) to the update.
-    pub fn settle(&mut self, layout: Layout, params: &[f32]) {
+    /// Adds what the chunk changed (the copy against the snapshot `params`, at its keys) to the
+    /// update; with no snapshot, writes their new values into it, as
+    /// [`settle_gathered`](Self::settle_gathered) does.
+    pub fn settle(&mut self, layout: Layout, params: Option<&[f32]>) {
         for &key in self.chunk_keys.keys() {
             let r = layout.range(key);
-            add_change(&mut self.acc[r.clone()], &self.local[r.clone()], &params[r]);
-        }
-        self.keys.extend(self.chunk_keys.keys());
-        self.chunk_keys.clear();
-    }
-
-    /// Writes the copy's values at the chunk's keys into the update: their new values rather
-    /// than their change, as [`keep_gathered`](Self::keep_gathered) does.
-    pub fn keep(&mut self, layout: Layout) {
-        for &key in self.chunk_keys.keys() {
-            let r = layout.range(key);
-            self.acc[r.clone()].copy_from_slice(&self.local[r]);
+            settle_row(&mut self.acc[r.clone()], &self.local[r.clone()], params.map(|p| &p[r]));
         }
         self.keys.extend(self.chunk_keys.keys());
         self.chunk_keys.clear();
@@ -861,7 +846,7 @@ mod tests {
             for &k in keys {
                 local[l.range(k)].iter_mut().for_each(|v| *v += 1.0);
             }
-            c.settle(l, &params);
+            c.settle(l, Some(&params));
         };
         for scale in [1.0, 0.5] {
             let (mut c, mut empty, mut filled) = (Copies::new(l), Delta::new(l), Delta::new(l));
