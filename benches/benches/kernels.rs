@@ -36,7 +36,7 @@ use std::time::{Duration, SystemTime};
 use criterion::{criterion_group, BenchmarkGroup, Criterion, SamplingMode, Throughput};
 use peregrine_kernels::lr::{Csr, SparseGrad};
 use peregrine_kernels::mlp::simd::Isa;
-use peregrine_kernels::mlp::{self, Backend, Matmul, Op};
+use peregrine_kernels::mlp::{self, Backend, Matmul, Op, Weights};
 use peregrine_kernels::{dense, lr, mf, softmax};
 
 /// SplitMix64, for reproducible inputs without a dependency.
@@ -364,23 +364,34 @@ impl Mlp {
         }
     }
 
-    /// Forward and backward through both layers; returns the summed loss.
+    /// Forward and backward through both layers, the weights in the model's order (a row per
+    /// input); returns the summed loss.
     fn step(&mut self, mm: &mut Matmul) -> f64 {
-        mlp::dense_forward(mm, &self.x, &self.w1, &self.b1, &mut self.h);
+        mlp::dense_forward(mm, &self.x, &self.w1, Weights::InOut, &self.b1, &mut self.h);
         mlp::relu(&mut self.h);
-        mlp::dense_forward(mm, &self.h, &self.w2, &self.b2, &mut self.z);
+        mlp::dense_forward(mm, &self.h, &self.w2, Weights::InOut, &self.b2, &mut self.z);
         let loss = mlp::softmax_cross_entropy(&self.z, &self.labels, &mut self.dz);
         mlp::dense_backward(
             mm,
             &self.h,
             &self.w2,
+            Weights::InOut,
             &self.dz,
             &mut self.gw2,
             &mut self.gb2,
             Some(&mut self.dh),
         );
         mlp::relu_backward(&self.h, &mut self.dh);
-        mlp::dense_backward(mm, &self.x, &self.w1, &self.dh, &mut self.gw1, &mut self.gb1, None);
+        mlp::dense_backward(
+            mm,
+            &self.x,
+            &self.w1,
+            Weights::InOut,
+            &self.dh,
+            &mut self.gw1,
+            &mut self.gb1,
+            None,
+        );
         loss
     }
 }
@@ -417,8 +428,9 @@ fn mlp_kernels(c: &mut Criterion) {
     g.finish();
 
     // The three big products of one training chunk (64 rows, the MLP's default chunk), in FLOP/s
-    // (2 m n k per product): the first layer's forward `X W1^T`, its weight gradient `dH^T X`
-    // (accumulated, as chunks add to the gradient) and the same forward at 256 rows.
+    // (2 m n k per product), the weights a row per input as the model stores them: the first
+    // layer's forward `X V1`, its weight gradient `X^T dH` (accumulated, as chunks add to the
+    // gradient) and the same forward at 256 rows.
     let mut g = c.benchmark_group("mlp_gemm");
     slow(&mut g);
     for &(shape, op_a, op_b, beta, m, n, k) in GEMMS {
@@ -439,13 +451,13 @@ fn mlp_kernels(c: &mut Criterion) {
     g.finish();
 }
 
-/// `(name, op_a, op_b, beta, m, n, k)` of the products `mlp_gemm` times: `fwd_*` is `X W1^T`,
-/// `grad_*` is `dH^T X`, accumulated.
+/// `(name, op_a, op_b, beta, m, n, k)` of the products `mlp_gemm` times: `fwd_*` is `X V1`,
+/// `grad_*` is `X^T dH`, accumulated (`V1 = W1^T`, `784 x 128`).
 type Gemm = (&'static str, Op, Op, f32, usize, usize, usize);
 const GEMMS: &[Gemm] = &[
-    ("fwd_64", Op::N, Op::T, 0.0, 64, HID, IN),
-    ("grad_64", Op::T, Op::N, 1.0, HID, IN, 64),
-    ("fwd_256", Op::N, Op::T, 0.0, 256, HID, IN),
+    ("fwd_64", Op::N, Op::N, 0.0, 64, HID, IN),
+    ("grad_64", Op::T, Op::N, 1.0, IN, HID, 64),
+    ("fwd_256", Op::N, Op::N, 0.0, 256, HID, IN),
 ];
 
 /// Criterion's output folder, found as criterion finds it.

@@ -5,11 +5,14 @@
 //! state windows as they were, f32) and `scheme` (what the ranks' policies learned, f64; see
 //! `Snapshot::scheme`), and metadata: `format = peregrine-checkpoint`, `iteration`,
 //! `train_seconds`, `evals` (JSON), `config` (the resolved configuration, to refuse resuming
-//! another run) and `crc32` (of the tensors' bytes). Writing goes to a temporary file, synced,
-//! then the newest is renamed to the previous and the temporary file to the newest, and the
-//! directory is synced: a crash leaves a whole newest or a whole previous checkpoint. Reading
-//! checks the header, the sizes and the checksum, and falls back to the previous checkpoint
-//! when the newest is damaged.
+//! another run), `param_order` (the model's [`Export::param_order`], where it has one: to refuse
+//! a vector ordered otherwise, by another version) and `crc32` (of the tensors' bytes). Writing
+//! goes to a temporary file, synced, then the newest is renamed to the previous and the
+//! temporary file to the newest, and the directory is synced: a crash leaves a whole newest or a
+//! whole previous checkpoint. Reading checks the header, the sizes and the checksum, and falls
+//! back to the previous checkpoint when the newest is damaged.
+//!
+//! [`Export::param_order`]: peregrine_core::model::Export::param_order
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -33,6 +36,8 @@ pub struct Loaded {
     pub snapshot: Snapshot,
     /// The configuration it was taken under.
     pub config: String,
+    /// The order of its parameter vector (empty: each block in its own order).
+    pub order: String,
     /// The file it came from.
     pub path: PathBuf,
     /// Why the newest checkpoint was passed over, if it was.
@@ -60,10 +65,10 @@ impl Store {
         self.newest().exists() || self.previous().exists()
     }
 
-    /// Writes `s` taken under configuration `config` as the newest checkpoint, keeping the
-    /// newest so far as the previous one.
-    pub fn save(&self, s: &Snapshot, config: &str) -> Result<(), String> {
-        let data = encode(s, config)?;
+    /// Writes `s` taken under configuration `config`, its parameters in `order`, as the newest
+    /// checkpoint, keeping the newest so far as the previous one.
+    pub fn save(&self, s: &Snapshot, config: &str, order: &str) -> Result<(), String> {
+        let data = encode(s, config, order)?;
         let (newest, tmp) = (self.newest(), self.dir.join("checkpoint.safetensors.tmp"));
         let err = |what: &str, p: &Path| {
             let p = p.display().to_string();
@@ -91,13 +96,14 @@ impl Store {
         }
         let newest = read(&self.newest());
         match newest {
-            Ok((snapshot, config)) => {
-                Ok(Some(Loaded { snapshot, config, path: self.newest(), fallback: None }))
+            Ok((snapshot, config, order)) => {
+                Ok(Some(Loaded { snapshot, config, order, path: self.newest(), fallback: None }))
             }
             Err(why) => match read(&self.previous()) {
-                Ok((snapshot, config)) => Ok(Some(Loaded {
+                Ok((snapshot, config, order)) => Ok(Some(Loaded {
                     snapshot,
                     config,
+                    order,
                     path: self.previous(),
                     fallback: Some(format!("{}: {why}", self.newest().display())),
                 })),
@@ -129,7 +135,7 @@ fn crc(params: &[u8], state: &[u8], scheme: &[u8]) -> u32 {
     h.finalize()
 }
 
-fn encode(s: &Snapshot, config: &str) -> Result<Vec<u8>, String> {
+fn encode(s: &Snapshot, config: &str, order: &str) -> Result<Vec<u8>, String> {
     let (p, st): (&[u8], &[u8]) = (bytemuck::cast_slice(&s.params), bytemuck::cast_slice(&s.state));
     let sc: &[u8] = bytemuck::cast_slice(&s.scheme);
     let mut meta = HashMap::new();
@@ -138,6 +144,9 @@ fn encode(s: &Snapshot, config: &str) -> Result<Vec<u8>, String> {
     meta.insert("train_seconds".into(), s.train_seconds.to_string());
     meta.insert("evals".into(), serde_json::to_string(&s.evals).map_err(|e| e.to_string())?);
     meta.insert("config".into(), config.to_owned());
+    if !order.is_empty() {
+        meta.insert("param_order".into(), order.to_owned());
+    }
     meta.insert("crc32".into(), format!("{:08x}", crc(p, st, sc)));
     let views = [
         ("params", TensorView::new(Dtype::F32, vec![s.params.len()], p).map_err(|e| e.to_string())?),
@@ -147,8 +156,8 @@ fn encode(s: &Snapshot, config: &str) -> Result<Vec<u8>, String> {
     safetensors::serialize(views, Some(meta)).map_err(|e| e.to_string())
 }
 
-/// A checkpoint file's state and configuration, or what is wrong with it.
-fn read(path: &Path) -> Result<(Snapshot, String), String> {
+/// A checkpoint file's state, configuration and parameter order, or what is wrong with it.
+fn read(path: &Path) -> Result<(Snapshot, String, String), String> {
     let data = std::fs::read(path).map_err(|e| e.to_string())?;
     let st = SafeTensors::deserialize(&data).map_err(|e| format!("damaged ({e})"))?;
     let (_, header) = SafeTensors::read_metadata(&data).map_err(|e| format!("damaged ({e})"))?;
@@ -188,7 +197,8 @@ fn read(path: &Path) -> Result<(Snapshot, String), String> {
         weights: Vec::new(),
         scheme,
     };
-    Ok((snapshot, get("config")?.clone()))
+    let order = meta.get("param_order").cloned().unwrap_or_default();
+    Ok((snapshot, get("config")?.clone(), order))
 }
 
 #[cfg(test)]
@@ -219,13 +229,15 @@ mod tests {
         let t = tempfile::tempdir().expect("tmp");
         let s = Store::new(t.path());
         assert!(s.load().expect("none").is_none());
-        s.save(&snapshot(10), "model = \"lr\"").expect("save");
-        s.save(&snapshot(20), "model = \"lr\"").expect("save");
+        s.save(&snapshot(10), "model = \"lr\"", "").expect("save");
+        s.save(&snapshot(20), "model = \"lr\"", "weights in x out").expect("save");
         let l = s.load().expect("load").expect("some");
         assert_eq!(l.snapshot, snapshot(20));
         assert_eq!(l.config, "model = \"lr\"");
+        assert_eq!(l.order, "weights in x out");
         assert!(l.fallback.is_none());
-        assert_eq!(read(&s.previous()).expect("previous").0, snapshot(10));
+        let previous = read(&s.previous()).expect("previous");
+        assert_eq!((previous.0, previous.2), (snapshot(10), String::new()));
         assert!(!t.path().join("checkpoint.safetensors.tmp").exists());
     }
 
@@ -233,8 +245,8 @@ mod tests {
     fn a_checkpoint_cut_or_changed_at_any_byte_is_detected_and_the_previous_used() {
         let t = tempfile::tempdir().expect("tmp");
         let s = Store::new(t.path());
-        s.save(&snapshot(10), "c").expect("save");
-        s.save(&snapshot(20), "c").expect("save");
+        s.save(&snapshot(10), "c", "").expect("save");
+        s.save(&snapshot(20), "c", "").expect("save");
         let whole = std::fs::read(s.newest()).expect("read");
         for cut in 0..whole.len() {
             std::fs::write(s.newest(), &whole[..cut]).expect("write");

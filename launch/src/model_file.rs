@@ -1,5 +1,6 @@
 //! Trained models as safetensors files: one f32 tensor per parameter block (names and shapes
-//! from [`Export::blocks`]), the model's constants (MF's `mean`), the scaling of standardized training data when there was one
+//! from [`Export::blocks`], each in its shape's order whatever order the model computes in), the
+//! model's constants (MF's `mean`), the scaling of standardized training data when there was one
 //! (`scaling.shift`, `scaling.mult`), and string metadata: `format = peregrine-model`, the
 //! model and what rebuilds it (`features`, `classes`, `hidden`, `k`, `intercept`), and how it was
 //! trained (`scheme`, `optimizer`, `iterations`, `ranks`, `train_data`).
@@ -41,11 +42,12 @@ pub fn save(
     meta: HashMap<String, String>,
     scaling: Option<(&[f32], &[f32])>,
 ) -> Result<(), AppError> {
+    let blocks: Vec<_> = model.blocks().into_iter().map(|b| (b.values(params), b)).collect();
     let mut views = Vec::new();
-    for b in model.blocks() {
-        let v = TensorView::new(Dtype::F32, b.shape.clone(), bytemuck::cast_slice(&params[b.range.clone()]))
+    for (values, b) in &blocks {
+        let v = TensorView::new(Dtype::F32, b.shape.clone(), bytemuck::cast_slice(values))
             .map_err(|e| AppError::Train(format!("{}: tensor {}: {e}", path.display(), b.name)))?;
-        views.push((b.name, v));
+        views.push((b.name.clone(), v));
     }
     let constants = model.constants();
     for (name, v) in &constants {
@@ -77,8 +79,9 @@ pub fn save_npy(
     meta: &HashMap<String, String>,
     scaling: Option<(&[f32], &[f32])>,
 ) -> Result<(), AppError> {
+    let blocks: Vec<_> = model.blocks().into_iter().map(|b| (b.values(params), b)).collect();
     let mut tensors: Vec<(String, Vec<usize>, &[f32])> =
-        model.blocks().into_iter().map(|b| (b.name, b.shape, &params[b.range])).collect();
+        blocks.iter().map(|(values, b)| (b.name.clone(), b.shape.clone(), &values[..])).collect();
     let constants = model.constants();
     for (name, v) in &constants {
         tensors.push(((*name).to_owned(), vec![v.len()], &v[..]));
@@ -167,7 +170,7 @@ impl Saved {
                     format!("tensor `{}` has shape {shape:?}, the data needs {:?}", b.name, b.shape),
                 ));
             }
-            params[b.range].copy_from_slice(values);
+            b.place(values, &mut params);
         }
         Ok(params)
     }

@@ -1007,7 +1007,7 @@ fn go<M: Export>(
     peregrine_core::engine::check_model(&cfg, model).map_err(train_err)?;
     let text = r.to_toml().map_err(|e| AppError::Train(format!("config.toml: {e}")))?;
     let store = crate::checkpoint::Store::new(dir);
-    cfg.resume = resume_point(t, a, dir, &store, &text)?;
+    cfg.resume = resume_point(t, a, dir, &store, &text, model.param_order())?;
     let metrics_dir = dir.join("metrics");
     std::fs::create_dir_all(&metrics_dir).map_err(io(format!("creating {}", metrics_dir.display())))?;
     if t.rank() == 0 {
@@ -1039,7 +1039,7 @@ fn go<M: Export>(
             }
         },
         &mut |s| {
-            store.save(s, &text)?;
+            store.save(s, &text, model.param_order())?;
             // The model as of the checkpoint, for use before the run ends.
             save_model_params(dir, model, &s.weights, r, s.iteration, "checkpoint", None)
                 .map_err(|e| e.to_string())
@@ -1203,15 +1203,16 @@ fn save_model_params<M: Export>(
 }
 
 /// Where this run starts (collective): `None` for the initial model, or the run directory's
-/// checkpoint. Rank 0 decides (a finished run, or a checkpoint of another configuration, is
-/// refused unless `--force`, which clears them) and tells the others, which then read the same
-/// checkpoint.
+/// checkpoint. Rank 0 decides (a finished run, or a checkpoint of another configuration or
+/// whose parameters are in another `order` than the model's, is refused unless `--force`,
+/// which clears them) and tells the others, which then read the same checkpoint.
 fn resume_point(
     t: &Transport,
     a: &RunOpts,
     dir: &Path,
     store: &crate::checkpoint::Store,
     config: &str,
+    order: &str,
 ) -> Result<Option<std::sync::Arc<peregrine_core::engine::Snapshot>>, AppError> {
     // 0: from the start; 1: resume; 2: refused (rank 0 says why).
     let mut decision = [0u64];
@@ -1238,6 +1239,17 @@ fn resume_point(
                 "{} holds a checkpoint of another configuration (see its config.toml)",
                 dir.display()
             ))),
+            (Ok(Some(l)), _) if l.order != order => {
+                let named =
+                    |o: &str| if o.is_empty() { "each block as named".to_owned() } else { format!("`{o}`") };
+                Some(refuse(format!(
+                    "{}: its parameters are ordered {}, this version of Peregrine orders the model's {} \
+                     (a checkpoint of another version: resume it with that version)",
+                    l.path.display(),
+                    named(&l.order),
+                    named(order)
+                )))
+            }
             (Err(e), _) => Some(refuse(format!("no usable checkpoint: {e}"))),
             _ => None,
         };

@@ -2302,3 +2302,58 @@ fn bench_roofline_measures_the_fma_peak_and_the_triad() {
         assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", text(&out).1);
     }
 }
+
+/// An MLP's checkpoint says how its parameter vector is ordered (its layers' weights a row per
+/// input); one that does not (written before that order, each block as named) is refused with
+/// a message naming both orders instead of being read as the wrong network.
+#[test]
+fn a_checkpoint_of_another_parameter_order_is_refused() {
+    use safetensors::tensor::{SafeTensors, TensorView};
+    let t = scratch("order");
+    let d = t.path();
+    let s = |name: &str| d.join(name).to_str().expect("utf-8").to_owned();
+    ok(&["data", "gen", "dense", &s("d.pgd"), "--rows", "400", "--features", "6", "--classes", "3"]);
+    let args = [
+        "train",
+        "--model",
+        "mlp",
+        "--hidden",
+        "5",
+        "--data",
+        &s("d.pgd"),
+        "--iterations",
+        "10",
+        "--checkpoint-every",
+        "5",
+        "--ranks",
+        "2",
+        "--run-dir",
+        &s("run"),
+        "-q",
+    ];
+    ok(&args);
+    let checkpoint = d.join("run/checkpoint.safetensors");
+    std::fs::remove_file(d.join("run/summary.json")).expect("unfinish");
+    let (_, stderr) = ok(&args);
+    assert!(stderr.contains("resuming from iteration"), "{stderr}");
+    // The same checkpoint without its order, as an earlier version wrote it.
+    std::fs::remove_file(d.join("run/summary.json")).expect("unfinish");
+    let bytes = std::fs::read(&checkpoint).expect("checkpoint");
+    let st = SafeTensors::deserialize(&bytes).expect("safetensors");
+    let (_, header) = SafeTensors::read_metadata(&bytes).expect("header");
+    let mut meta = header.metadata().clone().expect("metadata");
+    assert_eq!(meta.remove("param_order").as_deref(), Some("weights in x out"));
+    let views: Vec<(String, TensorView<'_>)> = st.tensors();
+    let old = safetensors::serialize(views, Some(meta)).expect("serialize");
+    std::fs::write(&checkpoint, old).expect("write");
+    let out = peregrine(&args);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("checkpoint.safetensors")
+            && stderr.contains("ordered each block as named")
+            && stderr.contains("`weights in x out`")
+            && stderr.contains("--force"),
+        "{stderr}"
+    );
+}

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use peregrine_core::engine::Config;
 use peregrine_core::inject::Injection;
-use peregrine_core::model::{lr::LogReg, mf::Mf, mlp::Mlp, softmax::Softmax, Delta, Model};
+use peregrine_core::model::{lr::LogReg, mf::Mf, mlp::Mlp, softmax::Softmax, Delta, Export, Model};
 use peregrine_core::optim::Optimizer;
 use peregrine_core::plan::Plan;
 use peregrine_core::Scheme;
@@ -291,6 +291,74 @@ fn l2_adds_its_gradient_to_weights_only() {
     }
     assert_eq!(g1[p.len() - 1], g0[p.len() - 1], "the intercept is not regularized");
     assert!(touched.iter().filter(|&&t| t > 0).count() > 10, "the rows touch features");
+}
+
+/// The MLP computes with each layer's weights a row per input, and its blocks are PyTorch's
+/// `nn.Linear` layers all the same: a forward written from the blocks' values (`W` as
+/// `out x in`, `y = W x + b`) gives the model's own predictions; each initial weight is drawn
+/// by its place in `W`, and writing the blocks into a vector gives back the model's.
+#[test]
+fn the_mlp_blocks_are_pytorch_layers_whatever_order_it_computes_in() {
+    let tmp = scratch("mlp-blocks");
+    let dense = tmp.path().join("dense.pgd");
+    gen::dense(&DenseSpec { rows: 40, cols: 12, classes: 3, noise: 0.3, seed: 4 }, &dense).expect("gen");
+    let model = Mlp::new(&dense, None, &[7, 5], 0.1).expect("model");
+    let n = model.layout().params;
+    let mut p = vec![0.0; n];
+    model.init(9, 0..n, &mut p);
+    // Biases away from zero, so that a bias read as a weight (or the reverse) shows.
+    let blocks = model.blocks();
+    for b in blocks.iter().filter(|b| b.name.ends_with("bias")) {
+        p[b.range.clone()].iter_mut().enumerate().for_each(|(i, v)| *v = 0.1 * (i as f32 - 2.0));
+    }
+    let names: Vec<_> = blocks.iter().map(|b| (b.name.as_str(), b.shape.clone())).collect();
+    let shapes = [(12, 7), (7, 5), (5, 3)];
+    for (l, &(i, o)) in shapes.iter().enumerate() {
+        assert_eq!(names[2 * l], (format!("layers.{l}.weight").as_str(), vec![o, i]));
+        assert_eq!(names[2 * l + 1], (format!("layers.{l}.bias").as_str(), vec![o]));
+    }
+    let mut offset = 0;
+    let mut layers = Vec::new();
+    for (l, &(i, o)) in shapes.iter().enumerate() {
+        let w = blocks[2 * l].values(&p).into_owned();
+        let a = (6.0 / i as f32).sqrt();
+        for (at, &v) in w.iter().enumerate() {
+            assert_eq!(
+                v,
+                peregrine_core::model::uniform(9, offset + at, a),
+                "layer {l}: W[{}][{}]",
+                at / i,
+                at % i
+            );
+        }
+        offset += o * (i + 1);
+        layers.push((w, blocks[2 * l + 1].values(&p).into_owned()));
+    }
+    let mut back = vec![f32::NAN; n];
+    for (b, values) in blocks.iter().zip(layers.iter().flat_map(|(w, b)| [w, b])) {
+        b.place(values, &mut back);
+    }
+    assert_eq!(back, p, "the blocks written back");
+    let mut predicted = Vec::new();
+    model.predict(&p, 0..40, &mut predicted);
+    let x = peregrine_kernels::data::Dataset::open(&dense).expect("open");
+    let rows = x.dense().expect("dense").rows(0..40);
+    for (r, got) in predicted.chunks_exact(3).enumerate() {
+        let mut y: Vec<f32> = rows.features[r * 12..(r + 1) * 12].to_vec();
+        for (l, (w, b)) in layers.iter().enumerate() {
+            let (i, o) = shapes[l];
+            y = (0..o).map(|j| b[j] + (0..i).map(|k| w[j * i + k] * y[k]).sum::<f32>()).collect();
+            if l + 1 < layers.len() {
+                y.iter_mut().for_each(|v| *v = v.max(0.0));
+            }
+        }
+        let top = y.iter().copied().fold(f32::MIN, f32::max);
+        let sum: f32 = y.iter().map(|v| (v - top).exp()).sum();
+        for (c, (g, z)) in got.iter().zip(&y).enumerate() {
+            let want = (z - top).exp() / sum;
+            assert!((g - want).abs() <= 1e-5, "row {r}, class {c}: {g} vs {want}");
+        }
+    }
 }
 
 #[test]

@@ -1,11 +1,14 @@
 //! A multilayer perceptron over dense rows: `cols -> hidden... -> classes`, ReLU between layers,
-//! softmax cross-entropy on top. Parameters: per layer `W` (`out x in`) then `b` (`out`).
+//! softmax cross-entropy on top. Parameters: per layer `W^T` (`in x out`, a row per input: the
+//! order in which the products read it as stored, [`Weights::InOut`]) then `b` (`out`). Model
+//! files hold each `W` as PyTorch does, `out x in` ([`Block::transposed`]); checkpoints hold the
+//! parameter vector as it is, and say so ([`Export::param_order`]).
 
 use std::ops::Range;
 use std::path::Path;
 
 use peregrine_kernels::data::{Dataset, DenseRows, Kind};
-use peregrine_kernels::mlp::{self, Matmul};
+use peregrine_kernels::mlp::{self, Matmul, Weights};
 
 use super::{
     Baseline, Block, Built, Delta, EvalSums, Export, KeySet, Layout, Metric, Model, ModelError, Sets,
@@ -20,7 +23,7 @@ pub struct Mlp {
     l2: f32,
     /// Layer widths, input first, classes last.
     dims: Vec<usize>,
-    /// Offset of each layer's `W` in the parameter vector (`b` follows it).
+    /// Offset of each layer's `W^T` in the parameter vector (`b` follows it).
     offsets: Vec<usize>,
     params: usize,
 }
@@ -63,13 +66,13 @@ impl Mlp {
         self.dims.len() - 1
     }
 
-    /// `W` and `b` of layer `l` within `params` (or a gradient of the same layout).
     /// With L2 regularization `0.5 l2 |W|^2` of every layer's weights (not of the biases).
     #[must_use]
     pub fn with_l2(self, l2: f32) -> Self {
         Self { l2, ..self }
     }
 
+    /// `W^T` and `b` of layer `l` within `params` (or a gradient of the same layout).
     fn wb(&self, l: usize) -> (Range<usize>, Range<usize>) {
         let (i, o, s) = (self.dims[l], self.dims[l + 1], self.offsets[l]);
         (s..s + o * i, s + o * i..s + o * (i + 1))
@@ -96,7 +99,7 @@ impl Mlp {
             let (before, rest) = acts.split_at_mut(l);
             let input = if l == 0 { x } else { &before[l - 1][..n * self.dims[l]] };
             let out = &mut rest[0][..n * self.dims[l + 1]];
-            mlp::dense_forward(mm, input, &params[w], &params[b], out);
+            mlp::dense_forward(mm, input, &params[w], Weights::InOut, &params[b], out);
             if l + 1 < self.layers() {
                 mlp::relu(out);
             }
@@ -127,13 +130,21 @@ impl Model for Mlp {
         Metric::Accuracy
     }
 
-    /// Weights uniform in `[-a, a)`, `a = sqrt(6 / fan_in)` (He), biases zero.
+    /// Weights uniform in `[-a, a)`, `a = sqrt(6 / fan_in)` (He), biases zero. Each weight
+    /// draws by its place in `W` (`out x in`), so the initial network is the same whatever order
+    /// the vector holds it in.
     fn init(&self, seed: u64, range: Range<usize>, out: &mut [f32]) {
         for (i, o) in range.zip(out) {
             let l = self.offsets.partition_point(|&s| s <= i) - 1;
             let (w, _) = self.wb(l);
             *o = if w.contains(&i) {
-                super::uniform(seed, i, (6.0 / self.dims[l] as f32).sqrt())
+                // Row `input`, column `output` of `W^T` is `W[output][input]`.
+                let (input, output) = ((i - w.start) / self.dims[l + 1], (i - w.start) % self.dims[l + 1]);
+                super::uniform(
+                    seed,
+                    w.start + output * self.dims[l] + input,
+                    (6.0 / self.dims[l] as f32).sqrt(),
+                )
             } else {
                 0.0
             };
@@ -175,7 +186,7 @@ impl Model for Mlp {
             let dy = &gabove[0][..n * self.dims[l + 1]];
             let input = if l == 0 { x.features } else { &work.acts[l - 1][..n * self.dims[l]] };
             let gx = if l == 0 { None } else { Some(&mut gbelow[l - 1][..n * self.dims[l]]) };
-            mlp::dense_backward(&mut work.mm, input, &params[w.clone()], dy, gw, gb, gx);
+            mlp::dense_backward(&mut work.mm, input, &params[w.clone()], Weights::InOut, dy, gw, gb, gx);
             if self.l2 > 0.0 {
                 // Each row's share of the regularizer: the iteration's mean gradient gets l2 W.
                 let gw = &mut work.grad[w.clone()];
@@ -258,10 +269,18 @@ impl Export for Mlp {
         let mut b = Vec::new();
         for l in 0..self.layers() {
             let (w, bias) = self.wb(l);
-            b.push(Block::new(format!("layers.{l}.weight"), &[self.dims[l + 1], self.dims[l]], w.start));
+            b.push(Block::transposed(
+                format!("layers.{l}.weight"),
+                &[self.dims[l + 1], self.dims[l]],
+                w.start,
+            ));
             b.push(Block::new(format!("layers.{l}.bias"), &[self.dims[l + 1]], bias.start));
         }
         b
+    }
+
+    fn param_order(&self) -> &'static str {
+        "weights in x out"
     }
 
     fn outputs(&self) -> Vec<String> {

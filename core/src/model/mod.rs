@@ -636,12 +636,62 @@ pub struct Block {
     pub shape: Vec<usize>,
     /// Where it lies in the parameter vector.
     pub range: Range<usize>,
+    /// The parameter vector holds the block's transpose (a matrix of `shape` reversed): the
+    /// model computes with it in that order, files hold it in `shape`'s.
+    pub transposed: bool,
 }
 
 impl Block {
     fn new(name: impl Into<String>, shape: &[usize], start: usize) -> Self {
         let n: usize = shape.iter().product();
-        Self { name: name.into(), shape: shape.to_vec(), range: start..start + n }
+        Self { name: name.into(), shape: shape.to_vec(), range: start..start + n, transposed: false }
+    }
+
+    /// A `rows x cols` matrix (`shape`) whose transpose the parameter vector holds at `start`.
+    fn transposed(name: impl Into<String>, shape: &[usize; 2], start: usize) -> Self {
+        Self { transposed: true, ..Self::new(name, shape, start) }
+    }
+
+    /// The block's values in `shape`'s row-major order, from the parameter vector `params`.
+    pub fn values<'a>(&self, params: &'a [f32]) -> std::borrow::Cow<'a, [f32]> {
+        let held = &params[self.range.clone()];
+        if !self.transposed {
+            return std::borrow::Cow::Borrowed(held);
+        }
+        let (rows, cols) = (self.shape[0], self.shape[1]);
+        let mut out = vec![0.0; held.len()];
+        for (c, row) in held.chunks_exact(rows).enumerate() {
+            for (r, &v) in row.iter().enumerate() {
+                out[r * cols + c] = v;
+            }
+        }
+        std::borrow::Cow::Owned(out)
+    }
+
+    /// Writes the block's `values` (in `shape`'s row-major order) into the parameter vector.
+    ///
+    /// # Panics
+    /// If `values` is not the block's length.
+    pub fn place(&self, values: &[f32], params: &mut [f32]) {
+        let held = &mut params[self.range.clone()];
+        assert_eq!(
+            values.len(),
+            held.len(),
+            "block {}: {} values for {}",
+            self.name,
+            values.len(),
+            held.len()
+        );
+        if !self.transposed {
+            held.copy_from_slice(values);
+            return;
+        }
+        let (rows, cols) = (self.shape[0], self.shape[1]);
+        for (r, row) in values.chunks_exact(cols).enumerate() {
+            for (c, &v) in row.iter().enumerate() {
+                held[c * rows + r] = v;
+            }
+        }
     }
 }
 
@@ -649,6 +699,13 @@ impl Block {
 pub trait Export: Model {
     /// The parameter vector as named blocks, in order, covering it exactly.
     fn blocks(&self) -> Vec<Block>;
+
+    /// How the parameter vector orders its values, where that is not every block as named:
+    /// checkpoints, which hold the vector as it is, record it and are refused under another
+    /// (a change of order between versions). Empty: each block in its own shape's order.
+    fn param_order(&self) -> &'static str {
+        ""
+    }
 
     /// Values the model uses besides its parameters (MF's global mean), to be written with them.
     fn constants(&self) -> Vec<(&'static str, Vec<f32>)> {

@@ -33,7 +33,7 @@
 
 use std::collections::VecDeque;
 
-use peregrine_kernels::mlp::{dense_backward, dense_forward, Matmul};
+use peregrine_kernels::mlp::{dense_backward, dense_forward, Matmul, Weights};
 
 /// Past speeds in the inputs.
 pub const LAGS: usize = 8;
@@ -174,11 +174,11 @@ impl Narx {
     fn forward(&mut self, x: &[f32], n: usize, h: &mut Vec<f32>, out: &mut [f32]) {
         h.resize(n * HIDDEN, 0.0);
         let p = &self.params;
-        dense_forward(&mut self.mm, x, &p[W1], &p[B1], h);
+        dense_forward(&mut self.mm, x, &p[W1], Weights::OutIn, &p[B1], h);
         h.iter_mut().for_each(|v| *v = v.tanh());
         let mut linear = vec![0.0; n];
-        dense_forward(&mut self.mm, x, &p[L], &[0.0], &mut linear);
-        dense_forward(&mut self.mm, h, &p[W2], &p[B2], out);
+        dense_forward(&mut self.mm, x, &p[L], Weights::OutIn, &[0.0], &mut linear);
+        dense_forward(&mut self.mm, h, &p[W2], Weights::OutIn, &p[B2], out);
         peregrine_kernels::dense::axpy(1.0, &linear, out);
     }
 
@@ -234,13 +234,22 @@ impl Narx {
             let (g1, g2) = grad.split_at_mut(W2.start);
             let (gw2, g2) = g2.split_at_mut(HIDDEN);
             let (gb2, gl) = g2.split_at_mut(1);
-            dense_backward(&mut self.mm, x, &self.params[L], &dout, gl, &mut [0.0], None);
-            dense_backward(&mut self.mm, &h, &self.params[W2], &dout, gw2, gb2, Some(&mut dh));
+            dense_backward(&mut self.mm, x, &self.params[L], Weights::OutIn, &dout, gl, &mut [0.0], None);
+            dense_backward(
+                &mut self.mm,
+                &h,
+                &self.params[W2],
+                Weights::OutIn,
+                &dout,
+                gw2,
+                gb2,
+                Some(&mut dh),
+            );
             for (d, a) in dh.iter_mut().zip(&h) {
                 *d *= 1.0 - a * a;
             }
             let (gw1, gb1) = g1.split_at_mut(B1.start);
-            dense_backward(&mut self.mm, x, &self.params[W1], &dh, gw1, gb1, None);
+            dense_backward(&mut self.mm, x, &self.params[W1], Weights::OutIn, &dh, gw1, gb1, None);
         }
         let loss = out.iter().zip(y).map(|(o, t)| huber(f64::from(o - t))).sum::<f64>() / n as f64;
         (loss, grad)

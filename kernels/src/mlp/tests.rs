@@ -5,7 +5,7 @@
 //! GEMM tolerance: `|c - c_ref| <= 1e-5 (|alpha| sum_p |a_ip b_pj| + |beta c_ij|) + 1e-6`, the
 //! usual bound of a dot product's rounding error whatever the summation order.
 
-use super::{dense_backward, dense_forward, scalar, simd, Backend, Matmul, Op};
+use super::{dense_backward, dense_forward, scalar, simd, transpose, Backend, Matmul, Op, Weights};
 use crate::dense::testing::{assert_close, Rng, SIZES};
 
 #[allow(clippy::too_many_arguments)]
@@ -105,17 +105,18 @@ const IN: usize = 5;
 const HID: usize = 9;
 const OUT: usize = 4;
 
-fn loss(mm: &mut Matmul, net: &Net, x: &[f32], labels: &[u32]) -> f64 {
+fn loss(mm: &mut Matmul, net: &Net, order: Weights, x: &[f32], labels: &[u32]) -> f64 {
     let mut h = vec![0.0; N * HID];
-    dense_forward(mm, x, &net.w1, &net.b1, &mut h);
+    dense_forward(mm, x, &net.w1, order, &net.b1, &mut h);
     simd::relu(&mut h);
     let mut z = vec![0.0; N * OUT];
-    dense_forward(mm, &h, &net.w2, &net.b2, &mut z);
+    dense_forward(mm, &h, &net.w2, order, &net.b2, &mut z);
     let mut g = vec![0.0; N * OUT];
     simd::softmax_cross_entropy(&z, labels, &mut g)
 }
 
-/// Central differences over every parameter and input of the tiny MLP, `h = 1e-3`, tolerance
+/// Central differences over every parameter and input of the tiny MLP (its weights in either
+/// order, with the same values: each order is a different network), `h = 1e-3`, tolerance
 /// `5e-3` absolute + relative (the loss is `f32` inside, so its rounding divided by `2h` is
 /// about `1e-4`). The pre-activations are kept at least `0.1` away from the ReLU's kink, so no
 /// perturbation crosses it.
@@ -130,21 +131,22 @@ fn layer_gradients_match_finite_difference() {
         w2: rng.vec(OUT * HID, -1.0, 1.0),
         b2: rng.vec(OUT, -0.5, 0.5),
     };
-    for backend in [Backend::Scalar, Backend::Wide, Backend::MatrixMultiply] {
+    let every = [Backend::Scalar, Backend::Wide, Backend::MatrixMultiply];
+    for (backend, order) in every.into_iter().flat_map(|b| [(b, Weights::OutIn), (b, Weights::InOut)]) {
         let mm = &mut Matmul::new(backend);
         let mut h = vec![0.0; N * HID];
-        dense_forward(mm, &x, &net.w1, &net.b1, &mut h);
+        dense_forward(mm, &x, &net.w1, order, &net.b1, &mut h);
         assert!(h.iter().all(|v| v.abs() > 0.1), "test setup: a pre-activation is near the kink");
         simd::relu(&mut h);
         let mut z = vec![0.0; N * OUT];
-        dense_forward(mm, &h, &net.w2, &net.b2, &mut z);
+        dense_forward(mm, &h, &net.w2, order, &net.b2, &mut z);
         let mut dz = vec![0.0; N * OUT];
         simd::softmax_cross_entropy(&z, &labels, &mut dz);
         let (mut gw2, mut gb2, mut dh) = (vec![0.0; OUT * HID], vec![0.0; OUT], vec![f32::NAN; N * HID]);
-        dense_backward(mm, &h, &net.w2, &dz, &mut gw2, &mut gb2, Some(&mut dh));
+        dense_backward(mm, &h, &net.w2, order, &dz, &mut gw2, &mut gb2, Some(&mut dh));
         simd::relu_backward(&h, &mut dh);
         let (mut gw1, mut gb1, mut dx) = (vec![0.0; HID * IN], vec![0.0; HID], vec![0.0; N * IN]);
-        dense_backward(mm, &x, &net.w1, &dh, &mut gw1, &mut gb1, Some(&mut dx));
+        dense_backward(mm, &x, &net.w1, order, &dh, &mut gw1, &mut gb1, Some(&mut dx));
 
         let eps = 1e-3f32;
         let checks: [(&str, &[f32], usize); 5] =
@@ -162,21 +164,29 @@ fn layer_gradients_match_finite_difference() {
                         _ => &mut xp[j],
                     };
                     *v += delta;
-                    loss(mm, &np, &xp, &labels)
+                    loss(mm, &np, order, &xp, &labels)
                 };
                 let d = (at(eps) - at(-eps)) / f64::from(2.0 * eps);
-                assert_close(f64::from(g), d, d.abs(), 5e-3, 5e-3, &format!("{backend:?} {name}[{j}]"));
+                assert_close(
+                    f64::from(g),
+                    d,
+                    d.abs(),
+                    5e-3,
+                    5e-3,
+                    &format!("{backend:?} {order:?} {name}[{j}]"),
+                );
             }
         }
     }
 }
 
-/// The forward pass with our kernel (each micro-kernel this CPU runs), fewer rows than outputs
-/// (taken as `W X^T`, transposed) and as many or more (`X W^T`), against the scalar reference;
-/// `Y` is written whole (it starts as NaN) and the `Y^T` buffer kept between calls of different
-/// shapes leaves nothing behind.
+/// The forward pass with our kernel (each micro-kernel this CPU runs) and with the weights in
+/// either order, against the scalar reference in PyTorch's: fewer rows than outputs (taken as
+/// `W X^T`, transposed, in that order) and as many or more (`X W^T`); `Y` is written whole (it
+/// starts as NaN) and the `Y^T` buffer kept between calls of different shapes leaves nothing
+/// behind.
 #[test]
-fn dense_forward_either_way_matches_scalar() {
+fn dense_forward_every_way_matches_scalar() {
     let mut rng = Rng::new(15);
     let wide = simd::Isa::runnable();
     for isa in wide {
@@ -186,13 +196,60 @@ fn dense_forward_either_way_matches_scalar() {
         {
             let (x, w, b) =
                 (rng.vec(n * n_in, -1.0, 1.0), rng.vec(n_out * n_in, -1.0, 1.0), rng.vec(n_out, -1.0, 1.0));
+            let mut wt = vec![0.0; w.len()];
+            transpose(&w, n_out, n_in, &mut wt);
             let mut want = vec![0.0; n * n_out];
-            dense_forward(&mut Matmul::new(Backend::Scalar), &x, &w, &b, &mut want);
-            let mut got = vec![f32::NAN; n * n_out];
-            dense_forward(mm, &x, &w, &b, &mut got);
-            for (i, (g, r)) in got.iter().zip(&want).enumerate() {
-                let what = format!("{isa:?} n={n} n_in={n_in} n_out={n_out} at {i}");
-                assert_close(f64::from(*g), f64::from(*r), n_in as f64, 1e-5, 1e-6, &what);
+            dense_forward(&mut Matmul::new(Backend::Scalar), &x, &w, Weights::OutIn, &b, &mut want);
+            for (order, w) in [(Weights::OutIn, &w), (Weights::InOut, &wt)] {
+                let mut got = vec![f32::NAN; n * n_out];
+                dense_forward(mm, &x, w, order, &b, &mut got);
+                for (i, (g, r)) in got.iter().zip(&want).enumerate() {
+                    let what = format!("{isa:?} {order:?} n={n} n_in={n_in} n_out={n_out} at {i}");
+                    assert_close(f64::from(*g), f64::from(*r), n_in as f64, 1e-5, 1e-6, &what);
+                }
+            }
+        }
+    }
+}
+
+/// The backward pass with the weights `n_in x n_out` is the other order's on the transposed
+/// weights, its weight gradient transposed, with every backend (the layer's shapes: a
+/// 64-row chunk of 784 -> 128, the 128 -> 10 layer; and ragged ones).
+#[test]
+fn dense_backward_in_either_order_is_the_same_layer() {
+    let mut rng = Rng::new(16);
+    for backend in [Backend::Scalar, Backend::Wide, Backend::MatrixMultiply] {
+        let mm = &mut Matmul::new(backend);
+        for (n, n_in, n_out) in [(64, 784, 128), (64, 128, 10), (7, 9, 33), (33, 17, 7)] {
+            let (x, w, dy) = (
+                rng.vec(n * n_in, -1.0, 1.0),
+                rng.vec(n_out * n_in, -1.0, 1.0),
+                rng.vec(n * n_out, -1.0, 1.0),
+            );
+            let (g0, gb0) = (rng.vec(w.len(), -1.0, 1.0), rng.vec(n_out, -1.0, 1.0));
+            let (mut wt, mut g0t) = (vec![0.0; w.len()], vec![0.0; w.len()]);
+            transpose(&w, n_out, n_in, &mut wt);
+            transpose(&g0, n_out, n_in, &mut g0t);
+            let (mut gw, mut gb, mut gx) = (g0.clone(), gb0.clone(), vec![f32::NAN; n * n_in]);
+            dense_backward(mm, &x, &w, Weights::OutIn, &dy, &mut gw, &mut gb, Some(&mut gx));
+            let (mut gwt, mut gbt, mut gxt) = (g0t, gb0, vec![f32::NAN; n * n_in]);
+            dense_backward(mm, &x, &wt, Weights::InOut, &dy, &mut gwt, &mut gbt, Some(&mut gxt));
+            let mut back = vec![0.0; w.len()];
+            transpose(&gwt, n_in, n_out, &mut back);
+            let what = format!("{backend:?} n={n} n_in={n_in} n_out={n_out}");
+            for (name, got, want, k) in
+                [("grad_w", &back, &gw, n), ("grad_b", &gbt, &gb, n), ("grad_x", &gxt, &gx, n_out)]
+            {
+                for (i, (g, r)) in got.iter().zip(want.iter()).enumerate() {
+                    assert_close(
+                        f64::from(*g),
+                        f64::from(*r),
+                        k as f64,
+                        1e-5,
+                        1e-6,
+                        &format!("{what} {name}[{i}]"),
+                    );
+                }
             }
         }
     }
@@ -203,11 +260,20 @@ fn dense_backward_accumulates_parameters_and_overwrites_grad_x() {
     let mut mm = Matmul::default();
     let (x, w, dy) = ([1.0, 2.0], [3.0, 4.0], [0.5]);
     let (mut gw, mut gb, mut gx) = ([1.0, 1.0], [1.0], [f32::NAN, f32::NAN]);
-    dense_backward(&mut mm, &x, &w, &dy, &mut gw, &mut gb, Some(&mut gx));
+    dense_backward(&mut mm, &x, &w, Weights::OutIn, &dy, &mut gw, &mut gb, Some(&mut gx));
     assert_eq!((gw, gb, gx), ([1.5, 2.0], [1.5], [1.5, 2.0]));
     let mut y = [f32::NAN];
-    dense_forward(&mut mm, &x, &w, &[0.25], &mut y);
+    dense_forward(&mut mm, &x, &w, Weights::OutIn, &[0.25], &mut y);
     assert_eq!(y, [11.25]);
+    // Two inputs, two outputs: W = [3 4; 5 6] (a row per output) is V = [3 5; 4 6].
+    let (v, dy) = ([3.0, 5.0, 4.0, 6.0], [0.5, -1.0]);
+    let mut y = [f32::NAN; 2];
+    dense_forward(&mut mm, &x, &v, Weights::InOut, &[0.25, 0.0], &mut y);
+    assert_eq!(y, [11.25, 17.0]);
+    let (mut gv, mut gb, mut gx) = ([0.0; 4], [0.0; 2], [f32::NAN; 2]);
+    dense_backward(&mut mm, &x, &v, Weights::InOut, &dy, &mut gv, &mut gb, Some(&mut gx));
+    // dY^T X = [0.5 1; -1 -2], in V's order [0.5 -1; 1 -2]; dY W = [1.5 - 5, 2 - 6].
+    assert_eq!((gv, gb, gx), ([0.5, -1.0, 1.0, -2.0], [0.5, -1.0], [-3.5, -4.0]));
 }
 
 #[test]
