@@ -91,6 +91,22 @@ pub const ADAM_BETAS: (f32, f32) = (0.9, 0.999);
 /// FTRL's `beta` (McMahan et al.'s recommended 1).
 pub const FTRL_BETA: f32 = 1.0;
 
+/// The gradient of an owner-side step ([`Optimizer::step_in_place`]) as its parts lie:
+/// `scale (parts[0] + parts[1] + ... + own) + l2 w` on the decayed ranges.
+#[derive(Clone, Copy, Debug)]
+pub struct Gradient<'a> {
+    /// The other ranks' contributions, each as long as the weights, back to back.
+    pub parts: &'a [f32],
+    /// The owner's own contribution, added last.
+    pub own: Option<&'a [f32]>,
+    /// The factor on the sum: `1 / rows` of contributions pushed as sums over rows, 1 for
+    /// contributions already scaled.
+    pub scale: f32,
+    /// An L2 penalty's weight and the ranges of the weights it applies to (its gradient
+    /// `l2 w`, PyTorch's `weight_decay`), applied here instead of by the chunks.
+    pub decay: Option<(f32, &'a [Range<usize>])>,
+}
+
 /// What one push's step needs besides the data.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Step {
@@ -189,22 +205,24 @@ impl Optimizer {
     }
 
     /// One step of the whole batch (share 1, as [`step`](Self::step) takes it) on parameters in
-    /// place: the gradient is the sum of `parts` (contributions, each as long as `w`, back to
-    /// back, added in their order) and of `own` (if given: a last contribution), and `w` (the
-    /// weights) and `st` (their state, `slots()` values per parameter, interleaved) are stepped;
-    /// `parts` is only read. The values are [`step`](Self::step)'s on that sum followed by adding
-    /// its updates to `w` and `st`, bit for bit: the sum and `step` run on blocks small enough to
-    /// stay in the first-level cache, and each block's updates are added at once, so the
-    /// parameters pass through memory once (the owner-side step, which before read the gradient
-    /// and the state into buffers, stepped, and accumulated both back).
+    /// place: the gradient is [`Gradient`]'s sum (the other ranks' contributions, each as long
+    /// as `w`, in their order, then the owner's own), times its scale, plus its decay, and `w`
+    /// (the weights) and `st` (their state, `slots()` values per parameter, interleaved) are
+    /// stepped; the contributions are only read. The values are [`step`](Self::step)'s on that
+    /// gradient followed by adding its updates to `w` and `st`, bit for bit: the sum and `step`
+    /// run on blocks small enough to stay in the first-level cache, and each block's updates
+    /// are added at once, so the parameters pass through memory once (the owner-side step,
+    /// which before read the gradient and the state into buffers, stepped, and accumulated both
+    /// back).
     ///
     /// # Panics
     /// If FTRL (its step needs the derived weights), on `p.share != 1`, or if the lengths
-    /// disagree.
-    pub fn step_in_place(&self, p: Step, w: &mut [f32], st: &mut [f32], parts: &[f32], own: Option<&[f32]>) {
+    /// disagree or a decayed range is outside `w`.
+    pub fn step_in_place(&self, p: Step, w: &mut [f32], st: &mut [f32], g: &Gradient<'_>) {
         /// Parameters per block: with Adam's two slots, 3 KiB of updates.
         const BLOCK: usize = 256;
         let (k, n) = (self.slots(), w.len());
+        let Gradient { parts, own, scale, decay } = *g;
         assert!(!self.derived(), "{}: no step in place (its step reads the derived weights)", self.name());
         assert!(p.share == 1.0, "a step in place is the whole batch's (share {})", p.share);
         assert!(
@@ -215,6 +233,8 @@ impl Optimizer {
         assert_eq!(st.len(), n * k, "step_in_place: the state is not {k} values per parameter");
         assert!(k <= 2, "step_in_place: {k} state slots");
         assert!(own.is_none_or(|o| o.len() == n), "step_in_place: own contributions differ in length");
+        let decay = decay.unwrap_or((0.0, &[]));
+        assert!(decay.1.iter().all(|r| r.end <= n), "step_in_place: a decayed range past the weights");
         let (mut c, mut ds) = ([0.0f32; BLOCK], [0.0f32; BLOCK * 2]);
         for (b, w) in w.chunks_mut(BLOCK).enumerate() {
             let at = b * BLOCK..b * BLOCK + w.len();
@@ -227,8 +247,18 @@ impl Optimizer {
                 }
             }
             if let Some(own) = own {
-                for (c, o) in c.iter_mut().zip(&own[at]) {
+                for (c, o) in c.iter_mut().zip(&own[at.clone()]) {
                     *c += *o;
+                }
+            }
+            if scale != 1.0 {
+                c.iter_mut().for_each(|c| *c *= scale);
+            }
+            let (l2, ranges) = decay;
+            for r in ranges {
+                let (lo, hi) = (r.start.max(at.start), r.end.min(at.end));
+                for j in lo..hi {
+                    c[j - at.start] += l2 * w[j - at.start];
                 }
             }
             self.step(p, c, st, ds, &[]);

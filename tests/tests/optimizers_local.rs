@@ -268,6 +268,29 @@ fn every_optimizer_under_bsp_is_the_same_for_1_2_4_ranks() {
 }
 
 #[test]
+fn an_l2_penalty_applied_by_the_owners_is_the_one_the_chunks_applied() {
+    // Under BSP with an optimizer that keeps state, the owners apply the model's L2 penalty
+    // (`l2 w` added to the batch's gradient, as PyTorch's `weight_decay`) and the chunks leave
+    // it out; plain SGD steps at the ranks, whose chunks add it. Momentum 0 is SGD: both must
+    // give one model, on 1 and 2 ranks (rank 0 slowed, chunks taken over), and the penalty must
+    // move it (applied by neither, or twice, the models would differ).
+    let tmp = scratch("decay");
+    let data = dense_data(tmp.path());
+    let make = |l2: f32| Mlp::new(&data, None, &[16], 0.05).expect("model").with_l2(l2);
+    let (sgd, owners): (Optimizer, Optimizer) = ("sgd".parse().expect("sgd"), "momentum:0".parse().expect("mu 0"));
+    for world in [1, 2] {
+        let run = |o: Optimizer, l2: f32| {
+            run_local(world, |t| bsp_params(&t, &make(l2), o, 25)).expect("world").remove(0).expect("train")
+        };
+        let (chunks, stepped, plain) = (run(sgd, 0.05), run(owners, 0.05), run(owners, 0.0));
+        let d = distance(&stepped, &chunks);
+        assert!(d <= BSP_TOLERANCE, "{world} ranks: owners' penalty vs the chunks': {d:e}");
+        let moved = distance(&plain, &chunks);
+        assert!(moved > 100.0 * BSP_TOLERANCE, "{world} ranks: the penalty moved the model by {moved:e} only");
+    }
+}
+
+#[test]
 fn owners_add_the_ranks_gradients_in_rank_order_so_every_run_is_alike() {
     // One thread a rank and nothing taken over: each rank's gradient is the same from run to
     // run, and the owners add the other ranks' slots in rank order whatever order their pushes

@@ -322,7 +322,7 @@ impl<M: Model> Run<'_, M> {
         }
         let layout = self.model.layout();
         let sp = slot.spec.get_or_insert_with(|| Spec {
-            work: self.model.work(self.cfg.chunk),
+            work: super::run::new_work(self.model, self.cfg, &self.params),
             won: Delta::new(layout),
             trash: Delta::new(layout),
         });

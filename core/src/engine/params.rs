@@ -21,7 +21,7 @@ use peregrine_transport::{ReduceOp, ShardMap, Transport, Window};
 
 use super::TrainError;
 use crate::model::{Delta, KeySet, Layout, Model};
-use crate::optim::{Optimizer, Step};
+use crate::optim::{Gradient, Optimizer, Step};
 
 /// The parameter windows of a run.
 pub(super) struct Params {
@@ -67,15 +67,33 @@ struct Slots {
     /// The weights' sharding.
     map: ShardMap,
     rank: usize,
+    /// The model's L2 penalty ([`Model::decay`]), its ranges within this rank's shard: the step
+    /// applies it, the chunks leave it out.
+    decay: Option<(f32, Vec<Range<usize>>)>,
 }
 
 impl Slots {
-    /// Collective: allocates the slots for weights sharded as `map`.
-    fn alloc(t: &Transport, map: &ShardMap) -> Result<Self, TrainError> {
+    /// Collective: allocates the slots for weights sharded as `map`; the step applies `decay`
+    /// (global ranges).
+    fn alloc(
+        t: &Transport,
+        map: &ShardMap,
+        decay: Option<(f32, Vec<Range<usize>>)>,
+    ) -> Result<Self, TrainError> {
         let others = t.world_size() - 1;
         let lens = (0..t.world_size()).map(|r| map.len_of(r) * others);
         let win = t.alloc_window("gradient slots", &ShardMap::from_lens(lens))?;
-        Ok(Self { win, map: map.clone(), rank: t.rank() })
+        let mine = map.range(t.rank());
+        let decay = decay.map(|(l2, ranges)| {
+            let local = ranges
+                .iter()
+                .map(|r| r.start.max(mine.start)..r.end.min(mine.end))
+                .filter(|r| !r.is_empty())
+                .map(|r| r.start - mine.start..r.end - mine.start)
+                .collect();
+            (l2, local)
+        });
+        Ok(Self { win, map: map.clone(), rank: t.rank(), decay })
     }
 
     /// Puts `values` (the whole vector) into this rank's slot at every other owner, starting
@@ -137,7 +155,7 @@ impl Params {
         let mine = map.range(t.rank());
         w.put(mine.start, &stored(mine.clone()))?;
         w.flush_all()?;
-        let grad = if owner_steps { Some(Slots::alloc(t, &map)?) } else { None };
+        let grad = if owner_steps { Some(Slots::alloc(t, &map, model.decay())?) } else { None };
         Ok(Self { w, state, opt, slots, lr, exempt, own: None, grad, len: layout.params })
     }
 
@@ -471,6 +489,12 @@ impl Params {
         self.grad.is_some()
     }
 
+    /// Whether the owners' step applies the model's L2 penalty ([`Model::decay`]): the chunks
+    /// then leave it out ([`Model::without_decay`]).
+    pub(super) fn owners_decay(&self) -> bool {
+        self.grad.as_ref().is_some_and(|g| g.decay.is_some())
+    }
+
     /// Owner-side steps: puts this rank's share of the iteration's mean gradient (`delta`; all
     /// zeros when the rank has nothing to add) into its slot at every other owner, each owner's
     /// whole shard of it straight from `delta`. Every rank pushes at every iteration that the
@@ -484,7 +508,9 @@ impl Params {
     /// Owner-side steps, once every rank's gradient of the iteration has landed: steps this
     /// rank's shard of the weights and of the state with the sum of the other ranks' slots in
     /// rank order (`step`'s share is the whole iteration) plus this rank's own part (its pushed
-    /// `delta`, if it pushed one: see [`push_gradient`](Self::push_gradient)), in place in the
+    /// `delta`, if it pushed one: see [`push_gradient`](Self::push_gradient)), times `scale` (the
+    /// ranks push their sums over rows: `1 / rows` of the batch), plus the model's L2 penalty's
+    /// gradient where the owners apply it ([`owners_decay`](Self::owners_decay)), in place in the
     /// windows' local memory ([`Optimizer::step_in_place`]; the slots are only read).
     ///
     /// The caller's protocol makes that exclusive (the windows' `with_own_shard` contract): every
@@ -492,16 +518,24 @@ impl Params {
     /// the weights of this iteration before pushing; pushes never write the weights or the
     /// state; and the ranks line up (a barrier) after the step, before anyone reads the weights
     /// or writes the slots again.
-    pub(super) fn step_owned(&self, step: Step, pushed: Option<&Delta>) -> Result<(), TrainError> {
+    pub(super) fn step_owned(
+        &self,
+        step: Step,
+        scale: f32,
+        pushed: Option<&Delta>,
+    ) -> Result<(), TrainError> {
         let g = self.grad.as_ref().expect("owner-side steps");
         let (state, opt) = (self.state(), self.opt);
         let step = Step { share: 1.0, ..step };
         let own = pushed.map(|d| &d.values()[g.map.range(g.rank)]);
+        let decay = g.decay.as_ref().map(|(l2, ranges)| (*l2, &ranges[..]));
         // SAFETY: exclusive access to the three shards, by the protocol above.
         let stepped = unsafe {
             g.win.with_own_shard(|parts| {
                 state.with_own_shard(|st| {
-                    self.w.with_own_shard(|w| opt.step_in_place(step, w, st, parts, own))
+                    self.w.with_own_shard(|w| {
+                        opt.step_in_place(step, w, st, &Gradient { parts, own, scale, decay })
+                    })
                 })
             })
         };

@@ -106,8 +106,9 @@ struct Local {
     replica: Vec<f32>,
     /// The optimizer state read with a model pulled whole.
     state: Vec<f32>,
-    /// Owner-side steps: the step of the iteration pushed last, taken once its pushes landed.
-    step: Option<Step>,
+    /// Owner-side steps: the step of the iteration pushed last, taken once its pushes landed,
+    /// and the scale on the ranks' pushed sums (`1 / rows` of its batch).
+    step: Option<(Step, f32)>,
     /// Replicated: this rank's replica stepped with its update, then averaged with its
     /// neighbours'.
     mixed: Vec<f32>,
@@ -161,7 +162,7 @@ impl<'a, M: Model> Run<'a, M> {
         // Each rank writes the initial values of its own shard.
         let params = Params::start(t, model, cfg.optimizer, cfg.seed, replicated, owner_steps)?;
         let slots = (0..pool.max_threads())
-            .map(|w| Mutex::new(Slot::new(model.work(cfg.chunk), w as u32 + 1)))
+            .map(|w| Mutex::new(Slot::new(new_work(model, cfg, &params), w as u32 + 1)))
             .collect();
         let trace = match &cfg.trace {
             Some(dir) => {
@@ -359,9 +360,9 @@ impl<'a, M: Model> Run<'a, M> {
             if self.params.owner_steps() && me.ev.to_target.is_none() {
                 let stepping = Instant::now();
                 self.watch.mark(Phase::Pushing, it);
-                if let Some(step) = me.step.take() {
+                if let Some((step, scale)) = me.step.take() {
                     let pushed = (!me.delta.is_empty()).then_some(&me.delta);
-                    self.params.step_owned(step, pushed)?;
+                    self.params.step_owned(step, scale, pushed)?;
                 }
                 // Nobody reads the weights of the next iteration before every owner stepped.
                 self.t.barrier()?;
@@ -689,11 +690,15 @@ impl<'a, M: Model> Run<'a, M> {
         let admit = policy.admit(&view, it, computing.elapsed(), rec)?;
         let batch_rows = self.plan.batch_rows(it).len();
         let cfg = self.cfg;
+        let per_row = admit.scale / batch_rows.max(1) as f32;
         let step = match self.model.lr() {
             // The rank's contribution to the iteration's mean gradient, and its share.
             Some(lr) if cfg.optimizer.slots() > 0 => {
-                let per_row = admit.scale / batch_rows.max(1) as f32;
-                self.drain(per_row, &mut me.delta, rec);
+                // Stepped at the owners: the ranks push their sums over rows (a synchronous
+                // policy admits every update whole, so all scale alike), scaled there as they
+                // are summed, without a pass over the vector here.
+                let owners = self.params.owner_steps();
+                self.drain(if owners { 1.0 } else { per_row }, &mut me.delta, rec);
                 let share = per_row * rec.rows as f32;
                 let sched = cfg.schedule.factor(it, self.plan.iters_per_epoch(), cfg.iterations) as f32;
                 Some(Step { lr: lr * sched, share, t: it + 1 })
@@ -717,7 +722,7 @@ impl<'a, M: Model> Run<'a, M> {
             }
             // Zeros when there is nothing to add: the slots hold what was put last.
             self.params.push_gradient(&me.delta)?;
-            me.step = step;
+            me.step = step.map(|s| (s, per_row));
         } else if values && admit.apply {
             self.params.put_values(&mut me.delta, &mut me.push)?;
         } else if admit.apply && !me.delta.is_empty() && step.is_none_or(|s| s.share > 0.0) {
@@ -988,4 +993,14 @@ impl View for Live<'_> {
         self.rates.load_range(0, &mut bits)?;
         Ok(bits.into_iter().map(f64::from_bits).collect())
     }
+}
+
+/// A thread's work for `model`'s chunks: without the model's L2 penalty where the owners'
+/// step applies it ([`Params::owners_decay`]).
+pub(super) fn new_work<M: Model>(model: &M, cfg: &Config, params: &Params) -> M::Work {
+    let mut work = model.work(cfg.chunk);
+    if params.owners_decay() {
+        model.without_decay(&mut work);
+    }
+    work
 }

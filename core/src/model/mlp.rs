@@ -35,6 +35,8 @@ pub struct Work {
     grads: Vec<Vec<f32>>,
     grad: Vec<f32>,
     mm: Matmul,
+    /// Whether chunks add the L2 penalty's gradient (not where the owners do: `without_decay`).
+    decay: bool,
 }
 
 impl Mlp {
@@ -163,6 +165,7 @@ impl Model for Mlp {
             grads: self.buffers(chunk),
             grad: vec![0.0; self.params],
             mm: Matmul::default(),
+            decay: true,
         }
     }
 
@@ -187,7 +190,7 @@ impl Model for Mlp {
             let input = if l == 0 { x.features } else { &work.acts[l - 1][..n * self.dims[l]] };
             let gx = if l == 0 { None } else { Some(&mut gbelow[l - 1][..n * self.dims[l]]) };
             mlp::dense_backward(&mut work.mm, input, &params[w.clone()], Weights::InOut, dy, gw, gb, gx);
-            if self.l2 > 0.0 {
+            if self.l2 > 0.0 && work.decay {
                 // Each row's share of the regularizer: the iteration's mean gradient gets l2 W.
                 let gw = &mut work.grad[w.clone()];
                 peregrine_kernels::dense::axpy(self.l2 * n as f32, &params[w], gw);
@@ -212,6 +215,14 @@ impl Model for Mlp {
 
     fn lr(&self) -> Option<f32> {
         Some(self.lr)
+    }
+
+    fn decay(&self) -> Option<(f32, Vec<Range<usize>>)> {
+        (self.l2 > 0.0).then(|| (self.l2, (0..self.layers()).map(|l| self.wb(l).0).collect()))
+    }
+
+    fn without_decay(&self, work: &mut Work) {
+        work.decay = false;
     }
 
     /// Each call streams every layer's weights and their gradient through the cache. At

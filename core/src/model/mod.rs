@@ -590,6 +590,20 @@ pub trait Model: Send + Sync {
     /// whose update is not a gradient (matrix factorization's SGD over its own ratings).
     fn lr(&self) -> Option<f32>;
 
+    /// The model's L2 penalty, `0.5 l2 |w|^2` over the parameters in the ranges, where a step at
+    /// the parameters' owners may apply it instead of the chunks (its gradient `l2 w` added to
+    /// the batch's mean gradient, as PyTorch's optimizers apply `weight_decay`): the engine
+    /// then builds the threads' work [`without_decay`](Self::without_decay). `None`: no
+    /// penalty, or not one weight on fixed parameters (LR's counts the rows touching each
+    /// feature).
+    fn decay(&self) -> Option<(f32, Vec<Range<usize>>)> {
+        None
+    }
+
+    /// Makes the chunks computed with `work` leave the [`decay`](Self::decay) penalty's
+    /// gradient out: the owners' step applies it.
+    fn without_decay(&self, _work: &mut Self::Work) {}
+
     /// Whether the engine computes a run of consecutive chunks a thread took at once in one
     /// call over all their rows, rather than chunk by chunk: for a model whose cost per call
     /// falls with more rows (matrix products, which pass the weights and their gradient

@@ -26,6 +26,8 @@ pub struct Softmax {
 pub struct Work {
     grad: Vec<f32>,
     scratch: Vec<f32>,
+    /// Whether chunks add the L2 penalty's gradient (not where the owners do: `without_decay`).
+    decay: bool,
 }
 
 impl Softmax {
@@ -95,6 +97,7 @@ impl Model for Softmax {
         Work {
             grad: vec![0.0; self.layout().params],
             scratch: vec![0.0; softmax::simd::BLOCK_ROWS * self.classes],
+            decay: true,
         }
     }
 
@@ -103,11 +106,19 @@ impl Model for Softmax {
         let (w, b) = self.split(params);
         let (gw, gb) = work.grad.split_at_mut(self.classes * self.cols);
         let loss = softmax::loss_grad(x.features, x.labels, w, b, gw, gb, &mut work.scratch);
-        if self.l2 > 0.0 {
+        if self.l2 > 0.0 && work.decay {
             // Each row's share of the regularizer: the iteration's mean gradient gets l2 W.
             peregrine_kernels::dense::axpy(self.l2 * x.len() as f32, w, gw);
         }
         loss
+    }
+
+    fn decay(&self) -> Option<(f32, Vec<Range<usize>>)> {
+        (self.l2 > 0.0).then(|| (self.l2, std::iter::once(0..self.classes * self.cols).collect()))
+    }
+
+    fn without_decay(&self, work: &mut Work) {
+        work.decay = false;
     }
 
     fn drain(&self, work: &mut Work, scale: f32, delta: &mut Delta) {

@@ -208,8 +208,11 @@ fn schedules() {
 #[test]
 fn a_step_in_place_is_the_step_and_its_adds_bit_for_bit() {
     // Over several blocks and a short last one, with state and gradients that vary, from 0 to 3
-    // contributions (the other ranks' slots) and with or without the owner's own.
+    // contributions (the other ranks' slots) and with or without the owner's own; contributions
+    // already scaled (1) or sums over rows (a scale); with and without an L2 penalty on ranges
+    // that cross blocks.
     let n = 600;
+    let ranges = [10..300, 400..590];
     for o in all().into_iter().filter(|o| !o.derived()) {
         let k = o.slots();
         let w0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
@@ -217,14 +220,25 @@ fn a_step_in_place_is_the_step_and_its_adds_bit_for_bit() {
         let parts: Vec<f32> = (0..3 * n).map(|i| (i as f32 * 0.73).cos() * 0.3).collect();
         let own: Vec<f32> = (0..n).map(|i| (i as f32 * 0.19).sin() * 0.2).collect();
         let p = Step { lr: 0.05, share: 1.0, t: 7 };
-        for (np, own) in [0, 1, 3].into_iter().flat_map(|np| [(np, None), (np, Some(&own[..]))]) {
+        let shapes = [0, 1, 3].into_iter().flat_map(|np| [(np, None), (np, Some(&own[..]))]);
+        let ways = [(1.0, None), (0.125, None), (0.125, Some((0.3, &ranges[..])))];
+        for ((np, own), (scale, decay)) in shapes.flat_map(|s| ways.iter().map(move |&w| (s, w))) {
             let parts = &parts[..np * n];
             // The owner-side step as it was: step on a copy of the sum (the parts in their
-            // order, then the own part), then add both updates.
+            // order, then the own part, then scaled, then the penalty's gradient), then add
+            // both updates.
             let mut c = vec![0.0f32; n];
             for part in parts.chunks_exact(n).chain(own) {
                 for (c, g) in c.iter_mut().zip(part) {
                     *c += *g;
+                }
+            }
+            if scale != 1.0 {
+                c.iter_mut().for_each(|c| *c *= scale);
+            }
+            if let Some((l2, ranges)) = decay {
+                for j in ranges.iter().flat_map(Clone::clone) {
+                    c[j] += l2 * w0[j];
                 }
             }
             let mut ds = vec![0.0; n * k];
@@ -232,12 +246,12 @@ fn a_step_in_place_is_the_step_and_its_adds_bit_for_bit() {
             let w1: Vec<f32> = w0.iter().zip(&c).map(|(w, c)| w + c).collect();
             let st1: Vec<f32> = st0.iter().zip(&ds).map(|(s, d)| s + d).collect();
             let (mut w, mut st) = (w0.clone(), st0.clone());
-            o.step_in_place(p, &mut w, &mut st, parts, own);
+            o.step_in_place(p, &mut w, &mut st, &Gradient { parts, own, scale, decay });
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            let name = (o.name(), np, own.is_some());
+            let name = (o.name(), np, own.is_some(), scale, decay.is_some());
             assert_eq!(bits(&w), bits(&w1), "{name:?}: weights");
             assert_eq!(bits(&st), bits(&st1), "{name:?}: state");
-            if np > 0 || own.is_some() {
+            if np > 0 || own.is_some() || decay.is_some() {
                 assert_ne!(bits(&w), bits(&w0), "{name:?}: the weights moved");
             }
         }
