@@ -277,7 +277,8 @@ fn an_l2_penalty_applied_by_the_owners_is_the_one_the_chunks_applied() {
     let tmp = scratch("decay");
     let data = dense_data(tmp.path());
     let make = |l2: f32| Mlp::new(&data, None, &[16], 0.05).expect("model").with_l2(l2);
-    let (sgd, owners): (Optimizer, Optimizer) = ("sgd".parse().expect("sgd"), "momentum:0".parse().expect("mu 0"));
+    let (sgd, owners): (Optimizer, Optimizer) =
+        ("sgd".parse().expect("sgd"), "momentum:0".parse().expect("mu 0"));
     for world in [1, 2] {
         let run = |o: Optimizer, l2: f32| {
             run_local(world, |t| bsp_params(&t, &make(l2), o, 25)).expect("world").remove(0).expect("train")
@@ -286,7 +287,10 @@ fn an_l2_penalty_applied_by_the_owners_is_the_one_the_chunks_applied() {
         let d = distance(&stepped, &chunks);
         assert!(d <= BSP_TOLERANCE, "{world} ranks: owners' penalty vs the chunks': {d:e}");
         let moved = distance(&plain, &chunks);
-        assert!(moved > 100.0 * BSP_TOLERANCE, "{world} ranks: the penalty moved the model by {moved:e} only");
+        assert!(
+            moved > 100.0 * BSP_TOLERANCE,
+            "{world} ranks: the penalty moved the model by {moved:e} only"
+        );
     }
 }
 
