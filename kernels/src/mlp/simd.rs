@@ -64,7 +64,11 @@ const NC: usize = 1024;
 /// 64-row chunk (`k = 64`) updates a 128 x 784 `C` (400 KiB, out of L2) in tiles of 6 x 16, and
 /// going along its rows, which the prefetcher follows, took 5-8 % less time than going down
 /// its columns (both orders alternated in one process, `C` evicted between calls, 1000 calls
-/// each, three runs); the MLP's other products took the same time either way.
+/// each, three runs); the MLP's other products took the same time either way. (Those were the
+/// weights as `out x in`; held as `in x out` since, the gradient is `X^T dH`, a 784 x 128 `C`
+/// of the same size and the same inner dimension, walked the same way. Its forward `X V`, whose
+/// `B` is 400 KiB, goes down the columns: along the rows took the same time, with the chunk's
+/// rows in cache or read from memory, one process, two runs.)
 const ROW_ORDER_B_BYTES: usize = 256 * 1024;
 
 /// Packing buffers for [`gemm`], grown on first use and then reused (no allocation in steady
