@@ -495,8 +495,9 @@ impl Params {
         self.grad.as_ref().is_some_and(|g| g.decay.is_some())
     }
 
-    /// Owner-side steps: puts this rank's share of the iteration's mean gradient (`delta`; all
-    /// zeros when the rank has nothing to add) into its slot at every other owner, each owner's
+    /// Owner-side steps: puts this rank's part of the iteration's gradient (`delta`: its sum over
+    /// the rank's rows, which the owners scale; all zeros when the rank has nothing to add) into
+    /// its slot at every other owner, each owner's
     /// whole shard of it straight from `delta`. Every rank pushes at every iteration that the
     /// owners step: a slot holds what its rank put last. The part in this rank's own shard stays
     /// in `delta` and joins [`step_owned`](Self::step_owned) there: it would only pass through
