@@ -387,6 +387,16 @@ pub fn params_config(t: &Transport, iterations: u64, scheme: Scheme, optimizer: 
     }
 }
 
+/// 6,000 generated ratings of 200 users and 150 items (rank 4), written to `dir/ratings.pgd`:
+/// the MF tests' data set.
+pub fn mf_ratings(dir: &std::path::Path) -> std::path::PathBuf {
+    use peregrine_kernels::data::gen::{self, RatingsSpec};
+    let p = dir.join("ratings.pgd");
+    gen::ratings(&RatingsSpec { rows: 6000, users: 200, items: 150, rank: 4, noise: 0.1, seed: 3 }, &p)
+        .expect("gen");
+    p
+}
+
 /// Matrix factorization (k 8, adaptive rates) in strata for [`mf_strata_config`]'s batches: on
 /// 6,000 ratings a 4 x 4 grid of blocks of about 375, most batches a round of block pieces whose
 /// chunks touch disjoint rows (their pushes put new values), the rest the loose ratings'.

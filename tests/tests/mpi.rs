@@ -158,15 +158,12 @@ fn bsp_model_is_the_same_over_mpi_and_local() {
 /// the model one local rank gives, and most pushes put values.
 #[test]
 fn bsp_mf_putting_new_values_is_the_same_over_mpi_and_local() {
-    use peregrine_kernels::data::gen::{self, RatingsSpec};
     use peregrine_tests::training::{
-        distance, final_params_of, mf_strata, mf_strata_config, traced_puts, BSP_TOLERANCE,
+        distance, final_params_of, mf_ratings, mf_strata, mf_strata_config, traced_puts, BSP_TOLERANCE,
     };
     let scratch = tempfile::Builder::new().prefix("peregrine-mpi-mf-").tempdir().expect("scratch");
     let dir = scratch.path();
-    let data = dir.join("ratings.pgd");
-    gen::ratings(&RatingsSpec { rows: 6000, users: 200, items: 150, rank: 4, noise: 0.1, seed: 3 }, &data)
-        .expect("gen");
+    let data = mf_ratings(dir);
     let model = mf_strata(&data).expect("model");
     let want = peregrine_transport::run_local(1, |t| {
         final_params_of(&t, &model, &mf_strata_config(&t, 60, true, None))

@@ -9,7 +9,7 @@ use peregrine_core::model::{lr::LogReg, mf::Mf, mlp::Mlp, softmax::Softmax, Delt
 use peregrine_core::optim::Optimizer;
 use peregrine_core::plan::Plan;
 use peregrine_core::Scheme;
-use peregrine_kernels::data::gen::{self, DenseSpec, RatingsSpec, SparseSpec};
+use peregrine_kernels::data::gen::{self, DenseSpec, SparseSpec};
 use peregrine_tests::training::{
     bsp_params_one_thread, counted, counted_with, distance, exactly_once, exactly_once_elastic,
     exactly_once_in, final_params, final_params_with, injected, scheme, BSP_TOLERANCE,
@@ -161,9 +161,7 @@ fn lr_intercept_learns_the_base_rate() {
 #[test]
 fn bsp_mf_is_the_same_for_1_2_4_ranks() {
     let tmp = scratch("mf");
-    let p = tmp.path().join("ratings.pgd");
-    gen::ratings(&RatingsSpec { rows: 6000, users: 200, items: 150, rank: 4, noise: 0.1, seed: 3 }, &p)
-        .expect("gen");
+    let p = peregrine_tests::training::mf_ratings(tmp.path());
     same_model_for_every_world(|| Mf::new(&p, None, 8, 0.01, 0.05).expect("model"), 20);
     // Adaptive rates: each row's G is summed like its factors.
     same_model_for_every_world(|| Mf::new(&p, None, 8, 0.1, 0.1).expect("model").with_adaptive(true), 20);
@@ -176,11 +174,9 @@ fn bsp_mf_is_the_same_for_1_2_4_ranks() {
 /// say which pushes put values: most iterations, not all (the loose ratings' batches share rows).
 #[test]
 fn bsp_mf_in_strata_puts_new_values_and_trains_the_model_of_accumulates() {
-    use peregrine_tests::training::{final_params_of, mf_strata, mf_strata_config, traced_puts};
+    use peregrine_tests::training::{final_params_of, mf_ratings, mf_strata, mf_strata_config, traced_puts};
     let tmp = scratch("mf-puts");
-    let p = tmp.path().join("ratings.pgd");
-    gen::ratings(&RatingsSpec { rows: 6000, users: 200, items: 150, rank: 4, noise: 0.1, seed: 3 }, &p)
-        .expect("gen");
+    let p = mf_ratings(tmp.path());
     let model = mf_strata(&p).expect("model");
     let iterations = 60;
     let run = |world: usize, put_disjoint: bool, name: &str| {

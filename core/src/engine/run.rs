@@ -700,8 +700,7 @@ impl<'a, M: Model> Run<'a, M> {
                 let owners = self.params.owner_steps();
                 self.drain(if owners { 1.0 } else { per_row }, &mut me.delta, rec);
                 let share = per_row * rec.rows as f32;
-                let sched = cfg.schedule.factor(it, self.plan.iters_per_epoch(), cfg.iterations) as f32;
-                Some(Step { lr: lr * sched, share, t: it + 1 })
+                Some(Step { lr: lr * self.schedule(it), share, t: it + 1 })
             }
             _ => {
                 self.drain(self.update_scale(it) * admit.scale, &mut me.delta, rec);
@@ -762,9 +761,13 @@ impl<'a, M: Model> Run<'a, M> {
     /// The factor on iteration `it`'s update of a model that steps by itself: the model's scale
     /// for the batch and the learning-rate schedule's (before the policy's own).
     fn update_scale(&self, it: u64) -> f32 {
+        self.model.scale(self.plan.batch_rows(it).len()) * self.schedule(it)
+    }
+
+    /// The learning-rate schedule's factor at iteration `it`.
+    fn schedule(&self, it: u64) -> f32 {
         let cfg = self.cfg;
-        let sched = cfg.schedule.factor(it, self.plan.iters_per_epoch(), cfg.iterations) as f32;
-        self.model.scale(self.plan.batch_rows(it).len()) * sched
+        cfg.schedule.factor(it, self.plan.iters_per_epoch(), cfg.iterations) as f32
     }
 
     /// Closes the iteration: its record to the policy, the totals and the metrics; then the

@@ -672,13 +672,8 @@ impl Block {
         if !self.transposed {
             return std::borrow::Cow::Borrowed(held);
         }
-        let (rows, cols) = (self.shape[0], self.shape[1]);
         let mut out = vec![0.0; held.len()];
-        for (c, row) in held.chunks_exact(rows).enumerate() {
-            for (r, &v) in row.iter().enumerate() {
-                out[r * cols + c] = v;
-            }
-        }
+        peregrine_kernels::mlp::transpose(held, self.shape[1], self.shape[0], &mut out);
         std::borrow::Cow::Owned(out)
     }
 
@@ -696,15 +691,10 @@ impl Block {
             values.len(),
             held.len()
         );
-        if !self.transposed {
+        if self.transposed {
+            peregrine_kernels::mlp::transpose(values, self.shape[0], self.shape[1], held);
+        } else {
             held.copy_from_slice(values);
-            return;
-        }
-        let (rows, cols) = (self.shape[0], self.shape[1]);
-        for (r, row) in values.chunks_exact(cols).enumerate() {
-            for (c, &v) in row.iter().enumerate() {
-                held[c * rows + r] = v;
-            }
         }
     }
 }

@@ -224,7 +224,10 @@ pub fn dense_forward(mm: &mut Matmul, x: &[f32], w: &[f32], order: Weights, b: &
 
 /// `out <- a^T` for a row-major `rows x cols` `a`, in tiles of 8 x 8 (each read and written a
 /// few cache lines at a time).
-fn transpose(a: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
+///
+/// # Panics
+/// If `a` or `out` holds fewer than `rows cols` values.
+pub fn transpose(a: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
     const T: usize = 8;
     for i0 in (0..rows).step_by(T) {
         for j0 in (0..cols).step_by(T) {
