@@ -2313,47 +2313,51 @@ fn a_checkpoint_of_another_parameter_order_is_refused() {
     let d = t.path();
     let s = |name: &str| d.join(name).to_str().expect("utf-8").to_owned();
     ok(&["data", "gen", "dense", &s("d.pgd"), "--rows", "400", "--features", "6", "--classes", "3"]);
-    let args = [
-        "train",
-        "--model",
-        "mlp",
-        "--hidden",
-        "5",
-        "--data",
-        &s("d.pgd"),
-        "--iterations",
-        "10",
-        "--checkpoint-every",
-        "5",
-        "--ranks",
-        "2",
-        "--run-dir",
-        &s("run"),
-        "-q",
-    ];
-    ok(&args);
-    let checkpoint = d.join("run/checkpoint.safetensors");
-    std::fs::remove_file(d.join("run/summary.json")).expect("unfinish");
-    let (_, stderr) = ok(&args);
-    assert!(stderr.contains("resuming from iteration"), "{stderr}");
-    // The same checkpoint without its order, as an earlier version wrote it.
-    std::fs::remove_file(d.join("run/summary.json")).expect("unfinish");
-    let bytes = std::fs::read(&checkpoint).expect("checkpoint");
-    let st = SafeTensors::deserialize(&bytes).expect("safetensors");
-    let (_, header) = SafeTensors::read_metadata(&bytes).expect("header");
-    let mut meta = header.metadata().clone().expect("metadata");
-    assert_eq!(meta.remove("param_order").as_deref(), Some("weights in x out"));
-    let views: Vec<(String, TensorView<'_>)> = st.tensors();
-    let old = safetensors::serialize(views, Some(meta)).expect("serialize");
-    std::fs::write(&checkpoint, old).expect("write");
-    let out = peregrine(&args);
-    let (_, stderr) = text(&out);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.contains("checkpoint.safetensors")
-            && stderr.contains("ordered each block as named")
-            && stderr.contains("`weights in x out`")
-            && stderr.contains("--force"),
-        "{stderr}"
-    );
+    ok(&["data", "gen", "ratings", &s("r.pgd"), "--ratings", "5000", "--users", "60", "--items", "50"]);
+    // The MLP's weights `in x out`; MF's rows by strata bands (4 x 4 blocks of 64 ratings fit).
+    let mlp = ["--model", "mlp", "--hidden", "5", "--data", &s("d.pgd")].map(str::to_owned);
+    let mf = ["--model", "mf", "--k", "4", "--data", &s("r.pgd"), "--batch", "256", "--chunk", "64"]
+        .map(str::to_owned);
+    for (model, order) in [(&mlp[..], "weights in x out"), (&mf[..], "rows by strata bands")] {
+        let run = s(&format!("run-{}", model[1]));
+        let mut args: Vec<&str> = vec!["train"];
+        args.extend(model.iter().map(String::as_str));
+        args.extend([
+            "--iterations",
+            "10",
+            "--checkpoint-every",
+            "5",
+            "--ranks",
+            "2",
+            "--run-dir",
+            &run,
+            "-q",
+        ]);
+        ok(&args);
+        let checkpoint = Path::new(&run).join("checkpoint.safetensors");
+        let summary = Path::new(&run).join("summary.json");
+        std::fs::remove_file(&summary).expect("unfinish");
+        let (_, stderr) = ok(&args);
+        assert!(stderr.contains("resuming from iteration"), "{order}: {stderr}");
+        // The same checkpoint without its order, as an earlier version wrote it.
+        std::fs::remove_file(&summary).expect("unfinish");
+        let bytes = std::fs::read(&checkpoint).expect("checkpoint");
+        let st = SafeTensors::deserialize(&bytes).expect("safetensors");
+        let (_, header) = SafeTensors::read_metadata(&bytes).expect("header");
+        let mut meta = header.metadata().clone().expect("metadata");
+        assert_eq!(meta.remove("param_order").as_deref(), Some(order));
+        let views: Vec<(String, TensorView<'_>)> = st.tensors();
+        let old = safetensors::serialize(views, Some(meta)).expect("serialize");
+        std::fs::write(&checkpoint, old).expect("write");
+        let out = peregrine(&args);
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{order}: {stderr}");
+        assert!(
+            stderr.contains("checkpoint.safetensors")
+                && stderr.contains("ordered each block as named")
+                && stderr.contains(&format!("`{order}`"))
+                && stderr.contains("--force"),
+            "{stderr}"
+        );
+    }
 }

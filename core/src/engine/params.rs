@@ -590,7 +590,8 @@ pub(super) fn owner_steps_apply(
 /// Writes `delta` into window `w` straight from its values (no gathering copy), completed at the
 /// targets on return: adds it (`accumulate`) at its touched ranges, or over the whole vector
 /// when they are too [`scattered`]; or puts it (new values) at its touched ranges only, one put
-/// per run of touched keys (the keys it does not touch belong to other ranks' chunks, or to none).
+/// per run of touched keys (the keys it does not touch belong to other ranks' chunks, or to none),
+/// and its rows of new values ([`Delta::rows`]) from where the chunks left them.
 fn write_delta(
     w: &Window<f32>,
     delta: &mut Delta,
@@ -605,12 +606,18 @@ fn write_delta(
         delta.key_ranges(ranges);
     }
     let values = delta.values();
+    debug_assert!(!accumulate || delta.rows().next().is_none(), "rows of new values accumulated");
     w.write_scope(|s| {
         for r in ranges.iter().filter(|r| !r.is_empty()) {
             if accumulate {
                 s.accumulate(r.start, &values[r.clone()])?;
             } else {
                 s.put(r.start, &values[r.clone()])?;
+            }
+        }
+        if !accumulate {
+            for (start, v) in delta.rows() {
+                s.put(start, v)?;
             }
         }
         Ok(())

@@ -20,6 +20,7 @@
 //! exactly as if run one after the other, and each chunk touches a few hundred rows (the copies
 //! it takes and settles shrink by that much) rather than one or two per rating.
 
+use std::borrow::Cow;
 use std::ops::Range;
 use std::path::Path;
 
@@ -91,6 +92,16 @@ pub const ROW_STATE: usize = 2;
 /// MPI ranks, 6 runs of 100 epochs of each binary alternated: compute per rank 0.161 -> 0.141 s,
 /// training 0.240 -> 0.219 s (medians; the same RMSE). What is left of the chunk's copy is the
 /// settle's scattered adds into the rank's update (a whole-model buffer).
+///
+/// The parameter vector holds the rows band by band ([`in_band_order`](Self::in_band_order)),
+/// each slot's keys in order, and a chunk of a round of block pieces leaves its rows' new values
+/// where it computed them, put from there ([`Copies::settle_gathered`], [`Delta::rows`]): a
+/// round's puts move runs of rows (the unit test's 20,000 generated ratings: 259 runs over the
+/// rounds' slots where the same rows in id order make 3,602), no copy into the update, none of it
+/// to clear. MovieLens-100k, 2 MPI ranks, 20 epochs, traced, alternated: the iterations that put
+/// values 170 -> 133 us (push 42 -> 18 us), then 119 -> 106 with their pulls reading just their
+/// keys; `bench-peers.sh --only mf` 0.72x -> 0.60x libmf's epoch; the same model bit for bit (1
+/// rank, 1 thread).
 #[derive(Debug)]
 struct Grid {
     users: Vec<u32>,
@@ -102,6 +113,14 @@ struct Grid {
     /// Per batch of `bins` slots, whether its slots' keys are pairwise disjoint: its slots are
     /// all block pieces of one round, not loose ratings ([`Model::disjoint`]).
     disjoint: Vec<bool>,
+    /// Each training user's band, and each training item's.
+    user_bands: Vec<u32>,
+    item_bands: Vec<u32>,
+    /// The rows' order in the parameter vector ([`in_band_order`](Self::in_band_order)): the
+    /// vector row of each model row (users, then items after them), and the model row of each
+    /// vector row. Empty before that: the model's own order.
+    at: Vec<u32>,
+    of: Vec<u32>,
     /// Where slot `s`'s keys start in `keys` (one more entry than slots).
     key_starts: Vec<usize>,
     keys: Vec<u32>,
@@ -142,6 +161,7 @@ impl Grid {
             band
         };
         let (ub, ib) = (bands(r.users, r.n_users), bands(r.items, r.n_items));
+        let narrow = |b: &[usize]| b.iter().map(|&x| x as u32).collect();
         let block = |j: usize| ub[r.users[j] as usize] * bins + ib[r.items[j] as usize];
         let mut sorted: Vec<usize> = (0..n).collect();
         sorted.sort_unstable_by_key(|&j| (block(j), r.users[j], r.items[j]));
@@ -190,6 +210,10 @@ impl Grid {
             chunk,
             bins,
             disjoint: Vec::new(),
+            user_bands: narrow(&ub),
+            item_bands: narrow(&ib),
+            at: Vec::new(),
+            of: Vec::new(),
             key_starts: Vec::new(),
             keys: Vec::new(),
             slot_users: Vec::new(),
@@ -198,10 +222,42 @@ impl Grid {
         }
     }
 
+    /// Renumbers the rows of a model of `users` users and `items` items so that each band's lie
+    /// side by side in the parameter vector, in id order within it (the users of band 0, of band
+    /// 1, ..., then those no training rating has; the items likewise, after the users), and the
+    /// ratings' ids with them. A round of block pieces then touches a few long runs of rows
+    /// where the bands, drawn over the ids in a random order, scattered them one or two at a
+    /// time: the puts of their new values, the pulls of their keys and the chunks' copies move
+    /// runs, not single rows. Which rating steps which row, and in which order, is unchanged:
+    /// the same model, its rows elsewhere ([`Mf`] maps them back on every way out).
+    fn in_band_order(mut self, users: usize, items: usize) -> Self {
+        let order = |bands: &[u32], n: usize| {
+            let mut ids: Vec<u32> = (0..n as u32).collect();
+            ids.sort_unstable_by_key(|&id| (bands.get(id as usize).copied().unwrap_or(u32::MAX), id));
+            ids
+        };
+        let shift = users as u32;
+        self.of = order(&self.user_bands, users);
+        self.of.extend(order(&self.item_bands, items).into_iter().map(|i| i + shift));
+        self.at = vec![0; self.of.len()];
+        for (v, &m) in self.of.iter().enumerate() {
+            self.at[m as usize] = v as u32;
+        }
+        for u in &mut self.users {
+            *u = self.at[*u as usize];
+        }
+        for i in &mut self.items {
+            *i = self.at[(*i + shift) as usize] - shift;
+        }
+        self
+    }
+
     /// Fills each chunk-sized slot's keys (its users, then its items after the `users` user
-    /// rows, of `rows` keys in all) and each rating's places among them.
+    /// rows, of `rows` keys in all; each part in key order, so that a band's rows go in runs)
+    /// and each rating's places among them.
     fn with_keys(mut self, users: u32, rows: usize) -> Self {
         let mut set = KeySet::new(rows);
+        let mut sorted = Vec::new();
         // A key's place in its slot, valid for the slot's keys while the slot is laid out.
         let mut place = vec![0u32; rows];
         self.key_starts.push(0);
@@ -211,13 +267,17 @@ impl Grid {
             set.extend(u);
             let su = set.len();
             set.extend_shifted(i, users);
-            for (j, &key) in set.keys().iter().enumerate() {
+            sorted.clear();
+            sorted.extend_from_slice(set.keys());
+            sorted[..su].sort_unstable();
+            sorted[su..].sort_unstable();
+            for (j, &key) in sorted.iter().enumerate() {
                 // Users from 0, items from 0 after them.
                 place[key as usize] = if j < su { j } else { j - su } as u32;
             }
             self.local_users.extend(u.iter().map(|&x| place[x as usize]));
             self.local_items.extend(i.iter().map(|&x| place[(x + users) as usize]));
-            self.keys.extend_from_slice(set.keys());
+            self.keys.extend_from_slice(&sorted);
             self.key_starts.push(self.keys.len());
             self.slot_users.push(su as u32);
             set.clear();
@@ -365,7 +425,9 @@ impl Mf {
         let (c, chunk) = (batch.div_ceil(chunk.max(1)).max(1), chunk.max(1));
         let fits = grid_fits(t.len(), c, chunk);
         let rows = self.layout().keys();
-        let grid = fits.then(|| Grid::new(&t, c, chunk).with_keys(self.users as u32, rows));
+        let grid = fits.then(|| {
+            Grid::new(&t, c, chunk).in_band_order(self.users, self.items).with_keys(self.users as u32, rows)
+        });
         let unstratified = (!fits && c > 1).then(|| unstratified(t.len(), c, chunk));
         Self { grid, unstratified, ..self }
     }
@@ -388,7 +450,8 @@ impl Mf {
     }
 
     /// With factors for `users` users and `items` items (at least the datasets'): a model
-    /// trained on more users or items than a file to predict holds.
+    /// trained on more users or items than a file to predict holds. Strata, if any, are laid out
+    /// again for that many rows.
     pub fn with_size(self, users: usize, items: usize) -> Built<Self> {
         if users < self.users || items < self.items {
             return Err(ModelError::Unfit(format!(
@@ -398,7 +461,12 @@ impl Mf {
                 self.items
             )));
         }
-        Ok(Self { users, items, ..self })
+        let strata = self.grid.as_ref().map(|g| (g.bins * g.chunk, g.chunk));
+        let m = Self { users, items, grid: None, ..self };
+        Ok(match strata {
+            Some((batch, chunk)) => m.with_strata(batch, chunk),
+            None => m,
+        })
     }
 
     fn rows_of(d: &Dataset) -> Ratings<'_> {
@@ -465,6 +533,24 @@ impl Mf {
     fn split<'a>(&self, params: &'a [f32]) -> (&'a [f32], &'a [f32]) {
         params.split_at(self.users * self.width())
     }
+
+    /// The rows' order in the parameter vector, if not the model's own: with strata, by bands
+    /// ([`Grid::in_band_order`]); the vector row of each model row, and the inverse.
+    fn row_order(&self) -> Option<(&[u32], &[u32])> {
+        self.grid.as_ref().filter(|g| !g.at.is_empty()).map(|g| (&g.at[..], &g.of[..]))
+    }
+
+    /// Ratings `x`'s user and item ids as the parameter vector's rows ([`row_order`]
+    /// (Self::row_order)): the evaluation set's ids are the model's own.
+    fn vector_ids<'a>(&self, x: &Ratings<'a>) -> (Cow<'a, [u32]>, Cow<'a, [u32]>) {
+        let Some((at, _)) = self.row_order() else {
+            return (Cow::Borrowed(x.users), Cow::Borrowed(x.items));
+        };
+        let shift = self.users as u32;
+        let users = x.users.iter().map(|&u| at[u as usize]).collect();
+        let items = x.items.iter().map(|&i| at[(i + shift) as usize] - shift).collect();
+        (Cow::Owned(users), Cow::Owned(items))
+    }
 }
 
 impl Model for Mf {
@@ -496,7 +582,10 @@ impl Model for Mf {
     fn init(&self, seed: u64, range: Range<usize>, out: &mut [f32]) {
         let a = (1.0 / self.k as f32).sqrt();
         let w = self.width();
+        let order = self.row_order().map(|(_, of)| of);
         for (i, o) in range.zip(out) {
+            // Each value drawn by its place in the model, wherever the vector holds its row.
+            let i = order.map_or(i, |of| of[i / w] as usize * w + i % w);
             *o = match i % w {
                 c if c < self.k && self.adaptive => super::uniform(seed, i, a).abs(),
                 c if c < self.k => super::uniform(seed, i, a),
@@ -574,15 +663,35 @@ impl Model for Mf {
     fn evaluate(&self, params: &[f32], rows: Range<usize>) -> EvalSums {
         let x = Self::rows_of(self.data.eval()).rows(rows);
         let (u, v) = self.split(params);
-        let sse = mf::sse_rows(x.users, x.items, x.ratings, u, v, self.k, self.width(), self.mean());
+        let (users, items) = self.vector_ids(&x);
+        let sse = mf::sse_rows(&users, &items, x.ratings, u, v, self.k, self.width(), self.mean());
         [sse, sse, x.len() as f64]
     }
 }
 
 impl Export for Mf {
+    /// Users then items, a row each in id order; with strata the vector holds the rows in band
+    /// order (`Grid::in_band_order`), put back in id order on the way out and in.
     fn blocks(&self) -> Vec<Block> {
         let w = self.width();
-        vec![Block::new("users", &[self.users, w], 0), Block::new("items", &[self.items, w], self.users * w)]
+        let (users, items) =
+            (Block::new("users", &[self.users, w], 0), Block::new("items", &[self.items, w], self.users * w));
+        let Some((at, _)) = self.row_order() else {
+            return vec![users, items];
+        };
+        let (u, shift) = at.split_at(self.users);
+        let shift: Vec<u32> = shift.iter().map(|&v| v - self.users as u32).collect();
+        vec![users.with_rows(u), items.with_rows(&shift)]
+    }
+
+    /// With strata, rows in band order (`Grid::in_band_order`): a checkpoint written before
+    /// (rows in id order) is refused.
+    fn param_order(&self) -> &'static str {
+        if self.row_order().is_some() {
+            "rows by strata bands"
+        } else {
+            ""
+        }
     }
 
     /// The mean (with biases), and under adaptive rates `row_state`, how many values each row
@@ -603,7 +712,8 @@ impl Export for Mf {
         let x = Self::rows_of(self.data.eval()).rows(rows);
         let (u, v) = self.split(params);
         let (k, w) = (self.k, self.width());
-        for (&a, &b) in x.users.iter().zip(x.items) {
+        let (users, items) = self.vector_ids(&x);
+        for (&a, &b) in users.iter().zip(items.iter()) {
             let (ur, vr) = (&u[a as usize * w..][..w], &v[b as usize * w..][..w]);
             let bias = self.mean().map_or(0.0, |m| m + ur[k] + vr[k]);
             out.push(bias + ur[..k].iter().zip(&vr[..k]).map(|(p, q)| p * q).sum::<f32>());
@@ -622,13 +732,27 @@ impl Export for Mf {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashSet;
+    use std::collections::{BTreeMap, HashSet};
 
     use peregrine_kernels::data::gen::{self, RatingsSpec};
 
     use std::ops::Range;
 
-    use super::{Copies, Delta, Grid, KeySet, Mf, Model, Ratings, Rng};
+    use super::{Copies, Delta, Export, Grid, KeySet, Mf, Model, Ratings, Rng};
+
+    /// What a put of `d` writes ([`Delta::key_ranges`]' values and [`Delta::rows`]), by index.
+    fn put_of(d: &mut Delta) -> BTreeMap<usize, u32> {
+        let mut ranges = Vec::new();
+        d.key_ranges(&mut ranges);
+        let mut out: BTreeMap<usize, u32> =
+            ranges.into_iter().flatten().map(|j| (j, d.values()[j].to_bits())).collect();
+        for (start, v) in d.rows() {
+            for (j, x) in v.iter().enumerate() {
+                assert!(out.insert(start + j, x.to_bits()).is_none(), "{} written twice", start + j);
+            }
+        }
+        out
+    }
 
     /// A generated ratings file (in a temporary directory, kept while the first value lives).
     fn generated(spec: RatingsSpec) -> (tempfile::TempDir, std::path::PathBuf) {
@@ -767,14 +891,15 @@ mod tests {
                 let (mut change, mut values) = (Delta::new(l), Delta::new(l));
                 m.drain(&mut a, 1.0, &mut change);
                 m.drain(&mut b, 1.0, &mut values);
-                let (mut ra, mut rb) = (Vec::new(), Vec::new());
+                let mut ra = Vec::new();
                 change.key_ranges(&mut ra);
-                values.key_ranges(&mut rb);
-                assert_eq!(ra, rb, "{rows:?}, epoch {epoch}: keys");
+                let put = put_of(&mut values);
+                let touched: Vec<usize> = ra.into_iter().flatten().collect();
+                assert_eq!(put.keys().copied().collect::<Vec<_>>(), touched, "{rows:?}, epoch {epoch}: keys");
                 let mut moved = 0;
-                for j in ra.into_iter().flatten() {
+                for j in touched {
                     let want = params[j] + change.values()[j];
-                    let got = values.values()[j];
+                    let got = f32::from_bits(put[&j]);
                     assert!(
                         (got - want).abs() <= 1e-6 * (1.0 + want.abs()),
                         "{rows:?}, {j}: {got} vs {want}"
@@ -782,14 +907,32 @@ mod tests {
                     moved += usize::from(got != params[j]);
                 }
                 assert!(moved > chunk, "{rows:?}, epoch {epoch}: {moved} values moved");
+                // A slot's rows go over whole, where it computed them: the update's vector stays
+                // zeros (nothing of it to clear); the whole copy's values are written into it.
+                let slot = m.grid.as_ref().and_then(|g| g.slot(&rows)).is_some();
+                assert_eq!(values.values().iter().all(|&x| x == 0.0), slot, "{rows:?}: rows or vector");
                 // The buffers are left as drained: a second chunk's values land on zeros.
                 let sc = m.compute_values(epoch, rows.clone(), &params, &mut b);
                 assert_eq!(sc.to_bits(), sa.to_bits());
                 let mut again = Delta::new(l);
                 m.drain(&mut b, 1.0, &mut again);
-                assert_eq!(again.values(), values.values(), "{rows:?}, epoch {epoch}: computed again");
+                assert_eq!(put_of(&mut again), put, "{rows:?}, epoch {epoch}: computed again");
             }
         }
+        // Two chunks of a disjoint batch drained into one update (two threads of a rank, each
+        // its own rows): both chunks' rows written, each once.
+        assert!(m.disjoint(0..batch, chunk), "the first batch is a round of block pieces");
+        let (mut both, mut b, mut c) = (Delta::new(l), m.work(chunk), m.work(chunk));
+        let mut union = BTreeMap::new();
+        for (rows, work) in [(0..chunk, &mut b), (chunk..2 * chunk, &mut c)] {
+            let mut alone = Delta::new(l);
+            m.compute_values(1, rows.clone(), &params, work);
+            m.drain(work, 1.0, &mut alone);
+            union.extend(put_of(&mut alone));
+            m.compute_values(1, rows, &params, work);
+            m.drain(work, 1.0, &mut both);
+        }
+        assert_eq!(put_of(&mut both), union, "two chunks into one update");
     }
 
     #[test]
@@ -843,6 +986,109 @@ mod tests {
             }
             // Rows that are not one slot take the whole copy.
             assert!(g.slot(&(5..133)).is_none() && g.slot(&(0..256)).is_none());
+        }
+    }
+
+    #[test]
+    fn strata_hold_the_rows_by_band_and_every_way_out_has_them_in_id_order() {
+        // The evaluation set has users and items no training rating has: rows past every band.
+        let (_dir, path) =
+            generated(RatingsSpec { rows: 20_000, users: 200, items: 150, rank: 3, noise: 0.1, seed: 11 });
+        let (_d2, eval) =
+            generated(RatingsSpec { rows: 3000, users: 230, items: 170, rank: 3, noise: 0.1, seed: 12 });
+        let (batch, chunk) = (1024, 128);
+        let plain = Mf::new(&path, Some(&eval), 6, 0.1, 0.1).expect("model").with_adaptive(true);
+        assert!(plain.users > 200 && plain.items > 150, "rows no training rating has");
+        let strata = Mf::new(&path, Some(&eval), 6, 0.1, 0.1)
+            .expect("model")
+            .with_adaptive(true)
+            .with_strata(batch, chunk);
+        let g = strata.grid.as_ref().expect("strata");
+        assert!(plain.row_order().is_none() && plain.param_order().is_empty());
+        assert_eq!(strata.param_order(), "rows by strata bands");
+        let l = strata.layout();
+        assert_eq!(l, plain.layout());
+
+        // Each band's rows side by side, in id order; the rows without a band after them.
+        let shift = strata.users as u32;
+        for (bands, n, first) in [(&g.user_bands, strata.users, 0), (&g.item_bands, strata.items, shift)] {
+            let mut last = None;
+            for b in 0..=g.bins as u32 {
+                let ids: Vec<u32> = (0..n as u32)
+                    .filter(|&id| bands.get(id as usize).copied().unwrap_or(g.bins as u32) == b)
+                    .collect();
+                let rows: Vec<u32> = ids.iter().map(|&id| g.at[(id + first) as usize]).collect();
+                let start = last.map_or(first, |r: u32| r + 1);
+                assert_eq!(rows, (start..start + ids.len() as u32).collect::<Vec<_>>(), "band {b}");
+                last = rows.last().copied().or(last);
+            }
+        }
+        // A slot's keys in order, users then items; in the rounds of block pieces, in a few runs
+        // where the same rows in id order would be a row or two each.
+        let runs = |keys: &[u32]| 1 + keys.windows(2).filter(|w| w[1] != w[0] + 1).count();
+        let (mut band_runs, mut id_runs) = (0, 0);
+        for s in 0..g.key_starts.len() - 1 {
+            let keys = g.keys_of(s);
+            let users = g.slot_users[s] as usize;
+            assert!(keys[..users].is_sorted() && keys[users..].is_sorted(), "slot {s}");
+            if g.disjoint[s / g.bins] {
+                let mut ids: Vec<u32> = keys.iter().map(|&k| g.of[k as usize]).collect();
+                ids.sort_unstable();
+                (band_runs, id_runs) = (band_runs + runs(keys), id_runs + runs(&ids));
+            }
+        }
+        assert!(band_runs * 4 < id_runs, "{band_runs} runs in band order, {id_runs} in id order");
+
+        // The initial model, its blocks, its evaluation and its predictions are the model's
+        // without strata, value for value.
+        let (mut pp, mut ps) = (vec![0.0; l.params], vec![0.0; l.params]);
+        plain.init(3, 0..l.params, &mut pp);
+        strata.init(3, 0..l.params, &mut ps);
+        assert!(pp != ps, "the rows lie elsewhere");
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let exported = |m: &Mf, p: &[f32]| -> Vec<(String, Vec<u32>)> {
+            m.blocks().iter().map(|b| (b.name.clone(), bits(&b.values(p)))).collect()
+        };
+        assert_eq!(exported(&strata, &ps), exported(&plain, &pp));
+        let mut back = vec![0.0; l.params];
+        for (b, (_, v)) in strata.blocks().iter().zip(exported(&plain, &pp)) {
+            let v: Vec<f32> = v.into_iter().map(f32::from_bits).collect();
+            b.place(&v, &mut back);
+        }
+        assert_eq!(bits(&back), bits(&ps), "blocks read back into the strata's order");
+        let n = strata.eval_rows();
+        let sums = |m: &Mf, p: &[f32]| m.evaluate(p, 0..n).map(f64::to_bits);
+        assert_eq!(sums(&strata, &ps), sums(&plain, &pp));
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        strata.predict(&ps, 0..n, &mut a);
+        plain.predict(&pp, 0..n, &mut b);
+        assert_eq!(bits(&a), bits(&b));
+
+        // A slot's new values are those its ratings give the model in id order, bit for bit.
+        let t = Mf::rows_of(&strata.data.train);
+        let ids = Grid::new(&t, batch / chunk, chunk);
+        for slot in [0..chunk, 5 * chunk..6 * chunk] {
+            for epoch in [0, 1] {
+                let mut want = pp.clone();
+                let x = Ratings {
+                    users: &ids.users[slot.clone()],
+                    items: &ids.items[slot.clone()],
+                    ratings: &ids.ratings[slot.clone()],
+                    ..t
+                };
+                let (u, v) = want.split_at_mut(plain.users * l.width);
+                plain.sgd(epoch, &x, u, v);
+                let mut work = strata.work(chunk);
+                strata.compute_values(epoch, slot.clone(), &ps, &mut work);
+                let mut d = Delta::new(l);
+                strata.drain(&mut work, 1.0, &mut d);
+                let mut got = ps.clone();
+                for (j, x) in put_of(&mut d) {
+                    got[j] = f32::from_bits(x);
+                }
+                assert_eq!(exported(&strata, &got), exported(&plain, &want), "{slot:?}, epoch {epoch}");
+                assert!(bits(&want) != bits(&pp), "{slot:?} trained");
+            }
         }
     }
 

@@ -165,18 +165,29 @@ impl KeySet {
     }
 }
 
-/// An update to push: values over the whole vector and the keys they touch.
+/// An update to push: values over the whole vector and the keys they touch; and, from the
+/// chunks of a [`disjoint`](Model::disjoint) batch, whole rows of new values side by side
+/// ([`rows`](Self::rows)), which are only ever put, never added.
 #[derive(Clone, Debug)]
 pub struct Delta {
     layout: Layout,
     values: Vec<f32>,
     keys: KeySet,
+    /// New values of the keys of `row_keys`, a row of `layout.width` each, in that order.
+    rows: Vec<f32>,
+    row_keys: Vec<u32>,
 }
 
 impl Delta {
     /// A zero update.
     pub fn new(layout: Layout) -> Self {
-        Self { layout, values: vec![0.0; layout.params], keys: KeySet::new(layout.keys()) }
+        Self {
+            layout,
+            values: vec![0.0; layout.params],
+            keys: KeySet::new(layout.keys()),
+            rows: Vec::new(),
+            row_keys: Vec::new(),
+        }
     }
 
     /// The layout.
@@ -289,7 +300,48 @@ impl Delta {
 
     /// Whether nothing is touched.
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.keys.is_empty() && self.row_keys.is_empty()
+    }
+
+    /// Takes rows of new values (`rows`: a row of the layout's width per key of `keys`, in that
+    /// order, the keys distinct and not in this update yet) times `scale`, and leaves both
+    /// empty. Into an update without rows the buffers trade places (no copy).
+    pub fn take_rows(&mut self, scale: f32, rows: &mut Vec<f32>, keys: &mut Vec<u32>) {
+        assert_eq!(rows.len(), keys.len() * self.layout.width, "take_rows: a row per key");
+        if scale != 1.0 {
+            peregrine_kernels::dense::scale(scale, rows);
+        }
+        if self.row_keys.is_empty() {
+            std::mem::swap(&mut self.rows, rows);
+            std::mem::swap(&mut self.row_keys, keys);
+        } else {
+            self.rows.extend_from_slice(rows);
+            self.row_keys.extend_from_slice(keys);
+        }
+        rows.clear();
+        keys.clear();
+    }
+
+    /// The new values [`take_rows`](Self::take_rows) took, as `(first parameter, values)` runs:
+    /// rows of consecutive keys that lie side by side coalesced into one.
+    pub fn rows(&self) -> impl Iterator<Item = (usize, &[f32])> + '_ {
+        let (l, w) = (self.layout, self.layout.width);
+        let mut i = 0;
+        std::iter::from_fn(move || {
+            let key = *self.row_keys.get(i)?;
+            let start = l.range(key).start;
+            let mut j = i + 1;
+            // A run goes on while the next key follows and this row is whole (the last key's
+            // row may be shorter: nothing follows it).
+            while self.row_keys.get(j) == Some(&(self.row_keys[j - 1] + 1)) {
+                j += 1;
+            }
+            let last = l.range(self.row_keys[j - 1]);
+            let len = last.end - start;
+            let run = (start, &self.rows[i * w..i * w + len]);
+            i = j;
+            Some(run)
+        })
     }
 
     /// A dense update's whole vector as a buffer to transform in place before it is pushed
@@ -315,7 +367,8 @@ impl Delta {
         }
     }
 
-    /// Resets to zero, in time proportional to what was touched.
+    /// Resets to zero, in time proportional to what was touched (rows of new values are
+    /// dropped, not written over).
     pub fn clear(&mut self) {
         for &k in self.keys.keys() {
             match &mut self.values[self.layout.range(k)] {
@@ -325,6 +378,8 @@ impl Delta {
             }
         }
         self.keys.clear();
+        self.rows.clear();
+        self.row_keys.clear();
     }
 }
 
@@ -340,8 +395,12 @@ pub struct Copies {
     acc: Vec<f32>,
     chunk_keys: KeySet,
     keys: KeySet,
-    /// The rows of [`gather`](Self::gather)'s keys side by side.
+    /// The rows of [`gather`](Self::gather)'s keys side by side: first those of `kept`, then
+    /// the current chunk's.
     gathered: Vec<f32>,
+    /// The keys whose new values the chunks of a disjoint batch left in `gathered`, where they
+    /// were computed: the update takes them as they are ([`Delta::take_rows`]).
+    kept: Vec<u32>,
 }
 
 /// A row a chunk left, `new`, into the update's `acc`: its change against the snapshot's row
@@ -369,6 +428,7 @@ impl Copies {
             chunk_keys: KeySet::new(layout.keys()),
             keys: KeySet::new(layout.keys()),
             gathered: Vec::new(),
+            kept: Vec::new(),
         }
     }
 
@@ -380,27 +440,37 @@ impl Copies {
     ///
     /// [`settle_gathered`]: Self::settle_gathered
     pub fn gather(&mut self, layout: Layout, params: &[f32], keys: &[u32]) -> &mut [f32] {
-        let w = layout.width;
-        self.gathered.resize(keys.len() * w, 0.0);
-        for (row, &key) in self.gathered.chunks_exact_mut(w).zip(keys) {
+        let (w, at) = (layout.width, self.kept.len() * layout.width);
+        // Appended row by row (no pass writing zeros first: after a drain the buffer is empty).
+        self.gathered.truncate(at);
+        self.gathered.reserve(keys.len() * w);
+        for &key in keys {
             let r = layout.range(key);
-            row[..r.len()].copy_from_slice(&params[r]);
+            let short = w - r.len();
+            self.gathered.extend_from_slice(&params[r]);
+            self.gathered.extend(std::iter::repeat_n(0.0, short));
         }
-        &mut self.gathered
+        &mut self.gathered[at..]
     }
 
     /// Adds what the chunk changed in the rows [`gather`](Self::gather) copied for `keys` (the
-    /// same keys), against the snapshot `params`, to the update; with no snapshot, writes their
-    /// new values into it instead (for a chunk whose keys no other chunk of the iteration
-    /// touches: [`Model::disjoint`]).
+    /// same keys), against the snapshot `params`, to the update. With no snapshot (a chunk whose
+    /// keys no other chunk of the iteration touches: [`Model::disjoint`]) the rows are their
+    /// keys' new values and stay where they are, for [`drain`](Self::drain) to hand over whole:
+    /// no copy into the update, and none of it to clear afterwards.
     pub fn settle_gathered(&mut self, layout: Layout, params: Option<&[f32]>, keys: &[u32]) {
-        let w = layout.width;
-        debug_assert_eq!(self.gathered.len(), keys.len() * w, "settle_gathered: the keys gathered");
-        for (row, &key) in self.gathered.chunks_exact(w).zip(keys) {
+        let (w, at) = (layout.width, self.kept.len() * layout.width);
+        debug_assert_eq!(self.gathered.len(), at + keys.len() * w, "settle_gathered: the keys gathered");
+        let Some(params) = params else {
+            self.kept.extend_from_slice(keys);
+            return;
+        };
+        for (row, &key) in self.gathered[at..].chunks_exact(w).zip(keys) {
             let r = layout.range(key);
-            settle_row(&mut self.acc[r.clone()], row, params.map(|p| &p[r]));
+            settle_row(&mut self.acc[r.clone()], row, Some(&params[r]));
         }
         self.keys.extend(keys);
+        self.gathered.truncate(at);
     }
 
     /// Copies the keys `keys` adds (the chunk's) from `params`; returns the copy to work on
@@ -428,9 +498,15 @@ impl Copies {
 
     /// Adds `scale` times the accumulated change to `delta`, and clears it. Into an empty
     /// update (one compute thread per rank, or the first to drain) the buffers trade places
-    /// instead: an empty update is all zeros, which is what the change must be left as.
+    /// instead: an empty update is all zeros, which is what the change must be left as. Rows of
+    /// new values kept by [`settle_gathered`](Self::settle_gathered) go over as they are.
     pub fn drain(&mut self, layout: Layout, scale: f32, delta: &mut Delta) {
-        if delta.is_empty() && delta.values.len() == self.acc.len() {
+        if !self.kept.is_empty() {
+            self.gathered.truncate(self.kept.len() * layout.width);
+            delta.take_rows(scale, &mut self.gathered, &mut self.kept);
+        }
+        // (Rows of new values in `delta` leave its vector all zeros.)
+        if delta.keys.is_empty() && delta.values.len() == self.acc.len() {
             if scale != 1.0 {
                 for &key in self.keys.keys() {
                     peregrine_kernels::dense::scale(scale, &mut self.acc[layout.range(key)]);
@@ -650,30 +726,64 @@ pub struct Block {
     pub shape: Vec<usize>,
     /// Where it lies in the parameter vector.
     pub range: Range<usize>,
-    /// The parameter vector holds the block's transpose (a matrix of `shape` reversed): the
-    /// model computes with it in that order, files hold it in `shape`'s.
-    pub transposed: bool,
+    /// How the parameter vector holds the block, where not in `shape`'s row-major order.
+    pub held: Held,
+}
+
+/// How the parameter vector holds a [`Block`]: the model computes with it in that order, files
+/// hold it in `shape`'s.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Held {
+    /// In `shape`'s row-major order.
+    AsShaped,
+    /// The block's transpose (a matrix of `shape` reversed).
+    Transposed,
+    /// Its rows (along `shape`'s first dimension) in another order: row `r` at the block's row
+    /// `rows[r]`.
+    Rows(Vec<u32>),
 }
 
 impl Block {
     fn new(name: impl Into<String>, shape: &[usize], start: usize) -> Self {
         let n: usize = shape.iter().product();
-        Self { name: name.into(), shape: shape.to_vec(), range: start..start + n, transposed: false }
+        Self { name: name.into(), shape: shape.to_vec(), range: start..start + n, held: Held::AsShaped }
     }
 
     /// A `rows x cols` matrix (`shape`) whose transpose the parameter vector holds at `start`.
     fn transposed(name: impl Into<String>, shape: &[usize; 2], start: usize) -> Self {
-        Self { transposed: true, ..Self::new(name, shape, start) }
+        Self { held: Held::Transposed, ..Self::new(name, shape, start) }
+    }
+
+    /// The block with row `r` held at row `rows[r]` (a permutation of its rows).
+    fn with_rows(self, rows: &[u32]) -> Self {
+        debug_assert_eq!(rows.len(), self.shape[0], "block {}: a place per row", self.name);
+        Self { held: Held::Rows(rows.to_vec()), ..self }
+    }
+
+    /// Values per row along `shape`'s first dimension.
+    fn row_len(&self) -> usize {
+        self.shape[1..].iter().product()
     }
 
     /// The block's values in `shape`'s row-major order, from the parameter vector `params`.
     pub fn values<'a>(&self, params: &'a [f32]) -> std::borrow::Cow<'a, [f32]> {
         let held = &params[self.range.clone()];
-        if !self.transposed {
-            return std::borrow::Cow::Borrowed(held);
-        }
-        let mut out = vec![0.0; held.len()];
-        peregrine_kernels::mlp::transpose(held, self.shape[1], self.shape[0], &mut out);
+        let out = match &self.held {
+            Held::AsShaped => return std::borrow::Cow::Borrowed(held),
+            Held::Transposed => {
+                let mut out = vec![0.0; held.len()];
+                peregrine_kernels::mlp::transpose(held, self.shape[1], self.shape[0], &mut out);
+                out
+            }
+            Held::Rows(rows) => {
+                let w = self.row_len();
+                let mut out = Vec::with_capacity(held.len());
+                for &at in rows {
+                    out.extend_from_slice(&held[at as usize * w..][..w]);
+                }
+                out
+            }
+        };
         std::borrow::Cow::Owned(out)
     }
 
@@ -691,10 +801,15 @@ impl Block {
             values.len(),
             held.len()
         );
-        if self.transposed {
-            peregrine_kernels::mlp::transpose(values, self.shape[0], self.shape[1], held);
-        } else {
-            held.copy_from_slice(values);
+        match &self.held {
+            Held::AsShaped => held.copy_from_slice(values),
+            Held::Transposed => peregrine_kernels::mlp::transpose(values, self.shape[0], self.shape[1], held),
+            Held::Rows(rows) => {
+                let w = self.row_len();
+                for (row, &at) in values.chunks_exact(w.max(1)).zip(rows) {
+                    held[at as usize * w..][..w].copy_from_slice(row);
+                }
+            }
         }
     }
 }
@@ -1097,5 +1212,37 @@ mod tests {
         assert!(a.is_empty());
         a.ranges(&mut r, &mut d);
         assert!(r.is_empty() && d.is_empty());
+    }
+
+    #[test]
+    fn rows_of_new_values_go_over_whole_and_come_out_in_runs_of_consecutive_keys() {
+        // Keys of 3 values, the last (key 4) of 2.
+        let l = Layout { params: 14, width: 3 };
+        let row = |k: u32| [10.0 * k as f32, 10.0 * k as f32 + 1.0, 10.0 * k as f32 + 2.0];
+        let rows_of = |keys: &[u32]| keys.iter().flat_map(|&k| row(k)).collect::<Vec<f32>>();
+        let mut d = Delta::new(l);
+        let (mut rows, mut keys) = (rows_of(&[1, 2, 0]), vec![1, 2, 0]);
+        d.take_rows(1.0, &mut rows, &mut keys);
+        assert!(rows.is_empty() && keys.is_empty() && !d.is_empty());
+        // Into an update that has rows: appended; the vector stays zeros.
+        let (mut rows, mut keys) = (rows_of(&[3, 4]), vec![3, 4]);
+        d.take_rows(2.0, &mut rows, &mut keys);
+        assert!(d.values().iter().all(|&x| x == 0.0));
+        let runs: Vec<(usize, Vec<f32>)> = d.rows().map(|(s, v)| (s, v.to_vec())).collect();
+        let twice = |k: u32| row(k).map(|x| 2.0 * x);
+        assert_eq!(
+            runs,
+            vec![
+                (3, [row(1), row(2)].concat()),
+                (0, row(0).to_vec()),
+                // Key 4 holds 2 values: its row's third is padding, not written.
+                (9, [&twice(3)[..], &twice(4)[..2]].concat()),
+            ]
+        );
+        // Keys in the vector and rows together; cleared, nothing of either is left.
+        d.add(0, 1.0, &[1.0, 1.0, 1.0]);
+        assert_eq!(d.runs(), 1);
+        d.clear();
+        assert!(d.is_empty() && d.rows().next().is_none() && d.values().iter().all(|&x| x == 0.0));
     }
 }
