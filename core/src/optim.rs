@@ -235,6 +235,9 @@ impl Optimizer {
         assert!(own.is_none_or(|o| o.len() == n), "step_in_place: own contributions differ in length");
         let decay = decay.unwrap_or((0.0, &[]));
         assert!(decay.1.iter().all(|r| r.end <= n), "step_in_place: a decayed range past the weights");
+        if self.fused_step_in_place(p, w, st, g) {
+            return;
+        }
         let (mut c, mut ds) = ([0.0f32; BLOCK], [0.0f32; BLOCK * 2]);
         for (b, w) in w.chunks_mut(BLOCK).enumerate() {
             let at = b * BLOCK..b * BLOCK + w.len();
@@ -271,6 +274,56 @@ impl Optimizer {
         }
     }
 
+    /// [`step_in_place`](Self::step_in_place) for SGD and momentum with one other rank's
+    /// contribution and the owner's own (the owner-side step of 2 ranks), and decayed ranges in
+    /// order, in one pass over each parameter: the sum, scale, penalty and rule of the blocked
+    /// form, in its order, bit for bit (the blocked form passes over each block eight times;
+    /// 51k parameters, the MLP's shard on 2 ranks, in cache: 27 -> 13 us). Returns whether it
+    /// applied.
+    fn fused_step_in_place(&self, p: Step, w: &mut [f32], st: &mut [f32], g: &Gradient<'_>) -> bool {
+        let n = w.len();
+        let (Gradient { parts, own: Some(own), scale, decay }, Self::Sgd | Self::Momentum { .. }) =
+            (*g, self)
+        else {
+            return false;
+        };
+        let (l2, ranges) = decay.unwrap_or((0.0, &[]));
+        if parts.len() != n || !ranges.windows(2).all(|r| r[0].end <= r[1].start) {
+            return false;
+        }
+        // Stretches of parameters with the penalty or without it, in order.
+        let (mut stretches, mut at) = (Vec::with_capacity(2 * ranges.len() + 1), 0);
+        for r in ranges {
+            stretches.extend([(at, r.start, false), (r.start, r.end, true)]);
+            at = r.end;
+        }
+        stretches.push((at, n, false));
+        for (lo, hi, decayed) in stretches.into_iter().filter(|s| s.0 < s.1) {
+            let (w, part, own) = (&mut w[lo..hi], &parts[lo..hi], &own[lo..hi]);
+            let m = match *self {
+                Self::Momentum { mu, nesterov } => Some((mu, nesterov, &mut st[lo..hi])),
+                _ => None,
+            };
+            match (m, decayed) {
+                (None, false) => sgd_fused::<false>(p, w, part, own, scale, l2),
+                (None, true) => sgd_fused::<true>(p, w, part, own, scale, l2),
+                (Some((mu, false, st)), false) => {
+                    momentum_fused::<false, false>(p, mu, w, st, part, own, scale, l2)
+                }
+                (Some((mu, false, st)), true) => {
+                    momentum_fused::<true, false>(p, mu, w, st, part, own, scale, l2)
+                }
+                (Some((mu, true, st)), false) => {
+                    momentum_fused::<false, true>(p, mu, w, st, part, own, scale, l2)
+                }
+                (Some((mu, true, st)), true) => {
+                    momentum_fused::<true, true>(p, mu, w, st, part, own, scale, l2)
+                }
+            }
+        }
+        true
+    }
+
     /// FTRL: turns the window's values `zw` (parameters `first..`) into weights in place, given
     /// their state `st` as read. Other optimizers keep weights in the window: nothing to do.
     pub fn weights(&self, lr: f32, first: usize, exempt: &Range<usize>, zw: &mut [f32], st: &[f32]) {
@@ -292,6 +345,57 @@ impl Optimizer {
             }
             _ => w,
         }
+    }
+}
+
+/// The gradient of [`Optimizer::fused_step_in_place`] at one parameter, as the blocked form sums it:
+/// from zero, the other rank's part, the own, times the scale, plus the penalty's `l2 w` where
+/// `DECAYED`.
+#[inline(always)]
+fn fused_gradient<const DECAYED: bool>(part: f32, own: f32, scale: f32, l2: f32, w: f32) -> f32 {
+    let mut c = 0.0f32;
+    c += part;
+    c += own;
+    // (A scale of 1 is skipped there: times 1 is exact.)
+    c *= scale;
+    if DECAYED {
+        c += l2 * w;
+    }
+    c
+}
+
+/// SGD in one pass ([`Optimizer::fused_step_in_place`]).
+fn sgd_fused<const DECAYED: bool>(p: Step, w: &mut [f32], part: &[f32], own: &[f32], scale: f32, l2: f32) {
+    let a = p.lr;
+    let (part, own) = (&part[..w.len()], &own[..w.len()]);
+    for j in 0..w.len() {
+        let c = fused_gradient::<DECAYED>(part[j], own[j], scale, l2, w[j]);
+        w[j] += c * -a;
+    }
+}
+
+/// Momentum in one pass ([`Optimizer::fused_step_in_place`]): [`Optimizer::step`]'s rule, then
+/// both updates added.
+#[allow(clippy::too_many_arguments)]
+fn momentum_fused<const DECAYED: bool, const NESTEROV: bool>(
+    p: Step,
+    mu: f32,
+    w: &mut [f32],
+    st: &mut [f32],
+    part: &[f32],
+    own: &[f32],
+    scale: f32,
+    l2: f32,
+) {
+    let (a, s, n) = (p.lr, p.share, w.len());
+    let (st, part, own) = (&mut st[..n], &part[..n], &own[..n]);
+    for j in 0..n {
+        let c = fused_gradient::<DECAYED>(part[j], own[j], scale, l2, w[j]);
+        let v = st[j];
+        let dv = s * (mu - 1.0) * v + c;
+        let c = if NESTEROV { -a * (s * mu * mu * v + (1.0 + mu) * c) } else { -a * (s * mu * v + c) };
+        w[j] += c;
+        st[j] += dv;
     }
 }
 
