@@ -224,6 +224,52 @@ fn drained<M: Model>(m: &M, rows: std::ops::Range<usize>, params: &[f32]) -> (f6
     (loss, g)
 }
 
+/// A dense update discarded between drains keeps its old vector (no pass of zeros), traded for
+/// the MLP's gradient buffer, which its next chunk overwrites: drain after drain, with and without
+/// a chunk in between and with a second thread's work adding to it, the update holds what a fresh
+/// work's chunk gives (to the last bit: chunks write where they added to zeros), and the vector
+/// of an update not drained into since it was discarded is never read as its values.
+#[test]
+fn an_update_discarded_between_drains_is_the_chunks_gradient_and_never_its_old_values() {
+    let tmp = scratch("stale");
+    let dense = tmp.path().join("dense.pgd");
+    gen::dense(&DenseSpec { rows: 200, cols: 12, classes: 3, noise: 0.3, seed: 4 }, &dense).expect("gen");
+    let m = Mlp::new(&dense, None, &[7, 5], 0.1).expect("model").with_l2(0.01);
+    let p = nonzero_params(m.layout().params);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let (mut delta, mut work, mut other) = (Delta::new(m.layout()), m.work(40), m.work(40));
+    let zeros = vec![0.0f32; p.len()];
+    // (rows of this thread's chunk, rows of a second thread's chunk), drain after drain.
+    let rounds = [
+        (Some(0..40), None),
+        (Some(40..80), None),
+        (Some(80..120), Some(120..160)),
+        (None, None),
+        (Some(0..40), None),
+    ];
+    for (i, (mine, theirs)) in rounds.into_iter().enumerate() {
+        delta.discard();
+        let mut want = zeros.clone();
+        for (rows, w) in [(mine, &mut work), (theirs, &mut other)] {
+            if let Some(rows) = rows {
+                m.compute(rows.clone(), &p, w);
+                let (_, g) = drained(&m, rows, &p);
+                want.iter_mut().zip(&g).for_each(|(a, b)| *a += b);
+            }
+        }
+        m.drain(&mut work, 1.0, &mut delta);
+        m.drain(&mut other, 1.0, &mut delta);
+        assert_eq!(bits(delta.values()), bits(&want), "drain {i}");
+    }
+    // Discarded, with nothing drained since: its vector is not its values.
+    delta.discard();
+    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| delta.values().len()));
+    assert!(read.is_err(), "a discarded update's old vector was read as its values");
+    // Anything added to it lands on zeros.
+    delta.add_all(1.0, &zeros);
+    assert!(delta.values().iter().all(|&x| x == 0.0));
+}
+
 /// Parameters that are all nonzero (so a regularizer's gradient shows everywhere it applies).
 fn nonzero_params(n: usize) -> Vec<f32> {
     (0..n).map(|i| 0.05 + (peregrine_core::plan::mix(i as u64) % 1000) as f32 * 1e-4).collect()

@@ -66,7 +66,7 @@ impl<M: Model> Run<'_, M> {
     /// Sums every thread's update, times `scale`, into `delta`, and the threads' counts into
     /// `rec`.
     pub(super) fn drain(&self, scale: f32, delta: &mut Delta, rec: &mut IterRecord) {
-        delta.clear();
+        delta.discard();
         for s in &self.slots {
             let mut s = s.lock().expect("a compute thread panicked");
             let s = &mut *s;

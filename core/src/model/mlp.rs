@@ -37,6 +37,9 @@ pub struct Work {
     mm: Matmul,
     /// Whether chunks add the L2 penalty's gradient (not where the owners do: `without_decay`).
     decay: bool,
+    /// `grad` holds old values, not zeros (traded for a stale update's vector:
+    /// [`Delta::take_all_unzeroed`]): the next chunk writes it instead of adding to it.
+    stale: bool,
 }
 
 impl Mlp {
@@ -166,6 +169,7 @@ impl Model for Mlp {
             grad: vec![0.0; self.params],
             mm: Matmul::default(),
             decay: true,
+            stale: false,
         }
     }
 
@@ -177,6 +181,7 @@ impl Model for Mlp {
         self.fit(&mut work.grads, n);
         self.forward(&mut work.mm, x.features, params, &mut work.acts, n);
         let c = self.dims[top + 1];
+        let fresh = std::mem::take(&mut work.stale);
         let loss =
             mlp::softmax_cross_entropy(&work.acts[top][..n * c], x.labels, &mut work.grads[top][..n * c]);
         for l in (0..=top).rev() {
@@ -189,7 +194,8 @@ impl Model for Mlp {
             let dy = &gabove[0][..n * self.dims[l + 1]];
             let input = if l == 0 { x.features } else { &work.acts[l - 1][..n * self.dims[l]] };
             let gx = if l == 0 { None } else { Some(&mut gbelow[l - 1][..n * self.dims[l]]) };
-            mlp::dense_backward(&mut work.mm, input, &params[w.clone()], Weights::InOut, dy, gw, gb, gx);
+            let backward = if fresh { mlp::dense_backward_fresh } else { mlp::dense_backward };
+            backward(&mut work.mm, input, &params[w.clone()], Weights::InOut, dy, gw, gb, gx);
             if self.l2 > 0.0 && work.decay {
                 // Each row's share of the regularizer: the iteration's mean gradient gets l2 W.
                 let gw = &mut work.grad[w.clone()];
@@ -206,7 +212,11 @@ impl Model for Mlp {
     }
 
     fn drain(&self, work: &mut Work, scale: f32, delta: &mut Delta) {
-        delta.take_all(scale, &mut work.grad);
+        if std::mem::take(&mut work.stale) {
+            // No chunk since the last drain: its contribution is zeros.
+            work.grad.fill(0.0);
+        }
+        work.stale = delta.take_all_unzeroed(scale, &mut work.grad);
     }
 
     fn scale(&self, rows: usize) -> f32 {

@@ -176,6 +176,8 @@ pub struct Delta {
     /// New values of the keys of `row_keys`, a row of `layout.width` each, in that order.
     rows: Vec<f32>,
     row_keys: Vec<u32>,
+    /// Nothing touched, and the vector holds old values, not zeros ([`discard`](Self::discard)).
+    stale: bool,
 }
 
 impl Delta {
@@ -187,6 +189,30 @@ impl Delta {
             keys: KeySet::new(layout.keys()),
             rows: Vec::new(),
             row_keys: Vec::new(),
+            stale: false,
+        }
+    }
+
+    /// Empties the update for a drain into it: [`clear`](Self::clear), except that a dense
+    /// update's vector (one key, all of it touched) is only marked stale, not zeroed: a drain
+    /// then trades it for the thread's buffer ([`take_all_unzeroed`](Self::take_all_unzeroed)),
+    /// which the thread's next chunk overwrites instead of adding to (the MLP: no pass writing
+    /// 400 KB of zeros an iteration), or anything else that adds to it zeroes it first.
+    pub fn discard(&mut self) {
+        if self.layout.keys() == 1 && !self.keys.is_empty() && self.row_keys.is_empty() {
+            self.keys.clear();
+            self.stale = true;
+        } else {
+            self.clear();
+        }
+    }
+
+    /// Zeroes a stale vector ([`discard`](Self::discard)) before values are added to it.
+    #[inline]
+    fn clean(&mut self) {
+        if self.stale {
+            self.values.fill(0.0);
+            self.stale = false;
         }
     }
 
@@ -198,6 +224,7 @@ impl Delta {
     /// Adds `scale * src` to key `key` (`src` spans the key).
     #[inline]
     pub fn add(&mut self, key: u32, scale: f32, src: &[f32]) {
+        self.clean();
         let r = self.layout.range(key);
         self.keys.insert(key);
         match src {
@@ -214,6 +241,7 @@ impl Delta {
     /// # Panics
     /// If keys are wider than one parameter or `values` is not as long as the vector.
     pub fn add_keys(&mut self, keys: &[u32], values: &[f32], scale: f32) {
+        self.clean();
         assert_eq!(self.layout.width, 1, "add_keys: keys of {} parameters", self.layout.width);
         assert_eq!(values.len(), self.values.len(), "add_keys: values do not span the vector");
         self.keys.extend(keys);
@@ -232,6 +260,7 @@ impl Delta {
     /// # Panics
     /// As [`add_keys`](Self::add_keys).
     pub fn take_sparse(&mut self, scale: f32, g: &mut peregrine_kernels::lr::SparseGrad) {
+        self.clean();
         if self.is_empty() && self.layout.width == 1 && self.values.len() == g.dim() {
             g.trade(scale, &mut self.values, &mut self.keys.bits, &mut self.keys.list);
             return;
@@ -242,6 +271,7 @@ impl Delta {
 
     /// Adds `scale * src` to every parameter.
     pub fn add_all(&mut self, scale: f32, src: &[f32]) {
+        self.clean();
         for k in 0..self.layout.keys() as u32 {
             self.keys.insert(k);
         }
@@ -253,10 +283,19 @@ impl Delta {
     /// first: one pass over the vector instead of three (the add's two reads and write, and the
     /// clear).
     pub fn take_all(&mut self, scale: f32, src: &mut Vec<f32>) {
+        if self.take_all_unzeroed(scale, src) {
+            src.fill(0.0);
+        }
+    }
+
+    /// [`take_all`](Self::take_all), but `src` may be left holding old values instead of zeros
+    /// (the vector of a stale update, [`discard`](Self::discard), traded for it): returns
+    /// whether it was, for a caller whose next use of `src` overwrites it.
+    pub fn take_all_unzeroed(&mut self, scale: f32, src: &mut Vec<f32>) -> bool {
         if !(self.is_empty() && src.len() == self.values.len()) {
             self.add_all(scale, src);
             src.fill(0.0);
-            return;
+            return false;
         }
         if scale != 1.0 {
             peregrine_kernels::dense::scale(scale, src);
@@ -265,6 +304,7 @@ impl Delta {
         for k in 0..self.layout.keys() as u32 {
             self.keys.insert(k);
         }
+        std::mem::take(&mut self.stale)
     }
 
     /// Adds another update.
@@ -294,7 +334,11 @@ impl Delta {
     }
 
     /// The update over the whole vector (zero where nothing is touched).
+    ///
+    /// # Panics
+    /// If the vector is stale ([`discard`](Self::discard)): nothing was drained into it since.
     pub fn values(&self) -> &[f32] {
+        assert!(!self.stale, "the values of an update discarded and not drained into since");
         &self.values
     }
 
@@ -370,6 +414,7 @@ impl Delta {
     /// Resets to zero, in time proportional to what was touched (rows of new values are
     /// dropped, not written over).
     pub fn clear(&mut self) {
+        self.clean();
         for &k in self.keys.keys() {
             match &mut self.values[self.layout.range(k)] {
                 // One value (as in `add`): a store, not a call to fill a slice of one.
@@ -506,6 +551,7 @@ impl Copies {
             delta.take_rows(scale, &mut self.gathered, &mut self.kept);
         }
         // (Rows of new values in `delta` leave its vector all zeros.)
+        delta.clean();
         if delta.keys.is_empty() && delta.values.len() == self.acc.len() {
             if scale != 1.0 {
                 for &key in self.keys.keys() {

@@ -258,12 +258,51 @@ pub fn dense_backward(
     grad_b: &mut [f32],
     grad_x: Option<&mut [f32]>,
 ) {
+    backward(mm, x, w, order, dy, grad_w, grad_b, grad_x, true);
+}
+
+/// [`dense_backward`] with `grad_W` (`grad_V`) and `grad_b` overwritten, not accumulated: what
+/// they held before is never read (a gradient buffer handed back uncleared: the first chunk
+/// after it writes instead of adding to zeros, with the same values).
+///
+/// # Panics
+/// On inconsistent shapes.
+#[allow(clippy::too_many_arguments)]
+pub fn dense_backward_fresh(
+    mm: &mut Matmul,
+    x: &[f32],
+    w: &[f32],
+    order: Weights,
+    dy: &[f32],
+    grad_w: &mut [f32],
+    grad_b: &mut [f32],
+    grad_x: Option<&mut [f32]>,
+) {
+    backward(mm, x, w, order, dy, grad_w, grad_b, grad_x, false);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn backward(
+    mm: &mut Matmul,
+    x: &[f32],
+    w: &[f32],
+    order: Weights,
+    dy: &[f32],
+    grad_w: &mut [f32],
+    grad_b: &mut [f32],
+    grad_x: Option<&mut [f32]>,
+    accumulate: bool,
+) {
     let (n, n_in, n_out) = layer_shapes(x, w, grad_b);
     assert_eq!(dy.len(), n * n_out, "dense_backward: dy is not n x n_out");
     assert_eq!(grad_w.len(), w.len(), "dense_backward: grad_w and w differ in length");
+    let beta = if accumulate { 1.0 } else { 0.0 };
     match order {
-        Weights::OutIn => mm.matmul(Op::T, Op::N, n_out, n_in, n, 1.0, dy, x, 1.0, grad_w),
-        Weights::InOut => mm.matmul(Op::T, Op::N, n_in, n_out, n, 1.0, x, dy, 1.0, grad_w),
+        Weights::OutIn => mm.matmul(Op::T, Op::N, n_out, n_in, n, 1.0, dy, x, beta, grad_w),
+        Weights::InOut => mm.matmul(Op::T, Op::N, n_in, n_out, n, 1.0, x, dy, beta, grad_w),
+    }
+    if !accumulate {
+        grad_b.fill(0.0);
     }
     for row in dy.chunks_exact(n_out) {
         crate::dense::axpy(1.0, row, grad_b);

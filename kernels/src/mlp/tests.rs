@@ -5,7 +5,10 @@
 //! GEMM tolerance: `|c - c_ref| <= 1e-5 (|alpha| sum_p |a_ip b_pj| + |beta c_ij|) + 1e-6`, the
 //! usual bound of a dot product's rounding error whatever the summation order.
 
-use super::{dense_backward, dense_forward, scalar, simd, transpose, Backend, Matmul, Op, Weights};
+use super::{
+    dense_backward, dense_backward_fresh, dense_forward, scalar, simd, transpose, Backend, Matmul, Op,
+    Weights,
+};
 use crate::dense::testing::{assert_close, Rng, SIZES};
 
 #[allow(clippy::too_many_arguments)]
@@ -274,6 +277,33 @@ fn dense_backward_accumulates_parameters_and_overwrites_grad_x() {
     dense_backward(&mut mm, &x, &v, Weights::InOut, &dy, &mut gv, &mut gb, Some(&mut gx));
     // dY^T X = [0.5 1; -1 -2], in V's order [0.5 -1; 1 -2]; dY W = [1.5 - 5, 2 - 6].
     assert_eq!((gv, gb, gx), ([0.5, -1.0, 1.0, -2.0], [0.5, -1.0], [-3.5, -4.0]));
+}
+
+#[test]
+fn a_fresh_backward_writes_what_one_into_zeros_adds_and_never_reads_the_old_values() {
+    let mut rng = Rng::new(17);
+    for backend in [Backend::Scalar, Backend::Wide, Backend::MatrixMultiply] {
+        let mm = &mut Matmul::new(backend);
+        // The MLP's shapes, ragged ones, and a chunk of no rows (its gradient: zeros).
+        for (n, n_in, n_out) in [(64, 784, 128), (64, 128, 10), (7, 9, 33), (0, 5, 3)] {
+            for order in [Weights::OutIn, Weights::InOut] {
+                let (x, w, dy) = (
+                    rng.vec(n * n_in, -1.0, 1.0),
+                    rng.vec(n_out * n_in, -1.0, 1.0),
+                    rng.vec(n * n_out, -1.0, 1.0),
+                );
+                let (mut gw, mut gb, mut gx) = (vec![0.0; w.len()], vec![0.0; n_out], vec![0.0; n * n_in]);
+                dense_backward(mm, &x, &w, order, &dy, &mut gw, &mut gb, Some(&mut gx));
+                let (mut fw, mut fb, mut fx) =
+                    (vec![f32::NAN; w.len()], vec![f32::NAN; n_out], vec![0.0; n * n_in]);
+                dense_backward_fresh(mm, &x, &w, order, &dy, &mut fw, &mut fb, Some(&mut fx));
+                let what = format!("{backend:?} {order:?} n={n} n_in={n_in} n_out={n_out}");
+                assert_eq!(fw, gw, "{what}: grad_w");
+                assert_eq!(fb, gb, "{what}: grad_b");
+                assert_eq!(fx, gx, "{what}: grad_x");
+            }
+        }
+    }
 }
 
 #[test]
