@@ -479,6 +479,7 @@ fn rank(
             dir: Some(out.join("runs").join(slug(wname)).join("warm-up")),
             force: true,
             trace: false,
+            huge_pages: Default::default(),
         };
         train_cmd::rank(t, ctx, &opts, resolved, epochs, 0)?;
         // Seeds outermost: each seed is a full sweep, so that the machine's drift over a long
@@ -510,6 +511,7 @@ fn rank(
                         dir: Some(dir),
                         force: true,
                         trace: a.trace,
+                        huge_pages: Default::default(),
                     };
                     let report = train_cmd::rank(t, ctx, &opts, resolved, epochs, 0)?;
                     let row = Row::new(wname, pattern, scheme, seed, &report, threads);

@@ -269,9 +269,64 @@ pub struct TrainArgs {
     /// Leave compute threads unpinned.
     #[arg(long)]
     no_pin: bool,
+    /// Copy the training set into memory backed by 2 MiB transparent huge pages rather than read
+    /// it through its file mapping: rows read from huge pages miss the TLB far less (the MLP on
+    /// Fashion-MNIST at batch 128, 2 ranks: 7 % faster), at the cost of the set's size in memory
+    /// per rank and one read of it at the start. auto: when the kernel's transparent huge pages
+    /// are `always` or `madvise` and the set is at least 8 MiB and at most a quarter of the
+    /// memory available per rank on this node (MemAvailable; ranks per node from
+    /// OMPI_COMM_WORLD_LOCAL_SIZE or MPI_LOCALNRANKS, else all ranks); on: any set of 8 MiB or
+    /// more; off: never.
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = HugePages::Auto)]
+    huge_pages: HugePages,
     /// No progress bar and no summary table.
     #[arg(long, short = 'q')]
     quiet: bool,
+}
+
+/// When `peregrine train` copies its training set into memory with huge pages (`--huge-pages`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum HugePages {
+    /// When transparent huge pages are available and the set fits a quarter of the memory
+    /// available per rank on the node.
+    #[default]
+    Auto,
+    /// Always (sets of 8 MiB or more).
+    On,
+    /// Never: the set is read through its file mapping.
+    Off,
+}
+
+impl HugePages {
+    /// The largest training set to copy, for `ranks_here` ranks on this node.
+    fn budget(self, ranks_here: usize) -> u64 {
+        match self {
+            Self::Off => 0,
+            Self::On => u64::MAX,
+            Self::Auto if !peregrine_kernels::data::huge_pages_enabled() => 0,
+            Self::Auto => mem_available().map_or(0, |m| m / 4 / ranks_here.max(1) as u64),
+        }
+    }
+}
+
+/// `MemAvailable` from `/proc/meminfo`, in bytes.
+fn mem_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Ranks on this node: every rank of a local world; under MPI as the launcher says
+/// (`OMPI_COMM_WORLD_LOCAL_SIZE`, MPICH's `MPI_LOCALNRANKS`), else all of them.
+fn ranks_on_node(t: &Transport) -> usize {
+    if t.backend() == Backend::Local {
+        return t.world_size();
+    }
+    ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+        .unwrap_or_else(|| t.world_size())
 }
 
 /// The configuration file: every key optional, unknown keys are errors.
@@ -420,6 +475,8 @@ pub(crate) struct RunOpts {
     pub(crate) force: bool,
     /// Record a timeline (`trace.json`).
     pub(crate) trace: bool,
+    /// When the training set is copied into memory with huge pages.
+    pub(crate) huge_pages: HugePages,
 }
 
 /// The resolved configuration, as written to `config.toml`.
@@ -722,7 +779,14 @@ pub fn run(a: TrainArgs) -> Result<(), AppError> {
     let (resolved, epochs) = resolve(&a)?;
     let default_ranks = 2;
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let opts = RunOpts { quiet: a.quiet, no_pin: a.no_pin, dir: None, force: a.force, trace: a.trace };
+    let opts = RunOpts {
+        quiet: a.quiet,
+        no_pin: a.no_pin,
+        dir: None,
+        force: a.force,
+        trace: a.trace,
+        huge_pages: a.huge_pages,
+    };
     run_world(&a.world, default_ranks, |t, ctx| {
         rank(t, ctx, &opts, resolved.clone(), epochs, stamp).map(drop)
     })
@@ -793,6 +857,8 @@ fn rank_in(
         }
     }
     let inject = Injection { pattern: r.straggler.parse().map_err(usage)?, seed: r.seed };
+    // Before the models open the training set.
+    peregrine_core::model::copy_training_sets_up_to(a.huge_pages.budget(ranks_on_node(t)));
     // Before anything reads them: the rows every rank will read, and the checksum.
     let datasets: Vec<&Path> = std::iter::once(r.data.as_path()).chain(r.eval.as_deref()).collect();
     let checked = crate::faults::check_datasets(t, &datasets)?;

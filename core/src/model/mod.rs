@@ -972,10 +972,32 @@ pub(crate) struct Sets {
     eval: Option<Dataset>,
 }
 
+/// Training sets of at most this many bytes (and at least [`MIN_COPY`]) are copied into memory
+/// backed by transparent huge pages when a model opens them ([`Dataset::into_memory`]); 0, the
+/// default: read through their file mappings. Set by the binary before it builds models
+/// ([`copy_training_sets_up_to`]).
+static TRAINING_COPY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Smallest training set worth the copy: below this the 4 KiB pages' TLB entries cover it.
+pub const MIN_COPY: u64 = 8 << 20;
+
+/// Copies training sets of up to `bytes` bytes (at least [`MIN_COPY`]) into memory with huge
+/// pages from now on, in this process (0: none; `peregrine train --huge-pages`).
+pub fn copy_training_sets_up_to(bytes: u64) {
+    TRAINING_COPY.store(bytes, std::sync::atomic::Ordering::Relaxed);
+}
+
 impl Sets {
-    /// Opens `train` and, if given, `eval`.
+    /// Opens `train` and, if given, `eval`; the training set copied into memory with huge
+    /// pages if its size says so ([`copy_training_sets_up_to`]).
     pub(crate) fn open(train: &std::path::Path, eval: Option<&std::path::Path>, kind: Kind) -> Built<Self> {
-        let train = open(train, kind, "training set")?;
+        let mut train = open(train, kind, "training set")?;
+        let most = TRAINING_COPY.load(std::sync::atomic::Ordering::Relaxed);
+        if (MIN_COPY..=most).contains(&(train.bytes() as u64)) {
+            train = train
+                .into_memory(true)
+                .map_err(|source| ModelError::Open { what: "training set", source })?;
+        }
         let eval = eval.map(|p| open(p, kind, "evaluation set")).transpose()?;
         Ok(Self { train, eval })
     }
@@ -1029,6 +1051,33 @@ pub type Built<T> = Result<T, ModelError>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn training_sets_in_the_size_range_are_copied_into_memory_and_read_the_same() {
+        use peregrine_kernels::data::gen::{self, DenseSpec};
+        let dir = tempfile::tempdir().expect("tmp");
+        // 3,000 x 784 floats: 9.4 MB, past the 8 MiB below which no copy is made.
+        let (big, small) = (dir.path().join("big.pgd"), dir.path().join("small.pgd"));
+        gen::dense(&DenseSpec { rows: 3000, cols: 784, classes: 10, noise: 0.3, seed: 1 }, &big)
+            .expect("gen");
+        gen::dense(&DenseSpec { rows: 300, cols: 784, classes: 10, noise: 0.3, seed: 1 }, &small)
+            .expect("gen");
+        let open = |p: &std::path::Path| Sets::open(p, None, Kind::Dense).expect("open");
+        let size = open(&big).train.bytes() as u64;
+        assert!(size >= MIN_COPY && (open(&small).train.bytes() as u64) < MIN_COPY);
+        // (The setting is the process's: other tests opening sets meanwhile may get copies, which
+        // read the same.)
+        for (most, big_copied) in [(0, false), (size - 1, false), (size, true), (u64::MAX, true)] {
+            copy_training_sets_up_to(most);
+            let (b, s) = (open(&big), open(&small));
+            assert_eq!(!b.train.is_mapped(), big_copied, "up to {most}");
+            assert!(s.train.is_mapped(), "a set under 8 MiB, up to {most}");
+            let mapped = Dataset::open(&big).expect("open");
+            let (x, y) = (b.train.dense().expect("dense"), mapped.dense().expect("dense"));
+            assert!(x.features == y.features && x.labels == y.labels, "up to {most}: the rows read the same");
+        }
+        copy_training_sets_up_to(0);
+    }
 
     #[test]
     fn a_dense_drain_into_an_empty_or_a_filled_update_adds_alike_and_leaves_zeros() {

@@ -25,7 +25,8 @@ pub mod text;
 
 pub use error::{DataError, Result};
 pub use format::{
-    chunks, combine_crcs, shard, Dataset, DenseRows, Kind, Ratings, Shape, SparseRows, Truth, Writer,
+    chunks, combine_crcs, huge_pages_enabled, shard, Dataset, DenseRows, Kind, Ratings, Shape, SparseRows,
+    Truth, Writer,
 };
 pub use libsvm::Converted;
 
