@@ -344,7 +344,8 @@ mod mpi {
             s,
             run.to_str().expect("utf-8"),
             "100000000",
-            &["--watchdog", "0"],
+            // Read through the file's mapping (not a copy in memory), which the tests change.
+            &["--watchdog", "0", "--huge-pages", "off"],
         ));
         super::wait_for_file(&run.join("metrics").join("rank-1.jsonl"));
         (data, child)
@@ -2153,7 +2154,7 @@ fn finish_within(child: std::process::Child, limit: std::time::Duration) -> (Out
 #[test]
 fn a_dataset_truncated_under_a_run_is_an_error_naming_it_not_a_bus_error() {
     let t = scratch("truncated");
-    let (data, child) = long_run(t.path(), &["--ranks", "2"]);
+    let (data, child) = long_run(t.path(), &["--ranks", "2", "--huge-pages", "off"]);
     let len = std::fs::metadata(&data).expect("stat").len();
     std::fs::OpenOptions::new().write(true).open(&data).expect("open").set_len(len / 2).expect("truncate");
     let (out, _) = finish_within(child, std::time::Duration::from_secs(60));
@@ -2176,7 +2177,7 @@ fn scribble_indices(data: &Path) {
 #[test]
 fn a_panic_on_a_compute_thread_ends_the_run_naming_rank_and_thread() {
     let t = scratch("panic");
-    let (data, child) = long_run(t.path(), &["--ranks", "2", "--watchdog", "0"]);
+    let (data, child) = long_run(t.path(), &["--ranks", "2", "--watchdog", "0", "--huge-pages", "off"]);
     scribble_indices(&data);
     let (out, took) = finish_within(child, std::time::Duration::from_secs(60));
     let (_, stderr) = text(&out);
