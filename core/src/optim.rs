@@ -291,14 +291,11 @@ impl Optimizer {
         if parts.len() != n || !ranges.windows(2).all(|r| r[0].end <= r[1].start) {
             return false;
         }
-        // Stretches of parameters with the penalty or without it, in order.
-        let (mut stretches, mut at) = (Vec::with_capacity(2 * ranges.len() + 1), 0);
-        for r in ranges {
-            stretches.extend([(at, r.start, false), (r.start, r.end, true)]);
-            at = r.end;
-        }
-        stretches.push((at, n, false));
-        for (lo, hi, decayed) in stretches.into_iter().filter(|s| s.0 < s.1) {
+        // One stretch of parameters, with the penalty or without it.
+        let mut stretch = |lo: usize, hi: usize, decayed: bool| {
+            if lo >= hi {
+                return;
+            }
             let (w, part, own) = (&mut w[lo..hi], &parts[lo..hi], &own[lo..hi]);
             let m = match *self {
                 Self::Momentum { mu, nesterov } => Some((mu, nesterov, &mut st[lo..hi])),
@@ -320,7 +317,15 @@ impl Optimizer {
                     momentum_fused::<true, true>(p, mu, w, st, part, own, scale, l2)
                 }
             }
+        };
+        // In order: before each decayed range, the range, and what follows the last.
+        let mut at = 0;
+        for r in ranges {
+            stretch(at, r.start, false);
+            stretch(r.start, r.end, true);
+            at = r.end;
         }
+        stretch(at, n, false);
         true
     }
 

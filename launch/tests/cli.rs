@@ -2304,9 +2304,10 @@ fn bench_roofline_measures_the_fma_peak_and_the_triad() {
     }
 }
 
-/// An MLP's checkpoint says how its parameter vector is ordered (its layers' weights a row per
-/// input); one that does not (written before that order, each block as named) is refused with
-/// a message naming both orders instead of being read as the wrong network.
+/// A checkpoint says how its parameter vector is ordered where that is not each block as named
+/// (the MLP's layers' weights a row per input; MF's rows by strata bands); one that does not
+/// (written before that order) is refused with a message naming both orders instead of being
+/// read as another model.
 #[test]
 fn a_checkpoint_of_another_parameter_order_is_refused() {
     use safetensors::tensor::{SafeTensors, TensorView};

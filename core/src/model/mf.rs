@@ -116,10 +116,12 @@ struct Grid {
     /// Each training user's band, and each training item's.
     user_bands: Vec<u32>,
     item_bands: Vec<u32>,
-    /// The rows' order in the parameter vector ([`in_band_order`](Self::in_band_order)): the
-    /// vector row of each model row (users, then items after them), and the model row of each
-    /// vector row. Empty before that: the model's own order.
-    at: Vec<u32>,
+    /// The rows' order in the parameter vector ([`in_band_order`](Self::in_band_order)): each
+    /// user's row among the users' rows, each item's among the items', and the model's key
+    /// (users, then items after them) of each of the vector's. Empty before that: the model's
+    /// own order.
+    user_at: Vec<u32>,
+    item_at: Vec<u32>,
     of: Vec<u32>,
     /// Where slot `s`'s keys start in `keys` (one more entry than slots).
     key_starts: Vec<usize>,
@@ -212,7 +214,8 @@ impl Grid {
             disjoint: Vec::new(),
             user_bands: narrow(&ub),
             item_bands: narrow(&ib),
-            at: Vec::new(),
+            user_at: Vec::new(),
+            item_at: Vec::new(),
             of: Vec::new(),
             key_starts: Vec::new(),
             keys: Vec::new(),
@@ -236,18 +239,21 @@ impl Grid {
             ids.sort_unstable_by_key(|&id| (bands.get(id as usize).copied().unwrap_or(u32::MAX), id));
             ids
         };
-        let shift = users as u32;
-        self.of = order(&self.user_bands, users);
-        self.of.extend(order(&self.item_bands, items).into_iter().map(|i| i + shift));
-        self.at = vec![0; self.of.len()];
-        for (v, &m) in self.of.iter().enumerate() {
-            self.at[m as usize] = v as u32;
-        }
+        let place = |ids: &[u32]| {
+            let mut at = vec![0; ids.len()];
+            for (row, &id) in ids.iter().enumerate() {
+                at[id as usize] = row as u32;
+            }
+            at
+        };
+        let (us, is) = (order(&self.user_bands, users), order(&self.item_bands, items));
+        (self.user_at, self.item_at) = (place(&us), place(&is));
+        self.of = us.into_iter().chain(is.into_iter().map(|i| i + users as u32)).collect();
         for u in &mut self.users {
-            *u = self.at[*u as usize];
+            *u = self.user_at[*u as usize];
         }
         for i in &mut self.items {
-            *i = self.at[(*i + shift) as usize] - shift;
+            *i = self.item_at[*i as usize];
         }
         self
     }
@@ -534,22 +540,20 @@ impl Mf {
         params.split_at(self.users * self.width())
     }
 
-    /// The rows' order in the parameter vector, if not the model's own: with strata, by bands
-    /// ([`Grid::in_band_order`]); the vector row of each model row, and the inverse.
-    fn row_order(&self) -> Option<(&[u32], &[u32])> {
-        self.grid.as_ref().filter(|g| !g.at.is_empty()).map(|g| (&g.at[..], &g.of[..]))
+    /// The strata whose bands order the rows in the parameter vector ([`Grid::in_band_order`]),
+    /// if not the model's own order.
+    fn row_order(&self) -> Option<&Grid> {
+        self.grid.as_ref().filter(|g| !g.of.is_empty())
     }
 
     /// Ratings `x`'s user and item ids as the parameter vector's rows ([`row_order`]
     /// (Self::row_order)): the evaluation set's ids are the model's own.
     fn vector_ids<'a>(&self, x: &Ratings<'a>) -> (Cow<'a, [u32]>, Cow<'a, [u32]>) {
-        let Some((at, _)) = self.row_order() else {
+        let Some(g) = self.row_order() else {
             return (Cow::Borrowed(x.users), Cow::Borrowed(x.items));
         };
-        let shift = self.users as u32;
-        let users = x.users.iter().map(|&u| at[u as usize]).collect();
-        let items = x.items.iter().map(|&i| at[(i + shift) as usize] - shift).collect();
-        (Cow::Owned(users), Cow::Owned(items))
+        let rows = |ids: &[u32], at: &[u32]| ids.iter().map(|&id| at[id as usize]).collect();
+        (Cow::Owned(rows(x.users, &g.user_at)), Cow::Owned(rows(x.items, &g.item_at)))
     }
 }
 
@@ -582,7 +586,7 @@ impl Model for Mf {
     fn init(&self, seed: u64, range: Range<usize>, out: &mut [f32]) {
         let a = (1.0 / self.k as f32).sqrt();
         let w = self.width();
-        let order = self.row_order().map(|(_, of)| of);
+        let order = self.row_order().map(|g| &g.of[..]);
         for (i, o) in range.zip(out) {
             // Each value drawn by its place in the model, wherever the vector holds its row.
             let i = order.map_or(i, |of| of[i / w] as usize * w + i % w);
@@ -676,12 +680,10 @@ impl Export for Mf {
         let w = self.width();
         let (users, items) =
             (Block::new("users", &[self.users, w], 0), Block::new("items", &[self.items, w], self.users * w));
-        let Some((at, _)) = self.row_order() else {
-            return vec![users, items];
-        };
-        let (u, shift) = at.split_at(self.users);
-        let shift: Vec<u32> = shift.iter().map(|&v| v - self.users as u32).collect();
-        vec![users.with_rows(u), items.with_rows(&shift)]
+        match self.row_order() {
+            Some(g) => vec![users.with_rows(&g.user_at), items.with_rows(&g.item_at)],
+            None => vec![users, items],
+        }
     }
 
     /// With strata, rows in band order (`Grid::in_band_order`): a checkpoint written before
@@ -1011,13 +1013,13 @@ mod tests {
 
         // Each band's rows side by side, in id order; the rows without a band after them.
         let shift = strata.users as u32;
-        for (bands, n, first) in [(&g.user_bands, strata.users, 0), (&g.item_bands, strata.items, shift)] {
+        for (bands, at, first) in [(&g.user_bands, &g.user_at, 0), (&g.item_bands, &g.item_at, shift)] {
             let mut last = None;
             for b in 0..=g.bins as u32 {
-                let ids: Vec<u32> = (0..n as u32)
+                let ids: Vec<u32> = (0..at.len() as u32)
                     .filter(|&id| bands.get(id as usize).copied().unwrap_or(g.bins as u32) == b)
                     .collect();
-                let rows: Vec<u32> = ids.iter().map(|&id| g.at[(id + first) as usize]).collect();
+                let rows: Vec<u32> = ids.iter().map(|&id| at[id as usize] + first).collect();
                 let start = last.map_or(first, |r: u32| r + 1);
                 assert_eq!(rows, (start..start + ids.len() as u32).collect::<Vec<_>>(), "band {b}");
                 last = rows.last().copied().or(last);

@@ -194,8 +194,17 @@ impl Model for Mlp {
             let dy = &gabove[0][..n * self.dims[l + 1]];
             let input = if l == 0 { x.features } else { &work.acts[l - 1][..n * self.dims[l]] };
             let gx = if l == 0 { None } else { Some(&mut gbelow[l - 1][..n * self.dims[l]]) };
-            let backward = if fresh { mlp::dense_backward_fresh } else { mlp::dense_backward };
-            backward(&mut work.mm, input, &params[w.clone()], Weights::InOut, dy, gw, gb, gx);
+            mlp::dense_backward_as(
+                &mut work.mm,
+                input,
+                &params[w.clone()],
+                Weights::InOut,
+                dy,
+                gw,
+                gb,
+                gx,
+                !fresh,
+            );
             if self.l2 > 0.0 && work.decay {
                 // Each row's share of the regularizer: the iteration's mean gradient gets l2 W.
                 let gw = &mut work.grad[w.clone()];

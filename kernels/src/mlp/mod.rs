@@ -258,31 +258,17 @@ pub fn dense_backward(
     grad_b: &mut [f32],
     grad_x: Option<&mut [f32]>,
 ) {
-    backward(mm, x, w, order, dy, grad_w, grad_b, grad_x, true);
+    dense_backward_as(mm, x, w, order, dy, grad_w, grad_b, grad_x, true);
 }
 
-/// [`dense_backward`] with `grad_W` (`grad_V`) and `grad_b` overwritten, not accumulated: what
-/// they held before is never read (a gradient buffer handed back uncleared: the first chunk
-/// after it writes instead of adding to zeros, with the same values).
+/// [`dense_backward`], `grad_W` (`grad_V`) and `grad_b` accumulated if `accumulate`, else
+/// overwritten: what they held before is then never read (a gradient buffer handed back
+/// uncleared: the first chunk after it writes instead of adding to zeros, with the same values).
 ///
 /// # Panics
 /// On inconsistent shapes.
 #[allow(clippy::too_many_arguments)]
-pub fn dense_backward_fresh(
-    mm: &mut Matmul,
-    x: &[f32],
-    w: &[f32],
-    order: Weights,
-    dy: &[f32],
-    grad_w: &mut [f32],
-    grad_b: &mut [f32],
-    grad_x: Option<&mut [f32]>,
-) {
-    backward(mm, x, w, order, dy, grad_w, grad_b, grad_x, false);
-}
-
-#[allow(clippy::too_many_arguments)]
-fn backward(
+pub fn dense_backward_as(
     mm: &mut Matmul,
     x: &[f32],
     w: &[f32],

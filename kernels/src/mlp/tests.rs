@@ -6,8 +6,7 @@
 //! usual bound of a dot product's rounding error whatever the summation order.
 
 use super::{
-    dense_backward, dense_backward_fresh, dense_forward, scalar, simd, transpose, Backend, Matmul, Op,
-    Weights,
+    dense_backward, dense_backward_as, dense_forward, scalar, simd, transpose, Backend, Matmul, Op, Weights,
 };
 use crate::dense::testing::{assert_close, Rng, SIZES};
 
@@ -296,7 +295,7 @@ fn a_fresh_backward_writes_what_one_into_zeros_adds_and_never_reads_the_old_valu
                 dense_backward(mm, &x, &w, order, &dy, &mut gw, &mut gb, Some(&mut gx));
                 let (mut fw, mut fb, mut fx) =
                     (vec![f32::NAN; w.len()], vec![f32::NAN; n_out], vec![0.0; n * n_in]);
-                dense_backward_fresh(mm, &x, &w, order, &dy, &mut fw, &mut fb, Some(&mut fx));
+                dense_backward_as(mm, &x, &w, order, &dy, &mut fw, &mut fb, Some(&mut fx), false);
                 let what = format!("{backend:?} {order:?} n={n} n_in={n_in} n_out={n_out}");
                 assert_eq!(fw, gw, "{what}: grad_w");
                 assert_eq!(fb, gb, "{what}: grad_b");
