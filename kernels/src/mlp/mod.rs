@@ -11,11 +11,12 @@
 //!
 //! Both operands of the forward run along `n_in` in the first order, so one of them is
 //! transposed into panels on every call; in the second the forward reads both as stored and the
-//! weight gradient packs `X^T` by plain copies (see [`Weights`] for what it saves).
+//! weight gradient reads `X^T` in place too, each step's values side by side (see [`Weights`] for
+//! what it saves).
 //!
 //! [`Matmul`] runs `C <- alpha op(A) op(B) + beta C` with one of three [`Backend`]s:
 //! [`scalar::gemm`] (the reference), [`simd::gemm`] (our own kernel: a 6x16 `f32x8` or an 8x32
-//! AVX-512 micro-kernel, the CPU's choosing at run time; transposed operands packed) and [`mmul::gemm`] (`matrixmultiply::sgemm`). It owns the
+//! AVX-512 micro-kernel, the CPU's choosing at run time; a transposed `B` packed) and [`mmul::gemm`] (`matrixmultiply::sgemm`). It owns the
 //! packing buffers of the `wide` kernel, so the layers allocate nothing once warm.
 //!
 //! Which backend the layers use by default ([`Backend::default`]) was decided by
