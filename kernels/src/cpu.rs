@@ -205,9 +205,53 @@ impl Isa {
     }
 }
 
+/// The size of one core's L2 cache in bytes, as Linux reports it for CPU 0
+/// (`/sys/devices/system/cpu/cpu0/cache/index*/`, the level-2 data or unified cache); `None`
+/// where the files are missing or unreadable (other systems, some containers).
+pub fn l2_bytes() -> Option<usize> {
+    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    (0..16).find_map(|i| {
+        let read = |f: &str| std::fs::read_to_string(dir.join(format!("index{i}/{f}"))).ok();
+        let level = read("level")?;
+        let kind = read("type")?;
+        if level.trim() != "2" || kind.trim() == "Instruction" {
+            return None;
+        }
+        cache_size(&read("size")?)
+    })
+}
+
+/// A cache size as sysfs writes it (`2048K`, `1M`, or bytes), in bytes.
+fn cache_size(text: &str) -> Option<usize> {
+    let t = text.trim();
+    let (digits, unit) = match t.strip_suffix(['K', 'k']) {
+        Some(d) => (d, 1024),
+        None => match t.strip_suffix(['M', 'm']) {
+            Some(d) => (d, 1024 * 1024),
+            None => (t, 1),
+        },
+    };
+    digits.parse::<usize>().ok().filter(|&n| n > 0).and_then(|n| n.checked_mul(unit))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cache_sizes_read_as_sysfs_writes_them() {
+        assert_eq!(cache_size("2048K\n"), Some(2 << 20));
+        assert_eq!(cache_size("48K"), Some(48 << 10));
+        assert_eq!(cache_size("1M"), Some(1 << 20));
+        assert_eq!(cache_size("4096"), Some(4096));
+        for bad in ["", "K", "0K", "-1K", "2 MB", "lots"] {
+            assert_eq!(cache_size(bad), None, "{bad:?}");
+        }
+        // Where Linux reports one, it is a plausible L2 (64 KiB to 64 MiB).
+        if let Some(l2) = l2_bytes() {
+            assert!((64 << 10..=64 << 20).contains(&l2), "{l2}");
+        }
+    }
 
     #[test]
     fn the_build_runs_on_this_cpu() {

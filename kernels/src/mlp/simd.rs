@@ -18,7 +18,7 @@
 //! dimension, that `KC x NC` block of `op(B)` in column panels of `NR`; `ic` over `MC` rows,
 //! that `MC x KC` block of `op(A)` in row panels of `MR`; then every (row panel, column panel)
 //! pair runs the micro-kernel (along the rows of `C` or down its columns: see
-//! `ROW_ORDER_B_BYTES`), which keeps its tile of `C` in registers for the whole `KC` loop.
+//! `row_order_b_bytes`), which keeps its tile of `C` in registers for the whole `KC` loop.
 //!
 //! What the micro-kernel reads per step is `NR` consecutive values of a row of `op(B)` and one
 //! value of each of `MR` rows of `op(A)`. `op(B) = B^T` has its `NR` values a column length
@@ -59,18 +59,27 @@ const MC: usize = 96;
 /// Column block: the packed `KC x NC` block of `B` (up to 4 MiB) lives in L3.
 const NC: usize = 1024;
 
-/// Packed blocks of `B` up to this size are walked once per row panel of `A` (tiles along the
-/// rows of `C`), larger ones once in all (BLIS's order, tiles down the columns of `C`). A
-/// short inner dimension makes `C` the bulk of the traffic: the weight gradient `dH^T X` of a
-/// 64-row chunk (`k = 64`) updates a 128 x 784 `C` (400 KiB, out of L2) in tiles of 6 x 16, and
-/// going along its rows, which the prefetcher follows, took 5-8 % less time than going down
-/// its columns (both orders alternated in one process, `C` evicted between calls, 1000 calls
-/// each, three runs); the MLP's other products took the same time either way. (Those were the
-/// weights as `out x in`; held as `in x out` since, the gradient is `X^T dH`, a 784 x 128 `C`
-/// of the same size and the same inner dimension, walked the same way. Its forward `X V`, whose
-/// `B` is 400 KiB, goes down the columns: along the rows took the same time, with the chunk's
-/// rows in cache or read from memory, one process, two runs.)
-const ROW_ORDER_B_BYTES: usize = 256 * 1024;
+/// Blocks of `B` (packed or read in place) up to [`row_order_b_bytes`] are walked once per row
+/// panel of `A` (tiles along the rows of `C`), larger ones once in all (BLIS's order, tiles down
+/// the columns of `C`). A short inner dimension makes `C` the bulk of the traffic: the weight
+/// gradient `dH^T X` of a 64-row chunk (`k = 64`) updates a 128 x 784 `C` (400 KiB, out of L2)
+/// in tiles of 6 x 16, and going along its rows, which the prefetcher follows, took 5-8 % less
+/// time than going down its columns (both orders alternated in one process, `C` evicted between
+/// calls, 1000 calls each, three runs); the MLP's other products took the same time either way.
+/// (Those were the weights as `out x in`; held as `in x out` since, the gradient is `X^T dH`, a
+/// 784 x 128 `C` of the same size and the same inner dimension, walked the same way.)
+///
+/// The forward `X V`, whose `B` is 400 KiB, went down the columns with a bound of 256 KiB: along
+/// the rows took the same time in one process, with the chunk's rows in cache or read from
+/// memory. Since the micro-kernel's loop got faster, along the rows is ahead in training (each
+/// panel of the chunk's rows read once from memory and reused from L1 for the four panels of
+/// `V`, which streams from L2): on an Intel Xeon (2 MiB of L2 a core), 2 MPI ranks, alternated,
+/// batch 512 ~552k -> ~574k and ~556k -> ~564k samples/s (4 and 5 runs each), batch 128 ~412k ->
+/// ~425k and ~427k -> ~433k. Hence a bound of half the core's L2, so that `B` stays there.
+fn row_order_b_bytes() -> usize {
+    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| crate::cpu::l2_bytes().map_or(256 * 1024, |l2| l2 / 2))
+}
 
 /// Packing buffers for [`gemm`], grown on first use and then reused (no allocation in steady
 /// state).
@@ -589,8 +598,8 @@ unsafe fn blocks<K: Micro<MR, NR>, const MR: usize, const NR: usize>(
             pack_b(nr_k, b, brs, bcs, pc, kc, jc + full_b * nr_k, nc - full_b * nr_k, pb);
             let pb = &pack.b[..(panels_b - full_b) * nr_k * kc];
             let beta = if pc == 0 { beta } else { 1.0 };
-            // Tiles along the rows of C for a small block of B (see `ROW_ORDER_B_BYTES`).
-            let row_order = kc * panels_b * nr_k * std::mem::size_of::<f32>() <= ROW_ORDER_B_BYTES;
+            // Tiles along the rows of C for a small block of B (see `row_order_b_bytes`).
+            let row_order = kc * panels_b * nr_k * std::mem::size_of::<f32>() <= row_order_b_bytes();
             let b_panel = |q: usize| -> (&[f32], usize) {
                 if q < full_b {
                     (&b[pc * brs + jc + q * nr_k..], brs)

@@ -62,12 +62,13 @@ fn fast_gemms_match_scalar() {
                     }
                 }
                 // More columns than one NC block (1024), a longer inner dimension than one KC
-                // block (1024) with tiles along rows and down columns (the packed block of B
-                // under and over 256 KiB; 100 rows: over one MC block of 96), and the MLP's
-                // own shapes.
+                // block (1024) with tiles along rows and down columns (a block of B of 4 MiB,
+                // over half of any L2 seen, and smaller ones; 100 rows: over one MC block of
+                // 96), and the MLP's own shapes.
                 check_gemm(&mut mm, &mut rng, op_a, op_b, 7, 4100, 5, 1.0, 1.0);
                 check_gemm(&mut mm, &mut rng, op_a, op_b, 13, 40, 1030, 0.7, 1.0);
                 check_gemm(&mut mm, &mut rng, op_a, op_b, 100, 200, 1100, 1.0, 0.0);
+                check_gemm(&mut mm, &mut rng, op_a, op_b, 16, 1100, 1100, 0.7, 1.0);
                 check_gemm(&mut mm, &mut rng, op_a, op_b, 32, 128, 784, 1.0, 0.0);
                 check_gemm(&mut mm, &mut rng, op_a, op_b, 10, 128, 32, 1.0, 1.0);
             }
