@@ -327,38 +327,29 @@ unsafe fn run<const MR: usize, const NR: usize>(
 
 /// A register-tiled micro-kernel of `MR x NR` and the instructions it is written in.
 trait Micro<const MR: usize, const NR: usize> {
-    /// `C[tile] <- alpha sum_kk a[kk] (MR) x b[kk] (NR) + beta C[tile]` over `kc` steps (see
-    /// [`steps`]) for the valid `mr x nr` corner (`C` not read if `beta == 0`), `C`'s rows `ldc`
-    /// apart. One function, so that the tile goes from registers to `C` without a copy in
-    /// memory between them.
+    /// `sum_kk a[kk] (MR) x b[kk] (NR)` over `kc` steps (see [`steps`]), written to `out`. One
+    /// function, so that the tile goes from registers to `C` without a copy in memory between
+    /// them.
     ///
     /// # Safety
     /// The CPU runs the kernel's instructions.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn tile(
-        a: APanel<'_, MR>,
-        b: &[f32],
-        rsb: usize,
-        kc: usize,
-        c: &mut [f32],
-        ldc: usize,
-        mr: usize,
-        nr: usize,
-        alpha: f32,
-        beta: f32,
-    );
+    unsafe fn tile(a: APanel<'_, MR>, b: &[f32], rsb: usize, kc: usize, out: TileOut<'_>);
 }
 
-/// `C[tile] <- alpha t + beta C[tile]` for a ragged `mr x nr` corner of a tile stored in `t`.
-fn write_ragged<const MR: usize, const NR: usize>(
-    t: &[[f32; NR]; MR],
-    c: &mut [f32],
+/// Where a tile goes: `C[tile] <- alpha acc + beta C[tile]` for the valid `mr x nr` corner of
+/// `c`, whose rows are `ldc` apart (`C` not read if `beta == 0`).
+struct TileOut<'a> {
+    c: &'a mut [f32],
     ldc: usize,
     mr: usize,
     nr: usize,
     alpha: f32,
     beta: f32,
-) {
+}
+
+/// Writes a ragged tile stored in `t` to `out`.
+fn write_ragged<const MR: usize, const NR: usize>(t: &[[f32; NR]; MR], out: TileOut<'_>) {
+    let TileOut { c, ldc, mr, nr, alpha, beta } = out;
     for (i, t) in t.iter().enumerate().take(mr) {
         for (cij, &tj) in c[i * ldc..i * ldc + nr].iter_mut().zip(t) {
             *cij = if beta == 0.0 { alpha * tj } else { alpha * tj + beta * *cij };
@@ -373,18 +364,7 @@ struct F32x8Tile;
 
 impl<const MR: usize> Micro<MR, 16> for F32x8Tile {
     #[inline(always)]
-    unsafe fn tile(
-        a: APanel<'_, MR>,
-        b: &[f32],
-        rsb: usize,
-        kc: usize,
-        c: &mut [f32],
-        ldc: usize,
-        mr: usize,
-        nr: usize,
-        alpha: f32,
-        beta: f32,
-    ) {
+    unsafe fn tile(a: APanel<'_, MR>, b: &[f32], rsb: usize, kc: usize, out: TileOut<'_>) {
         let mut acc = [[f32x8::ZERO; 2]; MR];
         steps::<MR, 16>(a, b, rsb, kc, |ak, bk| {
             let (b0, b1) = (load(&bk[..LANES]), load(&bk[LANES..2 * LANES]));
@@ -394,11 +374,12 @@ impl<const MR: usize> Micro<MR, 16> for F32x8Tile {
                 acc[i][1] = ai.mul_add(b1, acc[i][1]);
             }
         });
-        if nr < 2 * LANES {
+        if out.nr < 2 * LANES {
             let t: [[f32; 16]; MR] =
                 array::from_fn(|i| array::from_fn(|j| acc[i][j / LANES].as_array()[j % LANES]));
-            return write_ragged(&t, c, ldc, mr, nr, alpha, beta);
+            return write_ragged(&t, out);
         }
+        let TileOut { c, ldc, mr, alpha, beta, .. } = out;
         let (va, vb) = (f32x8::splat(alpha), f32x8::splat(beta));
         for (i, acc) in acc.iter().enumerate().take(mr) {
             for (h, cs) in c[i * ldc..i * ldc + 2 * LANES].chunks_exact_mut(LANES).enumerate() {
@@ -419,20 +400,9 @@ struct ZmmTile;
 #[cfg(target_arch = "x86_64")]
 impl<const MR: usize> Micro<MR, 32> for ZmmTile {
     #[inline(always)]
-    unsafe fn tile(
-        a: APanel<'_, MR>,
-        b: &[f32],
-        rsb: usize,
-        kc: usize,
-        c: &mut [f32],
-        ldc: usize,
-        mr: usize,
-        nr: usize,
-        alpha: f32,
-        beta: f32,
-    ) {
+    unsafe fn tile(a: APanel<'_, MR>, b: &[f32], rsb: usize, kc: usize, out: TileOut<'_>) {
         // SAFETY: the caller's contract.
-        unsafe { zmm::tile(a, b, rsb, kc, c, ldc, mr, nr, alpha, beta) }
+        unsafe { zmm::tile(a, b, rsb, kc, out) }
     }
 }
 
@@ -444,7 +414,7 @@ mod zmm {
         _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
     };
 
-    use super::{steps, write_ragged, APanel};
+    use super::{steps, write_ragged, APanel, TileOut};
 
     /// Lanes of a `zmm` register.
     const W: usize = 16;
@@ -455,18 +425,12 @@ mod zmm {
     /// The CPU has AVX-512F.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn tile<const MR: usize>(
         a: APanel<'_, MR>,
         b: &[f32],
         rsb: usize,
         kc: usize,
-        c: &mut [f32],
-        ldc: usize,
-        mr: usize,
-        nr: usize,
-        alpha: f32,
-        beta: f32,
+        out: TileOut<'_>,
     ) {
         let mut acc = [[_mm512_setzero_ps(); 2]; MR];
         steps::<MR, 32>(a, b, rsb, kc, |ak, bk| {
@@ -479,7 +443,7 @@ mod zmm {
                 acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
             }
         });
-        if nr < 2 * W {
+        if out.nr < 2 * W {
             let mut t = [[0.0f32; 2 * W]; MR];
             for (t, acc) in t.iter_mut().zip(&acc) {
                 for (th, &v) in t.chunks_exact_mut(W).zip(acc) {
@@ -487,8 +451,9 @@ mod zmm {
                     unsafe { _mm512_storeu_ps(th.as_mut_ptr(), v) };
                 }
             }
-            return write_ragged(&t, c, ldc, mr, nr, alpha, beta);
+            return write_ragged(&t, out);
         }
+        let TileOut { c, ldc, mr, alpha, beta, .. } = out;
         let (va, vb) = (_mm512_set1_ps(alpha), _mm512_set1_ps(beta));
         for (i, acc) in acc.iter().enumerate().take(mr) {
             for (cs, &v) in c[i * ldc..i * ldc + 2 * W].chunks_exact_mut(W).zip(acc) {
@@ -634,7 +599,8 @@ unsafe fn blocks<K: Micro<MR, NR>, const MR: usize, const NR: usize>(
                     let (bp, rsb) = b_panel(q);
                     // SAFETY: the caller's contract.
                     unsafe {
-                        K::tile(a_panel(p), bp, rsb, kc, &mut c[i * n + j..], n, mr, nr, alpha, beta);
+                        let out = TileOut { c: &mut c[i * n + j..], ldc: n, mr, nr, alpha, beta };
+                        K::tile(a_panel(p), bp, rsb, kc, out);
                     }
                 };
                 if row_order {
