@@ -294,7 +294,12 @@ struct ConformanceState {
 }
 
 fn conformance_cmd(a: &ConformanceArgs) -> Result<(), AppError> {
-    let params = Params { tickets_per_rank: a.tickets, election_rounds: a.rounds, lock_sections: a.rounds };
+    let params = Params {
+        tickets_per_rank: a.tickets,
+        election_rounds: a.rounds,
+        lock_sections: a.rounds,
+        whole_in_place: None,
+    };
     run_world(&a.world, 4, |t, ctx| conformance_rank(t, ctx, a, &params))
 }
 

@@ -38,6 +38,7 @@ cases! {
     batches_between_shards => "batches-back-and-forth-between-shards",
     batches_inside_one_shard => "batches-inside-one-shard",
     own_shard_in_place => "own-shard-in-place",
+    whole_in_place => "shared-window-read-whole-in-place",
     accumulate_f32 => "accumulate-everywhere-f32",
     accumulate_f64 => "accumulate-everywhere-f64",
     accumulate_u64 => "accumulate-everywhere-u64",

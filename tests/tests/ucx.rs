@@ -23,7 +23,8 @@ fn run(program: &str, args: &[&str], tls: &str) -> String {
 #[test]
 fn conformance_over_ucx() {
     for tls in TRANSPORTS {
-        let stdout = run("conformance", &["--backend", "mpi"], tls);
+        // OpenMPI 4.1's osc/ucx has no shared windows: they come from MPI_Win_allocate.
+        let stdout = run("conformance", &["--backend", "mpi", "--whole-in-place", "no"], tls);
         assert_conformance_passed(&stdout, 2, &format!("UCX_TLS={tls}"));
     }
 }

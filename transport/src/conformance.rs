@@ -50,11 +50,15 @@ pub struct Params {
     pub election_rounds: usize,
     /// Critical sections per rank under the compare-and-swap spin lock.
     pub lock_sections: usize,
+    /// Whether a window from [`Transport::alloc_shared_window`] must be readable whole in place
+    /// ([`Window::whole_in_place`]: MPI processes on one node with shared windows), must not be,
+    /// or (`None`) either.
+    pub whole_in_place: Option<bool>,
 }
 
 impl Default for Params {
     fn default() -> Self {
-        Self { tickets_per_rank: 100_000, election_rounds: 200, lock_sections: 200 }
+        Self { tickets_per_rank: 100_000, election_rounds: 200, lock_sections: 200, whole_in_place: None }
     }
 }
 
@@ -74,6 +78,7 @@ pub const CASES: &[Case] = &[
     Case { name: "batches-back-and-forth-between-shards", run: batches_between_shards },
     Case { name: "batches-inside-one-shard", run: batches_inside_one_shard },
     Case { name: "own-shard-in-place", run: own_shard_in_place },
+    Case { name: "shared-window-read-whole-in-place", run: whole_in_place },
     Case { name: "accumulate-everywhere-f32", run: accumulate_everywhere::<f32> },
     Case { name: "accumulate-everywhere-f64", run: accumulate_everywhere::<f64> },
     Case { name: "accumulate-everywhere-u64", run: accumulate_everywhere::<u64> },
@@ -368,6 +373,61 @@ fn own_shard_in_place(t: &Transport, _: &Params) -> Outcome {
             x == want,
             "accumulated on top of the stores in place: element {i} is {x}, expected {want}"
         );
+    }
+    t.barrier()?;
+    w.free()?;
+    Ok(())
+}
+
+/// A window from [`Transport::alloc_shared_window`] in 16-element units: read whole in place
+/// where this rank maps it (as [`Params::whole_in_place`] asks), it holds what every rank put;
+/// after each owner stored into its shard in place, what they stored, in place and by `get`
+/// alike; an accumulate lands on it as on any window.
+fn whole_in_place(t: &Transport, p: &Params) -> Outcome {
+    let (rank, n) = (t.rank(), t.world_size());
+    let map = ShardMap::balanced_in_units(48 * n + 5, n, 16);
+    let w: Window<f32> = t.alloc_shared_window("whole", &map)?;
+    let (total, mine) = (map.total(), map.range(rank));
+    let at = |i: usize| pattern(i) as f32;
+    let values: Vec<f32> = mine.clone().map(at).collect();
+    w.put(mine.start, &values)?;
+    w.flush_all()?;
+    t.barrier()?;
+    // SAFETY: every rank's puts were flushed before the barrier above; nobody writes before the
+    // barrier below, after the last use of the slice.
+    let seen = unsafe { w.whole_in_place() }?.map(<[f32]>::to_vec);
+    if let Some(want) = p.whole_in_place {
+        ensure!(t, seen.is_some() == want, "read whole in place: {}, expected {want}", seen.is_some());
+    }
+    if let Some(seen) = &seen {
+        ensure!(t, seen.len() == total, "{} elements read in place, expected {total}", seen.len());
+        for (i, &x) in seen.iter().enumerate() {
+            ensure!(t, x == at(i), "read in place: element {i} is {x}, expected {}", at(i));
+        }
+    }
+    t.barrier()?;
+    // SAFETY: nobody else touches the window between the barriers around this.
+    unsafe {
+        w.with_own_shard(|own| own.iter_mut().enumerate().for_each(|(j, x)| *x = -at(mine.start + j)))
+    }?;
+    t.barrier()?;
+    let mut all = vec![0.0f32; total];
+    w.get(0, &mut all)?;
+    // SAFETY: the stores in place ended before the barrier above; nobody writes before the
+    // barrier below.
+    let seen = unsafe { w.whole_in_place() }?.map(<[f32]>::to_vec);
+    for (i, &x) in all.iter().enumerate() {
+        ensure!(t, x == -at(i), "after the stores in place: element {i} is {x}, expected {}", -at(i));
+    }
+    ensure!(t, seen.as_ref().is_none_or(|s| *s == all), "read in place after the stores: {seen:?}");
+    t.barrier()?;
+    w.accumulate(0, &vec![1.0; total])?;
+    w.flush_all()?;
+    t.barrier()?;
+    w.get(0, &mut all)?;
+    for (i, &x) in all.iter().enumerate() {
+        let want = -at(i) + n as f32;
+        ensure!(t, x == want, "accumulated: element {i} is {x}, expected {want}");
     }
     t.barrier()?;
     w.free()?;

@@ -202,7 +202,23 @@ impl Transport {
         let inner = match self {
             Self::Local(t) => WindowInner::Local(t.alloc_window(name, map)?),
             #[cfg(feature = "mpi")]
-            Self::Mpi(t) => WindowInner::Mpi(t.alloc_window(name, map)?),
+            Self::Mpi(t) => WindowInner::Mpi(t.alloc_window(name, map, false)?),
+        };
+        Ok(Window { inner })
+    }
+
+    /// Collective: [`alloc_window`](Self::alloc_window), and where the ranks can share its
+    /// memory, a window every rank maps whole ([`Window::whole_in_place`]): MPI processes all on
+    /// one node (`MPI_Comm_split_type`) get it from `MPI_Win_allocate_shared`, readable in place
+    /// when its shards then lie back to back: every shard but the last a whole number of 64-byte
+    /// lines ([`ShardMap::balanced_in_units`]), none of them empty before the last non-empty one.
+    /// Elsewhere (several nodes, a one-sided component without shared windows, the local
+    /// backend) it is the same as [`alloc_window`](Self::alloc_window).
+    pub fn alloc_shared_window<T: Elem>(&self, name: &str, map: &ShardMap) -> Result<Window<T>> {
+        let inner = match self {
+            Self::Local(t) => WindowInner::Local(t.alloc_window(name, map)?),
+            #[cfg(feature = "mpi")]
+            Self::Mpi(t) => WindowInner::Mpi(t.alloc_window(name, map, true)?),
         };
         Ok(Window { inner })
     }
@@ -412,6 +428,28 @@ impl<T: Elem> Window<T> {
         use WindowInner as Inner;
         // SAFETY: the caller's contract, passed on.
         dispatch!(&self.inner, w => unsafe { w.with_own_shard(f) })
+    }
+
+    /// Every element of the window as one slice read in place, with no copy, where this rank
+    /// maps the whole window ([`Transport::alloc_shared_window`]); `None` elsewhere (read it with
+    /// [`get`](Self::get)). Under MPI after an `MPI_Win_sync`, which makes what other ranks wrote
+    /// (and completed before a synchronization this rank has passed) visible to the slice's
+    /// loads.
+    ///
+    /// # Safety
+    /// No rank may write any element of the window while the slice lives: every write any rank
+    /// issued has completed and the caller knows so (as for
+    /// [`with_own_shard`](Self::with_own_shard)), and no rank issues one, or steps its shard in
+    /// place, before the slice is dropped and the ranks synchronize. A write racing with the
+    /// slice's reads would be seen torn or not at all, and would change memory behind a shared
+    /// reference.
+    pub unsafe fn whole_in_place(&self) -> Result<Option<&[T]>> {
+        match &self.inner {
+            WindowInner::Local(_) => Ok(None),
+            // SAFETY: the caller's contract, passed on.
+            #[cfg(feature = "mpi")]
+            WindowInner::Mpi(w) => unsafe { w.whole_in_place() },
+        }
     }
 
     /// Runs `f` with a [`WriteScope`]: writes issued through it borrow their data until the scope

@@ -37,6 +37,24 @@ impl ShardMap {
         Self::from_lens((0..parts).map(|p| q + usize::from(p < r)))
     }
 
+    /// `total` elements over `parts` ranks in whole units of `unit` elements, as even as
+    /// possible (the first ranks hold one unit more), the last non-empty shard holding what is
+    /// left of its units: every shard starts at a multiple of `unit`. With `unit` elements to a
+    /// 64-byte line, the windows of the MPI backend, whose shards are allocated as whole lines,
+    /// then lie back to back where the ranks share memory, one array
+    /// ([`crate::Window::whole_in_place`]).
+    ///
+    /// # Panics
+    /// If `parts == 0` or `unit == 0`.
+    pub fn balanced_in_units(total: usize, parts: usize, unit: usize) -> Self {
+        assert!(unit > 0, "a shard map's unit is at least one element");
+        let units = Self::balanced(total.div_ceil(unit), parts);
+        Self::from_lens((0..parts).map(|p| {
+            let r = units.range(p);
+            (r.end * unit).min(total) - (r.start * unit).min(total)
+        }))
+    }
+
     /// A map with the given shard lengths, rank 0 first.
     ///
     /// # Panics
@@ -191,6 +209,24 @@ mod tests {
         assert_eq!((0..4).map(|r| m.len_of(r)).collect::<Vec<_>>(), [3, 3, 2, 2]);
         assert_eq!(m.range(2), 6..8);
         assert_eq!(m.total(), 10);
+    }
+
+    #[test]
+    fn balanced_in_units_starts_every_shard_at_a_unit() {
+        let lens = |m: ShardMap| (0..m.parts()).map(|r| m.len_of(r)).collect::<Vec<_>>();
+        // 101,770 (the MLP's parameters) over 2 and 3 ranks in 16s; tiny and exact totals.
+        assert_eq!(lens(ShardMap::balanced_in_units(101_770, 2, 16)), [50_896, 50_874]);
+        assert_eq!(lens(ShardMap::balanced_in_units(101_770, 3, 16)), [33_936, 33_920, 33_914]);
+        assert_eq!(lens(ShardMap::balanced_in_units(400, 4, 16)), [112, 96, 96, 96]);
+        assert_eq!(lens(ShardMap::balanced_in_units(10, 4, 16)), [10, 0, 0, 0]);
+        assert_eq!(lens(ShardMap::balanced_in_units(64, 2, 16)), [32, 32]);
+        assert_eq!(lens(ShardMap::balanced_in_units(0, 3, 16)), [0, 0, 0]);
+        assert_eq!(ShardMap::balanced_in_units(10, 4, 1), ShardMap::balanced(10, 4));
+        for (total, parts) in [(1000, 3), (17, 2), (33, 5), (101_770, 7)] {
+            let m = ShardMap::balanced_in_units(total, parts, 16);
+            assert_eq!(m.total(), total);
+            assert!((0..parts).all(|r| m.range(r).start.is_multiple_of(16) || m.len_of(r) == 0), "{m:?}");
+        }
     }
 
     #[test]

@@ -12,7 +12,10 @@
 //! sums them and steps its own shard of the weights with its own shard of the state, in place in
 //! the windows' local memory ([`Params::step_owned`]). The state then never travels: a rank's
 //! pull reads the weights only and its push writes the gradient only, half the bytes of pulling
-//! and pushing both.
+//! and pushing both. Where the ranks share memory (MPI processes on one node) there is no pull:
+//! the weights window is mapped whole by every rank, and the chunks read it in place
+//! ([`Params::weights_in_place`]) between the barrier that ends the owners' steps and the pushes
+//! that let the next ones begin.
 
 use std::ops::Range;
 use std::sync::Mutex;
@@ -144,8 +147,18 @@ impl Params {
             let own = Some((at, Mutex::new(vec![0.0; p * slots])));
             return Ok(Self { w, state: None, opt, slots, lr, exempt, own, grad: None, len: p });
         }
-        let map = ShardMap::balanced(layout.params, t.world_size());
-        let w: Window<f32> = t.alloc_window("parameters", &map)?;
+        // Owner-side steps read the weights in place where the ranks share memory
+        // ([`weights_in_place`](Self::weights_in_place)): a window every rank maps whole, its
+        // shards in whole 64-byte lines so that they lie back to back.
+        let (map, w) = if owner_steps {
+            let map = ShardMap::balanced_in_units(layout.params, t.world_size(), 64 / size_of::<f32>());
+            let w: Window<f32> = t.alloc_shared_window("parameters", &map)?;
+            (map, w)
+        } else {
+            let map = ShardMap::balanced(layout.params, t.world_size());
+            let w: Window<f32> = t.alloc_window("parameters", &map)?;
+            (map, w)
+        };
         let state = if slots > 0 {
             let lens = (0..t.world_size()).map(|r| map.len_of(r) * slots);
             Some(t.alloc_window("optimizer state", &ShardMap::from_lens(lens))?)
@@ -312,7 +325,7 @@ impl Params {
             self.own_state().copy_from_slice(st);
             return self.flush_all();
         }
-        let mine = ShardMap::balanced(self.w.len(), t.world_size()).range(t.rank());
+        let mine = self.w.map().range(t.rank());
         self.w.put(mine.start, &w[mine.clone()])?;
         if self.slots > 0 {
             let s = mine.start * self.slots..mine.end * self.slots;
@@ -479,6 +492,23 @@ impl Params {
     /// targets on return ([`write_delta`]).
     pub(super) fn put_values(&self, delta: &mut Delta, b: &mut PushBufs) -> Result<(), TrainError> {
         write_delta(&self.w, delta, &mut b.ranges, false)
+    }
+
+    /// Owner-side steps on a window this rank maps whole (MPI processes on one node: see
+    /// [`Transport::alloc_shared_window`]): every weight, read in place, with no pull; `None`
+    /// elsewhere (pull them).
+    ///
+    /// # Safety
+    /// The slice must not outlive this rank's compute of the iteration, which has to end before
+    /// the rank pushes: the owners step their shards in place once every rank pushed, and the
+    /// ranks line up after the step before reading the weights again (the protocol of
+    /// [`step_owned`](Self::step_owned)). Nothing else writes the weights window meanwhile.
+    pub(super) unsafe fn weights_in_place(&self) -> Result<Option<&[f32]>, TrainError> {
+        if !self.owner_steps() {
+            return Ok(None);
+        }
+        // SAFETY: the caller's contract: no rank writes the weights while the slice lives.
+        Ok(unsafe { self.w.whole_in_place() }?)
     }
 
     /// Whether the optimizer steps at the owners (see the module docs): pulls read the weights

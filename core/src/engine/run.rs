@@ -341,11 +341,18 @@ impl<'a, M: Model> Run<'a, M> {
             next = it + 1;
             let whole = Span::now();
             let mut rec = self.open(policy, &me, it)?;
-            let Local { keys, ranges, data, replica, state, .. } = &mut me;
-            let pulling = Span::now();
-            self.pull_into(it, keys, ranges, data, (replica, state), &mut rec)?;
-            self.traced("pull", "comm", pulling, Args::default().int("iter", it));
-            let computing = self.compute_phase(policy, &mut me.ev, &me.replica, it, &mut rec)?;
+            // SAFETY: `in_place` lives through this iteration's compute only, which ends before
+            // this rank pushes (the owners step once every rank pushed), and the ranks lined up
+            // after the previous iteration's steps (or the windows' start) before this read.
+            let in_place = unsafe { self.params.weights_in_place() }?;
+            if in_place.is_none() {
+                let Local { keys, ranges, data, replica, state, .. } = &mut me;
+                let pulling = Span::now();
+                self.pull_into(it, keys, ranges, data, (replica, state), &mut rec)?;
+                self.traced("pull", "comm", pulling, Args::default().int("iter", it));
+            }
+            let weights = in_place.unwrap_or(&me.replica);
+            let computing = self.compute_phase(policy, &mut me.ev, weights, it, &mut rec)?;
             self.push(policy, &mut me, it, computing, &mut rec)?;
             if !policy.ready(&self.view(), it)? {
                 self.watch.mark(Phase::Waiting, it);

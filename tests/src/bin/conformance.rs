@@ -1,6 +1,7 @@
 //! SPMD program: every rank runs the transport conformance suite; rank 0 prints one line per case.
 //!
-//! `conformance [--backend local|mpi] [--ranks N] [--tickets K] [--rounds R]`. The backend defaults to `mpi` when
+//! `conformance [--backend local|mpi] [--ranks N] [--tickets K] [--rounds R] [--whole-in-place yes|no]`
+//! (whether shared windows must be read whole in place; either, if not given). The backend defaults to `mpi` when
 //! started by an MPI launcher, else `local` with `--ranks` threads (default 4). Exit code 0 iff every
 //! case passed on every rank.
 
@@ -9,7 +10,8 @@ use std::process::ExitCode;
 use peregrine_transport::conformance::{run_all, summary_line, Params};
 use peregrine_transport::{Backend, Transport};
 
-const USAGE: &str = "conformance [--backend local|mpi] [--ranks N] [--tickets K] [--rounds R]";
+const USAGE: &str =
+    "conformance [--backend local|mpi] [--ranks N] [--tickets K] [--rounds R] [--whole-in-place yes|no]";
 
 fn main() -> ExitCode {
     let mut backend = Backend::detect();
@@ -31,6 +33,11 @@ fn main() -> ExitCode {
                     params.lock_sections = k;
                 })
                 .map_err(|e| format!("--rounds {v}: {e}")),
+            ("--whole-in-place", Some(v @ ("yes" | "no"))) => {
+                params.whole_in_place = Some(v == "yes");
+                Ok(())
+            }
+            ("--whole-in-place", Some(v)) => Err(format!("--whole-in-place {v}: expected yes or no")),
             _ => Err(format!("unexpected argument `{a}`; usage: {USAGE}")),
         };
         if let Err(e) = parsed {

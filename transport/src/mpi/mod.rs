@@ -6,7 +6,10 @@
 //!   back as [`Error::Mpi`] naming the call instead of aborting the job;
 //! - windows from `MPI_Win_allocate` (not `MPI_Win_create`: ~35x slower for small operations on one
 //!   node, as the memory cannot be shared), also `MPI_ERRORS_RETURN`, opened once with
-//!   `MPI_Win_lock_all(MPI_MODE_NOCHECK)` for their whole life (passive target);
+//!   `MPI_Win_lock_all(MPI_MODE_NOCHECK)` for their whole life (passive target); windows asked to
+//!   be shared ([`crate::Transport::alloc_shared_window`]) from `MPI_Win_allocate_shared` where
+//!   every process is on one node and the one-sided component offers it, read whole in place
+//!   where `MPI_Win_shared_query` finds the shards back to back;
 //! - `get` = `MPI_Get` + `MPI_Win_flush_local`; `put`/`accumulate` = `MPI_Put`/`MPI_Accumulate`
 //!   followed by `MPI_Win_flush_local` (the origin buffer is free on return, the target sees the
 //!   data after `flush`), or without it inside a write scope, which completes with one
@@ -87,6 +90,9 @@ struct Comm {
     size: usize,
     /// The receive [`MpiRank::progress`] tests: posted on its first call, cancelled in Drop.
     progress: Mutex<Option<ffi::MPI_Request>>,
+    /// Whether every process shares this one's memory (`MPI_Comm_split_type` with
+    /// `MPI_COMM_TYPE_SHARED` leaves the world whole): one node.
+    one_node: bool,
     _universe: mpi::environment::Universe,
 }
 
@@ -171,11 +177,32 @@ impl MpiRank {
         // SAFETY: as above.
         check(0, "MPI_Comm_size", unsafe { ffi::MPI_Comm_size(comm, &mut size) })?;
         let _ = PROCESS_RANK.set(usize::try_from(rank).expect("MPI ranks are non-negative"));
+        let mut node = std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit();
+        // SAFETY: collective over the live communicator (every process calls `init`); constant
+        // handles; `node` is an out-pointer written on success (checked before it is read).
+        let rc = unsafe {
+            ffi::MPI_Comm_split_type(
+                comm,
+                ffi::RSMPI_COMM_TYPE_SHARED,
+                rank,
+                ffi::RSMPI_INFO_NULL,
+                node.as_mut_ptr(),
+            )
+        };
+        check(0, "MPI_Comm_split_type", rc)?;
+        // SAFETY: written by the successful MPI_Comm_split_type above.
+        let mut node = unsafe { node.assume_init() };
+        let mut node_size: c_int = 0;
+        // SAFETY: live communicator (ours, from the split), valid out-pointer.
+        check(0, "MPI_Comm_size", unsafe { ffi::MPI_Comm_size(node, &mut node_size) })?;
+        // SAFETY: live communicator of our own, not used after this.
+        check(0, "MPI_Comm_free", unsafe { ffi::MPI_Comm_free(&mut node) })?;
         let comm = Comm {
             comm,
             rank: usize::try_from(rank).expect("MPI ranks are non-negative"),
             size: usize::try_from(size).expect("MPI sizes are positive"),
             progress: Mutex::new(None),
+            one_node: node_size == size,
             _universe: universe,
         };
         Ok(Self { comm: Arc::new(comm) })
@@ -332,7 +359,16 @@ impl MpiRank {
         self.check("MPI_Bcast", rc)
     }
 
-    pub(crate) fn alloc_window<T: Elem>(&self, name: &str, map: &ShardMap) -> Result<MpiWindow<T>> {
+    /// Collective: a window laid out by `map`; if `shared` and every process is on this node,
+    /// from `MPI_Win_allocate_shared` (else, or where the one-sided component in use does not
+    /// offer it, from `MPI_Win_allocate`), and readable whole in place where its shards then lie
+    /// back to back ([`MpiWindow::whole_in_place`]).
+    pub(crate) fn alloc_window<T: Elem>(
+        &self,
+        name: &str,
+        map: &ShardMap,
+        shared: bool,
+    ) -> Result<MpiWindow<T>> {
         let rank = self.rank();
         if map.parts() != self.world_size() {
             // Every rank must still take part in the collective check, or its peers would hang.
@@ -365,23 +401,39 @@ impl MpiRank {
         let mut win = std::mem::MaybeUninit::<ffi::MPI_Win>::uninit();
         // SAFETY: collective over our live communicator (every rank reaches this point: the checks
         // above are collective and agree); `base` and `win` are out-pointers, written on success.
-        let rc = unsafe {
-            ffi::MPI_Win_allocate(
-                padded as ffi::MPI_Aint,
-                size_of::<T>() as c_int,
-                ffi::RSMPI_INFO_NULL,
-                self.comm.comm,
-                (&mut base as *mut *mut T).cast(),
-                win.as_mut_ptr(),
-            )
+        let allocate = |call: unsafe extern "C" fn(_, _, _, _, _, _) -> c_int,
+                        win: *mut ffi::MPI_Win,
+                        base: &mut *mut T| {
+            // SAFETY: as above.
+            unsafe {
+                call(
+                    padded as ffi::MPI_Aint,
+                    size_of::<T>() as c_int,
+                    ffi::RSMPI_INFO_NULL,
+                    self.comm.comm,
+                    (base as *mut *mut T).cast(),
+                    win,
+                )
+            }
         };
-        self.check("MPI_Win_allocate", rc)?;
-        // SAFETY: written by the successful MPI_Win_allocate.
+        // Shared where asked and possible: OpenMPI's `osc/ucx` alone, for one, has no shared
+        // windows; the attempt fails alike on every process (the same component selection), before
+        // any communication, and the window comes from `MPI_Win_allocate` as elsewhere.
+        let shared = shared
+            && self.comm.one_node
+            && allocate(ffi::MPI_Win_allocate_shared, win.as_mut_ptr(), &mut base)
+                == ffi::MPI_SUCCESS as c_int;
+        if !shared {
+            let rc = allocate(ffi::MPI_Win_allocate, win.as_mut_ptr(), &mut base);
+            self.check("MPI_Win_allocate", rc)?;
+        }
+        // SAFETY: written by the successful MPI_Win_allocate(_shared).
         let win = unsafe { win.assume_init() };
-        let window = MpiWindow {
+        let mut window = MpiWindow {
             comm: self.comm.clone(),
             win,
             base,
+            whole: std::ptr::null(),
             name: name.to_owned(),
             map: map.clone(),
             last_target: AtomicUsize::new(0),
@@ -391,6 +443,9 @@ impl MpiRank {
         // SAFETY: live window handle; constant error handler.
         let rc = unsafe { ffi::MPI_Win_set_errhandler(win, ffi::RSMPI_ERRORS_RETURN) };
         window.check("MPI_Win_set_errhandler", rc)?;
+        if shared {
+            window.whole = self.whole_mapping(win, map)?;
+        }
         // SAFETY: `base` points to `padded` bytes (a whole number of elements) owned by this
         // window and not yet exposed to anyone (no epoch is open, the barrier below is ahead).
         // Zero bytes are a valid value of every `Elem` type.
@@ -402,6 +457,36 @@ impl MpiRank {
         window.check("MPI_Win_sync", unsafe { ffi::MPI_Win_sync(win) })?;
         self.barrier()?;
         Ok(window)
+    }
+
+    /// Where `map`'s element 0 lies in this process, if the shared window `win` holds every
+    /// shard back to back (each rank's base where the one before it ends: `MPI_Win_shared_query`);
+    /// null where it does not (an empty shard, padded to a line, in the middle; a non-contiguous
+    /// allocation).
+    fn whole_mapping<T: Elem>(&self, win: ffi::MPI_Win, map: &ShardMap) -> Result<*const T> {
+        let mut first: *const T = std::ptr::null();
+        for r in 0..map.parts() {
+            let (mut size, mut disp, mut at): (ffi::MPI_Aint, c_int, *mut T) = (0, 0, std::ptr::null_mut());
+            // SAFETY: live shared window (MPI_ERRORS_RETURN); valid rank; out-pointers.
+            let rc = unsafe {
+                ffi::MPI_Win_shared_query(
+                    win,
+                    r as c_int,
+                    &mut size,
+                    &mut disp,
+                    (&mut at as *mut *mut T).cast(),
+                )
+            };
+            self.check("MPI_Win_shared_query", rc)?;
+            if r == 0 {
+                first = at;
+            }
+            let want = first.wrapping_add(map.range(r).start);
+            if at.is_null() || at.cast_const() != want || (size as usize) < map.len_of(r) * size_of::<T>() {
+                return Ok(std::ptr::null());
+            }
+        }
+        Ok(first)
     }
 
     pub(crate) fn abort(&self, code: i32) -> ! {
@@ -434,6 +519,9 @@ pub struct MpiWindow<T: Elem> {
     /// This rank's shard: `map.len_of(rank)` elements (of an allocation padded to whole cache
     /// lines) that `MPI_Win_allocate` returned, valid while `live`.
     base: *mut T,
+    /// Shared windows whose shards lie back to back in this process: element 0 of all of them
+    /// (`map.total()` elements, valid while `live`); else null.
+    whole: *const T,
     name: String,
     map: ShardMap,
     /// The shard of the last single-shard operation: checked first, as consecutive operations
@@ -895,6 +983,25 @@ impl<T: Elem> MpiWindow<T> {
         // SAFETY: as above.
         self.check("MPI_Win_sync", unsafe { ffi::MPI_Win_sync(self.win) })?;
         Ok(r)
+    }
+
+    /// See [`crate::Window::whole_in_place`]: the shared window's every shard, as one slice,
+    /// after an `MPI_Win_sync` (what other ranks wrote and completed before the caller's last
+    /// synchronization is what its loads see); `None` unless the window is one mapping.
+    ///
+    /// # Safety
+    /// As there: no rank writes the window while the slice lives.
+    pub(crate) unsafe fn whole_in_place(&self) -> Result<Option<&[T]>> {
+        if self.whole.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: live window in a lock_all epoch.
+        self.check("MPI_Win_sync", unsafe { ffi::MPI_Win_sync(self.win) })?;
+        // SAFETY: `whole` is where every shard lies back to back in this process
+        // (`whole_mapping`): `map.total()` aligned elements, initialised (each rank zeroed its own
+        // at allocation, before the barrier that ended it), owned by the window while it is live
+        // (the slice borrows it); unchanged while the slice lives, by the caller's contract.
+        Ok(Some(unsafe { std::slice::from_raw_parts(self.whole, self.map.total()) }))
     }
 
     pub(crate) fn free(mut self) -> Result<()> {
