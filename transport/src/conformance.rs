@@ -379,13 +379,13 @@ fn own_shard_in_place(t: &Transport, _: &Params) -> Outcome {
     Ok(())
 }
 
-/// A window from [`Transport::alloc_shared_window`] in 16-element units: read whole in place
+/// A window from [`Transport::alloc_shared_window`] in whole lines: read whole in place
 /// where this rank maps it (as [`Params::whole_in_place`] asks), it holds what every rank put;
 /// after each owner stored into its shard in place, what they stored, in place and by `get`
 /// alike; an accumulate lands on it as on any window.
 fn whole_in_place(t: &Transport, p: &Params) -> Outcome {
     let (rank, n) = (t.rank(), t.world_size());
-    let map = ShardMap::balanced_in_units(48 * n + 5, n, 16);
+    let map = ShardMap::balanced_in_lines::<f32>(48 * n + 5, n);
     let w: Window<f32> = t.alloc_shared_window("whole", &map)?;
     let (total, mine) = (map.total(), map.range(rank));
     let at = |i: usize| pattern(i) as f32;

@@ -51,7 +51,7 @@ use std::str::FromStr;
 
 pub use elem::{Elem, ElemKind, ReduceOp};
 pub use error::{Error, ErrorKind, Result};
-pub use shard::{Piece, Pieces, ShardMap};
+pub use shard::{Piece, Pieces, ShardMap, SHARD_LINE};
 
 /// Which implementation of ranks and windows to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -199,26 +199,30 @@ impl Transport {
     /// Every rank must pass the same map and element type; a mismatch is an error on every rank.
     /// `name` appears in error messages.
     pub fn alloc_window<T: Elem>(&self, name: &str, map: &ShardMap) -> Result<Window<T>> {
-        let inner = match self {
-            Self::Local(t) => WindowInner::Local(t.alloc_window(name, map)?),
-            #[cfg(feature = "mpi")]
-            Self::Mpi(t) => WindowInner::Mpi(t.alloc_window(name, map, false)?),
-        };
-        Ok(Window { inner })
+        self.alloc(name, map, false)
     }
 
     /// Collective: [`alloc_window`](Self::alloc_window), and where the ranks can share its
     /// memory, a window every rank maps whole ([`Window::whole_in_place`]): MPI processes all on
     /// one node (`MPI_Comm_split_type`) get it from `MPI_Win_allocate_shared`, readable in place
-    /// when its shards then lie back to back: every shard but the last a whole number of 64-byte
-    /// lines ([`ShardMap::balanced_in_units`]), none of them empty before the last non-empty one.
+    /// when its shards then lie back to back: every shard but the last a whole number of
+    /// [`SHARD_LINE`]s ([`ShardMap::balanced_in_lines`]), none of them empty before the last
+    /// non-empty one.
     /// Elsewhere (several nodes, a one-sided component without shared windows, the local
     /// backend) it is the same as [`alloc_window`](Self::alloc_window).
     pub fn alloc_shared_window<T: Elem>(&self, name: &str, map: &ShardMap) -> Result<Window<T>> {
+        self.alloc(name, map, true)
+    }
+
+    /// Both allocations: the local backend's windows are never shared between processes.
+    fn alloc<T: Elem>(&self, name: &str, map: &ShardMap, shared: bool) -> Result<Window<T>> {
         let inner = match self {
-            Self::Local(t) => WindowInner::Local(t.alloc_window(name, map)?),
+            Self::Local(t) => {
+                let _ = shared;
+                WindowInner::Local(t.alloc_window(name, map)?)
+            }
             #[cfg(feature = "mpi")]
-            Self::Mpi(t) => WindowInner::Mpi(t.alloc_window(name, map, true)?),
+            Self::Mpi(t) => WindowInner::Mpi(t.alloc_window(name, map, shared)?),
         };
         Ok(Window { inner })
     }

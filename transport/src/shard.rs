@@ -2,6 +2,10 @@
 
 use std::ops::Range;
 
+/// Bytes in which the MPI backend allocates each shard (a whole number of lines, at least one):
+/// see [`ShardMap::balanced_in_lines`].
+pub const SHARD_LINE: usize = 64;
+
 /// A window's layout: rank `r` owns the contiguous global range `range(r)`.
 ///
 /// Shards may differ in size, and may be empty. Every rank of a world must allocate a window with
@@ -40,9 +44,9 @@ impl ShardMap {
     /// `total` elements over `parts` ranks in whole units of `unit` elements, as even as
     /// possible (the first ranks hold one unit more), the last non-empty shard holding what is
     /// left of its units: every shard starts at a multiple of `unit`. With `unit` elements to a
-    /// 64-byte line, the windows of the MPI backend, whose shards are allocated as whole lines,
-    /// then lie back to back where the ranks share memory, one array
-    /// ([`crate::Window::whole_in_place`]).
+    /// [`SHARD_LINE`] ([`balanced_in_lines`](Self::balanced_in_lines)), the windows of the MPI
+    /// backend, whose shards are allocated as whole lines, then lie back to back where the ranks
+    /// share memory, one array ([`crate::Window::whole_in_place`]).
     ///
     /// # Panics
     /// If `parts == 0` or `unit == 0`.
@@ -53,6 +57,12 @@ impl ShardMap {
             let r = units.range(p);
             (r.end * unit).min(total) - (r.start * unit).min(total)
         }))
+    }
+
+    /// [`balanced_in_units`](Self::balanced_in_units) in whole [`SHARD_LINE`]s of `T`: the map a
+    /// window from [`crate::Transport::alloc_shared_window`] needs to be read whole in place.
+    pub fn balanced_in_lines<T>(total: usize, parts: usize) -> Self {
+        Self::balanced_in_units(total, parts, (SHARD_LINE / size_of::<T>()).max(1))
     }
 
     /// A map with the given shard lengths, rank 0 first.

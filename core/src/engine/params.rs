@@ -149,15 +149,16 @@ impl Params {
         }
         // Owner-side steps read the weights in place where the ranks share memory
         // ([`weights_in_place`](Self::weights_in_place)): a window every rank maps whole, its
-        // shards in whole 64-byte lines so that they lie back to back.
-        let (map, w) = if owner_steps {
-            let map = ShardMap::balanced_in_units(layout.params, t.world_size(), 64 / size_of::<f32>());
-            let w: Window<f32> = t.alloc_shared_window("parameters", &map)?;
-            (map, w)
+        // shards in whole lines so that they lie back to back.
+        let map = if owner_steps {
+            ShardMap::balanced_in_lines::<f32>(layout.params, t.world_size())
         } else {
-            let map = ShardMap::balanced(layout.params, t.world_size());
-            let w: Window<f32> = t.alloc_window("parameters", &map)?;
-            (map, w)
+            ShardMap::balanced(layout.params, t.world_size())
+        };
+        let w: Window<f32> = if owner_steps {
+            t.alloc_shared_window("parameters", &map)?
+        } else {
+            t.alloc_window("parameters", &map)?
         };
         let state = if slots > 0 {
             let lens = (0..t.world_size()).map(|r| map.len_of(r) * slots);

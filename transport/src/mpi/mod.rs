@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex};
 use mpi::ffi;
 use mpi::Threading;
 
-use crate::{Batch, Elem, Error, ErrorKind, ReduceOp, Result, ShardMap, Targets, Touched};
+use crate::{Batch, Elem, Error, ErrorKind, ReduceOp, Result, ShardMap, Targets, Touched, SHARD_LINE};
 
 extern "C" {
     fn peregrine_mpi_no_op() -> ffi::MPI_Op;
@@ -44,9 +44,6 @@ extern "C" {
     fn peregrine_mpi_mode_nocheck() -> c_int;
     fn peregrine_mpi_in_place() -> *mut c_void;
 }
-
-/// Shards are allocated in whole multiples of this many bytes (see `alloc_window`).
-const SHARD_ALIGN: usize = 64;
 
 /// Largest element count passed to one MPI call (counts are C ints).
 const MAX_COUNT: usize = 1 << 30;
@@ -396,7 +393,7 @@ impl MpiRank {
         // of 16 bytes, or is zero (a put to rank 2's first element lands on rank 0's last one;
         // reproduced in plain C). Whole lines also keep neighbouring shards off each other's cache
         // lines. The padding is never addressed.
-        let padded = (local_len * size_of::<T>()).div_ceil(SHARD_ALIGN).max(1) * SHARD_ALIGN;
+        let padded = (local_len * size_of::<T>()).div_ceil(SHARD_LINE).max(1) * SHARD_LINE;
         let mut base: *mut T = std::ptr::null_mut();
         let mut win = std::mem::MaybeUninit::<ffi::MPI_Win>::uninit();
         // SAFETY: collective over our live communicator (every rank reaches this point: the checks
