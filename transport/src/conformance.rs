@@ -7,7 +7,7 @@
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use crate::{Elem, Error, ErrorKind, ReduceOp, ShardMap, Transport, Window};
+use crate::{Elem, Error, ErrorKind, ReduceOp, ShardMap, Transport, Window, SHARD_LINE};
 
 /// How a case failed.
 #[derive(Debug, thiserror::Error)]
@@ -395,7 +395,12 @@ fn whole_in_place(t: &Transport, p: &Params) -> Outcome {
     t.barrier()?;
     // SAFETY: every rank's puts were flushed before the barrier above; nobody writes before the
     // barrier below, after the last use of the slice.
-    let seen = unsafe { w.whole_in_place() }?.map(<[f32]>::to_vec);
+    let whole = unsafe { w.whole_in_place() }?;
+    // In place, element 0 (and so every shard: whole lines) starts on a cache line, whatever
+    // offset the library gave the first allocation.
+    let line = whole.map(|s| s.as_ptr() as usize % SHARD_LINE);
+    ensure!(t, line.is_none_or(|l| l == 0), "read in place from {line:?} bytes past a line");
+    let seen = whole.map(<[f32]>::to_vec);
     if let Some(want) = p.whole_in_place {
         ensure!(t, seen.is_some() == want, "read whole in place: {}, expected {want}", seen.is_some());
     }
@@ -428,6 +433,36 @@ fn whole_in_place(t: &Transport, p: &Params) -> Outcome {
     for (i, &x) in all.iter().enumerate() {
         let want = -at(i) + n as f32;
         ensure!(t, x == want, "accumulated: element {i} is {x}, expected {want}");
+    }
+    t.barrier()?;
+    // Batches and atomics address every shard alike (rank 0's from an offset within its
+    // allocation where the library placed it off a line): ranges inside the first shard, then
+    // ranges over all of them, one across a boundary.
+    let first = map.range(0);
+    let inside = [first.start + 1..first.start + 3, first.end - 4..first.end];
+    let edge = map.range(n - 1);
+    let spread = [0..2, first.end - 3..(first.end + 2).min(total), edge.end - 2..edge.end];
+    for ranges in [&inside[..], &spread[..]] {
+        let mut got = vec![0.0f32; ranges.iter().map(|r| r.len()).sum()];
+        w.get_batch(ranges, &mut got)?;
+        let want: Vec<f32> = ranges.iter().flat_map(|r| r.clone()).map(|i| -at(i) + n as f32).collect();
+        ensure!(t, got == want, "batch get of {ranges:?}: {got:?}, expected {want:?}");
+    }
+    t.barrier()?;
+    // An atomic at rank 0's shard, where it lies in place (a shared window: the offset applies
+    // there alone). Elsewhere not: OpenMPI 4.1's `osc/ucx` adds `MPI_FLOAT`s as integers in
+    // `MPI_Fetch_and_op` (0.75 + 1 + 1 read back as -0.1875), and the engine's atomics are all on
+    // `u64` windows.
+    if seen.is_some() {
+        let before = w.fetch_add(1, 1.0)?;
+        // What the ranks before this one added: 0 to n - 1, whole.
+        let k = before - (-at(1) + n as f32);
+        ensure!(t, k == k.trunc() && (0.0..n as f32).contains(&k), "fetch_add at element 1 saw {before}");
+        w.flush_all()?;
+        t.barrier()?;
+        w.get(0, &mut all[..2])?;
+        let want = -at(1) + 2.0 * n as f32;
+        ensure!(t, all[1] == want, "after every rank's fetch_add: element 1 is {}, expected {want}", all[1]);
     }
     t.barrier()?;
     w.free()?;

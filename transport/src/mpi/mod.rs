@@ -398,13 +398,16 @@ impl MpiRank {
         let mut win = std::mem::MaybeUninit::<ffi::MPI_Win>::uninit();
         // SAFETY: collective over our live communicator (every rank reaches this point: the checks
         // above are collective and agree); `base` and `win` are out-pointers, written on success.
+        // Rank 0's allocation is `lead` elements longer, for a shared window's first shard to
+        // start on a line (see below).
         let allocate = |call: unsafe extern "C" fn(_, _, _, _, _, _) -> c_int,
                         win: *mut ffi::MPI_Win,
-                        base: &mut *mut T| {
+                        base: &mut *mut T,
+                        lead: usize| {
             // SAFETY: as above.
             unsafe {
                 call(
-                    padded as ffi::MPI_Aint,
+                    (padded + if rank == 0 { lead * size_of::<T>() } else { 0 }) as ffi::MPI_Aint,
                     size_of::<T>() as c_int,
                     ffi::RSMPI_INFO_NULL,
                     self.comm.comm,
@@ -418,18 +421,46 @@ impl MpiRank {
         // any communication, and the window comes from `MPI_Win_allocate` as elsewhere.
         let shared = shared
             && self.comm.one_node
-            && allocate(ffi::MPI_Win_allocate_shared, win.as_mut_ptr(), &mut base)
+            && allocate(ffi::MPI_Win_allocate_shared, win.as_mut_ptr(), &mut base, 0)
                 == ffi::MPI_SUCCESS as c_int;
         if !shared {
-            let rc = allocate(ffi::MPI_Win_allocate, win.as_mut_ptr(), &mut base);
+            let rc = allocate(ffi::MPI_Win_allocate, win.as_mut_ptr(), &mut base, 0);
             self.check("MPI_Win_allocate", rc)?;
         }
         // SAFETY: written by the successful MPI_Win_allocate(_shared).
-        let win = unsafe { win.assume_init() };
+        let mut win = unsafe { win.assume_init() };
+        // A shared window's first shard where the library put it: OpenMPI's `osc/sm` 8 bytes past
+        // a line, and every shard after it too (they are whole lines). The products that read the
+        // weights in place then cross a line with every 64-byte load. Allocated again with
+        // `lead` elements before rank 0's shard, every shard starts on a line (the offset within
+        // the segment, the same in every process, decides it); RMA to rank 0 adds `lead` to its
+        // displacements. The same lead on every rank, or none. (Rank 0's allocation is then no
+        // whole number of 16 bytes, which MPICH 4.0 mishandles, above; under MPICH the conformance
+        // case finds every shard in place, and on a line, all the same.)
+        let mut lead = 0;
+        if shared {
+            let first = self.shared_query::<T>(win, 0)?.1 as usize;
+            let want = (SHARD_LINE - first % SHARD_LINE) % SHARD_LINE;
+            let want = if want.is_multiple_of(size_of::<T>()) { want / size_of::<T>() } else { 0 };
+            if self.agree("MPI_Allreduce", &[want as u64])? && want > 0 {
+                // SAFETY: the live window just allocated, not yet exposed; freed collectively.
+                self.check("MPI_Win_free", unsafe { ffi::MPI_Win_free(&mut win) })?;
+                let mut again = std::mem::MaybeUninit::<ffi::MPI_Win>::uninit();
+                let rc = allocate(ffi::MPI_Win_allocate_shared, again.as_mut_ptr(), &mut base, want);
+                self.check("MPI_Win_allocate_shared", rc)?;
+                // SAFETY: written by the successful MPI_Win_allocate_shared.
+                win = unsafe { again.assume_init() };
+                lead = want;
+                if rank == 0 {
+                    base = base.wrapping_add(lead);
+                }
+            }
+        }
         let mut window = MpiWindow {
             comm: self.comm.clone(),
             win,
             base,
+            lead,
             whole: std::ptr::null(),
             name: name.to_owned(),
             map: map.clone(),
@@ -441,7 +472,7 @@ impl MpiRank {
         let rc = unsafe { ffi::MPI_Win_set_errhandler(win, ffi::RSMPI_ERRORS_RETURN) };
         window.check("MPI_Win_set_errhandler", rc)?;
         if shared {
-            window.whole = self.whole_mapping(win, map)?;
+            window.whole = self.whole_mapping(win, map, lead)?;
         }
         // SAFETY: `base` points to `padded` bytes (a whole number of elements) owned by this
         // window and not yet exposed to anyone (no epoch is open, the barrier below is ahead).
@@ -460,30 +491,34 @@ impl MpiRank {
     /// shard back to back (each rank's base where the one before it ends: `MPI_Win_shared_query`);
     /// null where it does not (an empty shard, padded to a line, in the middle; a non-contiguous
     /// allocation).
-    fn whole_mapping<T: Elem>(&self, win: ffi::MPI_Win, map: &ShardMap) -> Result<*const T> {
+    fn whole_mapping<T: Elem>(&self, win: ffi::MPI_Win, map: &ShardMap, lead: usize) -> Result<*const T> {
         let mut first: *const T = std::ptr::null();
         for r in 0..map.parts() {
-            let (mut size, mut disp, mut at): (ffi::MPI_Aint, c_int, *mut T) = (0, 0, std::ptr::null_mut());
-            // SAFETY: live shared window (MPI_ERRORS_RETURN); valid rank; out-pointers.
-            let rc = unsafe {
-                ffi::MPI_Win_shared_query(
-                    win,
-                    r as c_int,
-                    &mut size,
-                    &mut disp,
-                    (&mut at as *mut *mut T).cast(),
-                )
-            };
-            self.check("MPI_Win_shared_query", rc)?;
-            if r == 0 {
+            let (mut size, mut at) = self.shared_query::<T>(win, r)?;
+            if r == 0 && !at.is_null() {
+                // Rank 0's shard starts `lead` elements into its allocation.
+                at = at.wrapping_add(lead);
+                size = size.saturating_sub(lead * size_of::<T>());
                 first = at;
             }
             let want = first.wrapping_add(map.range(r).start);
-            if at.is_null() || at.cast_const() != want || (size as usize) < map.len_of(r) * size_of::<T>() {
+            if at.is_null() || at != want || size < map.len_of(r) * size_of::<T>() {
                 return Ok(std::ptr::null());
             }
         }
         Ok(first)
+    }
+
+    /// `MPI_Win_shared_query`: the size in bytes of rank `r`'s allocation in the shared window
+    /// `win`, and where it lies in this process.
+    fn shared_query<T: Elem>(&self, win: ffi::MPI_Win, r: usize) -> Result<(usize, *const T)> {
+        let (mut size, mut disp, mut at): (ffi::MPI_Aint, c_int, *mut T) = (0, 0, std::ptr::null_mut());
+        // SAFETY: live shared window (MPI_ERRORS_RETURN); valid rank; out-pointers.
+        let rc = unsafe {
+            ffi::MPI_Win_shared_query(win, r as c_int, &mut size, &mut disp, (&mut at as *mut *mut T).cast())
+        };
+        self.check("MPI_Win_shared_query", rc)?;
+        Ok((size as usize, at.cast_const()))
     }
 
     pub(crate) fn abort(&self, code: i32) -> ! {
@@ -514,8 +549,12 @@ pub struct MpiWindow<T: Elem> {
     comm: Arc<Comm>,
     win: ffi::MPI_Win,
     /// This rank's shard: `map.len_of(rank)` elements (of an allocation padded to whole cache
-    /// lines) that `MPI_Win_allocate` returned, valid while `live`.
+    /// lines) that `MPI_Win_allocate` returned (at rank 0, `lead` elements into it), valid while
+    /// `live`.
     base: *mut T,
+    /// Elements before rank 0's shard in its allocation (a shared window's, to start every shard
+    /// on a cache line); added to every displacement at rank 0.
+    lead: usize,
     /// Shared windows whose shards lie back to back in this process: element 0 of all of them
     /// (`map.total()` elements, valid while `live`); else null.
     whole: *const T,
@@ -567,6 +606,22 @@ impl<T: Elem> MpiWindow<T> {
         .into()
     }
 
+    /// Elements before `rank`'s shard in its allocation: [`MpiWindow::lead`] at rank 0.
+    #[inline(always)]
+    fn lead_at(&self, rank: usize) -> usize {
+        if rank == 0 {
+            self.lead
+        } else {
+            0
+        }
+    }
+
+    /// The displacement of element `offset` of `rank`'s shard.
+    #[inline(always)]
+    fn disp(&self, rank: usize, offset: usize) -> ffi::MPI_Aint {
+        (offset + self.lead_at(rank)) as ffi::MPI_Aint
+    }
+
     /// The shard and offset of `start..start + len` if it lies inside one shard (and fits one MPI
     /// call).
     ///
@@ -598,7 +653,7 @@ impl<T: Elem> MpiWindow<T> {
     ) -> Result<Touched> {
         // Fast path: the range lies inside one shard (the common case, and every atomic).
         if let Some((rank, offset)) = self.locate(start, len) {
-            f(rank as c_int, offset as ffi::MPI_Aint, 0, len as c_int)?;
+            f(rank as c_int, self.disp(rank, offset), 0, len as c_int)?;
             return Ok(touched.add(rank));
         }
         let me = self.comm.rank;
@@ -607,7 +662,7 @@ impl<T: Elem> MpiWindow<T> {
             let mut done = 0;
             while done < p.len {
                 let n = (p.len - done).min(MAX_COUNT);
-                f(p.rank as c_int, (p.offset + done) as ffi::MPI_Aint, p.pos + done, count(n))?;
+                f(p.rank as c_int, self.disp(p.rank, p.offset + done), p.pos + done, count(n))?;
                 done += n;
             }
             touched = touched.add(p.rank);
@@ -637,26 +692,26 @@ impl<T: Elem> MpiWindow<T> {
         // Inside one shard and spanning at most MAX_COUNT elements, so is every range.
         if batch.end - batch.start <= MAX_COUNT {
             if let Some((owner, offset)) = self.map.locate(batch.start, batch.end - batch.start) {
-                let lo = batch.start - offset;
+                let (lo, lead) = (batch.start - offset, self.lead_at(owner));
                 for r in batch.ranges {
                     let len = r.end - r.start;
-                    f(at, owner as c_int, (r.start - lo) as ffi::MPI_Aint, len as c_int)?;
+                    f(at, owner as c_int, (r.start - lo + lead) as ffi::MPI_Aint, len as c_int)?;
                     at += len;
                 }
                 return Ok(touched.add(owner));
             }
         }
-        // The shard of the last range that fitted in one: rank and global bounds. Empty at first
-        // (`lo > hi`: no range passes the test below).
-        let (mut rank, mut lo, mut hi) = (0, 1, 0);
+        // The shard of the last range that fitted in one: rank, global bounds and lead. Empty at
+        // first (`lo > hi`: no range passes the test below).
+        let (mut rank, mut lo, mut hi, mut lead) = (0, 1, 0, 0);
         for r in batch.ranges {
             let len = r.end - r.start;
             if lo <= r.start && r.end <= hi && len <= MAX_COUNT {
-                f(at, rank as c_int, (r.start - lo) as ffi::MPI_Aint, len as c_int)?;
+                f(at, rank as c_int, (r.start - lo + lead) as ffi::MPI_Aint, len as c_int)?;
             } else if let Some((owner, offset)) = self.map.locate(r.start, len).filter(|_| len <= MAX_COUNT) {
                 let shard = self.map.range(owner);
-                (rank, lo, hi) = (owner, shard.start, shard.end);
-                f(at, owner as c_int, offset as ffi::MPI_Aint, len as c_int)?;
+                (rank, lo, hi, lead) = (owner, shard.start, shard.end, self.lead_at(owner));
+                f(at, owner as c_int, self.disp(owner, offset), len as c_int)?;
                 touched = touched.add(owner);
             } else {
                 touched = self.for_pieces(r.start, len, touched, |t, d, pos, n| f(at + pos, t, d, n))?;
@@ -861,7 +916,7 @@ impl<T: Elem> MpiWindow<T> {
                 result.cast(),
                 T::mpi_datatype(),
                 target as c_int,
-                offset as ffi::MPI_Aint,
+                self.disp(target, offset),
                 op,
                 self.win,
             )
@@ -919,7 +974,7 @@ impl<T: Elem> MpiWindow<T> {
                 (&mut result as *mut T).cast(),
                 T::mpi_datatype(),
                 target as c_int,
-                offset as ffi::MPI_Aint,
+                self.disp(target, offset),
                 self.win,
             )
         };
