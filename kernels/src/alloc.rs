@@ -21,7 +21,7 @@ const FROM: usize = 4096;
 /// A cache line.
 const LINE: usize = 64;
 
-/// The system allocator, allocations of [`FROM`] bytes or more aligned to 64 bytes.
+/// The system allocator, allocations of 4 KiB or more aligned to 64 bytes.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct LineAligned;
 

@@ -292,7 +292,7 @@ pub fn abort_world(code: i32) {
 /// Runs `f` on every rank of a fresh in-process world of `world_size` ranks, one thread per rank
 /// (named `rank-<r>`), and returns the ranks' results in rank order.
 ///
-/// A rank that returns or panics leaves the world: peers then get [`Error::PeerExited`] from
+/// A rank that returns or panics leaves the world: peers then get [`ErrorKind::PeerExited`] from
 /// collectives instead of hanging. If a rank panicked, the panic is resumed here once every rank
 /// has finished.
 pub fn run_local<R, F>(world_size: usize, f: F) -> Result<Vec<R>>

@@ -24,9 +24,9 @@
 //! value of each of `MR` rows of `op(A)`. `op(B) = B^T` has its `NR` values a column length
 //! apart, and is packed (8x8 `f32x8` transposes into panels). The others are read in place: a
 //! row of `op(B) = B` holds its `NR` values side by side, one row length from the next step's;
-//! the `MR` rows of `op(A) = A` are streams, the next panel's asked for ahead ([`Ahead`]); `op(A) = A^T` holds each
-//! step's `MR` values side by side. A ragged last panel is packed, with zeros past the edge so
-//! that the micro-kernel never branches.
+//! the `MR` rows of `op(A) = A` are streams, the next panel's asked for ahead (`Ahead`);
+//! `op(A) = A^T` holds each step's `MR` values side by side. A ragged last panel is packed, with
+//! zeros past the edge so that the micro-kernel never branches.
 //! (BLIS packs every panel, for contiguous streams and fewer TLB misses on large matrices; at
 //! an MLP's sizes the copy cost more than it saved.) Measured in one process on a Zen 4, the
 //! packed and in-place versions alternated, 12 rounds of 200 calls, operands in cache: the
@@ -38,6 +38,7 @@
 //! (medians), the same model. (Those figures are the `f32x8` kernel's.)
 
 use std::array;
+use std::marker::PhantomData;
 
 use wide::f32x8;
 
@@ -249,25 +250,32 @@ enum APanel<'a, const MR: usize> {
 /// 128 431k -> 440k samples/s, batch 512 528k -> 566k (medians). Only for a block that spans
 /// whole rows (`kc` = the row length), whose next panel is one stretch of memory.
 #[derive(Clone, Copy)]
-struct Ahead {
+struct Ahead<'a> {
     /// The next line.
     at: *const f32,
     /// Lines still to ask for.
     left: usize,
+    /// The rows `at` walks, borrowed for as long as it does.
+    rows: PhantomData<&'a [f32]>,
 }
 
-impl Ahead {
+impl<'a> Ahead<'a> {
     /// The lines of `next` (the next panel's rows, contiguous) that tile `q` of a panel asks
     /// for: those after the `q` tiles before it, each of which asked for one a turn of `kc`.
-    fn for_tile(next: &[f32], kc: usize, q: usize) -> Option<Self> {
+    fn for_tile(next: &'a [f32], kc: usize, q: usize) -> Option<Self> {
         let (lines, first) = (next.len().div_ceil(LINE), q * (kc / UNROLL));
-        (first < lines).then(|| Self { at: next[first * LINE..].as_ptr(), left: lines - first })
+        (first < lines).then(|| Self {
+            at: next[first * LINE..].as_ptr(),
+            left: lines - first,
+            rows: PhantomData,
+        })
     }
 
     #[inline(always)]
     fn next(&mut self) {
         if self.left > 0 {
-            // SAFETY: `at` is one of the `left` lines of the slice `for_tile` was given.
+            // SAFETY: `at` is one of the `left` lines of the slice `for_tile` was given, borrowed
+            // for `'a`.
             prefetch(unsafe { &*self.at });
             self.left -= 1;
             self.at = self.at.wrapping_add(LINE);
@@ -306,7 +314,7 @@ fn steps<const MR: usize, const NR: usize>(
     b: &[f32],
     rsb: usize,
     kc: usize,
-    ahead: Option<Ahead>,
+    ahead: Option<Ahead<'_>>,
     step: impl FnMut([&f32; MR], &[f32]),
 ) {
     if kc == 0 {
@@ -395,7 +403,7 @@ trait Micro<const MR: usize, const NR: usize> {
         b: &[f32],
         rsb: usize,
         kc: usize,
-        ahead: Option<Ahead>,
+        ahead: Option<Ahead<'_>>,
         out: TileOut<'_>,
     );
 }
@@ -433,7 +441,7 @@ impl<const MR: usize> Micro<MR, 16> for F32x8Tile {
         b: &[f32],
         rsb: usize,
         kc: usize,
-        ahead: Option<Ahead>,
+        ahead: Option<Ahead<'_>>,
         out: TileOut<'_>,
     ) {
         let mut acc = [[f32x8::ZERO; 2]; MR];
@@ -476,7 +484,7 @@ impl<const MR: usize> Micro<MR, 32> for ZmmTile {
         b: &[f32],
         rsb: usize,
         kc: usize,
-        ahead: Option<Ahead>,
+        ahead: Option<Ahead<'_>>,
         out: TileOut<'_>,
     ) {
         // SAFETY: the caller's contract.
@@ -508,7 +516,7 @@ mod zmm {
         b: &[f32],
         rsb: usize,
         kc: usize,
-        ahead: Option<Ahead>,
+        ahead: Option<Ahead<'_>>,
         out: TileOut<'_>,
     ) {
         let mut acc = [[_mm512_setzero_ps(); 2]; MR];

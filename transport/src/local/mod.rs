@@ -16,7 +16,7 @@
 //!
 //! Collectives go through one mutex and condition variable per world. A rank whose [`LocalRank`]
 //! is dropped (it returned, failed or panicked) has left the world: peers waiting in, or later
-//! entering, a collective get [`Error::PeerExited`] instead of hanging.
+//! entering, a collective get [`ErrorKind::PeerExited`] instead of hanging.
 //!
 //! A **serial** world ([`serial_world`]) is driven by one thread that acts for every rank in turn
 //! (a simulator stepping thousands of ranks in virtual time): nothing in it may block, so a
