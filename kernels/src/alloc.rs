@@ -15,11 +15,11 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 
+use crate::cpu::CACHE_LINE as LINE;
+
 /// The size from which an allocation starts on a line: below a page, buffers are not what the
 /// kernels stream, and `malloc`'s own 16 bytes waste less.
 const FROM: usize = 4096;
-/// A cache line.
-const LINE: usize = 64;
 
 /// The system allocator, allocations of 4 KiB or more aligned to 64 bytes.
 #[derive(Debug, Default, Clone, Copy)]

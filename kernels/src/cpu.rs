@@ -7,6 +7,10 @@
 //! instruction, with no message; [`check`] compares the compiled-for features with the CPU's
 //! (`is_x86_feature_detected!`) so that the binary can stop first, naming what is missing.
 
+/// Bytes in a cache line on every x86-64 CPU the kernels target: the unit of their prefetches
+/// ([`crate::mlp`]) and of the binary's buffer alignment ([`crate::alloc`]).
+pub const CACHE_LINE: usize = 64;
+
 /// One x86-64 feature: its name (as `target_feature` and `is_x86_feature_detected!` spell it),
 /// whether this build was compiled for it, and whether the CPU running it has it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -284,7 +284,7 @@ impl<'a> Ahead<'a> {
 }
 
 /// Floats in a cache line.
-const LINE: usize = 16;
+const LINE: usize = crate::cpu::CACHE_LINE / size_of::<f32>();
 
 /// Steps of the inner dimension per turn of [`steps`]' loop.
 const UNROLL: usize = 4;
