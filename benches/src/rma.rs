@@ -17,8 +17,13 @@
 //!   timed calls are cut into 16 slices and the two sides take turns slice by slice, the side
 //!   going first alternating; the ratio reported is the median of the trials' ratios;
 //! - a trial lasts about 5-10 ms at every size (OSU runs 10,000 iterations of its small-message
-//!   loops): trials of 1 ms or less moved single ratios by 0.2-0.4 on a shared 2-core machine.
+//!   loops): trials of 1 ms or less moved single ratios by 0.2-0.4 on a shared 2-core machine;
+//! - both sides move the same origin buffer: with one 16 MiB buffer each, ours came out 1.10-1.17
+//!   times raw MPI's time at 256 KiB-1 MiB in every run on an Intel Xeon, the same MPI calls
+//!   with the same sizes, and 0.98-1.02 once the two shared one (two runs each way): which
+//!   physical pages a side's buffer got, not its path, made that difference.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::time::Instant;
 
@@ -163,8 +168,9 @@ pub fn run(t: &Transport, cfg: &Config, mut report: impl FnMut(&Row)) -> Result<
     let base = map.range(target).start;
     let mut raw = raw_reference(t, cfg, elems)?;
     let me = t.rank() == 0;
-    // A window of operations moves at most 16 MiB (see `window_ops`).
-    let mut buf = if me { vec![1.0f64; (2 << 20).max(elems)] } else { Vec::new() };
+    // A window of operations moves at most 16 MiB (see `window_ops`). Ours and the reference
+    // take turns on the same origin buffer (see the module's docs).
+    let buf = RefCell::new(if me { vec![1.0f64; (2 << 20).max(elems)] } else { Vec::new() });
 
     for op in [Op::Get, Op::Put, Op::Accumulate, Op::FetchAdd] {
         let mut ours = Vec::new();
@@ -173,12 +179,19 @@ pub fn run(t: &Transport, cfg: &Config, mut report: impl FnMut(&Row)) -> Result<
             t.barrier()?;
             if me {
                 let mine = || match op {
-                    Op::Get => data.get(base, &mut buf[..1]),
-                    Op::Put => data.write_scope(|s| s.put(base, &buf[..1])),
-                    Op::Accumulate => data.write_scope(|s| s.accumulate(base, &buf[..1])),
+                    Op::Get => data.get(base, &mut buf.borrow_mut()[..1]),
+                    Op::Put => data.write_scope(|s| s.put(base, &buf.borrow()[..1])),
+                    Op::Accumulate => data.write_scope(|s| s.accumulate(base, &buf.borrow()[..1])),
                     Op::FetchAdd => counter.fetch_add(base, 1).map(drop),
                 };
-                let reference = raw.as_mut().map(|raw| move || raw.op(op, target, 1));
+                let buf = &buf;
+                // fetch_add has no origin buffer on either side.
+                let reference = raw.as_mut().map(|raw| {
+                    move || match op {
+                        Op::FetchAdd => raw.op(op, target, 1, &mut []),
+                        _ => raw.op(op, target, 1, &mut buf.borrow_mut()),
+                    }
+                });
                 let loops = Loops { trial, iters: cfg.latency_iters, warmup: cfg.warmup, per_call: 1 };
                 loops.both(mine, reference, &mut ours, &mut theirs)?;
             }
@@ -209,13 +222,17 @@ pub fn run(t: &Transport, cfg: &Config, mut report: impl FnMut(&Row)) -> Result<
             for trial in 0..cfg.trials {
                 t.barrier()?;
                 if me {
-                    let out = &mut buf[..len * w];
-                    let mine = || match op {
-                        Op::Get => data.get_batch(&ranges, out),
-                        Op::Put => data.write_scope(|s| s.put_batch(&ranges, out)),
-                        _ => data.write_scope(|s| s.accumulate_batch(&ranges, out)),
+                    let mine = || {
+                        let out = &mut buf.borrow_mut()[..len * w];
+                        match op {
+                            Op::Get => data.get_batch(&ranges, out),
+                            Op::Put => data.write_scope(|s| s.put_batch(&ranges, out)),
+                            _ => data.write_scope(|s| s.accumulate_batch(&ranges, out)),
+                        }
                     };
-                    let reference = raw.as_mut().map(|raw| move || raw.window(op, target, len, w));
+                    let buf = &buf;
+                    let reference =
+                        raw.as_mut().map(|raw| move || raw.window(op, target, len, w, &mut buf.borrow_mut()));
                     let loops = Loops { trial, iters, warmup: cfg.warmup.min(iters), per_call: w };
                     loops.both(mine, reference, &mut ours, &mut theirs)?;
                 }
@@ -338,10 +355,10 @@ mod raw {
     use super::{Op, Result};
     pub enum RawWindow {}
     impl RawWindow {
-        pub fn op(&mut self, _: Op, _: usize, _: usize) -> Result<()> {
+        pub fn op(&mut self, _: Op, _: usize, _: usize, _: &mut [f64]) -> Result<()> {
             match *self {}
         }
-        pub fn window(&mut self, _: Op, _: usize, _: usize, _: usize) -> Result<()> {
+        pub fn window(&mut self, _: Op, _: usize, _: usize, _: usize, _: &mut [f64]) -> Result<()> {
             match *self {}
         }
         pub fn free(self) -> Result<()> {
@@ -365,8 +382,6 @@ mod raw {
     pub struct RawWindow {
         rank: usize,
         win: ffi::MPI_Win,
-        /// Origin buffer (f64 for data, reinterpreted as u64 for fetch_add).
-        buf: Vec<f64>,
     }
 
     fn check(rank: usize, call: &'static str, rc: c_int) -> Result<()> {
@@ -399,26 +414,38 @@ mod raw {
             let win = unsafe { win.assume_init() };
             // SAFETY: live window; assert 0 = no assertions.
             check(rank, "MPI_Win_lock_all", unsafe { ffi::MPI_Win_lock_all(0, win) })?;
-            // The origin buffer of the largest window of operations (16 MiB).
-            Ok(Self { rank, win, buf: vec![1.0; (2 << 20).max(elems)] })
+            Ok(Self { rank, win })
         }
 
-        /// One operation of one element and its completion.
-        pub fn op(&mut self, op: Op, target: usize, len: usize) -> Result<()> {
-            self.window(op, target, len, 1)
+        /// One operation of one element and its completion, from `origin`.
+        pub fn op(&mut self, op: Op, target: usize, len: usize, origin: &mut [f64]) -> Result<()> {
+            self.window(op, target, len, 1, origin)
         }
 
-        /// `w` operations of `len` elements at displacement 0 of `target`, then `MPI_Win_flush`.
-        pub fn window(&mut self, op: Op, target: usize, len: usize, w: usize) -> Result<()> {
+        /// `w` operations of `len` elements at displacement 0 of `target`, the `i`-th from (or,
+        /// for a get, into) `origin[i len..]`, then `MPI_Win_flush`.
+        pub fn window(
+            &mut self,
+            op: Op,
+            target: usize,
+            len: usize,
+            w: usize,
+            origin: &mut [f64],
+        ) -> Result<()> {
             let dbl = f64::mpi_dt();
             let n = len as c_int;
             let t = target as c_int;
-            assert!(w * len <= self.buf.len(), "a window of operations fits the origin buffer");
-            let buf = self.buf.as_mut_ptr();
+            assert!(
+                op == Op::FetchAdd || w * len <= origin.len(),
+                "a window of operations fits the origin buffer"
+            );
+            let buf = origin.as_mut_ptr();
             for i in 0..w {
-                // SAFETY: live window in a lock_all epoch; `i * len + len <= buf.len()` (asserted);
-                // the target region `0..len` lies inside the target's allocation; `buf` is
-                // borrowed mutably until the flush below completes every operation.
+                // SAFETY: live window in a lock_all epoch; `i * len + len <= origin.len()` for
+                // the operations that use `origin` (asserted; `fetch_add` moves its own two words,
+                // and its offset `i * len` is 0 with `w == 1`); the target region `0..len` lies
+                // inside the target's allocation; `origin` is borrowed mutably until the flush
+                // below completes every operation.
                 let rc = unsafe {
                     let o = buf.add(i * len).cast();
                     match op {
