@@ -358,7 +358,12 @@ def main():
         text += (f"\nRoofline (same run): {roof['simd']}; FMA peak {roof['fma_gflops_1']:.1f} GFLOP/s on 1 thread, "
                  f"{roof['fma_gflops']:.1f} on 2 ({roof['vector']}){narrow}; STREAM triad {roof['triad_gbs']:.1f} GB/s "
                  f"on 2 threads; one cache line's round trip between the two CPUs "
-                 f"{lines([roof.get('line_round_trip_ns')])}.\n")
+                 f"{lines([roof.get('line_round_trip_ns')])}")
+        if roof.get("handoff_read_gbs"):
+            text += (f"; {roof['handoff_bytes'] >> 10} KiB handed between them, both at once: read at "
+                     f"{roof['handoff_read_gbs']:.1f} GB/s ({roof['handoff_local_gbs']:.1f} from the own cache), "
+                     f"copied into lines the other read at {roof['handoff_copy_gbs']:.1f} GB/s")
+        text += ".\n"
     if b.hung:
         text += (f"\nPeer runs that hung, were killed after {a.peer_timeout:.0f} s and ran again "
                  f"({len(b.hung)}):\n" + "\n".join(f"- {h}" for h in b.hung) + "\n")

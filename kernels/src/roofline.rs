@@ -16,7 +16,14 @@
 //! cloud machine the round trip was 50-85 ns for minutes, then 340-420 ns for minutes, as the
 //! host moved the two onto distant cores; a two-thread copy of 72 KB each way then took 3.5x as
 //! long). A figure taken beside a run tells which of those machines the run had.
+//!
+//! And what a block of them costs: [`handoff`], the two threads taking turns on one block of
+//! [`HANDOFF_BYTES`], one copying into it what the other read last, the other reading what was
+//! just written, as a rank pushes its gradient into a slot its owner read the step before and the
+//! owner reads it, or as a forward reads the weights the other rank just stepped. The read is
+//! timed again from the reader's own cache right after: the same loop where nothing crosses.
 
+use std::cell::UnsafeCell;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -173,19 +180,21 @@ pub fn triad_gbs(threads: usize, elems: usize, reps: usize) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// The round trip of one cache line between two threads, in nanoseconds: the first writes the
-/// line, the second answers on it, `rounds` times; the best of `reps` runs. Each thread first
-/// calls `place(i)` (`i` 0 or 1): where the caller binds them to the CPUs it wants measured.
-pub fn line_round_trip_ns(rounds: u64, reps: usize, place: impl Fn(usize) + Sync) -> f64 {
-    /// A line of its own: nothing else shares it.
-    #[repr(align(128))]
-    struct Line(AtomicU64);
-    let rounds = rounds.max(1);
-    let line = Line(AtomicU64::new(0));
-    // Spins, yielding now and then: two threads on one CPU still take turns.
-    let wait_for = |v: u64| {
+/// A line of its own: nothing else shares it.
+#[repr(align(128))]
+struct Line(AtomicU64);
+
+impl Line {
+    /// Spins until the line holds `v`.
+    fn wait_for(&self, v: u64) {
+        self.spin_until(|x| x == v);
+    }
+
+    /// Spins until `done` holds of the line's value, yielding now and then: two threads on one
+    /// CPU still take turns.
+    fn spin_until(&self, done: impl Fn(u64) -> bool) {
         let mut spins = 0u32;
-        while line.0.load(Ordering::Acquire) != v {
+        while !done(self.0.load(Ordering::Acquire)) {
             spins += 1;
             if spins.is_multiple_of(4096) {
                 std::thread::yield_now();
@@ -193,7 +202,16 @@ pub fn line_round_trip_ns(rounds: u64, reps: usize, place: impl Fn(usize) + Sync
                 std::hint::spin_loop();
             }
         }
-    };
+    }
+}
+
+/// The round trip of one cache line between two threads, in nanoseconds: the first writes the
+/// line, the second answers on it, `rounds` times; the best of `reps` runs. Each thread first
+/// calls `place(i)` (`i` 0 or 1): where the caller binds them to the CPUs it wants measured.
+pub fn line_round_trip_ns(rounds: u64, reps: usize, place: impl Fn(usize) + Sync) -> f64 {
+    let rounds = rounds.max(1);
+    let line = Line(AtomicU64::new(0));
+    let wait_for = |v: u64| line.wait_for(v);
     (0..reps.max(1))
         .map(|_| {
             line.0.store(0, Ordering::Relaxed);
@@ -223,6 +241,97 @@ pub fn line_round_trip_ns(rounds: u64, reps: usize, place: impl Fn(usize) + Sync
         })
         .fold(f64::INFINITY, f64::min)
 }
+
+/// The block [`handoff`] moves: about half the parameters of the MLP 784-128-10 (101,770 f32),
+/// what each of 2 ranks hands the other every step.
+pub const HANDOFF_BYTES: usize = 200 << 10;
+
+/// Rates of [`handoff`], GB/s a thread.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Handoff {
+    /// Copying a block into lines the other thread read last.
+    pub copy_gbs: f64,
+    /// Reading a block the other thread just wrote.
+    pub read_gbs: f64,
+    /// Reading it again right after, from the reader's own cache.
+    pub local_gbs: f64,
+}
+
+/// A block of [`handoff`]: thread `i` reads block `i`, the other thread writes it.
+struct Block(UnsafeCell<Vec<f32>>);
+
+// SAFETY: the threads of `handoff` reach the blocks only between the steps of their barrier (an
+// AcqRel increment, then Acquire loads until both arrived): while copying, each writes only the
+// other's block; while reading, each reads only its own. No two accesses to a block overlap, and
+// each thread sees what the other wrote before the step between them.
+unsafe impl Sync for Block {}
+
+/// What handing `bytes` between two threads costs (see the [module docs](self)), both at once as
+/// 2 ranks do: in each of `rounds` rounds each thread copies a block into the other's (lines the
+/// other read the round before), then reads its own (the lines the other just wrote), and reads
+/// it again (from its own cache); each rate is the median over both threads' rounds, the best of
+/// `reps` runs. Each thread first calls `place(i)` (`i` 0 or 1), as in [`line_round_trip_ns`].
+pub fn handoff(bytes: usize, rounds: usize, reps: usize, place: impl Fn(usize) + Sync) -> Handoff {
+    let n = (bytes / size_of::<f32>()).max(LANES_PER_LINE);
+    let rounds = rounds.max(1);
+    let rate = |mut secs: Vec<f64>| {
+        secs.sort_by(f64::total_cmp);
+        (n * size_of::<f32>()) as f64 / secs[secs.len() / 2].max(1e-12) / 1e9
+    };
+    let best = |a: f64, b: f64| if a.is_nan() { b } else { a.max(b) };
+    let mut out = Handoff { copy_gbs: f64::NAN, read_gbs: f64::NAN, local_gbs: f64::NAN };
+    for _ in 0..reps.max(1) {
+        let blocks = [(); 2].map(|_| Block(UnsafeCell::new(vec![0.0f32; n])));
+        let arrived = Line(AtomicU64::new(0));
+        // The `k`-th step of the two threads' barrier (both go through the same steps).
+        let step = |k: u64| {
+            arrived.0.fetch_add(1, Ordering::AcqRel);
+            arrived.spin_until(|x| x >= 2 * k);
+        };
+        // Each thread's copies, reads, and reads from its own cache, in seconds.
+        let times: Vec<[Vec<f64>; 3]> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2)
+                .map(|me| {
+                    let (blocks, step, place) = (&blocks, &step, &place);
+                    s.spawn(move || {
+                        place(me);
+                        let src = vec![1.0f32 + me as f32; n];
+                        let mut t: [Vec<f64>; 3] = Default::default();
+                        step(1);
+                        for r in 0..rounds as u64 {
+                            let t0 = Instant::now();
+                            // SAFETY: the copying step: only this thread writes the other's block
+                            // (see `Block`).
+                            unsafe { (*blocks[1 - me].0.get()).copy_from_slice(&src) };
+                            t[0].push(t0.elapsed().as_secs_f64());
+                            step(2 * r + 2);
+                            // SAFETY: the reading step: only this thread reads its block.
+                            let own = unsafe { &*blocks[me].0.get() };
+                            for times in &mut t[1..] {
+                                let t0 = Instant::now();
+                                black_box(crate::dense::sq_norm(black_box(own)));
+                                times.push(t0.elapsed().as_secs_f64());
+                            }
+                            step(2 * r + 3);
+                        }
+                        t
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("handoff probe thread")).collect()
+        });
+        let both = |k: usize| times.iter().flat_map(|t| t[k].iter().copied()).collect::<Vec<_>>();
+        out = Handoff {
+            copy_gbs: best(out.copy_gbs, rate(both(0))),
+            read_gbs: best(out.read_gbs, rate(both(1))),
+            local_gbs: best(out.local_gbs, rate(both(2))),
+        };
+    }
+    out
+}
+
+/// `f32`s in a cache line.
+const LANES_PER_LINE: usize = crate::cpu::CACHE_LINE / size_of::<f32>();
 
 #[cfg(test)]
 mod tests {
@@ -262,5 +371,13 @@ mod tests {
         placed.sort_unstable();
         assert_eq!(placed, [0, 0, 1, 1]);
         assert!(ns.is_finite() && ns > 1.0, "{ns}");
+        let placed = std::sync::Mutex::new(Vec::new());
+        let h = handoff(64 << 10, 20, 2, |i| placed.lock().expect("placed").push(i));
+        let mut placed = placed.into_inner().expect("placed");
+        placed.sort_unstable();
+        assert_eq!(placed, [0, 0, 1, 1]);
+        for r in [h.copy_gbs, h.read_gbs, h.local_gbs] {
+            assert!(r.is_finite() && r > 0.01, "{h:?}");
+        }
     }
 }

@@ -405,12 +405,31 @@ fn roofline_cmd(a: &RooflineArgs) {
         let place = |i: usize| {
             peregrine_core::pool::pin_current_thread(cpus[i]);
         };
-        (cpus, roofline::line_round_trip_ns(100_000, a.reps, place))
+        (
+            cpus,
+            roofline::line_round_trip_ns(100_000, a.reps, place),
+            roofline::handoff(roofline::HANDOFF_BYTES, 1000, a.reps, place),
+        )
     });
     if a.json {
         let line_json = line.map_or_else(
-            || "\"line_round_trip_ns\": null".to_owned(),
-            |(c, ns)| format!("\"line_round_trip_ns\": {ns:.1}, \"line_cpus\": [{}, {}]", c[0], c[1]),
+            || {
+                "\"line_round_trip_ns\": null, \"handoff_copy_gbs\": null, \"handoff_read_gbs\": null, \
+                 \"handoff_local_gbs\": null"
+                    .to_owned()
+            },
+            |(c, ns, h)| {
+                format!(
+                    "\"line_round_trip_ns\": {ns:.1}, \"line_cpus\": [{}, {}], \"handoff_bytes\": {}, \
+                     \"handoff_copy_gbs\": {:.2}, \"handoff_read_gbs\": {:.2}, \"handoff_local_gbs\": {:.2}",
+                    c[0],
+                    c[1],
+                    roofline::HANDOFF_BYTES,
+                    h.copy_gbs,
+                    h.read_gbs,
+                    h.local_gbs
+                )
+            },
         );
         let narrow_json = narrow.map_or_else(
             || "\"f32x8_fma_gflops_1\": null, \"f32x8_fma_gflops\": null".to_owned(),
@@ -437,10 +456,20 @@ fn roofline_cmd(a: &RooflineArgs) {
         (a.elems * 4) >> 20
     );
     match line {
-        Some((c, ns)) => println!(
-            "line round trip   {ns:8.1} ns between CPUs {} and {} (one cache line, handed back and forth)",
-            c[0], c[1]
-        ),
+        Some((c, ns, h)) => {
+            println!(
+                "line round trip   {ns:8.1} ns between CPUs {} and {} (one cache line, handed back and forth)",
+                c[0], c[1]
+            );
+            println!(
+                "handoff           {:8.1} GB/s a CPU reading {} KiB the other just wrote ({:.1} from its own cache), \
+                 {:.1} GB/s copying into lines the other read (both CPUs at once)",
+                h.read_gbs,
+                roofline::HANDOFF_BYTES >> 10,
+                h.local_gbs,
+                h.copy_gbs
+            );
+        }
         None => println!("line round trip   not measured: this process may run on one CPU only"),
     }
 }

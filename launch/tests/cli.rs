@@ -2281,6 +2281,17 @@ fn bench_roofline_measures_the_fma_peak_and_the_triad() {
         assert!(x.is_finite() && x > 0.0, "{k} = {x}: {out}");
     }
     assert_eq!(v["threads"], 2, "{out}");
+    // Where this process may run on two CPUs: the line between them, and the block handed
+    // between them both ways at once.
+    if v["line_round_trip_ns"].is_null() {
+        assert!(v["handoff_read_gbs"].is_null(), "{out}");
+    } else {
+        assert_eq!(v["handoff_bytes"], peregrine_kernels::roofline::HANDOFF_BYTES, "{out}");
+        for k in ["line_round_trip_ns", "handoff_copy_gbs", "handoff_read_gbs", "handoff_local_gbs"] {
+            let x = v[k].as_f64().unwrap_or_else(|| panic!("{k} missing: {out}"));
+            assert!(x.is_finite() && x > 0.0, "{k} = {x}: {out}");
+        }
+    }
     assert!(v["simd"].as_str().is_some_and(|s| s.starts_with("compiled for")), "{out}");
     // The peak is the MLP products' instructions'; where those are AVX-512, the build's own
     // f32x8 peak beside it.
