@@ -17,11 +17,12 @@
 //! host moved the two onto distant cores; a two-thread copy of 72 KB each way then took 3.5x as
 //! long). A figure taken beside a run tells which of those machines the run had.
 //!
-//! And what a block of them costs: [`handoff`], the two threads taking turns on one block of
-//! [`HANDOFF_BYTES`], one copying into it what the other read last, the other reading what was
-//! just written, as a rank pushes its gradient into a slot its owner read the step before and the
-//! owner reads it, or as a forward reads the weights the other rank just stepped. The read is
-//! timed again from the reader's own cache right after: the same loop where nothing crosses.
+//! And what a block of them costs: [`handoff`], each of the two threads copying a block of
+//! [`HANDOFF_BYTES`] into lines the other read last, then reading the block the other just
+//! wrote, both at once: as 2 ranks push their gradients into slots the owners read the step
+//! before and the owners read them, or as a forward reads the weights the other rank just
+//! stepped. The read is timed again from the reader's own cache right after: the same loop where
+//! nothing crosses.
 
 use std::cell::UnsafeCell;
 use std::hint::black_box;
@@ -211,7 +212,6 @@ impl Line {
 pub fn line_round_trip_ns(rounds: u64, reps: usize, place: impl Fn(usize) + Sync) -> f64 {
     let rounds = rounds.max(1);
     let line = Line(AtomicU64::new(0));
-    let wait_for = |v: u64| line.wait_for(v);
     (0..reps.max(1))
         .map(|_| {
             line.0.store(0, Ordering::Relaxed);
@@ -221,7 +221,7 @@ pub fn line_round_trip_ns(rounds: u64, reps: usize, place: impl Fn(usize) + Sync
                     place(1);
                     start.wait();
                     for i in 0..rounds {
-                        wait_for(2 * i + 1);
+                        line.wait_for(2 * i + 1);
                         line.0.store(2 * i + 2, Ordering::Release);
                     }
                 });
@@ -231,7 +231,7 @@ pub fn line_round_trip_ns(rounds: u64, reps: usize, place: impl Fn(usize) + Sync
                     let t0 = Instant::now();
                     for i in 0..rounds {
                         line.0.store(2 * i + 1, Ordering::Release);
-                        wait_for(2 * i + 2);
+                        line.wait_for(2 * i + 2);
                     }
                     t0.elapsed().as_nanos() as f64 / rounds as f64
                 })
@@ -272,7 +272,7 @@ unsafe impl Sync for Block {}
 /// it again (from its own cache); each rate is the median over both threads' rounds, the best of
 /// `reps` runs. Each thread first calls `place(i)` (`i` 0 or 1), as in [`line_round_trip_ns`].
 pub fn handoff(bytes: usize, rounds: usize, reps: usize, place: impl Fn(usize) + Sync) -> Handoff {
-    let n = (bytes / size_of::<f32>()).max(LANES_PER_LINE);
+    let n = (bytes / size_of::<f32>()).max(1);
     let rounds = rounds.max(1);
     let rate = |mut secs: Vec<f64>| {
         secs.sort_by(f64::total_cmp);
@@ -329,9 +329,6 @@ pub fn handoff(bytes: usize, rounds: usize, reps: usize, place: impl Fn(usize) +
     }
     out
 }
-
-/// `f32`s in a cache line.
-const LANES_PER_LINE: usize = crate::cpu::CACHE_LINE / size_of::<f32>();
 
 #[cfg(test)]
 mod tests {

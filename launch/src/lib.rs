@@ -399,9 +399,10 @@ fn roofline_cmd(a: &RooflineArgs) {
         (roofline::fma_peak_gflops(f, 1, each, a.reps), roofline::fma_peak_gflops(f, threads, each, a.reps))
     });
     let triad = roofline::triad_gbs(threads, a.elems, a.reps);
-    // 100,000 round trips: 5-40 ms a run on the machines seen.
     let two = peregrine_core::pool::allowed_cpus().ok().filter(|c| c.len() >= 2).map(|c| [c[0], c[1]]);
-    let line = two.map(|cpus| {
+    // The first two CPUs: a line's round trip between them (100,000 round trips: 5-40 ms a run on
+    // the machines seen), and a block handed both ways (1,000 rounds: ~20 ms).
+    let pair = two.map(|cpus| {
         let place = |i: usize| {
             peregrine_core::pool::pin_current_thread(cpus[i]);
         };
@@ -412,7 +413,7 @@ fn roofline_cmd(a: &RooflineArgs) {
         )
     });
     if a.json {
-        let line_json = line.map_or_else(
+        let pair_json = pair.map_or_else(
             || {
                 "\"line_round_trip_ns\": null, \"handoff_copy_gbs\": null, \"handoff_read_gbs\": null, \
                  \"handoff_local_gbs\": null"
@@ -438,7 +439,7 @@ fn roofline_cmd(a: &RooflineArgs) {
         println!(
             "{{\"simd\": \"{simd}\", \"isa\": \"{}\", \"vector\": \"{}\", \"threads\": {threads}, \
              \"fma_gflops_1\": {one:.2}, \"fma_gflops\": {all:.2}, {narrow_json}, \"triad_gbs\": {triad:.2}, \
-             \"triad_elems\": {}, {line_json}}}",
+             \"triad_elems\": {}, {pair_json}}}",
             isa.name(),
             vector(isa),
             a.elems
@@ -455,7 +456,7 @@ fn roofline_cmd(a: &RooflineArgs) {
         "STREAM triad      {triad:8.1} GB/s on {threads} (3 x {} MiB f32, 12 B per element counted)",
         (a.elems * 4) >> 20
     );
-    match line {
+    match pair {
         Some((c, ns, h)) => {
             println!(
                 "line round trip   {ns:8.1} ns between CPUs {} and {} (one cache line, handed back and forth)",
