@@ -323,16 +323,15 @@ fn relu_and_xent_simd_match_scalar() {
             assert_eq!(g1, g2, "relu_backward n={n} off={off}");
         }
     }
-    for k in [1, 2, 7, 8, 9, 10, 17] {
-        let n = 5;
+    for (k, n) in [1, 2, 7, 8, 9, 10, 16, 17].into_iter().flat_map(|k| [(k, 5), (k, 8), (k, 29)]) {
         let logits = rng.vec(n * k, -5.0, 5.0);
         let labels: Vec<u32> = (0..n).map(|_| rng.below(k) as u32).collect();
         let (mut g1, mut g2) = (vec![0.0; n * k], vec![0.0; n * k]);
         let l1 = simd::softmax_cross_entropy(&logits, &labels, &mut g1);
         let l2 = scalar::softmax_cross_entropy(&logits, &labels, &mut g2);
-        assert_close(l1, l2, l2, 1e-5, 1e-6, &format!("xent k={k}"));
+        assert_close(l1, l2, l2, 1e-5, 1e-6, &format!("xent k={k} n={n}"));
         for (a, b) in g1.iter().zip(&g2) {
-            assert_close(f64::from(*a), f64::from(*b), 1.0, 1e-6, 0.0, &format!("xent grad k={k}"));
+            assert_close(f64::from(*a), f64::from(*b), 1.0, 1e-6, 0.0, &format!("xent grad k={k} n={n}"));
         }
     }
 }
