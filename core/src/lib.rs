@@ -33,6 +33,7 @@ pub mod queue;
 pub mod scheme;
 pub mod sim;
 pub mod straggler;
+pub mod team;
 pub mod words;
 
 pub use engine::{train, Config, Report, TrainError};

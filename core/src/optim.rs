@@ -288,7 +288,8 @@ impl Optimizer {
             return false;
         };
         let (l2, ranges) = decay.unwrap_or((0.0, &[]));
-        if parts.len() != n || !ranges.windows(2).all(|r| r[0].end <= r[1].start) {
+        // One other rank's part (2 ranks), or none (1 rank).
+        if (parts.len() != n && !parts.is_empty()) || !ranges.windows(2).all(|r| r[0].end <= r[1].start) {
             return false;
         }
         // One stretch of parameters, with the penalty or without it.
@@ -296,26 +297,36 @@ impl Optimizer {
             if lo >= hi {
                 return;
             }
-            let (w, part, own) = (&mut w[lo..hi], &parts[lo..hi], &own[lo..hi]);
+            let (w, own) = (&mut w[lo..hi], &own[lo..hi]);
+            let part = if parts.is_empty() { parts } else { &parts[lo..hi] };
             let m = match *self {
                 Self::Momentum { mu, nesterov } => Some((mu, nesterov, &mut st[lo..hi])),
                 _ => None,
             };
-            match (m, decayed) {
-                (None, false) => sgd_fused::<false>(p, w, part, own, scale, l2),
-                (None, true) => sgd_fused::<true>(p, w, part, own, scale, l2),
-                (Some((mu, false, st)), false) => {
-                    momentum_fused::<false, false>(p, mu, w, st, part, own, scale, l2)
-                }
-                (Some((mu, false, st)), true) => {
-                    momentum_fused::<true, false>(p, mu, w, st, part, own, scale, l2)
-                }
-                (Some((mu, true, st)), false) => {
-                    momentum_fused::<false, true>(p, mu, w, st, part, own, scale, l2)
-                }
-                (Some((mu, true, st)), true) => {
-                    momentum_fused::<true, true>(p, mu, w, st, part, own, scale, l2)
-                }
+            macro_rules! parted {
+                ($parted:literal) => {
+                    match (m, decayed) {
+                        (None, false) => sgd_fused::<false, $parted>(p, w, part, own, scale, l2),
+                        (None, true) => sgd_fused::<true, $parted>(p, w, part, own, scale, l2),
+                        (Some((mu, false, st)), false) => {
+                            momentum_fused::<false, false, $parted>(p, mu, w, st, part, own, scale, l2)
+                        }
+                        (Some((mu, false, st)), true) => {
+                            momentum_fused::<true, false, $parted>(p, mu, w, st, part, own, scale, l2)
+                        }
+                        (Some((mu, true, st)), false) => {
+                            momentum_fused::<false, true, $parted>(p, mu, w, st, part, own, scale, l2)
+                        }
+                        (Some((mu, true, st)), true) => {
+                            momentum_fused::<true, true, $parted>(p, mu, w, st, part, own, scale, l2)
+                        }
+                    }
+                };
+            }
+            if part.is_empty() {
+                parted!(false)
+            } else {
+                parted!(true)
             }
         };
         // In order: before each decayed range, the range, and what follows the last.
@@ -370,19 +381,29 @@ fn fused_gradient<const DECAYED: bool>(part: f32, own: f32, scale: f32, l2: f32,
 }
 
 /// SGD in one pass ([`Optimizer::fused_step_in_place`]).
-fn sgd_fused<const DECAYED: bool>(p: Step, w: &mut [f32], part: &[f32], own: &[f32], scale: f32, l2: f32) {
+///
+/// Without another rank's `part` (`PARTED` false, `part` empty), the sum starts from the own
+/// part: the blocked form adds no part to its zero either.
+fn sgd_fused<const DECAYED: bool, const PARTED: bool>(
+    p: Step,
+    w: &mut [f32],
+    part: &[f32],
+    own: &[f32],
+    scale: f32,
+    l2: f32,
+) {
     let a = p.lr;
-    let (part, own) = (&part[..w.len()], &own[..w.len()]);
+    let (part, own) = (if PARTED { &part[..w.len()] } else { part }, &own[..w.len()]);
     for j in 0..w.len() {
-        let c = fused_gradient::<DECAYED>(part[j], own[j], scale, l2, w[j]);
+        let c = fused_gradient::<DECAYED>(if PARTED { part[j] } else { 0.0 }, own[j], scale, l2, w[j]);
         w[j] += c * -a;
     }
 }
 
 /// Momentum in one pass ([`Optimizer::fused_step_in_place`]): [`Optimizer::step`]'s rule, then
-/// both updates added.
+/// both updates added. `PARTED` as for [`sgd_fused`].
 #[allow(clippy::too_many_arguments)]
-fn momentum_fused<const DECAYED: bool, const NESTEROV: bool>(
+fn momentum_fused<const DECAYED: bool, const NESTEROV: bool, const PARTED: bool>(
     p: Step,
     mu: f32,
     w: &mut [f32],
@@ -393,9 +414,9 @@ fn momentum_fused<const DECAYED: bool, const NESTEROV: bool>(
     l2: f32,
 ) {
     let (a, s, n) = (p.lr, p.share, w.len());
-    let (st, part, own) = (&mut st[..n], &part[..n], &own[..n]);
+    let (st, part, own) = (&mut st[..n], if PARTED { &part[..n] } else { part }, &own[..n]);
     for j in 0..n {
-        let c = fused_gradient::<DECAYED>(part[j], own[j], scale, l2, w[j]);
+        let c = fused_gradient::<DECAYED>(if PARTED { part[j] } else { 0.0 }, own[j], scale, l2, w[j]);
         let v = st[j];
         let dv = s * (mu - 1.0) * v + c;
         let c = if NESTEROV { -a * (s * mu * mu * v + (1.0 + mu) * c) } else { -a * (s * mu * v + c) };

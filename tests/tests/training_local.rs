@@ -12,7 +12,7 @@ use peregrine_core::Scheme;
 use peregrine_kernels::data::gen::{self, DenseSpec, SparseSpec};
 use peregrine_tests::training::{
     bsp_params_one_thread, counted, counted_with, distance, exactly_once, exactly_once_elastic,
-    exactly_once_in, final_params, final_params_with, injected, scheme, BSP_TOLERANCE,
+    exactly_once_in, final_params, final_params_by, final_params_with, injected, scheme, BSP_TOLERANCE,
 };
 use peregrine_transport::run_local;
 
@@ -409,6 +409,32 @@ fn bsp_mlp_is_the_same_for_1_2_4_ranks() {
     let p = tmp.path().join("dense.pgd");
     gen::dense(&DenseSpec { rows: 3000, cols: 20, classes: 4, noise: 0.3, seed: 4 }, &p).expect("gen");
     same_model_for_every_world(|| Mlp::new(&p, None, &[16], 0.1).expect("model"), 20);
+}
+
+#[test]
+fn an_mlp_split_by_units_over_each_ranks_threads_is_the_same_for_1_2_4_ranks() {
+    // A team of 2 threads a rank computing every chunk (45 hidden units: 32 for one, 13 for the
+    // other),
+    // chunks taken over from the slowed rank 0, the owners' steps split by the same units: the
+    // model of 1, 2 and 4 ranks, and that of threads computing chunks of their own.
+    let tmp = scratch("mlp-units");
+    let p = tmp.path().join("dense.pgd");
+    gen::dense(&DenseSpec { rows: 3000, cols: 20, classes: 4, noise: 0.3, seed: 4 }, &p).expect("gen");
+    let split = || Mlp::new(&p, None, &[45], 0.1).expect("model").split_units().expect("split");
+    same_model_for_every_world(split, 20);
+    let momentum: Optimizer = "momentum".parse().expect("optimizer");
+    let exported = |m: &Mlp, world: usize| {
+        let p = run_local(world, |t| final_params_by(&t, m, 20, scheme("bsp"), momentum))
+            .expect("world")
+            .remove(0)
+            .expect("rank 0");
+        m.blocks().iter().flat_map(|b| b.values(&p).into_owned()).collect::<Vec<f32>>()
+    };
+    let rows = exported(&Mlp::new(&p, None, &[45], 0.1).expect("model"), 1);
+    for world in [1, 2] {
+        let d = distance(&exported(&split(), world), &rows);
+        assert!(d <= 1e-3, "{world} ranks split by units vs by rows: {d:e}");
+    }
 }
 
 #[test]

@@ -68,10 +68,13 @@ impl<M: Model> Run<'_, M> {
     /// `rec`.
     pub(super) fn drain(&self, scale: f32, delta: &mut Delta, rec: &mut IterRecord) {
         delta.discard();
-        for s in &self.slots {
+        for (w, s) in self.slots.iter().enumerate() {
             let mut s = s.lock().expect("a compute thread panicked");
             let s = &mut *s;
-            self.model.drain(&mut s.work, scale, delta);
+            // A team's members compute into the leader's buffers (theirs hold no gradient).
+            if w == 0 || self.team.is_none() {
+                self.model.drain(&mut s.work, scale, delta);
+            }
             rec.own += std::mem::take(&mut s.own);
             rec.taken += std::mem::take(&mut s.taken);
             rec.rows += std::mem::take(&mut s.rows);

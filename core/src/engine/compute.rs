@@ -12,6 +12,7 @@ use super::TrainError;
 use crate::model::{Delta, KeySet, Model};
 use crate::queue;
 use crate::scheme::{thread_share, OwnChunks, Policy, Share, Take};
+use crate::team::Team;
 use crate::words;
 
 /// Per-thread state.
@@ -40,6 +41,9 @@ pub(super) struct Slot<W> {
     pub events: Vec<super::trace::Event>,
     /// Chunks taken over in this iteration, by victim.
     pub taken_from: Vec<(usize, u64)>,
+    /// A team's leader: its buffers for its own part of a run (its `work`, or a copy's, is the
+    /// run's gradient, which every member writes).
+    scratch: Option<W>,
 }
 
 impl<W> Slot<W> {
@@ -59,6 +63,7 @@ impl<W> Slot<W> {
             cloned: 0,
             discarded: 0,
             takes: Vec::new(),
+            scratch: None,
         }
     }
 }
@@ -74,6 +79,15 @@ struct StealBuf {
     keys: KeySet,
     ranges: Vec<Range<usize>>,
     buf: Vec<f32>,
+}
+
+/// Closes a team's job when dropped: its members return from [`Team::follow`].
+struct Closing<'a>(&'a Team);
+
+impl Drop for Closing<'_> {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 /// Chunks taken over: `(victim, victim's iteration, chunks, the share taken)`.
@@ -128,14 +142,29 @@ impl<M: Model> Run<'_, M> {
 
     /// Runs `job` on every active thread with its slot; the first error stops the others (they
     /// see `failed` set) and is returned.
+    ///
+    /// A team ([`Run::team`]) runs `job` on its leader alone; the other threads compute their
+    /// part of every run of rows the leader computes until `job` returns.
     fn on_threads(
         &self,
         job: impl Fn(&mut Slot<M::Work>, &AtomicBool) -> Result<(), TrainError> + Sync,
     ) -> Result<(), TrainError> {
         let failed = AtomicBool::new(false);
         let error = Mutex::new(None);
+        let start = self.team.as_ref().map(Team::posted);
         self.pool.run(|w| {
             let mut slot = self.slots[w].lock().expect("a compute thread panicked");
+            if let (Some(team), Some(start)) = (&self.team, start) {
+                if w > 0 {
+                    let work = &mut slot.work;
+                    team.follow(w, start, |epoch, rows, params, part| {
+                        self.model.compute_part(epoch, rows, params, work, part);
+                    });
+                    return;
+                }
+            }
+            // The members leave once the leader's job ends, however it ends.
+            let _closing = self.team.as_ref().map(Closing);
             if let Err(e) = job(&mut slot, &failed) {
                 failed.store(true, Ordering::Relaxed);
                 error.lock().expect("error slot").get_or_insert(e);
@@ -151,7 +180,16 @@ impl<M: Model> Run<'_, M> {
     /// or the policy's) split over its active threads, since each thread computes what it takes
     /// alone (a thread taking a rank's share would end up the new straggler).
     fn share(&self, share: Share) -> f64 {
-        thread_share(share, self.cfg.steal_fraction, self.pool.active())
+        thread_share(share, self.cfg.steal_fraction, self.lanes())
+    }
+
+    /// The rank's threads that take chunks: the active ones, or a team's leader alone.
+    pub(super) fn lanes(&self) -> usize {
+        if self.team.is_some() {
+            1
+        } else {
+            self.pool.active()
+        }
     }
 
     fn worker(
@@ -328,9 +366,10 @@ impl<M: Model> Run<'_, M> {
         });
         let n = rows.len() as u64;
         let start = Span::now();
-        let (loss, computed) = self.chunk_into((it, rows), 1, params, &mut sp.work, &|| {
-            policy.settled(owner, tag, chunk).unwrap_or(false)
-        });
+        let (loss, computed) =
+            self.chunk_into((it, rows), 1, params, (&mut sp.work, &mut slot.scratch), &|| {
+                policy.settled(owner, tag, chunk).unwrap_or(false)
+            });
         let won = policy.claim(owner, tag, chunk)?;
         let kind = if won { "copy applied" } else { "copy dropped" };
         self.trace_chunk((&mut slot.events, slot.tid), (kind, owner, it, chunk..chunk + 1), start, computed);
@@ -411,7 +450,8 @@ impl<M: Model> Run<'_, M> {
         slot.rows += rows.len() as u64;
         let start = Span::now();
         let chunks = id.3.len() as u32;
-        let (loss, computed) = self.chunk_into((id.2, rows), chunks, params, &mut slot.work, &|| false);
+        let (loss, computed) =
+            self.chunk_into((id.2, rows), chunks, params, (&mut slot.work, &mut slot.scratch), &|| false);
         slot.loss += loss;
         self.trace_chunk((&mut slot.events, slot.tid), id, start, computed);
     }
@@ -437,17 +477,25 @@ impl<M: Model> Run<'_, M> {
         (it, rows): (u64, Range<usize>),
         chunks: u32,
         params: &[f32],
-        work: &mut M::Work,
+        (work, scratch): (&mut M::Work, &mut Option<M::Work>),
         cancel: &dyn Fn() -> bool,
     ) -> (f64, Span) {
         let c0 = Instant::now();
         self.watch.chunk_started();
         let delay = f64::from_bits(self.delay.load(Ordering::Relaxed));
         let cpu0 = (delay > 0.0).then(thread_cpu_time);
+        let epoch = self.plan.epoch(it);
         let loss = if self.values.load(Ordering::Relaxed) {
-            self.model.compute_values(self.plan.epoch(it), rows, params, work)
+            self.model.compute_values(epoch, rows, params, work)
+        } else if let Some(team) = &self.team {
+            // The team computes the rows into `work`, the leader's part with its own buffers.
+            let own = scratch.get_or_insert_with(|| super::run::new_work(self.model, self.cfg, &self.params));
+            let target = self.model.team_target(work);
+            team.run((epoch, rows.clone()), params, target, self.pool.active(), |part| {
+                self.model.compute_part(epoch, rows, params, own, part)
+            })
         } else {
-            self.model.compute_in(self.plan.epoch(it), rows, params, work)
+            self.model.compute_in(epoch, rows, params, work)
         };
         let computed = Span::now();
         if let Some(cpu0) = cpu0 {

@@ -25,6 +25,7 @@ use peregrine_transport::{ReduceOp, ShardMap, Transport, Window};
 use super::TrainError;
 use crate::model::{Delta, KeySet, Layout, Model};
 use crate::optim::{Gradient, Optimizer, Step};
+use crate::pool::RankPool;
 
 /// The parameter windows of a run.
 pub(super) struct Params {
@@ -56,6 +57,61 @@ pub(super) struct PushBufs {
     ds: Vec<f32>,
     /// FTRL: the touched weights as read (derived).
     z: Vec<f32>,
+}
+
+/// The parameters each of a rank's threads steps, by `(thread, threads)` (global ranges).
+pub(super) type Units<'a> = dyn Fn(usize, usize) -> Vec<Range<usize>> + Sync + 'a;
+
+/// [`Params::step_owned`] by the threads of `pool`: thread `i` steps `units(i, threads)` within the
+/// shard `mine` (`w`, the state `st` and the gradient `g` are the shard's; `g` has at most one
+/// other rank's part).
+fn step_split(
+    opt: Optimizer,
+    step: Step,
+    (w, st, g): (&mut [f32], &mut [f32], &Gradient<'_>),
+    (pool, units): (&RankPool, &Units<'_>),
+    mine: Range<usize>,
+) {
+    /// The shard's weights and state, shared by the threads, each stepping ranges of its own.
+    struct Shard(*mut f32, *mut f32);
+    // SAFETY: the threads write disjoint ranges ([`Model::units`] covers each parameter once).
+    unsafe impl Sync for Shard {}
+    let (n, k) = (w.len(), opt.slots());
+    assert_eq!(st.len(), n * k, "step_split: the state is not {k} values per parameter");
+    let shard = Shard(w.as_mut_ptr(), st.as_mut_ptr());
+    let threads = pool.active();
+    pool.run(|i| {
+        let shard = &shard;
+        let mut decayed = Vec::new();
+        for r in units(i, threads) {
+            let (lo, hi) =
+                (r.start.max(mine.start) - mine.start, r.end.min(mine.end).saturating_sub(mine.start));
+            if lo >= hi {
+                continue;
+            }
+            // SAFETY: within the shard; this thread's own range (above).
+            let (w, st) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(shard.0.add(lo), hi - lo),
+                    std::slice::from_raw_parts_mut(shard.1.add(lo * k), (hi - lo) * k),
+                )
+            };
+            let decay = g.decay.map(|(l2, ranges)| {
+                decayed.clear();
+                decayed.extend(
+                    ranges
+                        .iter()
+                        .map(|d| d.start.max(lo)..d.end.min(hi))
+                        .filter(|d| !d.is_empty())
+                        .map(|d| d.start - lo..d.end - lo),
+                );
+                (l2, &decayed[..])
+            });
+            let parts = if g.parts.is_empty() { g.parts } else { &g.parts[lo..hi] };
+            let own = g.own.map(|o| &o[lo..hi]);
+            opt.step_in_place(step, w, st, &Gradient { parts, own, scale: g.scale, decay });
+        }
+    });
 }
 
 /// The gradient of owner-side steps ([`Params::owner_steps`]): at each owner `r`, one slot as
@@ -550,23 +606,35 @@ impl Params {
     /// the weights of this iteration before pushing; pushes never write the weights or the
     /// state; and the ranks line up (a barrier) after the step, before anyone reads the weights
     /// or writes the slots again.
+    ///
+    /// With `split`, the threads of `pool` step the shard between them, each the parameters
+    /// the function gives for it (`(thread, threads)`: a team's units, [`Model::units`]), so that
+    /// each steps what it computed; with 3 or more ranks (slots not side by side for a range) the
+    /// calling thread steps it all.
     pub(super) fn step_owned(
         &self,
         step: Step,
         scale: f32,
         pushed: Option<&Delta>,
+        split: Option<(&RankPool, &Units<'_>)>,
     ) -> Result<(), TrainError> {
         let g = self.grad.as_ref().expect("owner-side steps");
         let (state, opt) = (self.state(), self.opt);
         let step = Step { share: 1.0, ..step };
-        let own = pushed.map(|d| &d.values()[g.map.range(g.rank)]);
+        let mine = g.map.range(g.rank);
+        let own = pushed.map(|d| &d.values()[mine.clone()]);
         let decay = g.decay.as_ref().map(|(l2, ranges)| (*l2, &ranges[..]));
+        let split = split.filter(|(pool, _)| pool.active() > 1);
         // SAFETY: exclusive access to the three shards, by the protocol above.
         let stepped = unsafe {
             g.win.with_own_shard(|parts| {
                 state.with_own_shard(|st| {
-                    self.w.with_own_shard(|w| {
-                        opt.step_in_place(step, w, st, &Gradient { parts, own, scale, decay })
+                    self.w.with_own_shard(|w| match split {
+                        Some((pool, units)) if parts.len() <= w.len() => {
+                            let g = Gradient { parts, own, scale, decay };
+                            step_split(opt, step, (w, st, &g), (pool, units), mine.clone());
+                        }
+                        _ => opt.step_in_place(step, w, st, &Gradient { parts, own, scale, decay }),
                     })
                 })
             })

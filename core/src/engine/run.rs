@@ -25,6 +25,7 @@ use crate::plan::Plan;
 use crate::pool::RankPool;
 use crate::queue::{self, ChunkQueues};
 use crate::scheme::{Policy, Setup, View};
+use crate::team::Team;
 use crate::words;
 
 /// A training run on this rank: the windows, buffers and counters the phases share. Its
@@ -93,6 +94,9 @@ pub(super) struct Run<'a, M: Model> {
     /// The split and the active threads last traced (events only when they change).
     pub traced_split: AtomicU64,
     pub traced_threads: AtomicU64,
+    /// When the model splits its units over the rank's threads ([`Model::units`]): the team
+    /// they compute every chunk as, the leader (worker 0) taking the chunks.
+    pub team: Option<Team>,
 }
 
 /// What the rank's main thread carries from iteration to iteration: buffers and running sums.
@@ -216,6 +220,7 @@ impl<'a, M: Model> Run<'a, M> {
             trace,
             traced_split: AtomicU64::new(u64::MAX),
             traced_threads: AtomicU64::new(u64::MAX),
+            team: model.units(0, 1).map(|_| Team::new(pool.max_threads())),
         };
         let mut policy = policy;
         if let Some(s) = &cfg.resume {
@@ -369,7 +374,9 @@ impl<'a, M: Model> Run<'a, M> {
                 self.watch.mark(Phase::Pushing, it);
                 if let Some((step, scale)) = me.step.take() {
                     let pushed = (!me.delta.is_empty()).then_some(&me.delta);
-                    self.params.step_owned(step, scale, pushed)?;
+                    let units = |i: usize, of: usize| self.model.units(i, of).unwrap_or_default();
+                    let split = self.team.as_ref().map(|_| (self.pool, &units as &super::params::Units<'_>));
+                    self.params.step_owned(step, scale, pushed, split)?;
                 }
                 // Nobody reads the weights of the next iteration before every owner stepped.
                 self.t.barrier()?;
@@ -615,8 +622,8 @@ impl<'a, M: Model> Run<'a, M> {
         // How long one chunk takes a thread of this rank (a copy of a late rank's chunk is made
         // only after waiting that long for it).
         let own_done = c1.elapsed();
-        let per_chunk = own_done.mul_f64(self.pool.active() as f64)
-            / self.iter_chunks.load(Ordering::Relaxed).max(1) as u32;
+        let per_chunk =
+            own_done.mul_f64(self.lanes() as f64) / self.iter_chunks.load(Ordering::Relaxed).max(1) as u32;
         let (mut helped, mut paused) = (Duration::ZERO, Duration::ZERO);
         // Without taking over or copies, nobody reads parameters after its pull: no need to line up.
         if policy.line_up() {
@@ -741,7 +748,7 @@ impl<'a, M: Model> Run<'a, M> {
         let busy = Duration::from_nanos(self.iter_busy.load(Ordering::Relaxed));
         // Thread time in chunks, per active thread: the rank's compute time as a speed measure
         // (without dispatch, lining up or waiting).
-        rec.busy = busy.as_secs_f64() / self.pool.active().max(1) as f64;
+        rec.busy = busy.as_secs_f64() / self.lanes().max(1) as f64;
         policy.before_tick(&view, it, busy, rec)?;
         self.clocks.tick()?;
         policy.after_tick(it, admit.apply)?;

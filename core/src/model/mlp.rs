@@ -8,7 +8,9 @@ use std::ops::Range;
 use std::path::Path;
 
 use peregrine_kernels::data::{Dataset, DenseRows, Kind};
-use peregrine_kernels::mlp::{self, Matmul, Weights};
+use peregrine_kernels::mlp::{self, Matmul, Op, Weights};
+
+use crate::team::Target;
 
 use super::{
     Baseline, Block, Built, Delta, EvalSums, Export, KeySet, Layout, Metric, Model, ModelError, Sets,
@@ -26,7 +28,16 @@ pub struct Mlp {
     /// Offset of each layer's `W^T` in the parameter vector (`b` follows it).
     offsets: Vec<usize>,
     params: usize,
+    /// The rank's threads split the hidden units ([`split_units`](Mlp::split_units)): the first
+    /// layer's `W^T` is held in blocks of [`UNIT_BLOCK`] units.
+    split: bool,
 }
+
+/// Hidden units per block of the first layer's weights of an MLP split by units: each block is
+/// the `in x 32` columns of `W^T` for 32 units (the last one narrower), row-major, so that a
+/// thread's units are whole blocks, side by side in the vector, and each block is the operand of
+/// one product as stored (the AVX-512 micro-kernel's tile is 32 columns wide).
+pub const UNIT_BLOCK: usize = 32;
 
 /// Per-thread activations, their gradients, the parameter gradient and the product runner.
 #[derive(Debug)]
@@ -40,6 +51,10 @@ pub struct Work {
     /// `grad` holds old values, not zeros (traded for a stale update's vector:
     /// [`Delta::take_all_unzeroed`]): the next chunk writes it instead of adding to it.
     stale: bool,
+    /// A team member's logits over its hidden units (split units), before the team's sum.
+    part: Vec<f32>,
+    /// The output bias's gradient of a member that does not write it (split units).
+    spare: Vec<f32>,
 }
 
 impl Mlp {
@@ -60,7 +75,53 @@ impl Mlp {
             offsets.push(params);
             params += l[1] * (l[0] + 1);
         }
-        Ok(Self { data, lr, l2: 0.0, dims, offsets, params })
+        Ok(Self { data, lr, l2: 0.0, dims, offsets, params, split: false })
+    }
+
+    /// The MLP whose hidden units a rank's threads split between them (`--split units`,
+    /// [`crate::team`]): each thread computes its units' share of every chunk, for all the
+    /// chunk's rows, and steps their weights (its blocks of the first layer's `W^T`, its part of
+    /// `b`, its rows of the output layer's `W^T`), so that they stay in its core's cache; the
+    /// threads sum their logits. The first layer's `W^T` is held in blocks of [`UNIT_BLOCK`]
+    /// units, so that each thread's units are one range of the parameter vector and each block
+    /// one product's operand: checkpoints say so and are refused by a run that splits otherwise.
+    ///
+    /// # Errors
+    /// [`ModelError::Unfit`] unless the MLP has one hidden layer.
+    pub fn split_units(self) -> Built<Self> {
+        if self.dims.len() != 3 {
+            return Err(ModelError::Unfit(format!(
+                "the threads split the hidden units of an MLP with one hidden layer, not {} ({:?})",
+                self.dims.len() - 2,
+                &self.dims[1..self.dims.len() - 1]
+            )));
+        }
+        Ok(Self { split: true, ..self })
+    }
+
+    /// Blocks of the first layer's units (split units).
+    fn unit_blocks(&self) -> usize {
+        self.dims[1].div_ceil(UNIT_BLOCK)
+    }
+
+    /// The hidden units of blocks `b` (split units).
+    fn block_units(&self, b: Range<usize>) -> Range<usize> {
+        (b.start * UNIT_BLOCK).min(self.dims[1])..(b.end * UNIT_BLOCK).min(self.dims[1])
+    }
+
+    /// Where blocks `b` of the first layer's weights lie (split units): every block before the
+    /// last is [`UNIT_BLOCK`] units wide.
+    fn block_params(&self, b: Range<usize>) -> Range<usize> {
+        let (start, n_in) = (self.offsets[0], self.dims[0]);
+        let u = self.block_units(b);
+        start + u.start * n_in..start + u.end * n_in
+    }
+
+    /// Blocks `part` of `parts` has (split units): an even share, the first ones one more.
+    fn share(&self, part: usize, parts: usize) -> Range<usize> {
+        let (nb, parts) = (self.unit_blocks(), parts.max(1));
+        let at = |p: usize| p * (nb / parts) + p.min(nb % parts);
+        at(part)..at(part + 1)
     }
 
     fn rows_of(d: &Dataset) -> DenseRows<'_> {
@@ -99,6 +160,19 @@ impl Mlp {
 
     /// Forward pass of `x` (`n` rows) into `acts`; returns the logits' layer index.
     fn forward(&self, mm: &mut Matmul, x: &[f32], params: &[f32], acts: &mut [Vec<f32>], n: usize) {
+        if self.split {
+            // The hidden layer block by block (each block's `n x width` activations in turn),
+            // the logits summed over the blocks.
+            let (h, z) = acts.split_at_mut(1);
+            let c = self.dims[2];
+            let (b1, z) = (self.wb(1).1, &mut z[0][..n * c]);
+            for row in z.chunks_exact_mut(c) {
+                row.copy_from_slice(&params[b1.clone()]);
+            }
+            self.hidden(mm, x, params, 0..self.unit_blocks(), &mut h[0][..n * self.dims[1]]);
+            self.logits(mm, params, 0..self.unit_blocks(), &h[0][..n * self.dims[1]], 1.0, z);
+            return;
+        }
         for l in 0..self.layers() {
             let (w, b) = self.wb(l);
             let (before, rest) = acts.split_at_mut(l);
@@ -108,6 +182,166 @@ impl Mlp {
             if l + 1 < self.layers() {
                 mlp::relu(out);
             }
+        }
+    }
+
+    /// Split units: the activations of the hidden units of blocks `blocks` for the `n` rows of
+    /// `x`, block after block (`n x width` each) in `h`.
+    fn hidden(&self, mm: &mut Matmul, x: &[f32], params: &[f32], blocks: Range<usize>, h: &mut [f32]) {
+        let (n_in, b0) = (self.dims[0], self.wb(0).1);
+        let n = x.len() / n_in;
+        let first = self.block_units(blocks.clone()).start;
+        for b in blocks {
+            let u = self.block_units(b..b + 1);
+            let hb = &mut h[n * (u.start - first)..n * (u.end - first)];
+            let bias = &params[b0.start + u.start..b0.start + u.end];
+            mlp::dense_forward(mm, x, &params[self.block_params(b..b + 1)], Weights::InOut, bias, hb);
+            mlp::relu(hb);
+        }
+    }
+
+    /// Split units: `z <- beta z + h W` over the units of blocks `blocks` (`h` as [`hidden`]
+    /// leaves it, `W` their rows of the output layer's `W^T`).
+    ///
+    /// [`hidden`]: Self::hidden
+    fn logits(
+        &self,
+        mm: &mut Matmul,
+        params: &[f32],
+        blocks: Range<usize>,
+        h: &[f32],
+        beta: f32,
+        z: &mut [f32],
+    ) {
+        let (c, w1) = (self.dims[2], self.wb(1).0);
+        let n = z.len() / c;
+        let first = self.block_units(blocks.clone()).start;
+        let mut beta = beta;
+        for b in blocks {
+            let u = self.block_units(b..b + 1);
+            let hb = &h[n * (u.start - first)..n * (u.end - first)];
+            let w = &params[w1.start + u.start * c..w1.start + u.end * c];
+            mm.matmul(Op::N, Op::N, n, c, u.len(), 1.0, hb, w, beta, z);
+            beta = 1.0;
+        }
+        if beta == 0.0 {
+            z.fill(0.0);
+        }
+    }
+
+    /// Split units: rows `x` through the units of blocks `blocks` (those of member `lead` = 0 also
+    /// the output bias), their logits summed over the team by `sum`; writes the gradient of those
+    /// units' weights into `target`; returns the rows' summed loss.
+    #[allow(clippy::too_many_arguments)]
+    fn pass(
+        &self,
+        x: &DenseRows<'_>,
+        params: &[f32],
+        s: Scratch<'_>,
+        blocks: Range<usize>,
+        target: Target,
+        lead: bool,
+        sum: impl FnOnce(&[f32], &mut [f32]),
+    ) -> f64 {
+        let (n, c) = (x.len(), self.dims[2]);
+        let u = self.block_units(blocks.clone());
+        let k = u.len();
+        let ((_, b0), (w1, b1)) = (self.wb(0), self.wb(1));
+        if s.part.len() < n * c {
+            s.part.resize(n * c, 0.0);
+        }
+        let (h, z) = s.acts.split_at_mut(1);
+        let (h, z, zp) = (&mut h[0][..n * k], &mut z[0][..n * c], &mut s.part[..n * c]);
+        self.hidden(s.mm, x.features, params, blocks.clone(), h);
+        self.logits(s.mm, params, blocks.clone(), h, 0.0, zp);
+        sum(zp, z);
+        for row in z.chunks_exact_mut(c) {
+            peregrine_kernels::dense::axpy(1.0, &params[b1.clone()], row);
+        }
+        let (dh, dz) = s.grads.split_at_mut(1);
+        let (dh, dz) = (&mut dh[0][..n * k], &mut dz[0][..n * c]);
+        let loss = mlp::softmax_cross_entropy(z, x.labels, dz);
+        let accumulate = !target.fresh;
+        if lead {
+            // SAFETY: the leader's own range ([`Model::units`]), during its run.
+            let gb1 = unsafe { target.slice(b1) };
+            if !accumulate {
+                gb1.fill(0.0);
+            }
+            for row in dz.chunks_exact(c) {
+                peregrine_kernels::dense::axpy(1.0, row, gb1);
+            }
+        }
+        s.spare.resize(c, 0.0);
+        let decay = (self.l2 > 0.0 && s.decay).then_some(self.l2 * n as f32);
+        for b in blocks {
+            let ub = self.block_units(b..b + 1);
+            let at = n * (ub.start - u.start)..n * (ub.end - u.start);
+            let (hb, dhb) = (&h[at.clone()], &mut dh[at]);
+            let (w1b, vb) = (w1.start + ub.start * c..w1.start + ub.end * c, self.block_params(b..b + 1));
+            // SAFETY: this member's own ranges ([`Model::units`]), during its run.
+            let (gw1, gv, gb0) = unsafe {
+                (
+                    target.slice(w1b.clone()),
+                    target.slice(vb.clone()),
+                    target.slice(b0.start + ub.start..b0.start + ub.end),
+                )
+            };
+            // The output bias's gradient is the leader's, above.
+            mlp::dense_backward_as(
+                s.mm,
+                hb,
+                &params[w1b.clone()],
+                Weights::InOut,
+                dz,
+                gw1,
+                s.spare,
+                Some(dhb),
+                accumulate,
+            );
+            mlp::relu_backward(hb, dhb);
+            mlp::dense_backward_as(
+                s.mm,
+                x.features,
+                &params[vb.clone()],
+                Weights::InOut,
+                dhb,
+                gv,
+                gb0,
+                None,
+                accumulate,
+            );
+            if let Some(f) = decay {
+                // Each row's share of the regularizer, as in `compute`.
+                peregrine_kernels::dense::axpy(f, &params[vb], gv);
+                peregrine_kernels::dense::axpy(f, &params[w1b], gw1);
+            }
+        }
+        loss
+    }
+}
+
+/// A [`Work`]'s buffers for a pass of split units, without its gradient (written through a
+/// [`Target`]).
+struct Scratch<'a> {
+    acts: &'a mut [Vec<f32>],
+    grads: &'a mut [Vec<f32>],
+    mm: &'a mut Matmul,
+    part: &'a mut Vec<f32>,
+    spare: &'a mut Vec<f32>,
+    decay: bool,
+}
+
+impl Work {
+    /// The buffers of a pass, `self.grad` apart.
+    fn scratch(&mut self) -> Scratch<'_> {
+        Scratch {
+            acts: &mut self.acts,
+            grads: &mut self.grads,
+            mm: &mut self.mm,
+            part: &mut self.part,
+            spare: &mut self.spare,
+            decay: self.decay,
         }
     }
 }
@@ -144,7 +378,16 @@ impl Model for Mlp {
             let (w, _) = self.wb(l);
             *o = if w.contains(&i) {
                 // Row `input`, column `output` of `W^T` is `W[output][input]`.
-                let (input, output) = ((i - w.start) / self.dims[l + 1], (i - w.start) % self.dims[l + 1]);
+                let (input, output) = if l == 0 && self.split {
+                    // Block `b` is `in x width` from its first unit's place.
+                    let (j, n_in) = (i - w.start, self.dims[0]);
+                    let b = j / (UNIT_BLOCK * n_in);
+                    let u = self.block_units(b..b + 1);
+                    let within = j - u.start * n_in;
+                    (within / u.len(), u.start + within % u.len())
+                } else {
+                    ((i - w.start) / self.dims[l + 1], (i - w.start) % self.dims[l + 1])
+                };
                 super::uniform(
                     seed,
                     w.start + output * self.dims[l] + input,
@@ -170,6 +413,8 @@ impl Model for Mlp {
             mm: Matmul::default(),
             decay: true,
             stale: false,
+            part: Vec::new(),
+            spare: Vec::new(),
         }
     }
 
@@ -179,6 +424,13 @@ impl Model for Mlp {
         let top = self.layers() - 1;
         self.fit(&mut work.acts, n);
         self.fit(&mut work.grads, n);
+        if self.split {
+            // All the units, as one member.
+            let target = Target::new(&mut work.grad, std::mem::take(&mut work.stale));
+            return self.pass(&x, params, work.scratch(), 0..self.unit_blocks(), target, true, |a, z| {
+                z.copy_from_slice(a)
+            });
+        }
         self.forward(&mut work.mm, x.features, params, &mut work.acts, n);
         let c = self.dims[top + 1];
         let fresh = std::mem::take(&mut work.stale);
@@ -226,6 +478,49 @@ impl Model for Mlp {
             work.grad.fill(0.0);
         }
         work.stale = delta.take_all_unzeroed(scale, &mut work.grad);
+    }
+
+    /// Member `part`'s hidden units (split units): its blocks of the first layer's `W^T`, its
+    /// part of the first `b`, its rows of the output layer's `W^T`; the leader also has the
+    /// output `b`.
+    fn units(&self, part: usize, parts: usize) -> Option<Vec<Range<usize>>> {
+        if !self.split {
+            return None;
+        }
+        let u = self.block_units(self.share(part, parts));
+        let ((_, b0), (w1, b1)) = (self.wb(0), self.wb(1));
+        let c = self.dims[2];
+        let mut r = vec![
+            self.block_params(self.share(part, parts)),
+            b0.start + u.start..b0.start + u.end,
+            w1.start + u.start * c..w1.start + u.end * c,
+        ];
+        if part == 0 {
+            r.push(b1);
+        }
+        Some(r)
+    }
+
+    fn team_target(&self, work: &mut Work) -> Target {
+        let fresh = std::mem::take(&mut work.stale);
+        Target::new(&mut work.grad, fresh)
+    }
+
+    /// Member `part`'s hidden units for all of `rows`: their activations, its share of the
+    /// logits (summed by the team), the loss, and the gradient of its units' weights.
+    fn compute_part(
+        &self,
+        _epoch: u64,
+        rows: Range<usize>,
+        params: &[f32],
+        work: &mut Work,
+        part: &crate::team::Part<'_>,
+    ) -> f64 {
+        let x = Self::rows_of(&self.data.train).rows(rows);
+        self.fit(&mut work.acts, x.len());
+        self.fit(&mut work.grads, x.len());
+        let blocks = self.share(part.index, part.of);
+        self.pass(&x, params, work.scratch(), blocks, part.target, part.index == 0, |a, z| part.sum(a, z))
     }
 
     fn scale(&self, rows: usize) -> f32 {
@@ -299,18 +594,23 @@ impl Export for Mlp {
         let mut b = Vec::new();
         for l in 0..self.layers() {
             let (w, bias) = self.wb(l);
-            b.push(Block::transposed(
-                format!("layers.{l}.weight"),
-                &[self.dims[l + 1], self.dims[l]],
-                w.start,
-            ));
+            let (name, shape) = (format!("layers.{l}.weight"), [self.dims[l + 1], self.dims[l]]);
+            b.push(if l == 0 && self.split {
+                Block::transposed(name, &shape, w.start).in_blocks(UNIT_BLOCK)
+            } else {
+                Block::transposed(name, &shape, w.start)
+            });
             b.push(Block::new(format!("layers.{l}.bias"), &[self.dims[l + 1]], bias.start));
         }
         b
     }
 
     fn param_order(&self) -> &'static str {
-        "weights in x out"
+        if self.split {
+            "weights in x out, the first layer's in blocks of 32 units"
+        } else {
+            "weights in x out"
+        }
     }
 
     fn outputs(&self) -> Vec<String> {
@@ -335,5 +635,124 @@ impl Export for Mlp {
 
     fn label(&self, row: usize) -> String {
         Self::rows_of(self.data.eval()).labels[row].to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::team::{Target, Team};
+    use peregrine_kernels::data::gen::{self, DenseSpec};
+
+    /// Rows `rows`' gradient and loss computed by a team of `parts` (into a buffer of old values
+    /// when `fresh`), against the model's own `compute` into zeros.
+    fn team_against_whole(m: &Mlp, parts: usize, fresh: bool) {
+        let n = m.layout().params;
+        let params: Vec<f32> = (0..n).map(|i| ((i * 37 % 101) as f32 / 101.0 - 0.5) * 0.4).collect();
+        let rows = 3..45;
+        let mut whole = m.work(8);
+        let want_loss = m.compute(rows.clone(), &params, &mut whole);
+        // The ranges cover the vector once.
+        let mut covered = vec![0u32; n];
+        for p in 0..parts {
+            for r in m.units(p, parts).expect("units") {
+                covered[r].iter_mut().for_each(|c| *c += 1);
+            }
+        }
+        assert!(covered.iter().all(|&c| c == 1), "{parts} members: {covered:?}");
+        let team = Team::new(parts);
+        let mut lead = m.work(8);
+        if fresh {
+            lead.grad.fill(7.0);
+            lead.stale = true;
+        }
+        let target = m.team_target(&mut lead);
+        assert_eq!(target.fresh, fresh);
+        let start = team.posted();
+        let (loss, others) = std::thread::scope(|s| {
+            let members: Vec<_> = (1..parts)
+                .map(|index| {
+                    let (team, params) = (&team, &params);
+                    s.spawn(move || {
+                        let (mut w, mut losses) = (m.work(8), Vec::new());
+                        team.follow(index, start, |epoch, rows, p, part| {
+                            // (Checked after the run: a member that panics leaves the others waiting.)
+                            losses.push((
+                                std::ptr::eq(p, &params[..]),
+                                m.compute_part(epoch, rows, p, &mut w, part),
+                            ));
+                        });
+                        losses
+                    })
+                })
+                .collect();
+            let loss = team.run((0, rows.clone()), &params, target, parts, |part| {
+                m.compute_part(0, rows.clone(), &params, &mut m.work(8), part)
+            });
+            team.close();
+            (loss, members.into_iter().flat_map(|h| h.join().expect("member")).collect::<Vec<_>>())
+        });
+        assert_eq!(others.len(), parts - 1, "one run for each member");
+        for (same, l) in others.into_iter().chain([(true, loss)]) {
+            assert!(same, "every member reads the leader's parameters");
+            assert!((l - want_loss).abs() <= 1e-5 * want_loss.abs(), "{parts}: loss {l} vs {want_loss}");
+        }
+        for (i, (g, w)) in lead.grad.iter().zip(&whole.grad).enumerate() {
+            assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "{parts} members, param {i}: {g} vs {w}");
+        }
+        let _ = Target::new(&mut [], false);
+    }
+
+    #[test]
+    fn a_team_splitting_the_hidden_units_computes_the_whole_gradient() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let data = dir.path().join("d.pgd");
+        gen::dense(&DenseSpec { rows: 60, cols: 23, classes: 4, noise: 0.3, seed: 2 }, &data).expect("gen");
+        for (hidden, l2) in [(70, 0.0), (70, 0.05), (13, 0.0), (96, 0.0)] {
+            let m = Mlp::new(&data, None, &[hidden], 0.1)
+                .expect("model")
+                .with_l2(l2)
+                .split_units()
+                .expect("split");
+            for parts in [1, 2, 3, 4] {
+                for fresh in [false, true] {
+                    team_against_whole(&m, parts, fresh);
+                }
+            }
+        }
+        let deep = Mlp::new(&data, None, &[5, 4], 0.1).expect("model");
+        let e = deep.split_units().expect_err("two hidden layers").to_string();
+        assert!(e.contains("one hidden layer, not 2 ([5, 4])"), "{e}");
+        let plain = Mlp::new(&data, None, &[5], 0.1).expect("model");
+        assert!(plain.units(0, 2).is_none(), "units split only when asked");
+    }
+
+    #[test]
+    fn a_split_mlp_holds_the_same_network_in_its_own_order() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let data = dir.path().join("d.pgd");
+        gen::dense(&DenseSpec { rows: 40, cols: 9, classes: 3, noise: 0.3, seed: 5 }, &data).expect("gen");
+        let plain = Mlp::new(&data, None, &[40], 0.1).expect("model");
+        let split = Mlp::new(&data, None, &[40], 0.1).expect("model").split_units().expect("split");
+        let n = plain.layout().params;
+        let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
+        plain.init(3, 0..n, &mut a);
+        split.init(3, 0..n, &mut b);
+        // Exported in PyTorch's order, the two are one network.
+        for (x, y) in plain.blocks().iter().zip(split.blocks()) {
+            assert_eq!(x.values(&a), y.values(&b), "{}", x.name);
+        }
+        assert_ne!(a, b, "the first layer's weights are held in blocks");
+        // Written back from the files' order, the vector is the same.
+        let mut c = vec![0.0; n];
+        for blk in split.blocks() {
+            blk.place(&blk.values(&b), &mut c);
+        }
+        assert_eq!(b, c);
+        assert_ne!(plain.param_order(), split.param_order());
+        let (ea, eb) = (plain.evaluate(&a, 0..40), split.evaluate(&b, 0..40));
+        for (x, y) in ea.iter().zip(&eb) {
+            assert!((x - y).abs() <= 1e-4 * x.abs().max(1.0), "{ea:?} vs {eb:?}");
+        }
     }
 }

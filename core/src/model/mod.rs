@@ -678,6 +678,38 @@ pub trait Model: Send + Sync {
         self.compute(rows, params, work)
     }
 
+    /// The parameters member `part` of a team of `parts` threads computes and steps when the
+    /// rank's threads split the model's units (`--split units`, [`crate::team`]): ranges that
+    /// cover every parameter once over the team. `None` (the default): the model does not split.
+    fn units(&self, part: usize, parts: usize) -> Option<Vec<Range<usize>>> {
+        let _ = (part, parts);
+        None
+    }
+
+    /// The leader's gradient for a run of rows computed by a team: `work`'s buffer, which every
+    /// member writes in its [`units`](Self::units) (its old values overwritten where `work`
+    /// says so). Only for a model that splits its units.
+    fn team_target(&self, work: &mut Self::Work) -> crate::team::Target {
+        let _ = work;
+        panic!("{} does not split its units", self.name())
+    }
+
+    /// Member `part`'s share of rows `rows` of pass `epoch` computed by a team (every member
+    /// calls it, in its own thread, with its own `work` for scratch): writes the gradient of its
+    /// [`units`](Self::units) into `part.target`; returns the rows' summed loss (every member
+    /// computes it; the leader's counts). Only for a model that splits its units.
+    fn compute_part(
+        &self,
+        epoch: u64,
+        rows: Range<usize>,
+        params: &[f32],
+        work: &mut Self::Work,
+        part: &crate::team::Part<'_>,
+    ) -> f64 {
+        let _ = (epoch, rows, params, work, part);
+        panic!("{} does not split its units", self.name())
+    }
+
     /// Whether the chunks of `chunk` rows that training rows `batch` (one iteration's batch)
     /// are cut into touch pairwise disjoint keys. Then, under a scheme whose ranks all start an
     /// iteration from one snapshot and apply every update whole (BSP), a key's value after the
@@ -787,6 +819,9 @@ pub enum Held {
     /// Its rows (along `shape`'s first dimension) in another order: row `r` at the block's row
     /// `rows[r]`.
     Rows(Vec<u32>),
+    /// A matrix's rows in groups of this many (the last one smaller), each group's transpose in
+    /// turn (an MLP's first layer split by units: [`mlp::UNIT_BLOCK`]).
+    TransposedBlocks(usize),
 }
 
 impl Block {
@@ -798,6 +833,13 @@ impl Block {
     /// A `rows x cols` matrix (`shape`) whose transpose the parameter vector holds at `start`.
     fn transposed(name: impl Into<String>, shape: &[usize; 2], start: usize) -> Self {
         Self { held: Held::Transposed, ..Self::new(name, shape, start) }
+    }
+
+    /// A transposed block ([`transposed`](Self::transposed)) held instead as the transposes of
+    /// its groups of `rows` rows ([`Held::TransposedBlocks`]).
+    fn in_blocks(self, rows: usize) -> Self {
+        debug_assert!(self.held == Held::Transposed && rows > 0, "block {}: in blocks", self.name);
+        Self { held: Held::TransposedBlocks(rows), ..self }
     }
 
     /// The block with row `r` held at row `rows[r]` (a permutation of its rows).
@@ -829,6 +871,16 @@ impl Block {
                 }
                 out
             }
+            Held::TransposedBlocks(group) => {
+                let mut out = vec![0.0; held.len()];
+                let cols = self.row_len();
+                for r in (0..self.shape[0]).step_by(*group) {
+                    let at = r * cols..(r + group).min(self.shape[0]) * cols;
+                    let g = at.len() / cols.max(1);
+                    peregrine_kernels::mlp::transpose(&held[at.clone()], cols, g, &mut out[at]);
+                }
+                out
+            }
         };
         std::borrow::Cow::Owned(out)
     }
@@ -854,6 +906,14 @@ impl Block {
                 let w = self.row_len();
                 for (row, &at) in values.chunks_exact(w.max(1)).zip(rows) {
                     held[at as usize * w..][..w].copy_from_slice(row);
+                }
+            }
+            Held::TransposedBlocks(group) => {
+                let cols = self.row_len();
+                for r in (0..self.shape[0]).step_by(*group) {
+                    let at = r * cols..(r + group).min(self.shape[0]) * cols;
+                    let g = at.len() / cols.max(1);
+                    peregrine_kernels::mlp::transpose(&values[at.clone()], g, cols, &mut held[at]);
                 }
             }
         }
