@@ -260,6 +260,12 @@ pub struct TrainArgs {
     /// MLP: hidden layer widths, comma-separated [default: 128].
     #[arg(long, value_name = "N,N,...", value_delimiter = ',')]
     hidden: Option<Vec<usize>>,
+    /// How a rank's threads share its chunks: rows (each thread computes chunks of its own) or
+    /// units (MLP with one hidden layer: every thread computes every chunk for its share of the
+    /// hidden units and steps their weights, which then stay in its core's cache; one rank a node
+    /// with a thread a core, e.g. `mpirun -n 1` on a workstation) [default: rows].
+    #[arg(long, value_enum, value_name = "HOW")]
+    split: Option<Split>,
     /// Injected stragglers, seeded by --seed: ideal, slow-worker:p=P[,max=2],
     /// disrupted:p=P[,period=SECONDS,intensity=PERCENT], power-law:alpha=A,
     /// persistent:rank=R[/R...],speed=S[,threads=T], heterogeneous:speed=S/S/...[,threads=T/T/...],
@@ -282,6 +288,18 @@ pub struct TrainArgs {
     /// No progress bar and no summary table.
     #[arg(long, short = 'q')]
     quiet: bool,
+}
+
+/// How a rank's threads share the work of a chunk (`--split`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Split {
+    /// Each thread computes chunks of its own (all of the model for its rows).
+    #[default]
+    Rows,
+    /// MLP with one hidden layer: every thread computes every chunk, for its share of the hidden
+    /// units, and steps their weights, which stay in its core's cache.
+    Units,
 }
 
 /// When `peregrine train` copies its training set into memory with huge pages (`--huge-pages`).
@@ -363,6 +381,7 @@ pub(crate) struct TrainFile {
     eta: Option<f64>,
     l2: Option<f32>,
     hidden: Option<Vec<usize>>,
+    split: Option<Split>,
     pub(crate) straggler: Option<String>,
 }
 
@@ -405,6 +424,7 @@ impl TrainFile {
             eta: top.eta.or(self.eta),
             l2: top.l2.or(self.l2),
             hidden: top.hidden.or(self.hidden),
+            split: top.split.or(self.split),
             straggler: top.straggler.or(self.straggler),
         }
     }
@@ -457,6 +477,7 @@ impl TrainArgs {
             eta: self.eta,
             l2: self.l2,
             hidden: self.hidden.clone(),
+            split: self.split,
             straggler: self.straggler.clone(),
         }
     }
@@ -525,6 +546,7 @@ pub(crate) struct Resolved {
     #[serde(skip)]
     l2_per_row: bool,
     hidden: Vec<usize>,
+    split: Split,
     straggler: String,
     /// Also write the model as `.npy` files (how the run is written out, not what it computes).
     #[serde(skip)]
@@ -542,11 +564,13 @@ impl Resolved {
     fn to_toml(&self) -> Result<String, toml::ser::Error> {
         let mut t = toml::Table::try_from(self)?;
         let others: &[&str] = match self.model {
-            ModelKind::Lr => &["k", "hidden", "alpha", "eta"],
-            ModelKind::Softmax => &["intercept", "k", "hidden", "l1", "alpha", "eta"],
-            ModelKind::Mf => &["hidden", "l1", "alpha", "eta"],
+            ModelKind::Lr => &["k", "hidden", "split", "alpha", "eta"],
+            ModelKind::Softmax => &["intercept", "k", "hidden", "split", "l1", "alpha", "eta"],
+            ModelKind::Mf => &["hidden", "split", "l1", "alpha", "eta"],
             ModelKind::Mlp => &["intercept", "k", "l1", "alpha", "eta"],
-            ModelKind::Lda => &["intercept", "hidden", "l1", "l2", "optimizer", "lr", "lr-decay", "warmup"],
+            ModelKind::Lda => {
+                &["intercept", "hidden", "split", "l1", "l2", "optimizer", "lr", "lr-decay", "warmup"]
+            }
         };
         for k in others {
             t.remove(*k);
@@ -738,9 +762,21 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
         }),
         l2_per_row: f.l2.is_none() && !matches!(model, ModelKind::Mf | ModelKind::Lda),
         hidden: f.hidden.unwrap_or_else(|| vec![128]),
+        split: f.split.unwrap_or_default(),
         straggler: f.straggler.unwrap_or_else(|| "ideal".into()),
         npy: false,
     };
+    if r.split == Split::Units && (r.model != ModelKind::Mlp || r.hidden.len() != 1) {
+        return Err(usage(if r.model == ModelKind::Mlp {
+            format!(
+                "--split units splits the hidden units of an MLP with one hidden layer, not {} ({})",
+                r.hidden.len(),
+                r.hidden.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+            )
+        } else {
+            format!("--split units is for --model mlp (its hidden units), not {}", model.name())
+        }));
+    }
     if !(r.lr.is_finite() && r.lr > 0.0) {
         return Err(usage(format!("the learning rate must be positive, got {}", r.lr)));
     }
@@ -887,6 +923,7 @@ fn rank_in(
         }
         ModelKind::Mlp => {
             let m = Mlp::new(&r.data, r.eval.as_deref(), &r.hidden, r.lr).map_err(data_err)?.with_l2(r.l2);
+            let m = if r.split == Split::Units { m.split_units().map_err(data_err)? } else { m };
             go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
         ModelKind::Lda => {

@@ -828,6 +828,21 @@ fn train_bad_input_is_a_clear_error() {
         ),
         (&["train", "--model", "mlp", "--data", &data, "--l1", "0.1"], 2, "--l1 is for --model lr"),
         (
+            &["train", "--model", "softmax", "--data", &data, "--split", "units"],
+            2,
+            "--split units is for --model mlp",
+        ),
+        (
+            &["train", "--model", "mlp", "--data", &data, "--split", "units", "--hidden", "8,4"],
+            2,
+            "one hidden layer, not 2 (8,4)",
+        ),
+        (
+            &["train", "--model", "mlp", "--data", &data, "--split", "columns"],
+            2,
+            "possible values: rows, units",
+        ),
+        (
             &["train", "--model", "lr", "--data", &data, "--l1", "0.1", "--optimizer", "adam"],
             2,
             "FTRL-Proximal",
@@ -1779,6 +1794,38 @@ fn a_killed_run_resumes_from_its_last_checkpoint_with_any_rank_count() {
     let out = again(&s("full"), &["--lr", "0.5"]);
     assert_eq!(out.status.code(), Some(2), "{:?}", text(&out));
     assert!(text(&out).1.contains("checkpoint of another configuration"), "{:?}", text(&out));
+}
+
+#[test]
+fn an_mlp_split_by_units_trains_the_same_network() {
+    // One rank of 2 threads, the hidden units split between them or chunks of their own: the
+    // same model file (in PyTorch's order either way), up to the sums' grouping.
+    let t = scratch("split-units");
+    let d = t.path();
+    let s = |name: &str| d.join(name).to_str().expect("utf-8").to_owned();
+    ok(&["data", "gen", "dense", &s("d.pgd"), "--rows", "2000", "--features", "12", "--classes", "3"]);
+    let data = s("d.pgd");
+    let train = |split: &str, extra: &[&str]| {
+        let mut args = vec!["train", "--model", "mlp", "--hidden", "40", "--data", &data, "--split", split];
+        args.extend(["--iterations", "30", "--batch", "64", "--ranks", "1", "--threads", "2", "-q"]);
+        args.extend(extra);
+        peregrine_in(d, &args)
+    };
+    for split in ["rows", "units"] {
+        let run = format!("run-{split}");
+        let out = train(split, &["--run-dir", &run]);
+        assert!(out.status.success(), "{split}: {:?}", text(&out));
+    }
+    let (rows, units) = (
+        safetensors_f32(&d.join("run-rows/model.safetensors")),
+        safetensors_f32(&d.join("run-units/model.safetensors")),
+    );
+    assert_eq!(rows.keys().collect::<Vec<_>>(), units.keys().collect::<Vec<_>>());
+    for (name, r) in &rows {
+        let u = &units[name];
+        let worst = r.iter().zip(u).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(worst <= 1e-3, "{name}: the two differ by up to {worst}");
+    }
 }
 
 #[test]
