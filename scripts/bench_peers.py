@@ -73,11 +73,13 @@ class Bench:
         self.results = {}
         self.hung = []
 
-    def peregrine(self, name, flags):
-        """One Peregrine run under `mpirun -n 2`; its summary.json."""
+    def peregrine(self, name, flags, one_rank=False):
+        """One Peregrine run under `mpirun -n 2` (`one_rank`: one rank of 2 threads); its
+        summary.json."""
         d = os.path.join(self.a.data, "runs", name)
-        cmd = self.a.launcher.split() + [self.a.peregrine, "train", "-q", "--checkpoint-every", "0",
-                                         "--force", "--run-dir", d] + flags
+        launcher = self.a.launcher_one if one_rank else self.a.launcher
+        cmd = launcher.split() + [self.a.peregrine, "train", "-q", "--checkpoint-every", "0",
+                                  "--force", "--run-dir", d] + flags
         run(cmd)
         with open(os.path.join(d, "summary.json")) as f:
             return json.load(f)
@@ -144,7 +146,9 @@ def throughput(b, fm, model, batch, rows, peak_each=False):
     DDP and single-process PyTorch, alternated; appends the table row; Peregrine's median. With
     `peak_each`, the FMA peak is measured right before each of Peregrine's runs (recorded under
     the key's `-peak`): the machine's peak moves between minutes of one run as much as the
-    throughput does, so a fraction of peak pairs figures taken seconds apart."""
+    throughput does, so a fraction of peak pairs figures taken seconds apart. The MLP runs twice
+    on Peregrine's side: 2 ranks of one thread, and one rank of 2 threads splitting the hidden
+    units (`--split units`, under the key's `-units`); the row gives both."""
     print(f"== {model}, Fashion-MNIST: throughput (batch {batch}, 2 epochs)", flush=True)
     key = sps_key(model, batch)
     common = ["--model", model, "--data", fm, "--batch", str(batch)]
@@ -160,17 +164,28 @@ def throughput(b, fm, model, batch, rows, peak_each=False):
         b.record(f"{key}-peregrine", b.peregrine(key, common + ["--epochs", "2", "--eval-every", "1000000"])[
             "samples_per_second"])
 
-    b.alternate([
-        ("peregrine", ours),
+    def units():
+        if peak_each:
+            b.record(f"{key}-units-peak", roofline(b)["fma_gflops"])
+        b.record(f"{key}-units", b.peregrine(f"{key}-units", common + [
+            "--epochs", "2", "--eval-every", "1000000", "--split", "units"], one_rank=True)["samples_per_second"])
+
+    split = model == "mlp"
+    b.alternate([("peregrine", ours)] + ([("peregrine units", units)] if split else []) + [
         ("pytorch ddp", lambda: b.record(f"{key}-ddp", b.peer("torch_fmnist.py", peer + ["--mode", "ddp"])[0])),
         ("pytorch single", lambda: b.record(f"{key}-single", b.peer("torch_fmnist.py", peer + ["--mode", "single"])[0])),
     ])
     sps = b.median(f"{key}-peregrine")
     ddp = b.median(f"{key}-ddp", "samples_per_second")
     one = b.median(f"{key}-single", "samples_per_second")
-    rows.append((f"{model} samples/s, batch {batch}", fmt(sps, ",.0f"), f"DDP {fmt(ddp, ',.0f')}; "
-                 f"1 process x 2 threads {fmt(one, ',.0f')}",
+    rows.append((f"{model} samples/s, batch {batch}" + (", 2 ranks x 1 thread" if split else ""), fmt(sps, ",.0f"),
+                 f"DDP {fmt(ddp, ',.0f')}; 1 process x 2 threads {fmt(one, ',.0f')}",
                  f"{fmt(ratio(sps, ddp), '.1f')}x DDP, {fmt(ratio(sps, one), '.1f')}x single"))
+    if split:
+        u = b.median(f"{key}-units")
+        rows.append((f"{model} samples/s, batch {batch}, 1 rank x 2 threads splitting the hidden units",
+                     fmt(u, ",.0f"), f"DDP {fmt(ddp, ',.0f')}; 1 process x 2 threads {fmt(one, ',.0f')}",
+                     f"{fmt(ratio(u, ddp), '.1f')}x DDP, {fmt(ratio(u, one), '.1f')}x single"))
     return sps
 
 
@@ -178,6 +193,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--peregrine", required=True)
     p.add_argument("--launcher", default="mpirun -n 2", help="how Peregrine's 2 ranks start")
+    p.add_argument("--launcher-one", default="mpirun -n 1 --bind-to none",
+                   help="how one Peregrine rank of 2 threads starts (the MLP split by units)")
     p.add_argument("--python", default=sys.executable, help="the peers' Python")
     p.add_argument("--data", required=True, help="directory of the prepared datasets")
     p.add_argument("--reps", type=int, default=3)
@@ -208,21 +225,25 @@ def main():
                 sps = throughput(b, fm, model, batch, rows, peak_each=model == "mlp" and roof is not None)
                 if model == "mlp" and roof:
                     key = sps_key(model, batch)
-                    g = sps * MLP_FLOPS / 1e9
-                    # Each run against the peak measured just before it; the median of those.
-                    peaks = b.results[f"{key}-peak"]
-                    each = [100 * s * MLP_FLOPS / 1e9 / p for s, p in zip(b.results[f"{key}-peregrine"], peaks)]
                     # The peak of the products' own instructions (AVX-512 where the CPU has it); on
                     # such a CPU the build's f32x8 peak too, the one earlier runs were judged on.
                     isa = roof.get("isa", "f32x8")
                     narrow = roof.get("f32x8_fma_gflops")
-                    also = (f"; {100 * g / narrow:.0f} % of the f32x8 peak ({narrow:.1f})" if narrow else "")
-                    rows.append((f"MLP GFLOP/s, batch {batch} (0.41 MFLOP per sample)", f"{g:.1f}",
-                                 f"{isa} FMA peak {roof['fma_gflops']:.1f} at the start; {min(peaks):.1f}-"
-                                 f"{max(peaks):.1f} before each run",
-                                 f"{100 * g / roof['fma_gflops']:.0f} % of the first; {statistics.median(each):.0f} % "
-                                 f"of each run's own (runs: {', '.join(f'{e:.1f}' for e in each)} %; "
-                                 f"line round trip before each: {lines(b.results.get(f'{key}-line', []))}){also}"))
+                    for how, runs, peak_key in (("2 ranks x 1 thread", f"{key}-peregrine", f"{key}-peak"),
+                                                ("1 rank x 2 threads, units split", f"{key}-units",
+                                                 f"{key}-units-peak")):
+                        g = b.median(runs) * MLP_FLOPS / 1e9
+                        # Each run against the peak measured just before it; the median of those.
+                        peaks = b.results[peak_key]
+                        each = [100 * s * MLP_FLOPS / 1e9 / p for s, p in zip(b.results[runs], peaks)]
+                        also = (f"; {100 * g / narrow:.0f} % of the f32x8 peak ({narrow:.1f})" if narrow else "")
+                        line = (f"; line round trip before each: {lines(b.results.get(f'{key}-line', []))}"
+                                if runs.endswith("peregrine") else "")
+                        rows.append((f"MLP GFLOP/s, batch {batch}, {how} (0.41 MFLOP per sample)", f"{g:.1f}",
+                                     f"{isa} FMA peak {roof['fma_gflops']:.1f} at the start; {min(peaks):.1f}-"
+                                     f"{max(peaks):.1f} before each run",
+                                     f"{100 * g / roof['fma_gflops']:.0f} % of the first; {statistics.median(each):.0f} % "
+                                     f"of each run's own (runs: {', '.join(f'{e:.1f}' for e in each)} %{line}){also}"))
                 if model == "softmax" and roof:
                     gbs = sps * 784 * 4 / 1e9
                     rows.append(("softmax features read, GB/s (3136 B per sample)", f"{gbs:.1f}",
