@@ -13,11 +13,13 @@
 //! there, compute their part of each posted run into the gradient the leader names
 //! ([`Target`]), and meet the leader at a barrier once their part is written. Members spin for a
 //! short while, then yield, then sleep in short slices while no run is posted (an injected delay,
-//! the leader's wait for a chunk to take over).
+//! the leader's wait for a chunk to take over). A member that panics marks the team failed, and
+//! every member waiting on it panics in turn instead of waiting for good; the pool passes the
+//! panic on to the rank.
 
 use std::cell::{Cell, UnsafeCell};
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a waiting member spins, then yields, before it sleeps in [`NAP`] slices.
@@ -119,6 +121,8 @@ pub struct Team {
     post: UnsafeCell<Option<Post>>,
     arrived: Line<AtomicUsize>,
     passed: Line<AtomicU64>,
+    /// A member panicked: the others stop waiting.
+    failed: Line<AtomicBool>,
     /// Each member's values to sum, twice over: consecutive sums of a run alternate, so a member
     /// writes a slot again only after every member passed the next sum's barrier, hence after
     /// they read it; a run's end is a barrier too.
@@ -146,6 +150,7 @@ impl Team {
             post: UnsafeCell::new(None),
             arrived: Line::default(),
             passed: Line::default(),
+            failed: Line::default(),
             slots: [slots(), slots()],
         }
     }
@@ -173,7 +178,10 @@ impl Team {
             unsafe { *self.post.get() = Some(post) };
             self.posted.0.fetch_add(1, Ordering::Release);
         }
-        let out = own(&Part { index: 0, of, target, team: self, sums: Cell::new(0) });
+        let out = {
+            let _failing = Failing(self);
+            own(&Part { index: 0, of, target, team: self, sums: Cell::new(0) })
+        };
         self.barrier(of);
         out
     }
@@ -213,7 +221,10 @@ impl Team {
             // SAFETY: the leader's parameters, alive and unwritten until the run's barrier.
             let params = unsafe { std::slice::from_raw_parts(post.params.0, post.params.1) };
             let me = Part { index, of: post.of, target: post.target, team: self, sums: Cell::new(0) };
-            part(post.epoch, post.rows, params, &me);
+            {
+                let _failing = Failing(self);
+                part(post.epoch, post.rows, params, &me);
+            }
             self.barrier(post.of);
         }
     }
@@ -226,7 +237,7 @@ impl Team {
             if now != seen {
                 return now;
             }
-            idle(start);
+            self.idle(start);
         }
     }
 
@@ -243,7 +254,7 @@ impl Team {
         }
         let start = Instant::now();
         while self.passed.0.load(Ordering::Acquire) == round {
-            idle(start);
+            self.idle(start);
         }
     }
 
@@ -271,15 +282,32 @@ impl Team {
     }
 }
 
-/// One round of a wait begun at `start`: spin, then yield, then nap.
-fn idle(start: Instant) {
-    let waited = start.elapsed();
-    if waited < SPIN {
-        std::hint::spin_loop();
-    } else if waited < 2 * SPIN {
-        std::thread::yield_now();
-    } else {
-        std::thread::sleep(NAP);
+impl Team {
+    /// One round of a wait begun at `start`: spin, then yield, then nap.
+    ///
+    /// # Panics
+    /// If another member panicked (it will not arrive).
+    fn idle(&self, start: Instant) {
+        assert!(!self.failed.0.load(Ordering::Relaxed), "team: another member of the rank's team panicked");
+        let waited = start.elapsed();
+        if waited < SPIN {
+            std::hint::spin_loop();
+        } else if waited < 2 * SPIN {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(NAP);
+        }
+    }
+}
+
+/// Marks the team failed if dropped while its thread panics (in a member's part of a run).
+struct Failing<'a>(&'a Team);
+
+impl Drop for Failing<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.failed.0.store(true, Ordering::Relaxed);
+        }
     }
 }
 
@@ -329,5 +357,35 @@ mod tests {
             team.close();
         });
         assert_eq!(grad[8], 53.0);
+    }
+
+    #[test]
+    fn a_member_that_panics_makes_the_others_panic_not_wait() {
+        for leader_fails in [false, true] {
+            let team = Team::new(2);
+            let mut grad = vec![0.0f32; 2];
+            let target = Target::new(&mut grad, false);
+            let start = team.posted();
+            let (leader, member) = std::thread::scope(|s| {
+                let team = &team;
+                let member = s.spawn(move || {
+                    team.follow(1, start, |_, _, _, part| {
+                        let mut out = [0.0f32];
+                        assert!(leader_fails, "member 1 fails");
+                        part.sum(&[1.0], &mut out);
+                    });
+                });
+                let leader = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    team.run((0, 0..1), &[], target, 2, |part| {
+                        assert!(!leader_fails, "the leader fails");
+                        let mut out = [0.0f32];
+                        part.sum(&[1.0], &mut out);
+                    });
+                    team.close();
+                }));
+                (leader, member.join())
+            });
+            assert!(leader.is_err() && member.is_err(), "leader fails: {leader_fails}: both panic");
+        }
     }
 }

@@ -1805,15 +1805,33 @@ fn an_mlp_split_by_units_trains_the_same_network() {
     let s = |name: &str| d.join(name).to_str().expect("utf-8").to_owned();
     ok(&["data", "gen", "dense", &s("d.pgd"), "--rows", "2000", "--features", "12", "--classes", "3"]);
     let data = s("d.pgd");
-    let train = |split: &str, extra: &[&str]| {
-        let mut args = vec!["train", "--model", "mlp", "--hidden", "40", "--data", &data, "--split", split];
-        args.extend(["--iterations", "30", "--batch", "64", "--ranks", "1", "--threads", "2", "-q"]);
-        args.extend(extra);
-        peregrine_in(d, &args)
-    };
     for split in ["rows", "units"] {
         let run = format!("run-{split}");
-        let out = train(split, &["--run-dir", &run]);
+        let out = peregrine_in(
+            d,
+            &[
+                "train",
+                "--model",
+                "mlp",
+                "--hidden",
+                "40",
+                "--data",
+                &data,
+                "--split",
+                split,
+                "--iterations",
+                "30",
+                "--batch",
+                "64",
+                "--ranks",
+                "1",
+                "--threads",
+                "2",
+                "-q",
+                "--run-dir",
+                &run,
+            ],
+        );
         assert!(out.status.success(), "{split}: {:?}", text(&out));
     }
     let (rows, units) = (

@@ -151,17 +151,16 @@ impl<M: Model> Run<'_, M> {
     ) -> Result<(), TrainError> {
         let failed = AtomicBool::new(false);
         let error = Mutex::new(None);
-        let start = self.team.as_ref().map(Team::posted);
+        // The posts before the job (read before any member follows).
+        let team = self.team.as_ref().map(|t| (t, t.posted()));
         self.pool.run(|w| {
             let mut slot = self.slots[w].lock().expect("a compute thread panicked");
-            if let (Some(team), Some(start)) = (&self.team, start) {
-                if w > 0 {
-                    let work = &mut slot.work;
-                    team.follow(w, start, |epoch, rows, params, part| {
-                        self.model.compute_part(epoch, rows, params, work, part);
-                    });
-                    return;
-                }
+            if let Some((team, start)) = team.filter(|_| w > 0) {
+                let work = &mut slot.work;
+                team.follow(w, start, |epoch, rows, params, part| {
+                    self.model.compute_part(epoch, rows, params, work, part);
+                });
+                return;
             }
             // The members leave once the leader's job ends, however it ends.
             let _closing = self.team.as_ref().map(Closing);

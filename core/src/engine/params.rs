@@ -59,6 +59,15 @@ pub(super) struct PushBufs {
     z: Vec<f32>,
 }
 
+/// The parts of `ranges` within `to`, relative to its start (empty parts left out).
+fn clipped(ranges: &[Range<usize>], to: Range<usize>) -> impl Iterator<Item = Range<usize>> + '_ {
+    ranges
+        .iter()
+        .map(move |r| r.start.max(to.start)..r.end.min(to.end))
+        .filter(|r| !r.is_empty())
+        .map(move |r| r.start - to.start..r.end - to.start)
+}
+
 /// The parameters each of a rank's threads steps, by `(thread, threads)` (global ranges).
 pub(super) type Units<'a> = dyn Fn(usize, usize) -> Vec<Range<usize>> + Sync + 'a;
 
@@ -98,13 +107,7 @@ fn step_split(
             };
             let decay = g.decay.map(|(l2, ranges)| {
                 decayed.clear();
-                decayed.extend(
-                    ranges
-                        .iter()
-                        .map(|d| d.start.max(lo)..d.end.min(hi))
-                        .filter(|d| !d.is_empty())
-                        .map(|d| d.start - lo..d.end - lo),
-                );
+                decayed.extend(clipped(ranges, lo..hi));
                 (l2, &decayed[..])
             });
             let parts = if g.parts.is_empty() { g.parts } else { &g.parts[lo..hi] };
@@ -143,15 +146,7 @@ impl Slots {
         let lens = (0..t.world_size()).map(|r| map.len_of(r) * others);
         let win = t.alloc_window("gradient slots", &ShardMap::from_lens(lens))?;
         let mine = map.range(t.rank());
-        let decay = decay.map(|(l2, ranges)| {
-            let local = ranges
-                .iter()
-                .map(|r| r.start.max(mine.start)..r.end.min(mine.end))
-                .filter(|r| !r.is_empty())
-                .map(|r| r.start - mine.start..r.end - mine.start)
-                .collect();
-            (l2, local)
-        });
+        let decay = decay.map(|(l2, ranges)| (l2, clipped(&ranges, mine).collect()));
         Ok(Self { win, map: map.clone(), rank: t.rank(), decay })
     }
 

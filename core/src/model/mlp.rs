@@ -53,8 +53,6 @@ pub struct Work {
     stale: bool,
     /// A team member's logits over its hidden units (split units), before the team's sum.
     part: Vec<f32>,
-    /// The output bias's gradient of a member that does not write it (split units).
-    spare: Vec<f32>,
 }
 
 impl Mlp {
@@ -247,6 +245,8 @@ impl Mlp {
         let u = self.block_units(blocks.clone());
         let k = u.len();
         let ((_, b0), (w1, b1)) = (self.wb(0), self.wb(1));
+        self.fit(s.acts, n);
+        self.fit(s.grads, n);
         if s.part.len() < n * c {
             s.part.resize(n * c, 0.0);
         }
@@ -272,7 +272,7 @@ impl Mlp {
                 peregrine_kernels::dense::axpy(1.0, row, gb1);
             }
         }
-        s.spare.resize(c, 0.0);
+        let beta = if accumulate { 1.0 } else { 0.0 };
         let decay = (self.l2 > 0.0 && s.decay).then_some(self.l2 * n as f32);
         for b in blocks {
             let ub = self.block_units(b..b + 1);
@@ -287,18 +287,10 @@ impl Mlp {
                     target.slice(b0.start + ub.start..b0.start + ub.end),
                 )
             };
-            // The output bias's gradient is the leader's, above.
-            mlp::dense_backward_as(
-                s.mm,
-                hb,
-                &params[w1b.clone()],
-                Weights::InOut,
-                dz,
-                gw1,
-                s.spare,
-                Some(dhb),
-                accumulate,
-            );
+            // The output layer's rows for these units, and the units' gradient (its bias is the
+            // leader's, above).
+            s.mm.matmul(Op::T, Op::N, ub.len(), c, n, 1.0, hb, dz, beta, gw1);
+            s.mm.matmul(Op::N, Op::T, n, ub.len(), c, 1.0, dz, &params[w1b.clone()], 0.0, dhb);
             mlp::relu_backward(hb, dhb);
             mlp::dense_backward_as(
                 s.mm,
@@ -328,7 +320,6 @@ struct Scratch<'a> {
     grads: &'a mut [Vec<f32>],
     mm: &'a mut Matmul,
     part: &'a mut Vec<f32>,
-    spare: &'a mut Vec<f32>,
     decay: bool,
 }
 
@@ -340,7 +331,6 @@ impl Work {
             grads: &mut self.grads,
             mm: &mut self.mm,
             part: &mut self.part,
-            spare: &mut self.spare,
             decay: self.decay,
         }
     }
@@ -414,23 +404,22 @@ impl Model for Mlp {
             decay: true,
             stale: false,
             part: Vec::new(),
-            spare: Vec::new(),
         }
     }
 
     fn compute(&self, rows: Range<usize>, params: &[f32], work: &mut Work) -> f64 {
         let x = Self::rows_of(&self.data.train).rows(rows);
         let n = x.len();
-        let top = self.layers() - 1;
-        self.fit(&mut work.acts, n);
-        self.fit(&mut work.grads, n);
         if self.split {
             // All the units, as one member.
-            let target = Target::new(&mut work.grad, std::mem::take(&mut work.stale));
+            let target = self.team_target(work);
             return self.pass(&x, params, work.scratch(), 0..self.unit_blocks(), target, true, |a, z| {
                 z.copy_from_slice(a)
             });
         }
+        let top = self.layers() - 1;
+        self.fit(&mut work.acts, n);
+        self.fit(&mut work.grads, n);
         self.forward(&mut work.mm, x.features, params, &mut work.acts, n);
         let c = self.dims[top + 1];
         let fresh = std::mem::take(&mut work.stale);
@@ -517,8 +506,6 @@ impl Model for Mlp {
         part: &crate::team::Part<'_>,
     ) -> f64 {
         let x = Self::rows_of(&self.data.train).rows(rows);
-        self.fit(&mut work.acts, x.len());
-        self.fit(&mut work.grads, x.len());
         let blocks = self.share(part.index, part.of);
         self.pass(&x, params, work.scratch(), blocks, part.target, part.index == 0, |a, z| part.sum(a, z))
     }
