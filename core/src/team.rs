@@ -22,6 +22,8 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::model::PassRows;
+
 /// How long a waiting member spins, then yields, before it sleeps in [`NAP`] slices.
 const SPIN: Duration = Duration::from_micros(50);
 /// A waiting member's sleep once it has spun and yielded for [`SPIN`] (twice).
@@ -78,6 +80,9 @@ pub struct Part<'a> {
     pub of: usize,
     /// Where the gradient goes.
     pub target: Target,
+    /// Rows of a pass the team probably computes next: a member may ask for them in cache
+    /// meanwhile ([`Model::ahead`](crate::model::Model::ahead)).
+    pub ahead: Option<PassRows>,
     team: &'a Team,
     /// Sums this member made in the run (which of the two slots it writes next).
     sums: Cell<usize>,
@@ -108,6 +113,7 @@ impl Part<'_> {
 struct Post {
     epoch: u64,
     rows: Range<usize>,
+    ahead: Option<PassRows>,
     params: (*const f32, usize),
     target: Target,
     of: usize,
@@ -160,11 +166,13 @@ impl Team {
         self.slots[0].len()
     }
 
-    /// Leader: posts rows `rows` of pass `epoch` with `params` for members `1..of`, computes its
-    /// own part with `own`, and returns once every member's part is written.
+    /// Leader: posts rows `rows` of pass `epoch` (and the hint `ahead`: see [`Part::ahead`])
+    /// with `params` for members `1..of`, computes its own part with `own`, and returns once
+    /// every member's part is written.
     pub fn run<R>(
         &self,
-        (epoch, rows): (u64, Range<usize>),
+        (epoch, rows): PassRows,
+        ahead: Option<PassRows>,
         params: &[f32],
         target: Target,
         of: usize,
@@ -172,7 +180,14 @@ impl Team {
     ) -> R {
         let of = of.clamp(1, self.members());
         if of > 1 {
-            let post = Post { epoch, rows, params: (params.as_ptr(), params.len()), target, of };
+            let post = Post {
+                epoch,
+                rows,
+                ahead: ahead.clone(),
+                params: (params.as_ptr(), params.len()),
+                target,
+                of,
+            };
             // SAFETY: no member reads the post now: each is past the last run's barrier and waits
             // for the count, published after this write.
             unsafe { *self.post.get() = Some(post) };
@@ -180,7 +195,7 @@ impl Team {
         }
         let out = {
             let _failing = Failing(self);
-            own(&Part { index: 0, of, target, team: self, sums: Cell::new(0) })
+            own(&Part { index: 0, of, target, ahead, team: self, sums: Cell::new(0) })
         };
         self.barrier(of);
         out
@@ -220,7 +235,14 @@ impl Team {
             assert!(index < post.of, "team: member {index} of a run of {}", post.of);
             // SAFETY: the leader's parameters, alive and unwritten until the run's barrier.
             let params = unsafe { std::slice::from_raw_parts(post.params.0, post.params.1) };
-            let me = Part { index, of: post.of, target: post.target, team: self, sums: Cell::new(0) };
+            let me = Part {
+                index,
+                of: post.of,
+                target: post.target,
+                ahead: post.ahead,
+                team: self,
+                sums: Cell::new(0),
+            };
             {
                 let _failing = Failing(self);
                 part(post.epoch, post.rows, params, &me);
@@ -328,6 +350,7 @@ mod tests {
                 s.spawn(move || {
                     team.follow(index, start, |epoch, rows, p, part| {
                         let (mut out, mut twice) = ([0.0f32; 2], [0.0f32; 2]);
+                        assert_eq!(part.ahead, Some((epoch + 1, 4..8)), "the leader's hint");
                         part.sum(&[index as f32, p[index]], &mut out);
                         part.sum(&out, &mut twice);
                         assert_eq!(twice, [9.0, 18.0]);
@@ -338,7 +361,7 @@ mod tests {
                 });
             }
             for run in 0..50u64 {
-                let got = team.run((run, 0..4), &params, target, 3, |part| {
+                let got = team.run((run, 0..4), Some((run + 1, 4..8)), &params, target, 3, |part| {
                     let (mut out, mut twice) = ([0.0f32; 2], [0.0f32; 2]);
                     part.sum(&[0.0, params[0]], &mut out);
                     part.sum(&out, &mut twice);
@@ -376,7 +399,7 @@ mod tests {
                     });
                 });
                 let leader = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    team.run((0, 0..1), &[], target, 2, |part| {
+                    team.run((0, 0..1), None, &[], target, 2, |part| {
                         assert!(!leader_fails, "the leader fails");
                         let mut out = [0.0f32];
                         part.sum(&[1.0], &mut out);

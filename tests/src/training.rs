@@ -35,11 +35,22 @@ pub struct Counting {
     joins: bool,
     /// The most rows one call computed.
     widest: AtomicUsize,
+    /// Calls to `compute`.
+    computes: AtomicUsize,
+    /// Calls to `compute` whose rows the thread's last hint ([`Model::ahead`]) named.
+    foreseen: AtomicUsize,
 }
 
 impl Counting {
     fn new(rows: usize, per_row: Duration) -> Self {
-        Counting { rows, per_row, joins: false, widest: AtomicUsize::new(0) }
+        Counting {
+            rows,
+            per_row,
+            joins: false,
+            widest: AtomicUsize::new(0),
+            computes: AtomicUsize::new(0),
+            foreseen: AtomicUsize::new(0),
+        }
     }
 }
 
@@ -48,6 +59,10 @@ impl Counting {
 pub struct Counts {
     counts: Vec<f32>,
     keys: KeySet,
+    /// The rows of the hint given before this compute (the next one's).
+    hint: Option<Range<usize>>,
+    /// The rows of the hint given before the last compute (this one's).
+    foretold: Option<Range<usize>>,
 }
 
 impl Model for Counting {
@@ -88,7 +103,7 @@ impl Model for Counting {
     }
 
     fn work(&self, _chunk: usize) -> Counts {
-        Counts { counts: vec![0.0; self.rows], keys: KeySet::new(self.rows) }
+        Counts { counts: vec![0.0; self.rows], keys: KeySet::new(self.rows), hint: None, foretold: None }
     }
 
     /// Busy for `per_row` of this thread's CPU time a row, like real compute: on a core shared
@@ -96,8 +111,17 @@ impl Model for Counting {
     /// preempted midway used little CPU time, and the injected delay, scaled from CPU time,
     /// shrank with it.) Bounded by the wall clock too, at 50 times the busy time: a clock that
     /// cannot be read reads zero, and must not spin the thread forever.
+    fn ahead(&self, _epoch: u64, rows: Range<usize>, work: &mut Counts) {
+        work.hint = Some(rows);
+    }
+
     fn compute(&self, rows: Range<usize>, _params: &[f32], work: &mut Counts) -> f64 {
         self.widest.fetch_max(rows.len(), Ordering::Relaxed);
+        self.computes.fetch_add(1, Ordering::Relaxed);
+        if work.foretold.as_ref() == Some(&rows) {
+            self.foreseen.fetch_add(1, Ordering::Relaxed);
+        }
+        work.foretold = work.hint.take();
         let busy = self.per_row * rows.len() as u32;
         let (until, wall) = (thread_cpu_time() + busy, Instant::now() + busy * 50);
         for r in rows {
@@ -195,6 +219,18 @@ pub fn exactly_once_in(
         ));
     }
     Ok((report, model.widest.load(Ordering::Relaxed)))
+}
+
+/// [`Counting`] for 2 epochs under BSP, nothing slowed or taken over, `threads` threads a rank
+/// taking `grain` chunks of their own at a time (joined into one call for `grain` above 1):
+/// this rank's calls to `compute` and how many of them computed the rows of the hint given
+/// before them ([`Model::ahead`]).
+pub fn foreseen(t: &Transport, threads: usize, grain: u32) -> Result<(usize, usize), String> {
+    let model = Counting { joins: grain > 1, ..Counting::new(COUNTING_ROWS, Duration::ZERO) };
+    let cfg = Config { grain, threads, ..counting_config(scheme("bsp"), Injection::default(), 2, false) };
+    let pool = RankPool::new(threads, slot(t), Pinning::Off).map_err(|e| e.to_string())?;
+    engine::train(t, &model, &cfg, &pool, None, &mut |_| {}).map_err(|e| e.to_string())?;
+    Ok((model.computes.load(Ordering::Relaxed), model.foreseen.load(Ordering::Relaxed)))
 }
 
 /// [`exactly_once`] with every rank's active threads changing between iterations (elastic

@@ -12,7 +12,8 @@ use peregrine_core::Scheme;
 use peregrine_kernels::data::gen::{self, DenseSpec, SparseSpec};
 use peregrine_tests::training::{
     bsp_params_one_thread, counted, counted_with, distance, exactly_once, exactly_once_elastic,
-    exactly_once_in, final_params, final_params_by, final_params_with, injected, scheme, BSP_TOLERANCE,
+    exactly_once_in, final_params, final_params_by, final_params_with, foreseen, injected, scheme,
+    BSP_TOLERANCE,
 };
 use peregrine_transport::run_local;
 
@@ -55,6 +56,30 @@ fn every_chunk_once_under_ssp() {
 #[test]
 fn every_chunk_once_under_asp() {
     check_exactly_once(scheme("asp"));
+}
+
+/// A rank whose chunks one thread computes in order is told which rows come next before each
+/// compute (chunk by chunk, in runs of joined chunks, across iterations and epochs): every
+/// compute but its first computes the rows of the hint before it. Threads taking chunks in turns
+/// get no hint.
+#[test]
+fn one_thread_a_rank_is_told_the_rows_it_computes_next() {
+    for world in [1, 2, 3] {
+        for grain in [1, 3] {
+            for (rank, got) in
+                run_local(world, |t| foreseen(&t, 1, grain)).expect("world").into_iter().enumerate()
+            {
+                let (computes, hinted) = got.unwrap_or_else(|e| panic!("{e}"));
+                // 10 iterations of 29 chunks.
+                assert!(computes >= 30, "{world} ranks, grain {grain}, rank {rank}: {computes} computes");
+                assert_eq!(hinted, computes - 1, "{world} ranks, grain {grain}, rank {rank}: hints right");
+            }
+        }
+    }
+    for got in run_local(2, |t| foreseen(&t, 2, 1)).expect("world") {
+        let (computes, hinted) = got.unwrap_or_else(|e| panic!("{e}"));
+        assert!(computes > 0 && hinted == 0, "2 threads a rank: {hinted} of {computes} hinted");
+    }
 }
 
 fn scratch(name: &str) -> tempfile::TempDir {

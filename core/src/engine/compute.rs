@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::run::Run;
 use super::trace::{Args, Event, Span};
 use super::TrainError;
-use crate::model::{Delta, KeySet, Model};
+use crate::model::{Delta, KeySet, Model, PassRows};
 use crate::queue;
 use crate::scheme::{thread_share, OwnChunks, Policy, Share, Take};
 use crate::team::Team;
@@ -182,6 +182,29 @@ impl<M: Model> Run<'_, M> {
         thread_share(share, self.cfg.steal_fraction, self.lanes())
     }
 
+    /// The rows a thread probably computes after its own chunks up to global chunk `end` of
+    /// iteration `it` (taking `len` at a time, the rank's `part` of the batch): the next ones of
+    /// the part, else the first ones of the same part of the next iteration (as a pass and
+    /// rows); `None` when the rank's threads take its chunks in turns (the next chunk is
+    /// another thread's). A hint for the cache ([`Model::ahead`]): a queue emptied by others,
+    /// or a part resized by the scheme, makes it wrong and costs only memory bandwidth.
+    fn next_rows(&self, it: u64, part: &Range<usize>, end: usize, len: usize) -> Option<PassRows> {
+        let (it, first) = if end < part.end { (it, end) } else { (it + 1, part.start) };
+        let last = (first + len.max(1)).min(part.end).min(self.plan.batch_chunks(it));
+        if first >= last {
+            return None;
+        }
+        let rows =
+            self.plan.global_chunk_rows(it, first).start..self.plan.global_chunk_rows(it, last - 1).end;
+        self.lane_rows(it, rows)
+    }
+
+    /// Rows `rows` of iteration `it` as a hint ([`Model::ahead`]) for a rank whose chunks one
+    /// thread computes in order (a team's leader, or one active thread); else `None`.
+    fn lane_rows(&self, it: u64, rows: Range<usize>) -> Option<PassRows> {
+        (self.lanes() == 1).then(|| (self.plan.epoch(it), rows))
+    }
+
     /// The rank's threads that take chunks: the active ones, or a team's leader alone.
     pub(super) fn lanes(&self) -> usize {
         if self.team.is_some() {
@@ -204,20 +227,25 @@ impl<M: Model> Run<'_, M> {
         let view = self.view();
         while own && !failed.load(Ordering::Relaxed) {
             let Some(r) = self.queues.take_own(self.cfg.grain)? else { break };
-            let start = self.own.lock().expect("own chunks").start;
+            let part = self.own.lock().expect("own chunks").clone();
+            let start = part.start;
             let rows = |c: u32| self.plan.global_chunk_rows(it, start + c as usize);
+            let next = self.next_rows(it, &part, start + r.end as usize, self.cfg.grain as usize);
             match policy.own_chunks(&view)? {
                 OwnChunks::Whole => {
-                    self.run_chunks(r.clone(), rows, replica, slot, ("own chunk", self.rank, it));
+                    self.run_chunks(r.clone(), rows, replica, slot, ("own chunk", self.rank, it), next);
                     slot.own += u64::from(r.end - r.start);
                     self.clocks.done(self.rank, r.end - r.start)?;
                 }
                 OwnChunks::ClaimFirst => {
-                    for c in r {
+                    for c in r.clone() {
                         // Claimed before computing, so nobody copies it, and its result goes
                         // straight into the thread's buffers (no per-chunk copy to drain).
                         if policy.claim(self.rank, tag, c)? {
-                            self.run_chunk(rows(c), replica, slot, ("own chunk", self.rank, it, c..c + 1));
+                            let ahead =
+                                if c + 1 < r.end { self.lane_rows(it, rows(c + 1)) } else { next.clone() };
+                            let id = ("own chunk", self.rank, it, c..c + 1);
+                            self.run_chunk(rows(c), replica, slot, id, ahead);
                             slot.own += 1;
                             self.clocks.done(self.rank, 1)?;
                         }
@@ -305,7 +333,7 @@ impl<M: Model> Run<'_, M> {
         // Marked held, so that a rank waiting for the victim's chunks knows who computes them.
         self.clocks.taking(victim, r.end - r.start)?;
         self.with_params(r.clone().map(rows), replica, slot, |run, params, slot| {
-            run.run_chunks(r.clone(), rows, params, slot, ("taken chunk", victim, vit));
+            run.run_chunks(r.clone(), rows, params, slot, ("taken chunk", victim, vit), None);
             Ok(())
         })?;
         Ok(self.clocks.done_taken(victim, r.end - r.start)?)
@@ -366,7 +394,7 @@ impl<M: Model> Run<'_, M> {
         let n = rows.len() as u64;
         let start = Span::now();
         let (loss, computed) =
-            self.chunk_into((it, rows), 1, params, (&mut sp.work, &mut slot.scratch), &|| {
+            self.chunk_into((it, rows), None, 1, params, (&mut sp.work, &mut slot.scratch), &|| {
                 policy.settled(owner, tag, chunk).unwrap_or(false)
             });
         let won = policy.claim(owner, tag, chunk)?;
@@ -417,7 +445,8 @@ impl<M: Model> Run<'_, M> {
 
     /// Computes chunks `r` of `(kind, owner, owner's iteration)`, chunk `c` being rows `rows(c)`:
     /// for a model that [`joins_chunks`](Model::joins_chunks), each run of chunks whose rows
-    /// follow one another in one call; else one call a chunk.
+    /// follow one another in one call; else one call a chunk. `ahead`: the rows the thread
+    /// probably computes after `r` ([`Model::ahead`]).
     fn run_chunks(
         &self,
         r: Range<u32>,
@@ -425,6 +454,7 @@ impl<M: Model> Run<'_, M> {
         params: &[f32],
         slot: &mut Slot<M::Work>,
         (kind, owner, it): (&'static str, usize, u64),
+        ahead: Option<PassRows>,
     ) {
         let joins = self.model.joins_chunks();
         let mut c = r.start;
@@ -438,19 +468,33 @@ impl<M: Model> Run<'_, M> {
                 span.end = next.end;
                 end += 1;
             }
-            self.run_chunk(span, params, slot, (kind, owner, it, c..end));
+            let then = if end < r.end { self.lane_rows(it, rows(end)) } else { ahead.clone() };
+            self.run_chunk(span, params, slot, (kind, owner, it, c..end), then);
             c = end;
         }
     }
 
     /// Computes chunks `id` (`(kind, owner, owner's iteration, chunks)`), rows `rows`, in one
-    /// call.
-    fn run_chunk(&self, rows: Range<usize>, params: &[f32], slot: &mut Slot<M::Work>, id: ChunkId) {
+    /// call (`ahead`: the rows probably next).
+    fn run_chunk(
+        &self,
+        rows: Range<usize>,
+        params: &[f32],
+        slot: &mut Slot<M::Work>,
+        id: ChunkId,
+        ahead: Option<PassRows>,
+    ) {
         slot.rows += rows.len() as u64;
         let start = Span::now();
         let chunks = id.3.len() as u32;
-        let (loss, computed) =
-            self.chunk_into((id.2, rows), chunks, params, (&mut slot.work, &mut slot.scratch), &|| false);
+        let (loss, computed) = self.chunk_into(
+            (id.2, rows),
+            ahead,
+            chunks,
+            params,
+            (&mut slot.work, &mut slot.scratch),
+            &|| false,
+        );
         slot.loss += loss;
         self.trace_chunk((&mut slot.events, slot.tid), id, start, computed);
     }
@@ -470,10 +514,12 @@ impl<M: Model> Run<'_, M> {
     /// Computes rows `rows` of iteration `it` (`chunks` chunks) into `work`, then sleeps the
     /// injected delay (cut short when `cancel` says so); returns the rows' summed loss and when
     /// the compute (and any delay) began. Publishes this rank's chunk rate when the policy reads
-    /// rates.
+    /// rates. `ahead`, the rows probably computed next, goes to the model (or the team) as a
+    /// hint first ([`Model::ahead`]).
     fn chunk_into(
         &self,
         (it, rows): (u64, Range<usize>),
+        ahead: Option<PassRows>,
         chunks: u32,
         params: &[f32],
         (work, scratch): (&mut M::Work, &mut Option<M::Work>),
@@ -490,10 +536,13 @@ impl<M: Model> Run<'_, M> {
             // The team computes the rows into `work`, the leader's part with its own buffers.
             let own = scratch.get_or_insert_with(|| super::run::new_work(self.model, self.cfg, &self.params));
             let target = self.model.team_target(work);
-            team.run((epoch, rows.clone()), params, target, self.pool.active(), |part| {
+            team.run((epoch, rows.clone()), ahead, params, target, self.pool.active(), |part| {
                 self.model.compute_part(epoch, rows, params, own, part)
             })
         } else {
+            if let Some((e, next)) = ahead {
+                self.model.ahead(e, next, work);
+            }
             self.model.compute_in(epoch, rows, params, work)
         };
         let computed = Span::now();

@@ -631,6 +631,9 @@ impl Baseline {
     }
 }
 
+/// Training rows `rows` of pass `epoch` (0 the first), as `(epoch, rows)`.
+pub type PassRows = (u64, Range<usize>);
+
 /// A model: parameters, data, and how rows turn into updates.
 pub trait Model: Send + Sync {
     /// Per-thread buffers: what a chunk's computation accumulates into.
@@ -676,6 +679,15 @@ pub trait Model: Send + Sync {
     fn compute_in(&self, epoch: u64, rows: Range<usize>, params: &[f32], work: &mut Self::Work) -> f64 {
         let _ = epoch;
         self.compute(rows, params, work)
+    }
+
+    /// Training rows `rows` of pass `epoch` are probably the next this thread computes with
+    /// `work` (the rank's next chunk): a model may ask for them in cache while it computes the
+    /// current ones, so that its next compute does not begin by waiting on memory. A hint,
+    /// given right before a [`compute_in`](Self::compute_in) (a team member's is
+    /// [`Part::ahead`](crate::team::Part::ahead)); the default ignores it.
+    fn ahead(&self, epoch: u64, rows: Range<usize>, work: &mut Self::Work) {
+        let _ = (epoch, rows, work);
     }
 
     /// The parameters member `part` of a team of `parts` threads computes and steps when the

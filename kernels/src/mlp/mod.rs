@@ -120,6 +120,8 @@ pub struct Matmul {
     pack: simd::Pack,
     /// [`dense_forward`]'s `Y^T`, kept between calls.
     yt: Vec<f32>,
+    /// Rows the caller reads next, asked for by the products meanwhile ([`Matmul::warm`]).
+    warm: simd::Warm,
 }
 
 impl Matmul {
@@ -135,7 +137,7 @@ impl Matmul {
     /// If the CPU does not run `isa` ([`simd::Isa::available`]).
     pub fn with_isa(backend: Backend, isa: simd::Isa) -> Self {
         assert!(isa.available(), "Matmul: this CPU does not run {} instructions", isa.name());
-        Matmul { backend, isa, pack: simd::Pack::default(), yt: Vec::new() }
+        Matmul { backend, isa, pack: simd::Pack::default(), yt: Vec::new(), warm: simd::Warm::default() }
     }
 
     /// The backend this runner uses.
@@ -146,6 +148,20 @@ impl Matmul {
     /// The instructions of [`Backend::Wide`]'s micro-kernel.
     pub fn isa(&self) -> simd::Isa {
         self.isa
+    }
+
+    /// Asks for `rows` (their first quarter of the core's L2, at most) in L2 during the next
+    /// products ([`Backend::Wide`]): a line per turn of each micro-kernel loop that has no panel
+    /// of its own to ask for ahead, until all of them are asked for or another call replaces
+    /// them. For the rows a thread computes next (its next chunk), whose first product would
+    /// otherwise wait on memory. A hint: wrong rows cost only memory bandwidth.
+    pub fn warm(&mut self, rows: &[f32]) {
+        self.warm = simd::Warm::new(rows);
+    }
+
+    /// Lines of the last [`warm`](Self::warm) not asked for yet.
+    pub fn warm_left(&self) -> usize {
+        self.warm.left()
     }
 
     /// `C <- alpha op(A) op(B) + beta C`, row-major, `op(A)` `m x k`, `op(B)` `k x n`, `C`
@@ -170,7 +186,21 @@ impl Matmul {
     ) {
         match self.backend {
             Backend::Scalar => scalar::gemm(op_a, op_b, m, n, k, alpha, a, b, beta, c),
-            Backend::Wide => simd::gemm(self.isa, op_a, op_b, m, n, k, alpha, a, b, beta, c, &mut self.pack),
+            Backend::Wide => simd::gemm(
+                self.isa,
+                op_a,
+                op_b,
+                m,
+                n,
+                k,
+                alpha,
+                a,
+                b,
+                beta,
+                c,
+                &mut self.pack,
+                &mut self.warm,
+            ),
             Backend::MatrixMultiply => mmul::gemm(op_a, op_b, m, n, k, alpha, a, b, beta, c),
         }
     }

@@ -38,13 +38,12 @@
 //! (medians), the same model. (Those figures are the `f32x8` kernel's.)
 
 use std::array;
-use std::marker::PhantomData;
 
 use wide::f32x8;
 
 use super::{check_gemm, Op};
 pub use crate::cpu::Isa;
-use crate::dense::simd::{load, prefetch, store, LANES};
+use crate::dense::simd::{load, store, LANES};
 
 /// Inner-dimension block: a `MR x KC` panel of `A` (24-32 KiB) stays in L1, a `KC x NR` panel
 /// of `B` (64 KiB for 16 columns, 128 KiB for 32) streams from L2. BLIS keeps the panel of `B`
@@ -249,37 +248,93 @@ enum APanel<'a, const MR: usize> {
 /// from cache) unchanged. MLP training, 2 MPI ranks, 5 runs of each binary alternated: batch
 /// 128 431k -> 440k samples/s, batch 512 528k -> 566k (medians). Only for a block that spans
 /// whole rows (`kc` = the row length), whose next panel is one stretch of memory.
+///
+/// The same look-ahead carries a [`Warm`] stream: rows the caller will read next (the next
+/// chunk's), one line a turn of the products that have no panel of their own to ask for.
 #[derive(Clone, Copy)]
-struct Ahead<'a> {
-    /// The next line.
-    at: *const f32,
+struct Ahead {
+    /// The next line's address.
+    at: usize,
     /// Lines still to ask for.
     left: usize,
-    /// The rows `at` walks, borrowed for as long as it does.
-    rows: PhantomData<&'a [f32]>,
 }
 
-impl<'a> Ahead<'a> {
+impl Ahead {
     /// The lines of `next` (the next panel's rows, contiguous) that tile `q` of a panel asks
     /// for: those after the `q` tiles before it, each of which asked for one a turn of `kc`.
-    fn for_tile(next: &'a [f32], kc: usize, q: usize) -> Option<Self> {
+    fn for_tile(next: &[f32], kc: usize, q: usize) -> Option<Self> {
         let (lines, first) = (next.len().div_ceil(LINE), q * (kc / UNROLL));
-        (first < lines).then(|| Self {
-            at: next[first * LINE..].as_ptr(),
-            left: lines - first,
-            rows: PhantomData,
-        })
+        (first < lines).then(|| Self { at: next[first * LINE..].as_ptr() as usize, left: lines - first })
     }
 
     #[inline(always)]
     fn next(&mut self) {
         if self.left > 0 {
-            // SAFETY: `at` is one of the `left` lines of the slice `for_tile` was given, borrowed
-            // for `'a`.
-            prefetch(unsafe { &*self.at });
+            prefetch_line(self.at);
             self.left -= 1;
-            self.at = self.at.wrapping_add(LINE);
+            self.at = self.at.wrapping_add(crate::cpu::CACHE_LINE);
         }
+    }
+}
+
+/// Asks for the cache line at address `at` in L2: an address, not a reference, because a
+/// prefetch reads nothing the program sees and never faults, whatever the address (a [`Warm`]
+/// stream's rows may be gone by the time it is asked for).
+#[inline(always)]
+fn prefetch_line(at: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `prefetcht1` only hints the caches: it neither faults nor changes what any load
+    // returns, for any address; SSE is part of x86-64.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        _mm_prefetch::<_MM_HINT_T1>(at as *const i8);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
+}
+
+/// The most bytes a [`Warm`] stream asks for: a quarter of the core's L2 (256 KiB where it is
+/// not known), so that the rows asked for do not push out the operands of the products that
+/// ask for them (the current rows, the weights and their gradient).
+fn warm_bytes() -> usize {
+    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| crate::cpu::l2_bytes().map_or(256 * 1024, |l2| l2 / 4))
+}
+
+/// Lines a [`Matmul`](super::Matmul)'s next products ask for in L2, one per turn of their
+/// micro-kernels' loops (those with no panel of their own to ask for ahead): the rows a
+/// caller will read next, fetched from memory while it computes on what is in cache. Kept as
+/// addresses (see [`prefetch_line`]): a stream outliving its rows only asks for lines nobody
+/// reads.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Warm {
+    at: usize,
+    left: usize,
+}
+
+impl Warm {
+    /// The lines of `rows`, up to a quarter of the core's L2 ([`warm_bytes`]).
+    pub fn new(rows: &[f32]) -> Self {
+        let at = rows.as_ptr() as usize;
+        let end = at + std::mem::size_of_val(rows).min(warm_bytes());
+        let first = at - at % crate::cpu::CACHE_LINE;
+        Self { at: first, left: (end - first).div_ceil(crate::cpu::CACHE_LINE) }
+    }
+
+    /// Lines still to ask for.
+    pub fn left(&self) -> usize {
+        self.left
+    }
+
+    /// The next `turns` lines (fewer at the end), as a tile's look-ahead.
+    fn take(&mut self, turns: usize) -> Option<Ahead> {
+        let n = turns.min(self.left);
+        (n > 0).then(|| {
+            let a = Ahead { at: self.at, left: n };
+            self.at = self.at.wrapping_add(n * crate::cpu::CACHE_LINE);
+            self.left -= n;
+            a
+        })
     }
 }
 
@@ -314,7 +369,7 @@ fn steps<const MR: usize, const NR: usize>(
     b: &[f32],
     rsb: usize,
     kc: usize,
-    ahead: Option<Ahead<'_>>,
+    ahead: Option<Ahead>,
     step: impl FnMut([&f32; MR], &[f32]),
 ) {
     if kc == 0 {
@@ -331,7 +386,14 @@ fn steps<const MR: usize, const NR: usize>(
         APanel::Packed(ap) => {
             assert!(ap.len() >= kc * MR, "steps: A's packed panel is short");
             // SAFETY: as above, with the packed panel's bound.
-            unsafe { run::<MR, NR>(ap.as_ptr(), 1, MR, b.as_ptr(), rsb, kc, || {}, step) }
+            unsafe {
+                match ahead {
+                    Some(mut h) => {
+                        run::<MR, NR>(ap.as_ptr(), 1, MR, b.as_ptr(), rsb, kc, move || h.next(), step)
+                    }
+                    None => run::<MR, NR>(ap.as_ptr(), 1, MR, b.as_ptr(), rsb, kc, || {}, step),
+                }
+            }
         }
         APanel::Rows { a, lda } => {
             assert!(a.len() >= (MR - 1) * lda + kc, "steps: A's rows are short");
@@ -349,7 +411,14 @@ fn steps<const MR: usize, const NR: usize>(
         APanel::Cols { a, lda } => {
             assert!(a.len() >= (kc - 1) * lda + MR, "steps: A's columns are short");
             // SAFETY: as above, with the columns' bound.
-            unsafe { run::<MR, NR>(a.as_ptr(), 1, lda, b.as_ptr(), rsb, kc, || {}, step) }
+            unsafe {
+                match ahead {
+                    Some(mut h) => {
+                        run::<MR, NR>(a.as_ptr(), 1, lda, b.as_ptr(), rsb, kc, move || h.next(), step)
+                    }
+                    None => run::<MR, NR>(a.as_ptr(), 1, lda, b.as_ptr(), rsb, kc, || {}, step),
+                }
+            }
         }
     }
 }
@@ -403,7 +472,7 @@ trait Micro<const MR: usize, const NR: usize> {
         b: &[f32],
         rsb: usize,
         kc: usize,
-        ahead: Option<Ahead<'_>>,
+        ahead: Option<Ahead>,
         out: TileOut<'_>,
     );
 }
@@ -441,7 +510,7 @@ impl<const MR: usize> Micro<MR, 16> for F32x8Tile {
         b: &[f32],
         rsb: usize,
         kc: usize,
-        ahead: Option<Ahead<'_>>,
+        ahead: Option<Ahead>,
         out: TileOut<'_>,
     ) {
         let mut acc = [[f32x8::ZERO; 2]; MR];
@@ -484,7 +553,7 @@ impl<const MR: usize> Micro<MR, 32> for ZmmTile {
         b: &[f32],
         rsb: usize,
         kc: usize,
-        ahead: Option<Ahead<'_>>,
+        ahead: Option<Ahead>,
         out: TileOut<'_>,
     ) {
         // SAFETY: the caller's contract.
@@ -516,7 +585,7 @@ mod zmm {
         b: &[f32],
         rsb: usize,
         kc: usize,
-        ahead: Option<Ahead<'_>>,
+        ahead: Option<Ahead>,
         out: TileOut<'_>,
     ) {
         let mut acc = [[_mm512_setzero_ps(); 2]; MR];
@@ -558,7 +627,8 @@ mod zmm {
 
 /// `C <- alpha op(A) op(B) + beta C` (row-major; `op(A)` is `m x k`, `op(B)` is `k x n`) with
 /// the micro-kernel of `isa` ([`Isa::best`] for the widest this CPU runs). With `beta == 0`, `C`
-/// is only written.
+/// is only written. Its tiles with no panel of their own to ask for ahead take their next lines
+/// from `warm`, one a turn.
 ///
 /// # Panics
 /// If `a.len() != m k`, `b.len() != k n` or `c.len() != m n`, or if the CPU does not run `isa`
@@ -577,6 +647,7 @@ pub fn gemm(
     beta: f32,
     c: &mut [f32],
     pack: &mut Pack,
+    warm: &mut Warm,
 ) {
     check_gemm(m, n, k, a, b, c);
     if m == 0 || n == 0 {
@@ -590,10 +661,10 @@ pub fn gemm(
     let p = Product { op_a, op_b, m, n, k, alpha, a, b, beta };
     match isa {
         // SAFETY: the binary's own target features, checked at start-up.
-        Isa::F32x8 => unsafe { blocks::<F32x8Tile, 6, 16>(&p, c, pack) },
+        Isa::F32x8 => unsafe { blocks::<F32x8Tile, 6, 16>(&p, c, pack, warm) },
         // SAFETY: AVX-512F detected just above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { gemm_avx512(&p, c, pack) },
+        Isa::Avx512 => unsafe { gemm_avx512(&p, c, pack, warm) },
         #[cfg(not(target_arch = "x86_64"))]
         Isa::Avx512 => unreachable!("AVX-512 is never available off x86-64"),
     }
@@ -620,9 +691,9 @@ struct Product<'a> {
 /// The CPU has AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn gemm_avx512(p: &Product<'_>, c: &mut [f32], pack: &mut Pack) {
+unsafe fn gemm_avx512(p: &Product<'_>, c: &mut [f32], pack: &mut Pack, warm: &mut Warm) {
     // SAFETY: the caller's contract.
-    unsafe { blocks::<ZmmTile, 8, 32>(p, c, pack) }
+    unsafe { blocks::<ZmmTile, 8, 32>(p, c, pack, warm) }
 }
 
 /// The blocked loops of [`gemm`] around micro-kernel `K`.
@@ -634,6 +705,7 @@ unsafe fn blocks<K: Micro<MR, NR>, const MR: usize, const NR: usize>(
     p: &Product<'_>,
     c: &mut [f32],
     pack: &mut Pack,
+    warm: &mut Warm,
 ) {
     let &Product { op_a, op_b, m, n, k, alpha, a, b, beta } = p;
     let nr_k = NR;
@@ -690,7 +762,7 @@ unsafe fn blocks<K: Micro<MR, NR>, const MR: usize, const NR: usize>(
                     let ahead = if row_order && acs == 1 && kc == ars && next < m {
                         Ahead::for_tile(&a[next * ars..(next + MR.min(m - next)) * ars], kc, q)
                     } else {
-                        None
+                        warm.take(kc / UNROLL)
                     };
                     // SAFETY: the caller's contract.
                     unsafe {

@@ -77,6 +77,39 @@ fn fast_gemms_match_scalar() {
 }
 
 #[test]
+fn products_asking_for_rows_ahead_give_the_same_results_and_ask_for_every_line() {
+    let mut rng = Rng::new(19);
+    // Rows that are not on a cache line's start: the stream covers the lines they touch.
+    let rows = vec![0.5f32; 64 * 100 + 3];
+    let whole = 64 * 100 * 4 / crate::cpu::CACHE_LINE;
+    for isa in simd::Isa::runnable() {
+        let mut mm = Matmul::with_isa(Backend::Wide, isa);
+        mm.warm(&rows[3..]);
+        let lines = mm.warm_left();
+        // One more where the slice does not start on a line.
+        assert!((whole..=whole + 1).contains(&lines), "{lines} lines for 64 x 100 floats");
+        // The MLP's weight gradient (no panel of its own to ask for ahead) and its forward (its
+        // last row panel has none).
+        check_gemm(&mut mm, &mut rng, Op::T, Op::N, 784, 32, 128, 1.0, 1.0);
+        check_gemm(&mut mm, &mut rng, Op::N, Op::N, 128, 32, 784, 1.0, 0.0);
+        assert_eq!(mm.warm_left(), 0, "{}: every line asked for", isa.name());
+        // A stream longer than the products' turns keeps the rest for the next ones.
+        let long = vec![0.0f32; 1 << 20];
+        mm.warm(&long);
+        // At most a quarter of L2: under the 4 MiB of `long` on any CPU seen.
+        let before = mm.warm_left();
+        assert!(before < (1 << 20) / 16, "{}: the stream is not capped", isa.name());
+        check_gemm(&mut mm, &mut rng, Op::N, Op::T, 13, 17, 9, 0.7, -0.5);
+        let left = mm.warm_left();
+        assert!(left > 0 && left < before, "{}: {left} of {before} lines left", isa.name());
+    }
+    // The slice outliving the stream is fine: a prefetch reads nothing.
+    let mut mm = Matmul::default();
+    mm.warm(&vec![1.0f32; 4096]);
+    check_gemm(&mut mm, &mut rng, Op::T, Op::N, 64, 32, 64, 1.0, 0.0);
+}
+
+#[test]
 fn gemm_known_values() {
     // [1 2; 3 4] [5 6; 7 8] = [19 22; 43 50]; A^T B = [26 30; 38 44]; A B^T = [17 23; 39 53].
     let (a, b) = ([1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]);
