@@ -189,6 +189,9 @@ impl<M: Model> Run<'_, M> {
     /// another thread's). A hint for the cache ([`Model::ahead`]): a queue emptied by others,
     /// or a part resized by the scheme, makes it wrong and costs only memory bandwidth.
     fn next_rows(&self, it: u64, part: &Range<usize>, end: usize, len: usize) -> Option<PassRows> {
+        if self.lanes() != 1 {
+            return None;
+        }
         let (it, first) = if end < part.end { (it, end) } else { (it + 1, part.start) };
         let last = (first + len.max(1)).min(part.end).min(self.plan.batch_chunks(it));
         if first >= last {
@@ -196,7 +199,7 @@ impl<M: Model> Run<'_, M> {
         }
         let rows =
             self.plan.global_chunk_rows(it, first).start..self.plan.global_chunk_rows(it, last - 1).end;
-        self.lane_rows(it, rows)
+        Some((self.plan.epoch(it), rows))
     }
 
     /// Rows `rows` of iteration `it` as a hint ([`Model::ahead`]) for a rank whose chunks one

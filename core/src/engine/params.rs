@@ -92,13 +92,8 @@ fn step_split(
     pool.run(|i| {
         let shard = &shard;
         let mut decayed = Vec::new();
-        for r in units(i, threads) {
-            let (lo, hi) =
-                (r.start.max(mine.start) - mine.start, r.end.min(mine.end).saturating_sub(mine.start));
-            if lo >= hi {
-                continue;
-            }
-            // SAFETY: within the shard; this thread's own range (above).
+        for Range { start: lo, end: hi } in clipped(&units(i, threads), mine.clone()) {
+            // SAFETY: within the shard (clipped to it); this thread's own range (above).
             let (w, st) = unsafe {
                 (
                     std::slice::from_raw_parts_mut(shard.0.add(lo), hi - lo),

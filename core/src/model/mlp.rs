@@ -115,6 +115,18 @@ impl Mlp {
         start + u.start * n_in..start + u.end * n_in
     }
 
+    /// Where the first layer's bias of hidden units `u` lies.
+    fn unit_bias(&self, u: Range<usize>) -> Range<usize> {
+        let b0 = self.wb(0).1;
+        b0.start + u.start..b0.start + u.end
+    }
+
+    /// Where the output layer's rows of `W^T` for hidden units `u` lie.
+    fn out_rows(&self, u: Range<usize>) -> Range<usize> {
+        let (w1, c) = (self.wb(1).0, self.dims[2]);
+        w1.start + u.start * c..w1.start + u.end * c
+    }
+
     /// Blocks `part` of `parts` has (split units): an even share, the first ones one more.
     fn share(&self, part: usize, parts: usize) -> Range<usize> {
         let (nb, parts) = (self.unit_blocks(), parts.max(1));
@@ -186,13 +198,12 @@ impl Mlp {
     /// Split units: the activations of the hidden units of blocks `blocks` for the `n` rows of
     /// `x`, block after block (`n x width` each) in `h`.
     fn hidden(&self, mm: &mut Matmul, x: &[f32], params: &[f32], blocks: Range<usize>, h: &mut [f32]) {
-        let (n_in, b0) = (self.dims[0], self.wb(0).1);
-        let n = x.len() / n_in;
+        let n = x.len() / self.dims[0];
         let first = self.block_units(blocks.clone()).start;
         for b in blocks {
             let u = self.block_units(b..b + 1);
-            let hb = &mut h[n * (u.start - first)..n * (u.end - first)];
-            let bias = &params[b0.start + u.start..b0.start + u.end];
+            let hb = &mut h[in_part(n, &u, first)];
+            let bias = &params[self.unit_bias(u)];
             mlp::dense_forward(mm, x, &params[self.block_params(b..b + 1)], Weights::InOut, bias, hb);
             mlp::relu(hb);
         }
@@ -211,14 +222,13 @@ impl Mlp {
         beta: f32,
         z: &mut [f32],
     ) {
-        let (c, w1) = (self.dims[2], self.wb(1).0);
+        let c = self.dims[2];
         let n = z.len() / c;
         let first = self.block_units(blocks.clone()).start;
         let mut beta = beta;
         for b in blocks {
             let u = self.block_units(b..b + 1);
-            let hb = &h[n * (u.start - first)..n * (u.end - first)];
-            let w = &params[w1.start + u.start * c..w1.start + u.end * c];
+            let (hb, w) = (&h[in_part(n, &u, first)], &params[self.out_rows(u.clone())]);
             mm.matmul(Op::N, Op::N, n, c, u.len(), 1.0, hb, w, beta, z);
             beta = 1.0;
         }
@@ -244,7 +254,7 @@ impl Mlp {
         let (n, c) = (x.len(), self.dims[2]);
         let u = self.block_units(blocks.clone());
         let k = u.len();
-        let ((_, b0), (w1, b1)) = (self.wb(0), self.wb(1));
+        let b1 = self.wb(1).1;
         self.fit(s.acts, n);
         self.fit(s.grads, n);
         if s.part.len() < n * c {
@@ -276,15 +286,15 @@ impl Mlp {
         let decay = (self.l2 > 0.0 && s.decay).then_some(self.l2 * n as f32);
         for b in blocks {
             let ub = self.block_units(b..b + 1);
-            let at = n * (ub.start - u.start)..n * (ub.end - u.start);
+            let at = in_part(n, &ub, u.start);
             let (hb, dhb) = (&h[at.clone()], &mut dh[at]);
-            let (w1b, vb) = (w1.start + ub.start * c..w1.start + ub.end * c, self.block_params(b..b + 1));
+            let (w1b, vb) = (self.out_rows(ub.clone()), self.block_params(b..b + 1));
             // SAFETY: this member's own ranges ([`Model::units`]), during its run.
             let (gw1, gv, gb0) = unsafe {
                 (
                     target.slice(w1b.clone()),
                     target.slice(vb.clone()),
-                    target.slice(b0.start + ub.start..b0.start + ub.end),
+                    target.slice(self.unit_bias(ub.clone())),
                 )
             };
             // The output layer's rows for these units, and the units' gradient (its bias is the
@@ -311,6 +321,12 @@ impl Mlp {
         }
         loss
     }
+}
+
+/// Where the `n x width` values of hidden units `u` lie in a buffer that holds those of units
+/// from `first` on, block after block (split units).
+fn in_part(n: usize, u: &Range<usize>, first: usize) -> Range<usize> {
+    n * (u.start - first)..n * (u.end - first)
 }
 
 /// A [`Work`]'s buffers for a pass of split units, without its gradient (written through a
@@ -501,16 +517,11 @@ impl Model for Mlp {
         if !self.split {
             return None;
         }
-        let u = self.block_units(self.share(part, parts));
-        let ((_, b0), (w1, b1)) = (self.wb(0), self.wb(1));
-        let c = self.dims[2];
-        let mut r = vec![
-            self.block_params(self.share(part, parts)),
-            b0.start + u.start..b0.start + u.end,
-            w1.start + u.start * c..w1.start + u.end * c,
-        ];
+        let blocks = self.share(part, parts);
+        let u = self.block_units(blocks.clone());
+        let mut r = vec![self.block_params(blocks), self.unit_bias(u.clone()), self.out_rows(u)];
         if part == 0 {
-            r.push(b1);
+            r.push(self.wb(1).1);
         }
         Some(r)
     }

@@ -854,6 +854,16 @@ impl Block {
         Self { held: Held::TransposedBlocks(rows), ..self }
     }
 
+    /// The block's rows in groups of `group` (the last one smaller): each group's values (its
+    /// place in the block, in either order) and its rows.
+    fn row_groups(&self, group: usize) -> impl Iterator<Item = (Range<usize>, usize)> {
+        let (rows, cols) = (self.shape[0], self.row_len());
+        (0..rows).step_by(group).map(move |r| {
+            let end = (r + group).min(rows);
+            (r * cols..end * cols, end - r)
+        })
+    }
+
     /// The block with row `r` held at row `rows[r]` (a permutation of its rows).
     fn with_rows(self, rows: &[u32]) -> Self {
         debug_assert_eq!(rows.len(), self.shape[0], "block {}: a place per row", self.name);
@@ -885,11 +895,8 @@ impl Block {
             }
             Held::TransposedBlocks(group) => {
                 let mut out = vec![0.0; held.len()];
-                let cols = self.row_len();
-                for r in (0..self.shape[0]).step_by(*group) {
-                    let at = r * cols..(r + group).min(self.shape[0]) * cols;
-                    let g = at.len() / cols.max(1);
-                    peregrine_kernels::mlp::transpose(&held[at.clone()], cols, g, &mut out[at]);
+                for (at, rows) in self.row_groups(*group) {
+                    peregrine_kernels::mlp::transpose(&held[at.clone()], self.row_len(), rows, &mut out[at]);
                 }
                 out
             }
@@ -921,11 +928,13 @@ impl Block {
                 }
             }
             Held::TransposedBlocks(group) => {
-                let cols = self.row_len();
-                for r in (0..self.shape[0]).step_by(*group) {
-                    let at = r * cols..(r + group).min(self.shape[0]) * cols;
-                    let g = at.len() / cols.max(1);
-                    peregrine_kernels::mlp::transpose(&values[at.clone()], g, cols, &mut held[at]);
+                for (at, rows) in self.row_groups(*group) {
+                    peregrine_kernels::mlp::transpose(
+                        &values[at.clone()],
+                        rows,
+                        self.row_len(),
+                        &mut held[at],
+                    );
                 }
             }
         }

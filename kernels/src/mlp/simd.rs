@@ -77,8 +77,13 @@ const NC: usize = 1024;
 /// batch 512 ~552k -> ~574k and ~556k -> ~564k samples/s (4 and 5 runs each), batch 128 ~412k ->
 /// ~425k and ~427k -> ~433k. Hence a bound of half the core's L2, so that `B` stays there.
 fn row_order_b_bytes() -> usize {
-    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *BYTES.get_or_init(|| crate::cpu::l2_bytes().map_or(256 * 1024, |l2| l2 / 2))
+    l2().map_or(256 * 1024, |l2| l2 / 2)
+}
+
+/// One core's L2 in bytes ([`crate::cpu::l2_bytes`], read once).
+fn l2() -> Option<usize> {
+    static BYTES: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(crate::cpu::l2_bytes)
 }
 
 /// Packing buffers for [`gemm`], grown on first use and then reused (no allocation in steady
@@ -297,8 +302,7 @@ fn prefetch_line(at: usize) {
 /// not known), so that the rows asked for do not push out the operands of the products that
 /// ask for them (the current rows, the weights and their gradient).
 fn warm_bytes() -> usize {
-    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *BYTES.get_or_init(|| crate::cpu::l2_bytes().map_or(256 * 1024, |l2| l2 / 4))
+    l2().map_or(256 * 1024, |l2| l2 / 4)
 }
 
 /// Lines a [`Matmul`](super::Matmul)'s next products ask for in L2, one per turn of their
