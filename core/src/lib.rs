@@ -14,6 +14,7 @@
 //! - [`queue`]: the per-rank chunk queues in a window, from which a rank's threads take its own
 //!   chunks and other ranks take chunks over;
 //! - [`clocks`]: the ranks' one-sided clocks and progress words;
+//! - [`tree`]: a combining tree of one-sided counters (every rank arrived, in one load);
 //! - [`words`]: the layouts of the packed words ranks update one-sidedly;
 //! - [`pool`]: a rank's pinned compute threads with an adjustable active count;
 //! - [`inject`]: seeded straggler injection (slow worker, disrupted machine, power law,
@@ -34,6 +35,7 @@ pub mod scheme;
 pub mod sim;
 pub mod straggler;
 pub mod team;
+pub mod tree;
 pub mod words;
 
 pub use engine::{train, Config, Report, TrainError};

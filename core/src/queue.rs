@@ -11,11 +11,26 @@
 //! Reads are atomic loads (`MPI_NO_OP`): atomic with respect to the swaps, as MPI requires of
 //! accesses that race with atomics (a plain `get` would not be). The word's layout is
 //! [`crate::words::Queue`].
+//!
+//! ## Finding chunks to take over at scale
+//! A rank out of chunks looks for a victim; reading every queue is O(N) per look. With a
+//! staleness bound the queues keep a combining tree ([`crate::tree`]) of *drained* queues: the
+//! take that empties a rank's queue of iteration `t` (its owner's or a thief's: the swap that
+//! leaves nothing says so, exactly once) arrives for that rank at slot `t`, and a rank that
+//! announces no chunks arrives when it fills. [`ChunkQueues::candidates`] descends from the root
+//! through the first node whose ranks have not all drained `t`: `levels` batches of at most
+//! [`crate::tree::FAN`] words lead to the (at most 16) ranks of one leaf node, whose queues the
+//! policy then reads. One slow rank among 4,096 is found in three batches instead of one of
+//! 4,096 words. What it cannot see: a rank that has not filled `t` yet counts as not drained
+//! (its queue is read and holds nothing of `t`), and only the first such node is searched, so
+//! with many stragglers the look may end on a node whose queued chunks are all being taken.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use peregrine_transport::{Result, ShardMap, Transport, Window};
 
+use crate::tree::Tree;
 use crate::words::Queue;
 pub use crate::words::{tag, MAX_CHUNKS};
 
@@ -23,6 +38,10 @@ pub use crate::words::{tag, MAX_CHUNKS};
 #[derive(Debug)]
 pub struct ChunkQueues {
     window: Window<u64>,
+    /// Queues drained, per iteration (with a staleness bound).
+    drained: Option<Tree>,
+    /// The iteration this rank filled its queue for last (tags are read near it).
+    current: AtomicU64,
     rank: usize,
     world: usize,
 }
@@ -30,8 +49,39 @@ pub struct ChunkQueues {
 impl ChunkQueues {
     /// Collective: one (empty) queue per rank.
     pub fn new(t: &Transport) -> Result<Self> {
+        Self::with_tree(t, None, 0)
+    }
+
+    /// Collective: one (empty) queue per rank, and with `staleness` (the most iterations ranks
+    /// run apart, as [`crate::clocks::Reads::staleness`]) a tree of drained queues counting from
+    /// iteration `start`.
+    pub fn with_tree(t: &Transport, staleness: Option<u64>, start: u64) -> Result<Self> {
         let window = t.alloc_window("chunk queues", &ShardMap::from_lens(vec![1; t.world_size()]))?;
-        Ok(Self { window, rank: t.rank(), world: t.world_size() })
+        let slots = staleness.map(|s| s.saturating_add(3).min(1 << 16) as usize);
+        Ok(Self {
+            window,
+            drained: slots.map(|n| Tree::new(t, "drained tree", n, start)).transpose()?,
+            current: AtomicU64::new(start),
+            rank: t.rank(),
+            world: t.world_size(),
+        })
+    }
+
+    /// The ranks to look at for chunks of iteration `it` to take over: with the tree of drained
+    /// queues, those of the first leaf node some of whose ranks have not drained `it` (empty if
+    /// every rank has); else every rank.
+    pub fn candidates(&self, it: u64) -> Result<Range<usize>> {
+        match &self.drained {
+            Some(tree) => Ok(tree.missing(it)?.unwrap_or(0..0)),
+            None => Ok(0..self.world),
+        }
+    }
+
+    /// The queue words of `ranks`, read in one batch.
+    pub fn peek_in(&self, ranks: Range<usize>) -> Result<Vec<Queue>> {
+        let mut words = vec![0; ranks.len()];
+        self.window.load_range(ranks.start, &mut words)?;
+        Ok(words.into_iter().map(Queue::unpack).collect())
     }
 
     /// Number of queues (ranks).
@@ -46,10 +96,7 @@ impl ChunkQueues {
 
     /// The current word of every rank's queue, read in one batch.
     pub fn peek_all(&self) -> Result<Vec<Queue>> {
-        let n = self.window.len();
-        let mut words = vec![0; n];
-        self.window.load_range(0, &mut words)?;
-        Ok(words.into_iter().map(Queue::unpack).collect())
+        self.peek_in(0..self.world)
     }
 
     /// Chunks left in `rank`'s queue.
@@ -57,14 +104,20 @@ impl ChunkQueues {
         Ok(self.peek(rank)?.left())
     }
 
-    /// Fills this rank's queue with chunks `0..chunks` for a new iteration. Other ranks must not
-    /// take from it until they know it is filled (e.g. after a barrier).
+    /// Fills this rank's queue with chunks `0..chunks` of iteration `it` (with a tree of drained
+    /// queues: iterations one after another from its start). Other ranks must not take from it
+    /// until they know it is filled (e.g. after a barrier).
     ///
     /// # Panics
     /// If `chunks > MAX_CHUNKS`.
-    pub fn fill(&self, tag: u16, chunks: u32) -> Result<()> {
+    pub fn fill(&self, it: u64, chunks: u32) -> Result<()> {
         assert!(chunks <= MAX_CHUNKS, "chunk queue: {chunks} chunks, at most {MAX_CHUNKS}");
-        self.window.swap(self.rank, Queue { tag, head: 0, tail: chunks }.pack()).map(drop)
+        self.current.store(it, Ordering::Relaxed);
+        self.window.swap(self.rank, Queue { tag: tag(it), head: 0, tail: chunks }.pack())?;
+        match &self.drained {
+            Some(tree) if chunks == 0 => tree.arrive(self.rank, it).map(drop),
+            _ => Ok(()),
+        }
     }
 
     /// Atomically updates `rank`'s word with `f(head, tail)` (`None`: nothing to take) and
@@ -80,6 +133,10 @@ impl ChunkQueues {
             let Some((h, t, taken)) = f(head, tail) else { return Ok(None) };
             let prev = self.window.compare_and_swap(rank, cur, Queue { tag, head: h, tail: t }.pack())?;
             if prev == cur {
+                if let Some(tree) = self.drained.as_ref().filter(|_| h >= t) {
+                    // This take emptied the queue: the one arrival for it.
+                    tree.arrive(rank, crate::words::untag(tag, self.current.load(Ordering::Relaxed)))?;
+                }
                 return Ok(Some((tag, taken)));
             }
             cur = prev;
@@ -106,9 +163,13 @@ impl ChunkQueues {
         })
     }
 
-    /// Collective: frees the window.
+    /// Collective: frees the windows.
     pub fn free(self) -> Result<()> {
-        self.window.free()
+        self.window.free()?;
+        match self.drained {
+            Some(tree) => tree.free(),
+            None => Ok(()),
+        }
     }
 }
 

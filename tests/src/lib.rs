@@ -156,7 +156,7 @@ pub mod stealing {
         let seen: Window<u64> = t.alloc_window("seen", &ShardMap::from_lens(lens.clone())).map_err(e)?;
         let (stolen, own) = (AtomicU64::new(0), AtomicU64::new(0));
         for it in 0..iterations {
-            q.fill(peregrine_core::queue::tag(it), chunks_of(t.rank())).map_err(e)?;
+            q.fill(it, chunks_of(t.rank())).map_err(e)?;
             t.barrier().map_err(e)?;
             let work = |thread: usize| -> Result<(), String> {
                 let mut victim = (t.rank() + 1 + thread) % n;
@@ -241,5 +241,106 @@ pub mod stealing {
             ));
         }
         Ok(Report { stolen: stolen.into_inner(), own: own.into_inner() })
+    }
+}
+
+pub mod clocks {
+    //! The clocks' aggregated words under concurrency (`peregrine_core::clocks`): the combining
+    //! trees say "every rank's chunks of `t` are done" and "every clock is at least `c`" exactly
+    //! when reading every rank's word would, never before, iteration after iteration.
+    //!
+    //! Lining up (BSP): each rank announces a different number of chunks (none for some), and
+    //! `threads` threads of every rank count chunks of every rank done, racing for each rank's
+    //! last one (whose add arrives at the done tree); a rank that sees the iteration done checks
+    //! every progress word. Then under SSP(2) the ranks tick as fast as the bound lets them, a
+    //! rank now and then held back, and every "reached" is checked against every clock.
+
+    use peregrine_core::clocks::{wait_until, Clocks, Reads};
+    use peregrine_transport::Transport;
+
+    /// What one rank saw.
+    #[derive(Debug, Default)]
+    pub struct Report {
+        /// Iterations lined up.
+        pub lined_up: u64,
+        /// Clocks ticked under SSP(2).
+        pub ticked: u64,
+    }
+
+    /// Runs the check on this rank (collective). `Err` says what went wrong.
+    pub fn agree(t: &Transport, iterations: u64, threads: usize) -> Result<Report, String> {
+        let e = |e: peregrine_transport::Error| e.to_string();
+        let (n, me) = (t.world_size(), t.rank());
+        let chunks = |r: usize, it: u64| ((r as u64 * 7 + it * 3) % 5) as u32;
+        let bsp =
+            Clocks::new(t, Reads { staleness: Some(0), lines_up: true, version: true }, 0).map_err(e)?;
+        for it in 0..iterations {
+            bsp.start(it, chunks(me, it)).map_err(e)?;
+            t.barrier().map_err(e)?;
+            // Chunk k of rank r is counted by thread k % threads of rank (r + k) % n.
+            std::thread::scope(|s| -> Result<(), String> {
+                let hs: Vec<_> = (0..threads)
+                    .map(|th| {
+                        let bsp = &bsp;
+                        s.spawn(move || -> Result<(), String> {
+                            for r in 0..n {
+                                for k in 0..chunks(r, it) as usize {
+                                    if (r + k) % n == me && k % threads == th {
+                                        bsp.done(r, 1, it).map_err(e)?;
+                                    }
+                                }
+                            }
+                            Ok(())
+                        })
+                    })
+                    .collect();
+                hs.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into())))
+            })?;
+            wait_until(|| bsp.all_done(it)).map_err(e)?;
+            if let Some(r) = bsp.first_not_done(it).map_err(e)? {
+                return Err(format!("rank {me}: iteration {it} said done before rank {r}'s chunks were"));
+            }
+            bsp.tick().map_err(e)?;
+            wait_until(|| bsp.reached(it + 1)).map_err(e)?;
+            check_clocks(&bsp, it + 1, me)?;
+        }
+        if bsp.version().map_err(e)? < iterations * n as u64 {
+            return Err(format!(
+                "rank {me}: version {} after {iterations} iterations",
+                bsp.version().map_err(e)?
+            ));
+        }
+        t.barrier().map_err(e)?;
+        bsp.free().map_err(e)?;
+        let s = 2;
+        let ssp =
+            Clocks::new(t, Reads { staleness: Some(s), lines_up: false, version: false }, 0).map_err(e)?;
+        for it in 0..iterations {
+            ssp.tick().map_err(e)?;
+            let need = (it + 1).saturating_sub(s);
+            wait_until(|| ssp.reached(need)).map_err(e)?;
+            check_clocks(&ssp, need, me)?;
+            if (me as u64 + it).is_multiple_of(4) {
+                std::thread::sleep(std::time::Duration::from_micros(300));
+            }
+        }
+        wait_until(|| ssp.reached(iterations)).map_err(e)?;
+        if ssp.reached(iterations + 1).map_err(e)? {
+            return Err(format!("rank {me}: every clock said past {iterations} after {iterations} ticks"));
+        }
+        t.barrier().map_err(e)?;
+        ssp.free().map_err(e)?;
+        Ok(Report { lined_up: iterations, ticked: iterations })
+    }
+
+    /// Every clock is at least `need`, as `reached` said.
+    fn check_clocks(c: &Clocks, need: u64, me: usize) -> Result<(), String> {
+        let words = c.clock_words().map_err(|e| e.to_string())?;
+        match words.iter().position(|&w| w & !peregrine_core::clocks::PASSING < need) {
+            Some(r) => {
+                Err(format!("rank {me}: every clock said at least {need}, rank {r}'s is {}", words[r]))
+            }
+            None => Ok(()),
+        }
     }
 }

@@ -52,6 +52,27 @@ fn stealing_on_4_ranks() {
     stealing(4);
 }
 
+/// The clocks' combining trees under mpirun: "every rank's chunks done" and "every clock at least
+/// c" said exactly when every rank's words say so (ranks as processes, 2 threads each counting
+/// other ranks' chunks done).
+fn clocks(ranks: usize) {
+    let exe = Path::new(env!("CARGO_BIN_EXE_clocks"));
+    let out = mpirun_n(ranks, exe, &["--backend", "mpi", "--iterations", "20", "--threads", "2"]);
+    assert_success(&format!("mpirun -n {ranks} clocks"), &out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains(&format!("every rank's words: {ranks} ranks")), "{stdout}");
+}
+
+#[test]
+fn clocks_on_2_ranks() {
+    clocks(2);
+}
+
+#[test]
+fn clocks_on_8_ranks() {
+    clocks(8);
+}
+
 /// The training engine under mpirun: every chunk computed exactly once under BSP, SSP and ASP
 /// with rank 0 slowed down (others take its chunks over).
 fn training_exactly_once(ranks: usize) {

@@ -117,15 +117,12 @@ pub fn thread_cpu_time() -> Duration {
 }
 
 impl<M: Model> Run<'_, M> {
-    /// Whether some rank still has queued chunks of the iteration tagged `tag`.
-    pub(super) fn stealable(&self, tag: u16) -> Result<bool, TrainError> {
-        for r in (0..self.world).filter(|&r| r != self.rank) {
-            let q = self.queues.peek(r)?;
-            if q.tag == tag && q.left() > 0 {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+    /// Whether another rank still has queued chunks of iteration `it`, among the ranks the tree
+    /// of drained queues points to (every rank without one), read in one batch.
+    pub(super) fn stealable(&self, it: u64) -> Result<bool, TrainError> {
+        let (tag, ranks) = (queue::tag(it), self.queues.candidates(it)?);
+        let queues = self.queues.peek_in(ranks.clone())?;
+        Ok(ranks.zip(queues).any(|(r, q)| r != self.rank && q.tag == tag && q.left() > 0))
     }
 
     /// Runs the active threads over this rank's queue (if `own`) and then over chunks taken from
@@ -238,7 +235,7 @@ impl<M: Model> Run<'_, M> {
                 OwnChunks::Whole => {
                     self.run_chunks(r.clone(), rows, replica, slot, ("own chunk", self.rank, it), next);
                     slot.own += u64::from(r.end - r.start);
-                    self.clocks.done(self.rank, r.end - r.start)?;
+                    self.clocks.done(self.rank, r.end - r.start, it)?;
                 }
                 OwnChunks::ClaimFirst => {
                     for c in r.clone() {
@@ -250,7 +247,7 @@ impl<M: Model> Run<'_, M> {
                             let id = ("own chunk", self.rank, it, c..c + 1);
                             self.run_chunk(rows(c), replica, slot, id, ahead);
                             slot.own += 1;
-                            self.clocks.done(self.rank, 1)?;
+                            self.clocks.done(self.rank, 1, it)?;
                         }
                     }
                 }
@@ -339,7 +336,7 @@ impl<M: Model> Run<'_, M> {
             run.run_chunks(r.clone(), rows, params, slot, ("taken chunk", victim, vit), None);
             Ok(())
         })?;
-        Ok(self.clocks.done_taken(victim, r.end - r.start)?)
+        Ok(self.clocks.done_taken(victim, r.end - r.start, vit)?)
     }
 
     /// Runs `f` with parameters valid at the keys of `rows`: the rank's `replica` for dense
@@ -407,7 +404,7 @@ impl<M: Model> Run<'_, M> {
             self.model.drain(&mut sp.work, 1.0, &mut sp.won);
             slot.rows += n;
             slot.loss += loss;
-            self.clocks.done(owner, 1)?;
+            self.clocks.done(owner, 1, it)?;
             Ok(true)
         } else {
             self.model.drain(&mut sp.work, 0.0, &mut sp.trash);

@@ -17,13 +17,13 @@ use super::params::{owner_steps_apply, Params, PullKeys, PushBufs};
 use super::trace::{Args, Span, Tracer};
 use super::watch::{Behind, Phase, Watch};
 use super::{Config, IterRecord, Progress, RankTotals, Report, TrainError};
-use crate::clocks::Clocks;
+use crate::clocks::{Clocks, Reads};
 use crate::inject::Disruptor;
 use crate::model::{Delta, Model};
 use crate::optim::Step;
 use crate::plan::Plan;
 use crate::pool::RankPool;
-use crate::queue::{self, ChunkQueues};
+use crate::queue::ChunkQueues;
 use crate::scheme::{Policy, Setup, View};
 use crate::team::Team;
 use crate::words;
@@ -140,6 +140,30 @@ const MAX_RATE_SAMPLES: usize = 1 << 16;
 /// taken over), and then how often it reads again.
 const HOLDER_AFTER: Duration = Duration::from_millis(10);
 
+/// How long a wait lasts before the rank reads every rank's word to name whom it waits for (the
+/// watchdog's message), and then how often it reads them again: a wait polls one word, and a
+/// read of every rank's is O(ranks).
+const NAME_AFTER: Duration = Duration::from_millis(10);
+const NAME_EVERY: Duration = Duration::from_millis(500);
+
+/// When a wait last read every rank's word to name whom it waits for.
+#[derive(Default)]
+struct Naming(Option<Instant>);
+
+impl Naming {
+    /// Whether a wait that began at `since` reads every rank's word now.
+    fn due(&mut self, since: Instant) -> bool {
+        let due = match self.0 {
+            None => since.elapsed() >= NAME_AFTER,
+            Some(at) => at.elapsed() >= NAME_EVERY,
+        };
+        if due {
+            self.0 = Some(Instant::now());
+        }
+        due
+    }
+}
+
 impl<'a, M: Model> Run<'a, M> {
     /// Collective: allocates the windows, writes this rank's shard of the initial model and
     /// builds the policy.
@@ -185,8 +209,20 @@ impl<'a, M: Model> Run<'a, M> {
             plan,
             pool,
             params,
-            queues: ChunkQueues::new(t)?,
-            clocks: Clocks::new(t)?,
+            queues: ChunkQueues::with_tree(
+                t,
+                policy.staleness().filter(|_| policy.takes_over()),
+                cfg.start_iteration(),
+            )?,
+            clocks: Clocks::new(
+                t,
+                Reads {
+                    staleness: policy.staleness(),
+                    lines_up: policy.line_up(),
+                    version: policy.reads_version(),
+                },
+                cfg.start_iteration(),
+            )?,
             control: t.alloc_window(
                 "control",
                 &ShardMap::from_lens((0..t.world_size()).map(|r| if r == 0 { 3 } else { 0 })),
@@ -362,9 +398,23 @@ impl<'a, M: Model> Run<'a, M> {
             if !policy.ready(&self.view(), it)? {
                 self.watch.mark(Phase::Waiting, it);
                 let waiting = Span::now();
-                rec.wait +=
-                    self.wait_serving(&mut me.ev, || Ok(policy.ready(&self.view(), it)?))?.as_secs_f64();
-                rec.waited_for = self.watch.behind_in(it).or(rec.waited_for);
+                let mut named = Naming::default();
+                rec.wait += self
+                    .wait_serving(&mut me.ev, || {
+                        let view = self.view();
+                        if named.due(waiting.0) {
+                            // Who is behind, for the watchdog: every clock, once the wait is long.
+                            view.clocks()?;
+                        }
+                        Ok(policy.ready(&view, it)?)
+                    })?
+                    .as_secs_f64();
+                // Whom it waited for: the rank whose tick let it go on, named by the clock tree.
+                let last = match policy.staleness().and_then(|s| (it + 1).checked_sub(s)) {
+                    Some(clock) => self.clocks.last_to_reach(clock)?,
+                    None => None,
+                };
+                rec.waited_for = last.or(self.watch.behind_in(it)).or(rec.waited_for);
                 self.traced("wait", "wait", waiting, self.waited(it, rec.waited_for, "clocks"));
             }
             // Once an evaluation says stop, every rank leaves after this iteration without
@@ -596,9 +646,8 @@ impl<'a, M: Model> Run<'a, M> {
             && self.model.disjoint(self.plan.batch_rows(it), self.plan.chunk());
         self.values.store(values, Ordering::Relaxed);
         policy.open(&view, it)?;
-        let tag = queue::tag(it);
-        self.clocks.start(tag, n_chunks)?;
-        self.queues.fill(tag, n_chunks)?;
+        self.clocks.start(it, n_chunks)?;
+        self.queues.fill(it, n_chunks)?;
         Ok(rec)
     }
 
@@ -629,23 +678,23 @@ impl<'a, M: Model> Run<'a, M> {
         if policy.line_up() {
             self.watch.mark(Phase::LiningUp, it);
             let lining = Span::now();
-            let tag = queue::tag(it);
             let mut held = None;
+            let mut named = Naming::default();
             let w = crate::clocks::wait_until(|| -> Result<bool, TrainError> {
                 paused += self.serve_evals(ev)?;
                 // Once an evaluation says stop, nobody waits for anyone any more.
-                if ev.to_target.is_some() {
+                if ev.to_target.is_some() || self.clocks.all_done(it)? {
                     return Ok(true);
                 }
-                match self.clocks.first_not_done(tag)? {
-                    None => return Ok(true),
-                    Some(rank) => {
+                // Who is behind, for the watchdog: every progress word, once the wait is long.
+                if named.due(lining.0) {
+                    if let Some(rank) = self.clocks.first_not_done(it)? {
                         let holder = self.holder(rank, lining.0, &mut held)?;
                         self.watch.saw(Behind::Chunks { rank, holder });
                     }
                 }
                 let h = Instant::now();
-                if self.steal && self.stealable(tag)? {
+                if self.steal && self.stealable(it)? {
                     self.compute(policy, it, replica, false)?;
                 } else if policy.copy_due(
                     &self.view(),
@@ -660,7 +709,7 @@ impl<'a, M: Model> Run<'a, M> {
                 Ok(false)
             })?;
             rec.wait += w.saturating_sub(helped + paused).as_secs_f64();
-            rec.waited_for = self.watch.behind_in(it);
+            rec.waited_for = self.clocks.last_done(it)?.or(self.watch.behind_in(it));
             self.traced("line up", "wait", lining, self.waited(it, rec.waited_for, "chunks"));
         }
         rec.compute += (c1.elapsed().saturating_sub(paused).as_secs_f64() - rec.wait).max(0.0);
@@ -863,10 +912,11 @@ impl<'a, M: Model> Run<'a, M> {
         self.current.store(self.cfg.iterations, Ordering::Relaxed);
         self.watch.mark(Phase::Finishing, me.ev.iters);
         self.control.fetch_add(1, 1)?;
+        let (since, mut named) = (Instant::now(), Naming::default());
         crate::clocks::wait_until(|| -> Result<bool, TrainError> {
             self.serve_evals(&mut me.ev)?;
             let done = self.control.load(1)?;
-            if done < self.world as u64 {
+            if done < self.world as u64 && named.due(since) {
                 // Who is behind (a run ends at different clocks under SSP/ASP, or on a target).
                 self.view().clocks()?;
             }
@@ -998,12 +1048,34 @@ impl View for Live<'_> {
         Ok(f64::from_bits(self.rates.load(rank)?))
     }
     fn clocks(&self) -> crate::scheme::Result<Vec<u64>> {
-        let c = self.clocks.clocks()?;
-        self.watch.saw_clocks(self.rank, &c);
-        Ok(c)
+        let words = self.clocks.clock_words()?;
+        self.watch.saw_clocks(self.rank, &words);
+        Ok(words.into_iter().map(|w| w & !crate::clocks::PASSING).collect())
+    }
+    fn reached(&self, clock: u64) -> crate::scheme::Result<bool> {
+        if self.clocks.tree() {
+            self.clocks.reached(clock)
+        } else {
+            // Every clock, naming the slowest for the watchdog as it is read.
+            Ok(self.clocks()?.into_iter().all(|c| c >= clock))
+        }
+    }
+    fn version(&self) -> crate::scheme::Result<u64> {
+        self.clocks.version()
     }
     fn queues(&self) -> crate::scheme::Result<Vec<words::Queue>> {
         self.queues.peek_all()
+    }
+    fn candidates(&self, it: u64) -> crate::scheme::Result<Range<usize>> {
+        self.queues.candidates(it)
+    }
+    fn queues_in(&self, ranks: Range<usize>) -> crate::scheme::Result<Vec<words::Queue>> {
+        self.queues.peek_in(ranks)
+    }
+    fn rates_in(&self, ranks: Range<usize>) -> crate::scheme::Result<Vec<f64>> {
+        let mut bits = vec![0; ranks.len()];
+        self.rates.load_range(ranks.start, &mut bits)?;
+        Ok(bits.into_iter().map(f64::from_bits).collect())
     }
     fn rates(&self) -> crate::scheme::Result<Vec<f64>> {
         let mut bits = vec![0; self.world];

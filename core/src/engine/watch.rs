@@ -102,6 +102,9 @@ pub(super) enum Behind {
     Chunks { rank: usize, holder: Option<usize> },
     /// The first rank that had not arrived at the checkpoint.
     Arrival { rank: usize },
+    /// A rank whose clock was no lower than any other's, marked as passing its tick up the
+    /// clock tree ([`crate::clocks::PASSING`]): stopped there, it keeps every rank waiting.
+    Passing { rank: usize, clock: u64 },
 }
 
 /// A rank's progress marks, written by its loop and threads, read by its watchdog.
@@ -153,13 +156,20 @@ impl Watch {
         self.last.store(self.t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
 
-    /// Every rank's clock, as just read by rank `me`: the slowest other rank (the first of
-    /// those tied) and how many others share its clock.
-    pub fn saw_clocks(&self, me: usize, clocks: &[u64]) {
-        let others = || clocks.iter().enumerate().filter(|&(r, _)| r != me);
-        if let Some((rank, &clock)) = others().min_by_key(|c| *c.1) {
-            let tied = others().filter(|&(_, &c)| c == clock).count() - 1;
-            self.saw(Behind::Clock { rank, clock, tied });
+    /// Every rank's clock word, as just read by rank `me`: the slowest other rank (the first of
+    /// those tied) and how many others share its clock; if no other rank is behind another, one
+    /// still passing its tick up the clock tree ([`crate::clocks::PASSING`]).
+    pub fn saw_clocks(&self, me: usize, words: &[u64]) {
+        use crate::clocks::PASSING;
+        let others = || words.iter().map(|&w| w & !PASSING).enumerate().filter(|&(r, _)| r != me);
+        let Some((rank, clock)) = others().min_by_key(|&(_, c)| c) else { return };
+        let tied = others().filter(|&(_, c)| c == clock).count() - 1;
+        let passing = words.iter().enumerate().find(|&(r, &w)| r != me && w & PASSING != 0);
+        match passing {
+            Some((r, &w)) if others().all(|(_, c)| c >= w & !PASSING) => {
+                self.saw(Behind::Passing { rank: r, clock: w & !PASSING });
+            }
+            _ => self.saw(Behind::Clock { rank, clock, tied }),
         }
     }
 
@@ -175,7 +185,8 @@ impl Watch {
                 Behind::Clock { rank, .. }
                 | Behind::Chunks { holder: None, rank }
                 | Behind::Chunks { holder: Some(rank), .. }
-                | Behind::Arrival { rank },
+                | Behind::Arrival { rank }
+                | Behind::Passing { rank, .. },
                 seen,
             )) if seen == it => Some(rank),
             _ => None,
@@ -262,6 +273,10 @@ impl Watch {
                 "rank {h} looks stuck: it had taken over chunks of rank {r}'s iteration {it} and not \
                  finished them when rank {rank} last looked"
             ),
+            (true, Some(Behind::Passing { rank: r, clock })) => format!(
+                "rank {r} looks stuck: it had ticked to iteration {clock} and not passed the tick up \
+                 the combining tree of clocks when rank {rank} last read the clocks"
+            ),
             (true, Some(Behind::Arrival { rank: r })) => {
                 format!(
                     "rank {r} looks stuck: it had not arrived at a checkpoint when rank {rank} last looked"
@@ -313,6 +328,24 @@ mod tests {
         assert!(seen[0].contains("rank 2 looks stuck"), "{}", seen[0]);
         assert!(seen[0].contains("iteration 6"), "{}", seen[0]);
         assert!(seen[0].contains("rank 1 of 4 made no progress"), "{}", seen[0]);
+    }
+
+    #[test]
+    fn a_rank_stopped_passing_its_tick_up_the_tree_is_named() {
+        use crate::clocks::PASSING;
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let w = Watch::new(0);
+        w.mark(Phase::Waiting, 6);
+        // Every clock at 7, rank 3 marked as passing its tick up: it is the one.
+        w.saw_clocks(1, &[7, 7, 7, 7 | PASSING]);
+        assert_eq!(w.behind_in(6), Some(3));
+        let (_tx, rx) = mpsc::channel();
+        w.guard(1, 4, &dog(50, seen.clone()), None, &rx);
+        let seen = seen.lock().expect("seen");
+        assert!(seen[0].contains("rank 3 looks stuck") && seen[0].contains("combining tree"), "{}", seen[0]);
+        // A rank behind the others comes first: the one passing is on its way.
+        w.saw_clocks(1, &[7, 7, 6, 7 | PASSING]);
+        assert_eq!(w.behind_in(6), Some(2));
     }
 
     #[test]

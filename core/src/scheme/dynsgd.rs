@@ -85,6 +85,14 @@ impl Policy for Damped {
     fn ready(&self, view: &dyn View, it: u64) -> Result<bool> {
         self.bound.ready(view, it)
     }
+
+    fn staleness(&self) -> Option<u64> {
+        self.bound.staleness()
+    }
+
+    fn reads_version(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -18,9 +18,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::staleness::Bound;
-use super::{
-    arg, best_queued, bound, others, Family, Kind, Parsed, Policy, Result, Setup, Share, Take, View,
-};
+use super::{arg, best_queued, bound, Family, Kind, Parsed, Policy, Result, Setup, Share, Take, View};
 use crate::engine::IterRecord;
 use crate::words::Queue;
 
@@ -112,6 +110,13 @@ struct Epsp {
     cap: usize,
 }
 
+impl Epsp {
+    /// Enforced: BSP's wait; slack: SSP's with its bound.
+    fn bound(&self) -> Bound {
+        self.slack.map_or(Bound::Bsp, Bound::Ssp)
+    }
+}
+
 impl Policy for Epsp {
     fn takes_over(&self) -> bool {
         true
@@ -128,13 +133,17 @@ impl Policy for Epsp {
 
     /// The rank projected to finish last, and the share that equalizes both finish times.
     fn victim(&self, view: &dyn View, it: u64) -> Result<Option<Take>> {
-        // Every rank's queue and rate, each in one batch.
-        let (queues, rates) = (view.queues()?, view.rates()?);
-        let finish = |r: usize, q: Queue| Ok(projected_finish(q.left(), rates[r]));
-        let Some(rank) = best_queued(it, others(view).map(|r| (r, queues[r])), finish)? else {
+        // The candidates' queues and rates, each in one batch, and this rank's rate.
+        let (me, ranks) = (view.rank(), view.candidates(it)?);
+        let (queues, rates) = (view.queues_in(ranks.clone())?, view.rates_in(ranks.clone())?);
+        let rate = |r: usize| rates[r - ranks.start];
+        let finish = |r: usize, q: Queue| Ok(projected_finish(q.left(), rate(r)));
+        let among = ranks.clone().zip(queues).filter(|&(r, _)| r != me);
+        let Some(rank) = best_queued(it, among, finish)? else {
             return Ok(None);
         };
-        Ok(Some(Take { rank, share: transfer_share(rates[view.rank()], rates[rank]) }))
+        let mine = if ranks.contains(&me) { rate(me) } else { view.rate(me)? };
+        Ok(Some(Take { rank, share: transfer_share(mine, rate(rank)) }))
     }
 
     fn line_up(&self) -> bool {
@@ -142,7 +151,11 @@ impl Policy for Epsp {
     }
 
     fn ready(&self, view: &dyn View, it: u64) -> Result<bool> {
-        self.slack.map_or(Bound::Bsp, Bound::Ssp).ready(view, it)
+        self.bound().ready(view, it)
+    }
+
+    fn staleness(&self) -> Option<u64> {
+        self.bound().staleness()
     }
 
     fn end(&mut self, rec: &IterRecord) {

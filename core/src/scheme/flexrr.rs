@@ -100,6 +100,10 @@ impl Policy for Reassign {
     fn ready(&self, view: &dyn View, it: u64) -> Result<bool> {
         self.bound.ready(view, it)
     }
+
+    fn staleness(&self) -> Option<u64> {
+        self.bound.staleness()
+    }
 }
 
 #[cfg(test)]

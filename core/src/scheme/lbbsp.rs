@@ -221,6 +221,10 @@ impl Policy for Balanced {
         Bound::Bsp.ready(view, it)
     }
 
+    fn staleness(&self) -> Option<u64> {
+        Bound::Bsp.staleness()
+    }
+
     /// BSP's wait: every rank's push of the iteration is in before anyone steps, so a dense
     /// model steps at the owners. Uneven batches change nothing there: each rank's push is its
     /// rows' part of the batch's mean gradient, and the parts sum to it.

@@ -338,6 +338,21 @@ pub(crate) trait View {
     fn clocks(&self) -> Result<Vec<u64>> {
         (0..self.world()).map(|r| self.clock(r)).collect()
     }
+    /// The ranks worth looking at for queued chunks of `it` to take over (this rank may be among
+    /// them; empty: none has any). In a run that takes over chunks under a staleness bound, the
+    /// ranks of one leaf node of the tree of drained queues (at most 16, found in O(log N):
+    /// `crate::queue`); else every rank.
+    fn candidates(&self, _it: u64) -> Result<Range<usize>> {
+        Ok(0..self.world())
+    }
+    /// The chunk queues of `ranks`, read in one batch.
+    fn queues_in(&self, ranks: Range<usize>) -> Result<Vec<Queue>> {
+        ranks.map(|r| self.queue(r)).collect()
+    }
+    /// The published chunk rates of `ranks`, read in one batch.
+    fn rates_in(&self, ranks: Range<usize>) -> Result<Vec<f64>> {
+        ranks.map(|r| self.rate(r)).collect()
+    }
     /// Every rank's chunk queue, read in one batch.
     fn queues(&self) -> Result<Vec<Queue>> {
         (0..self.world()).map(|r| self.queue(r)).collect()
@@ -347,9 +362,10 @@ pub(crate) trait View {
         (0..self.world()).map(|r| self.rate(r)).collect()
     }
 
-    /// The slowest clock.
-    fn min_clock(&self) -> Result<u64> {
-        Ok(self.clocks()?.into_iter().min().unwrap_or(u64::MAX))
+    /// Whether every rank's clock is at least `clock` (in a run with a staleness bound, one
+    /// load of a combining tree's root: `crate::clocks`).
+    fn reached(&self, clock: u64) -> Result<bool> {
+        Ok(self.clocks()?.into_iter().all(|c| c >= clock))
     }
 
     /// The sum of all clocks: updates pushed so far by everyone (the parameters' version).
@@ -474,6 +490,19 @@ pub(crate) trait Policy: Send + Sync {
 
     /// Whether the policy reads the ranks' chunk rates (the engine publishes them only then).
     fn reads_rates(&self) -> bool {
+        false
+    }
+
+    /// The most iterations this policy's `ready` lets a rank's clock run ahead of the slowest
+    /// (`Some(0)`: BSP; `None`: no bound, or clocks that skip iterations): with a bound, the
+    /// engine keeps "every clock at least `c`" in a combining tree and [`View::reached`] is one
+    /// load (fixed for the run).
+    fn staleness(&self) -> Option<u64> {
+        None
+    }
+
+    /// Whether the policy reads [`View::version`] (the engine keeps it as one counter then).
+    fn reads_version(&self) -> bool {
         false
     }
 
@@ -629,11 +658,14 @@ pub(crate) trait Policy: Send + Sync {
     }
 }
 
-/// The rank other than this one with the most chunks queued in an iteration not ahead of `it`
-/// (every queue read in one batch).
+/// The rank other than this one with the most chunks queued in an iteration not ahead of `it`,
+/// among the [candidates](View::candidates) (their queues read in one batch).
 pub(crate) fn most_left(view: &dyn View, it: u64) -> Result<Option<usize>> {
-    let queues = view.queues()?;
-    best_queued(it, others(view).map(|r| (r, queues[r])), |_, q| Ok(f64::from(q.left())))
+    let ranks = view.candidates(it)?;
+    let queues = view.queues_in(ranks.clone())?;
+    let me = view.rank();
+    let among = ranks.zip(queues).filter(|&(r, _)| r != me);
+    best_queued(it, among, |_, q| Ok(f64::from(q.left())))
 }
 
 /// Among `(rank, queue)` pairs, the rank with chunks queued in an iteration not ahead of `it`

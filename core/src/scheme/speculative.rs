@@ -196,6 +196,10 @@ impl Policy for Copies {
         Bound::Bsp.ready(view, it)
     }
 
+    fn staleness(&self) -> Option<u64> {
+        Bound::Bsp.staleness()
+    }
+
     fn free(self: Box<Self>) -> Result<()> {
         self.claims.window.free()
     }

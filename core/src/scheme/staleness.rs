@@ -52,8 +52,17 @@ impl Bound {
     /// Whether a rank that pushed `it` may start `it + 1`.
     pub(crate) fn ready(self, view: &dyn View, it: u64) -> Result<bool> {
         match self.needs(it) {
-            Some(need) => Ok(view.min_clock()? >= need),
+            Some(need) => view.reached(need),
             None => Ok(true),
+        }
+    }
+
+    /// The most iterations a rank runs ahead of the slowest clock ([`Policy::staleness`]).
+    pub(crate) fn staleness(self) -> Option<u64> {
+        match self {
+            Self::Bsp => Some(0),
+            Self::Ssp(s) => Some(s),
+            Self::Asp => None,
         }
     }
 }
@@ -97,6 +106,10 @@ impl Policy for Staleness {
         self.bound.ready(view, it)
     }
 
+    fn staleness(&self) -> Option<u64> {
+        self.bound.staleness()
+    }
+
     fn synchronous(&self) -> bool {
         self.bound == Bound::Bsp
     }
@@ -125,6 +138,8 @@ mod tests {
         assert!(Bound::Bsp.ready(&v, 9).expect("view"));
         // SSP(0) waits as BSP does.
         assert_eq!(Bound::Ssp(0).needs(9), Bound::Bsp.needs(9));
+        // What the engine's clock tree is sized by.
+        assert_eq!([Bound::Bsp, Bound::Ssp(3), Bound::Asp].map(Bound::staleness), [Some(0), Some(3), None]);
     }
 
     #[test]

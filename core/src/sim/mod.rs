@@ -23,9 +23,15 @@
 //!   on its own through its view or its windows one atomic at the mean link cost, and a word of
 //!   every rank read in one batch (clocks, queues, rates, progress: `Window::load_batch`) one
 //!   atomic plus a gap ([`cost::Link::gap`]) per further word, charged to the thread or phase
-//!   that read it. A rank waiting for `ready` resumes one poll (its reads) after the condition
-//!   became true; a rank lining up pushes one batch read of every progress word after the last
-//!   chunk was done.
+//!   that read it. The engine's combining trees (`crate::clocks`, `crate::tree`) where the
+//!   policy bounds staleness: a tick is visible once its atomics have landed (the clock word, then
+//!   one per tree node it adds to, each on the rank holding that node, and the mark cleared); the
+//!   add that counts a rank's last chunk of an iteration done climbs the done tree the same way;
+//!   "every clock at least `c`" and "every chunk done" are one read of the root (without a bound,
+//!   every clock in one batch). A rank waiting for `ready` resumes one poll (its reads) after the
+//!   condition became true; a rank lining up pushes one read of the done tree's root after the
+//!   last arrival there landed, and a look for chunks to take over reads every queue in one
+//!   batch.
 //! - **Fixed costs** per rank and iteration outside compute, communication and waits (opening,
 //!   closing, metrics): a constant, or replayed.
 //!

@@ -13,9 +13,11 @@ use super::events::{EventQueue, Nanos};
 use super::{SimConfig, SimError};
 use peregrine_transport::{Ops, Transport};
 
+use super::cost::Network;
 use crate::engine::{IterRecord, RankTotals};
 use crate::plan::Plan;
 use crate::scheme::{thread_share, OwnChunks, Policy, Take, View};
+use crate::tree::Shape;
 use crate::words::{self, Progress, Queue};
 
 /// Every rank's one-sided words (clocks, queues, progress, rates), with the sums the simulator
@@ -38,11 +40,99 @@ pub(super) struct Words {
     /// Per iteration, ranks whose progress word is that iteration's with every chunk done.
     complete: HashMap<u64, usize>,
     rates: Vec<f64>,
+    /// The engine's combining trees (`crate::clocks`), when the policy bounds staleness: the
+    /// clock tree and, when ranks line up, the done tree.
+    trees: Option<(SimTree, Option<SimTree>)>,
+    /// Whether the version is one counter (the policy reads it).
+    version_kept: bool,
+    /// The tree of drained queues (`crate::queue`), when ranks take over chunks under a
+    /// staleness bound, with every rank's first iteration whose queue it has not drained.
+    drained: Option<(SimTree, FirstAtMost)>,
+}
+
+/// Values per index, and the first index whose value is at most a bound, in O(log n): where a
+/// descent of the tree of drained queues ends (the first rank that has not drained an
+/// iteration).
+pub(super) struct FirstAtMost {
+    /// A segment tree of minima: leaves at `size..2 * size`.
+    min: Vec<u64>,
+    size: usize,
+}
+
+impl FirstAtMost {
+    fn new(n: usize, value: u64) -> Self {
+        let size = n.next_power_of_two();
+        let mut min = vec![u64::MAX; 2 * size];
+        min[size..size + n].fill(value);
+        for i in (1..size).rev() {
+            min[i] = min[2 * i].min(min[2 * i + 1]);
+        }
+        Self { min, size }
+    }
+
+    fn get(&self, i: usize) -> u64 {
+        self.min[self.size + i]
+    }
+
+    fn set(&mut self, i: usize, value: u64) {
+        let mut i = self.size + i;
+        self.min[i] = value;
+        while i > 1 {
+            i /= 2;
+            self.min[i] = self.min[2 * i].min(self.min[2 * i + 1]);
+        }
+    }
+
+    /// The first index whose value is at most `bound`.
+    fn first(&self, bound: u64) -> Option<usize> {
+        if self.min[1] > bound {
+            return None;
+        }
+        let mut i = 1;
+        while i < self.size {
+            i = if self.min[2 * i] <= bound { 2 * i } else { 2 * i + 1 };
+        }
+        Some(i - self.size)
+    }
+}
+
+/// A combining tree's counts in the simulated world ([`crate::tree`]): which arrival completes
+/// which node, so that each arrival is charged the atomics it issues.
+pub(super) struct SimTree {
+    shape: Shape,
+    /// Arrivals so far at `(level, host, slot)`, for the nodes not yet complete.
+    counts: HashMap<(usize, usize, u64), u64>,
+}
+
+impl SimTree {
+    fn new(world: usize) -> Self {
+        Self { shape: Shape::new(world, crate::tree::FAN), counts: HashMap::new() }
+    }
+
+    /// `leaf` arrives at `j`, by `from`: what its atomics cost (one per node it adds to, one
+    /// more to name itself at the root if it completes it), and whether it completed the root.
+    fn arrive(&mut self, net: &Network, from: usize, leaf: usize, j: u64) -> (Nanos, bool) {
+        let mut cost = 0;
+        for level in 0..self.shape.levels() {
+            let host = self.shape.host(leaf, level);
+            cost += net.atomic(from, host);
+            let c = self.counts.entry((level, host, j)).or_default();
+            *c += 1;
+            if *c < self.shape.children(leaf, level) {
+                return (cost, false);
+            }
+            self.counts.remove(&(level, host, j));
+        }
+        (cost + net.atomic(from, 0), true)
+    }
 }
 
 impl Words {
-    fn new(world: usize) -> Self {
+    fn new(world: usize, trees: Option<bool>, version_kept: bool, drained: bool) -> Self {
         Self {
+            drained: drained.then(|| (SimTree::new(world), FirstAtMost::new(world, 0))),
+            trees: trees.map(|lines_up| (SimTree::new(world), lines_up.then(|| SimTree::new(world)))),
+            version_kept,
             world,
             clocks: vec![0; world],
             min: 0,
@@ -134,8 +224,9 @@ impl Words {
         Some(got)
     }
 
-    /// Counts `n` more of `r`'s chunks done; returns the iteration it completed, if it did.
-    fn done(&mut self, r: usize, n: u32) -> Option<u64> {
+    /// Counts `n` more of `r`'s chunks done; returns the iteration whose chunks of `r`'s this
+    /// completed, if it did, and whether every rank's are now done.
+    fn done(&mut self, r: usize, n: u32) -> Option<(u64, bool)> {
         let p = &mut self.progress[r];
         let before = p.done >= p.total;
         p.done += n;
@@ -143,13 +234,64 @@ impl Words {
         if !before && p.done >= p.total {
             let c = self.complete.entry(it).or_default();
             *c += 1;
-            return (*c == self.world).then_some(it);
+            return Some((it, *c == self.world));
         }
         None
     }
 
     fn all_done(&self, it: u64) -> bool {
         self.complete.get(&it) == Some(&self.world)
+    }
+
+    /// If `r`'s queue is empty and not yet counted drained for its iteration, counts it: returns
+    /// that iteration (the take that emptied it, or the fill with none, arrives at the tree).
+    fn drain(&mut self, r: usize) -> Option<u64> {
+        let (_, next) = self.drained.as_mut()?;
+        let it = self.qit[r];
+        (self.queues[r].left() == 0 && next.get(r) <= it).then(|| {
+            next.set(r, it + 1);
+            it
+        })
+    }
+
+    /// The ranks of the first leaf node of the tree of drained queues with a rank that has not
+    /// drained `it` (a look for chunks to take over), or every rank without the tree.
+    fn candidates(&self, it: u64) -> Range<usize> {
+        match &self.drained {
+            Some((tree, next)) => match next.first(it) {
+                Some(r) => {
+                    let host = tree.shape.host(r, 0);
+                    host..(host + crate::tree::FAN).min(self.world)
+                }
+                None => 0..0,
+            },
+            None => 0..self.world,
+        }
+    }
+
+    /// What a look at the candidates costs: with the tree of drained queues, one load of its
+    /// root and a batch of a node's children per level below it (counted at [`crate::tree::FAN`]),
+    /// then the candidates' words in one batch; else every rank's words in one batch.
+    fn look_ops(&self) -> Ops {
+        match &self.drained {
+            Some((tree, _)) => {
+                let mut ops = Ops::batch(1);
+                for _ in 1..tree.shape.levels() {
+                    ops += Ops::batch(crate::tree::FAN.min(self.world));
+                }
+                ops += Ops::batch(crate::tree::FAN.min(self.world));
+                ops
+            }
+            None => Ops::batch(self.world),
+        }
+    }
+
+    /// Whether a rank other than `r` among the candidates of `it` has chunks of `it` queued.
+    fn stealable_near(&self, r: usize, it: u64) -> bool {
+        if self.drained.is_none() {
+            return self.stealable(r, it);
+        }
+        self.candidates(it).any(|v| v != r && self.qit[v] == it && self.queues[v].left() > 0)
     }
 
     /// Whether a rank other than `r` has chunks of `it` queued.
@@ -175,6 +317,16 @@ pub(super) struct SimView<'w> {
 impl<'w> SimView<'w> {
     fn new(w: &'w Words, rank: usize) -> Self {
         Self { w, rank, ops: Cell::new(Ops::default()) }
+    }
+
+    /// A question about every rank: one read of an aggregated word (a tree's root, the version
+    /// counter) where the engine keeps one, else a word of every rank in one batch.
+    fn read_aggregate(&self, kept: bool) {
+        if kept {
+            self.read();
+        } else {
+            self.read_all();
+        }
     }
 
     /// One word read on its own: a round trip.
@@ -234,14 +386,34 @@ impl View for SimView<'_> {
         self.read_all();
         Ok(self.w.rates.clone())
     }
-    /// Every clock is read in one batch (as the engine's view does), answered from the running
-    /// minimum.
-    fn min_clock(&self) -> crate::scheme::Result<u64> {
-        self.read_all();
-        Ok(self.w.min)
+    /// The descent of the tree of drained queues (its reads charged here, the candidates' words
+    /// by the reads that follow).
+    fn candidates(&self, it: u64) -> crate::scheme::Result<Range<usize>> {
+        let ranks = self.w.candidates(it);
+        if self.w.drained.is_some() {
+            let mut ops = self.w.look_ops();
+            ops.trips -= 1; // the candidates' batch: charged by `queues_in`
+            ops.pipelined -= crate::tree::FAN.min(self.w.world) as u64 - 1;
+            self.add(ops);
+        }
+        Ok(ranks)
+    }
+    fn queues_in(&self, ranks: Range<usize>) -> crate::scheme::Result<Vec<Queue>> {
+        self.add(Ops::batch(ranks.len()));
+        Ok(self.w.queues[ranks].to_vec())
+    }
+    fn rates_in(&self, ranks: Range<usize>) -> crate::scheme::Result<Vec<f64>> {
+        self.add(Ops::batch(ranks.len()));
+        Ok(self.w.rates[ranks].to_vec())
+    }
+    /// One load of the clock tree's root, or every clock in one batch without a staleness
+    /// bound (as the engine's view reads them), answered from the running minimum.
+    fn reached(&self, clock: u64) -> crate::scheme::Result<bool> {
+        self.read_aggregate(self.w.trees.is_some());
+        Ok(self.w.min >= clock)
     }
     fn version(&self) -> crate::scheme::Result<u64> {
-        self.read_all();
+        self.read_aggregate(self.w.version_kept);
         Ok(self.w.version)
     }
 }
@@ -324,6 +496,8 @@ enum Ev {
     Compute(usize),
     Thread(usize, usize, u64),
     Pushed(usize),
+    /// The rank's tick has landed (and passed up the clock tree).
+    Ticked(usize),
     Check(usize),
 }
 
@@ -346,6 +520,8 @@ pub(super) struct Sim<'a> {
     lined: HashMap<u64, Vec<usize>>,
     /// Copies running, by chunk `(owner, chunk)`: `(rank, thread)`.
     copying: HashMap<(usize, u32), Vec<(usize, usize)>>,
+    /// The batches of the last few iterations: `(iteration, start, end)` at `iteration % 4`.
+    batches: [Cell<(u64, usize, usize)>; 4],
     /// Seconds of one read of a word of a random rank.
     read_cost: f64,
     /// Seconds of one more read pipelined behind another (a batch reading every rank's word).
@@ -369,6 +545,10 @@ impl<'a> Sim<'a> {
         let steal = policies.first().is_some_and(|p| p.takes_over());
         let rates = policies.first().is_some_and(|p| p.reads_rates());
         let copies = policies.first().is_some_and(|p| p.copies());
+        // The engine's aggregated words, as `Clocks::new` chooses them from the policy.
+        let trees = policies.first().filter(|p| p.staleness().is_some()).map(|p| p.line_up());
+        let version_kept = policies.first().is_some_and(|p| p.reads_version());
+        let drained = trees.is_some() && steal;
         let ranks = (0..n)
             .map(|_| Rank {
                 it: 0,
@@ -400,12 +580,13 @@ impl<'a> Sim<'a> {
             q.push(0, Ev::Open(r));
         }
         Self {
+            batches: std::array::from_fn(|_| Cell::new((u64::MAX, 0, 0))),
             read_cost: s.net.mean_atomic(n),
             gap_cost: s.net.mean_gap(n),
             s,
             plan,
             q,
-            w: Words::new(n),
+            w: Words::new(n, trees, version_kept, drained),
             ranks,
             policies,
             world,
@@ -433,6 +614,7 @@ impl<'a> Sim<'a> {
                     }
                 }
                 Ev::Pushed(r) => self.pushed(r, t)?,
+                Ev::Ticked(r) => self.ticked(r, t)?,
                 Ev::Check(r) => {
                     if self.ranks[r].phase == Phase::LineWait {
                         self.line_up(r, t)?;
@@ -523,6 +705,10 @@ impl<'a> Sim<'a> {
         let reads = view.ops();
         let n = part.len() as u32;
         self.w.open(r, it, n);
+        let mut drain = 0;
+        if let Some(j) = self.w.drain(r) {
+            drain = self.drained_arrival(r, r, j);
+        }
         let rk = &mut self.ranks[r];
         rk.it = it;
         rk.next = it + 1;
@@ -539,14 +725,21 @@ impl<'a> Sim<'a> {
             ..Default::default()
         };
         // Announcing and filling the queue: two atomics on the rank's own words.
-        let cost = self.charge(r, reads) + 2 * self.s.net.atomic(r, r) + self.transfer_cost(r, it);
+        let cost = self.charge(r, reads) + 2 * self.s.net.atomic(r, r) + drain + self.transfer_cost(r, it);
         self.ranks[r].rec.comm += cost as f64 * 1e-9;
         self.q.push(t + cost, Ev::Compute(r));
         if n > 0 && self.steal {
             self.wake_lined(it, t)?;
         }
-        if n == 0 && self.w.all_done(it) {
-            self.wake_lined(it, t)?;
+        if n == 0 {
+            // No chunks: done at once, and arrived for at the done tree by the rank itself.
+            let mut after = 0;
+            if let Some((_, Some(tree))) = self.w.trees.as_mut() {
+                after = tree.arrive(&self.s.net, r, r, it).0;
+            }
+            if self.w.all_done(it) {
+                self.wake_lined(it, t + after)?;
+            }
         }
         Ok(())
     }
@@ -614,6 +807,7 @@ impl<'a> Sim<'a> {
             if let Some(take) = self.ranks[r].threads[th].takes.pop_front() {
                 extra += self.s.net.atomic(r, take.rank);
                 if let Some(item) = self.take(r, take, true) {
+                    extra += self.drained_by(r, take.rank);
                     let chunks = Self::chunks_of(&item);
                     return self.start(r, th, t + extra, item, &chunks);
                 }
@@ -621,6 +815,7 @@ impl<'a> Sim<'a> {
             }
             extra += self.s.net.atomic(r, r);
             if let Some(range) = self.w.take_own(r, self.s.cfg.grain) {
+                extra += self.drained_by(r, r);
                 let view = SimView::new(&self.w, r);
                 let mode = self.policies[r].own_chunks(&view)?;
                 extra += self.charge(r, view.ops());
@@ -642,12 +837,30 @@ impl<'a> Sim<'a> {
                     let Some(take) = victim else { break };
                     extra += self.s.net.atomic(r, take.rank);
                     if let Some(item) = self.take(r, take, false) {
+                        extra += self.drained_by(r, take.rank);
                         let chunks = Self::chunks_of(&item);
                         return self.start(r, th, t + extra, item, &chunks);
                     }
                 }
             }
             return Ok(false);
+        }
+    }
+
+    /// After `r` took chunks from `owner`'s queue: if that emptied it, `r`'s arrival for it at
+    /// the tree of drained queues, and what its atomics cost.
+    fn drained_by(&mut self, r: usize, owner: usize) -> Nanos {
+        match self.w.drain(owner) {
+            Some(j) => self.drained_arrival(r, owner, j),
+            None => 0,
+        }
+    }
+
+    /// `r` arrives for `owner` at slot `j` of the tree of drained queues: what it costs.
+    fn drained_arrival(&mut self, r: usize, owner: usize, j: u64) -> Nanos {
+        match self.w.drained.as_mut() {
+            Some((tree, _)) => tree.arrive(&self.s.net, r, owner, j).0,
+            None => 0,
         }
     }
 
@@ -733,13 +946,13 @@ impl<'a> Sim<'a> {
                 let n = range.end - range.start;
                 self.count_rows(r, r, it, range.clone());
                 self.ranks[r].rec.own += u64::from(n);
-                completed.extend(self.w.done(r, n));
+                completed.extend(self.done(r, r, n));
                 n
             }
             &Item::Claimed(c) => {
                 self.count_rows(r, r, it, c..c + 1);
                 self.ranks[r].rec.own += 1;
-                completed.extend(self.w.done(r, 1));
+                completed.extend(self.done(r, r, 1));
                 1
             }
             &Item::OwnCopy(c) => {
@@ -753,7 +966,7 @@ impl<'a> Sim<'a> {
                 if *reassigned {
                     self.ranks[r].rec.reassigned += u64::from(n);
                 }
-                completed.extend(self.w.done(*victim, n));
+                completed.extend(self.done(r, *victim, n));
                 n
             }
             &Item::Copy { owner, chunk } => {
@@ -768,8 +981,8 @@ impl<'a> Sim<'a> {
             let since = (t - rk.c1).max(1) as f64 * 1e-9;
             self.w.rates[r] = rk.iter_chunks as f64 / since;
         }
-        for done in completed {
-            self.wake_lined(done, t)?;
+        for (done, after) in completed {
+            self.wake_lined(done, t + after)?;
         }
         let copies = matches!(self.ranks[r].phase, Phase::LineHelp { copies: true });
         if !self.dispatch(r, th, t, copies)? {
@@ -783,8 +996,16 @@ impl<'a> Sim<'a> {
 
     /// A copy of `owner`'s chunk `chunk` (`owner == r`: the rank's own, computed as a copy) ended
     /// on thread `th` of `r` at `t`: applied if it claims the chunk first (then the other copies'
-    /// delays stop), dropped if not. Returns the iteration the chunk completed, if it did.
-    fn copy_done(&mut self, r: usize, th: usize, owner: usize, chunk: u32, t: Nanos) -> R<Option<u64>> {
+    /// delays stop), dropped if not. Returns the iteration the chunk completed, if it did (with
+    /// the time until that is seen: [`Sim::done`]).
+    fn copy_done(
+        &mut self,
+        r: usize,
+        th: usize,
+        owner: usize,
+        chunk: u32,
+        t: Nanos,
+    ) -> R<Option<(u64, Nanos)>> {
         let it = self.ranks[r].it;
         self.unmark(owner, chunk, r, th);
         if !self.policies[r].claim(owner, words::tag(it), chunk)? {
@@ -797,16 +1018,48 @@ impl<'a> Sim<'a> {
         } else {
             self.ranks[r].rec.cloned += 1;
         }
-        let completed = self.w.done(owner, 1);
+        let completed = self.done(r, owner, 1);
         self.settle(owner, chunk, t);
         Ok(completed)
     }
 
+    /// `r` counts `n` more of `owner`'s chunks done. If every rank's chunks of the iteration are
+    /// now done, returns it and when that is seen: with a done tree, once `r` has passed the
+    /// owner's arrival up to the root (the other arrivals' atomics are not charged: they come
+    /// off the critical path).
+    fn done(&mut self, r: usize, owner: usize, n: u32) -> Option<(u64, Nanos)> {
+        let (it, all) = self.w.done(owner, n)?;
+        let mut after = 0;
+        if let Some((_, Some(tree))) = self.w.trees.as_mut() {
+            after = tree.arrive(&self.s.net, r, owner, it).0;
+        }
+        all.then_some((it, after))
+    }
+
     /// Rows of `owner`'s chunks `chunks` of `it`, computed by `r`.
     fn count_rows(&mut self, r: usize, owner: usize, it: u64, chunks: Range<u32>) {
-        let rows: usize =
-            chunks.map(|c| self.plan.global_chunk_rows(it, self.global_chunk(owner, it, c)).len()).sum();
+        let batch = self.batch_rows(it);
+        let chunk = self.plan.chunk();
+        let rows: usize = chunks
+            .map(|c| {
+                let start = (batch.start + self.global_chunk(owner, it, c) * chunk).min(batch.end);
+                (start + chunk).min(batch.end) - start
+            })
+            .sum();
         self.ranks[r].rec.rows += rows as u64;
+    }
+
+    /// [`Plan::batch_rows`], remembered for the last few iterations (it draws a permutation, and
+    /// every chunk computed asks for it).
+    fn batch_rows(&self, it: u64) -> Range<usize> {
+        let cell = &self.batches[it as usize % self.batches.len()];
+        let (at, start, end) = cell.get();
+        if at == it {
+            return start..end;
+        }
+        let b = self.plan.batch_rows(it);
+        cell.set((it, b.start, b.end));
+        b
     }
 
     fn unmark(&mut self, owner: usize, chunk: u32, r: usize, th: usize) {
@@ -864,14 +1117,18 @@ impl<'a> Sim<'a> {
     fn line_up(&mut self, r: usize, t: Nanos) -> R<()> {
         let it = self.ranks[r].it;
         if self.w.all_done(it) || self.to_target.is_some() {
-            // The poll that saw it: every rank's progress word, in one batch.
-            let t = t + self.charge(r, Ops::batch(self.s.ranks));
+            // The poll that saw it: the done tree's root, or every rank's progress word in one
+            // batch.
+            let tree = matches!(self.w.trees, Some((_, Some(_))));
+            let t = t + self.charge(r, Ops::batch(if tree { 1 } else { self.s.ranks }));
             let rk = &mut self.ranks[r];
             rk.line_wait = (t - rk.lined_at).saturating_sub(rk.helped);
             rk.rec.wait += rk.line_wait as f64 * 1e-9;
             return self.push(r, t);
         }
-        if self.steal && self.w.stealable(r, it) {
+        if self.steal && self.w.stealable_near(r, it) {
+            // The look that found them (the engine's `stealable`).
+            let t = t + self.charge(r, self.w.look_ops());
             let rk = &mut self.ranks[r];
             rk.phase = Phase::LineHelp { copies: false };
             rk.help_start = t;
@@ -927,20 +1184,32 @@ impl<'a> Sim<'a> {
         Ok(())
     }
 
-    /// Pushed and flushed: hooks `before_tick`, the tick, `after_tick`; then `ready`.
+    /// Pushed and flushed: hook `before_tick`, then the tick: an atomic on the rank's clock
+    /// word and, with a clock tree, its arrival there (the clock word's mark cleared after).
     fn pushed(&mut self, r: usize, t: Nanos) -> R<()> {
         let it = self.ranks[r].it;
         let view = SimView::new(&self.w, r);
         let busy = Duration::from_nanos(self.ranks[r].busy);
         self.policies[r].before_tick(&view, it, busy, &mut self.ranks[r].rec)?;
-        let mut cost = self.charge(r, view.ops());
+        let mut cost = self.charge(r, view.ops()) + self.s.net.atomic(r, r);
+        if let Some((clock, _)) = self.w.trees.as_mut() {
+            let j = self.w.clocks[r];
+            cost += clock.arrive(&self.s.net, r, r, j).0 + self.s.net.atomic(r, r);
+        }
+        self.ranks[r].rec.comm += cost as f64 * 1e-9;
+        self.q.push(t + cost, Ev::Ticked(r));
+        Ok(())
+    }
+
+    /// The tick has landed: hook `after_tick`, then `ready`.
+    fn ticked(&mut self, r: usize, t: Nanos) -> R<()> {
+        let it = self.ranks[r].it;
         self.w.tick(r);
-        cost += self.s.net.atomic(r, r);
         let applied = self.ranks[r].applied;
         self.policies[r].after_tick(it, applied)?;
         let view = SimView::new(&self.w, r);
         let ready = self.policies[r].ready(&view, it)?;
-        cost += self.charge(r, view.ops());
+        let cost = self.charge(r, view.ops());
         // Once the target is reached nobody waits for anyone any more.
         if ready || self.to_target.is_some() {
             self.close(r, t + cost);
