@@ -138,7 +138,7 @@ impl Policy for Epsp {
         let (queues, rates) = (view.queues_in(ranks.clone())?, view.rates_in(ranks.clone())?);
         let rate = |r: usize| rates[r - ranks.start];
         let finish = |r: usize, q: Queue| Ok(projected_finish(q.left(), rate(r)));
-        let among = ranks.clone().zip(queues).filter(|&(r, _)| r != me);
+        let among = ranks.clone().filter(|&r| r != me).map(|r| (r, queues[r - ranks.start]));
         let Some(rank) = best_queued(it, among, finish)? else {
             return Ok(None);
         };

@@ -661,10 +661,9 @@ pub(crate) trait Policy: Send + Sync {
 /// The rank other than this one with the most chunks queued in an iteration not ahead of `it`,
 /// among the [candidates](View::candidates) (their queues read in one batch).
 pub(crate) fn most_left(view: &dyn View, it: u64) -> Result<Option<usize>> {
-    let ranks = view.candidates(it)?;
+    let (me, ranks) = (view.rank(), view.candidates(it)?);
     let queues = view.queues_in(ranks.clone())?;
-    let me = view.rank();
-    let among = ranks.zip(queues).filter(|&(r, _)| r != me);
+    let among = ranks.clone().filter(|&r| r != me).map(|r| (r, queues[r - ranks.start]));
     best_queued(it, among, |_, q| Ok(f64::from(q.left())))
 }
 
