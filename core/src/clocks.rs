@@ -280,21 +280,38 @@ impl Clocks {
 const SPIN_POLLS: u32 = 64;
 /// Polls (spun or yielded) before sleeping between polls.
 const YIELD_POLLS: u32 = 4096;
+/// The same where this node's threads outnumber its cores ([`set_oversubscribed`]).
+const YIELD_POLLS_OVERSUBSCRIBED: u32 = 16;
 /// The sleep between polls after that.
 const POLL_SLEEP: Duration = Duration::from_micros(50);
 
+/// Whether this process's ranks and threads outnumber the node's cores.
+static OVERSUBSCRIBED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Says whether the node's ranks and their threads outnumber its cores: waits then sleep between
+/// polls after a few, instead of yielding the core thousands of times (with 16-32 ranks on two
+/// cores, yielding waiters kept the cores from the ranks they waited for).
+pub fn set_oversubscribed(yes: bool) {
+    OVERSUBSCRIBED.store(yes, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Polls `ready` until it says yes: a short spin, then yielding the core (ranks may share cores),
-/// then short sleeps. Returns the time spent.
+/// then short sleeps (soon, where the node is oversubscribed). Returns the time spent.
 pub fn wait_until<E>(
     mut ready: impl FnMut() -> std::result::Result<bool, E>,
 ) -> std::result::Result<Duration, E> {
     let t0 = Instant::now();
     let mut polls = 0u32;
+    let yields = if OVERSUBSCRIBED.load(std::sync::atomic::Ordering::Relaxed) {
+        YIELD_POLLS_OVERSUBSCRIBED
+    } else {
+        YIELD_POLLS
+    };
     while !ready()? {
         polls += 1;
-        if polls < SPIN_POLLS {
+        if polls < SPIN_POLLS.min(yields) {
             std::hint::spin_loop();
-        } else if polls < YIELD_POLLS {
+        } else if polls < yields {
             std::thread::yield_now();
         } else {
             std::thread::sleep(POLL_SLEEP);

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use peregrine_core::engine::{self, Config, Progress, Report, Watchdog};
 use peregrine_core::inject::{Injection, Pattern};
-use peregrine_core::model::{lda::Lda, lr::LogReg, mf::Mf, mlp::Mlp, softmax::Softmax, Export};
+use peregrine_core::model::{
+    lda::Lda, lr::LogReg, mf::Mf, mlp::Mlp, softmax::Softmax, synthetic::Synthetic, Export,
+};
 use peregrine_core::optim::{Decay, Optimizer, Schedule};
 use peregrine_core::plan::Plan;
 use peregrine_core::pool::{Pinning, RankPool, Slot};
@@ -34,6 +36,10 @@ pub enum ModelKind {
     /// Latent Dirichlet allocation (collapsed Gibbs sampling) on a dataset of word counts
     /// (converted UCI docword or LDA-C).
     Lda,
+    /// A stand-in workload: each chunk sleeps for --chunk-cost over a dense model of --params
+    /// values pulled and pushed whole every iteration (real communication, waits and schemes, no
+    /// arithmetic: many ranks on few cores). The dataset gives only the rows.
+    Synthetic,
 }
 
 /// A model's training defaults, chosen by the sweep of docs/defaults.md
@@ -59,6 +65,7 @@ impl ModelKind {
             Self::Mlp => (Optimizer::Momentum { mu: 0.9, nesterov: false }, 128, 64, 10_000),
             // One epoch is one Gibbs sweep; documents are rows.
             Self::Lda => (Optimizer::Sgd, 256, 32, 0),
+            Self::Synthetic => (Optimizer::Sgd, 1024, 64, 0),
         };
         Defaults { optimizer, batch, chunk, at_least }
     }
@@ -75,7 +82,7 @@ impl ModelKind {
             (Self::Mf, AdaGrad { .. }) => (0.1, NONE),
             (Self::Mf, _) => (0.01, NONE),
             // Not a gradient model: the rate is not used.
-            (Self::Lda, _) => (1.0, NONE),
+            (Self::Lda | Self::Synthetic, _) => (1.0, NONE),
             (Self::Lr, Sgd) => (1.0, NONE),
             (Self::Lr, Momentum { .. }) => (0.1, NONE),
             (Self::Lr, AdaGrad { .. }) => (0.03, NONE),
@@ -260,6 +267,14 @@ pub struct TrainArgs {
     /// MLP: hidden layer widths, comma-separated [default: 128].
     #[arg(long, value_name = "N,N,...", value_delimiter = ',')]
     hidden: Option<Vec<usize>>,
+    /// Synthetic: what one chunk of --chunk rows costs, slept: `2ms`, `500us`, `0.002` (seconds)
+    /// [default: 2ms].
+    #[arg(long, value_name = "DURATION")]
+    chunk_cost: Option<String>,
+    /// Synthetic: parameters (f32) of the dense model every rank pulls and pushes whole each
+    /// iteration [default: 101770, an MLP 784-128-10's].
+    #[arg(long, value_name = "N")]
+    params: Option<usize>,
     /// How a rank's threads share its chunks: rows (each thread computes chunks of its own) or
     /// units (MLP with one hidden layer: every thread computes every chunk for its share of the
     /// hidden units and steps their weights, which then stay in its core's cache; one rank a node
@@ -381,6 +396,8 @@ pub(crate) struct TrainFile {
     eta: Option<f64>,
     l2: Option<f32>,
     hidden: Option<Vec<usize>>,
+    chunk_cost: Option<String>,
+    params: Option<usize>,
     split: Option<Split>,
     pub(crate) straggler: Option<String>,
 }
@@ -424,6 +441,8 @@ impl TrainFile {
             eta: top.eta.or(self.eta),
             l2: top.l2.or(self.l2),
             hidden: top.hidden.or(self.hidden),
+            chunk_cost: top.chunk_cost.or(self.chunk_cost),
+            params: top.params.or(self.params),
             split: top.split.or(self.split),
             straggler: top.straggler.or(self.straggler),
         }
@@ -477,6 +496,8 @@ impl TrainArgs {
             eta: self.eta,
             l2: self.l2,
             hidden: self.hidden.clone(),
+            chunk_cost: self.chunk_cost.clone(),
+            params: self.params,
             split: self.split,
             straggler: self.straggler.clone(),
         }
@@ -546,6 +567,9 @@ pub(crate) struct Resolved {
     #[serde(skip)]
     l2_per_row: bool,
     hidden: Vec<usize>,
+    /// Synthetic: seconds a chunk costs, and the model's parameters.
+    chunk_cost: f64,
+    params: usize,
     split: Split,
     straggler: String,
     /// Also write the model as `.npy` files (how the run is written out, not what it computes).
@@ -571,9 +595,27 @@ impl Resolved {
             ModelKind::Lda => {
                 &["intercept", "hidden", "split", "l1", "l2", "optimizer", "lr", "lr-decay", "warmup"]
             }
+            ModelKind::Synthetic => &[
+                "intercept",
+                "k",
+                "hidden",
+                "split",
+                "l1",
+                "l2",
+                "alpha",
+                "eta",
+                "optimizer",
+                "lr",
+                "lr-decay",
+                "warmup",
+            ],
         };
         for k in others {
             t.remove(*k);
+        }
+        if self.model != ModelKind::Synthetic {
+            t.remove("chunk-cost");
+            t.remove("params");
         }
         toml::to_string(&t)
     }
@@ -640,9 +682,9 @@ fn resolve(a: &TrainArgs) -> Result<(Resolved, Option<f64>), AppError> {
 /// The configuration `f` with every default filled in and checked; `Some(epochs)` when the
 /// iteration count is still to be derived from the data.
 pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> {
-    let model = f
-        .model
-        .ok_or_else(|| usage("no model: give --model lr|softmax|mf|mlp|lda (or `model` in --config)"))?;
+    let model = f.model.ok_or_else(|| {
+        usage("no model: give --model lr|softmax|mf|mlp|lda|synthetic (or `model` in --config)")
+    })?;
     let data = f.data.ok_or_else(|| usage("no training data: give --data FILE (or `data` in --config)"))?;
     let d = model.defaults();
     let (epochs, iterations) = (f.epochs, f.iterations);
@@ -762,10 +804,30 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
         }),
         l2_per_row: f.l2.is_none() && !matches!(model, ModelKind::Mf | ModelKind::Lda),
         hidden: f.hidden.unwrap_or_else(|| vec![128]),
+        chunk_cost: match f.chunk_cost.as_deref() {
+            Some(s) => parse_cost(s).map_err(usage)?.as_secs_f64(),
+            None => 0.002,
+        },
+        params: f.params.unwrap_or(101_770),
         split: f.split.unwrap_or_default(),
         straggler: f.straggler.unwrap_or_else(|| "ideal".into()),
         npy: false,
     };
+    if model != ModelKind::Synthetic && (f.chunk_cost.is_some() || f.params.is_some()) {
+        return Err(usage(format!(
+            "--chunk-cost and --params are for --model synthetic, not {}",
+            model.name()
+        )));
+    }
+    if model == ModelKind::Synthetic
+        && !(1..=peregrine_core::model::synthetic::MAX_PARAMS).contains(&r.params)
+    {
+        return Err(usage(format!(
+            "--params must be between 1 and {} (1 GiB of f32 a rank), got {}",
+            peregrine_core::model::synthetic::MAX_PARAMS,
+            r.params
+        )));
+    }
     if r.split == Split::Units && (r.model != ModelKind::Mlp || r.hidden.len() != 1) {
         return Err(usage(if r.model == ModelKind::Mlp {
             format!(
@@ -885,6 +947,12 @@ fn rank_in(
     }
     let pinning = if a.no_pin { Pinning::Off } else { Pinning::Auto };
     let pool = RankPool::new(r.threads, slot, pinning).map_err(|e| AppError::Train(e.to_string()))?;
+    // More threads on the node than cores (each rank's loop and its compute threads): waits
+    // sleep soon instead of yielding, and idle workers park at once.
+    if ranks_on_node(t) * (r.threads + 1) > cpus {
+        peregrine_core::clocks::set_oversubscribed(true);
+        pool.set_spin(Duration::ZERO);
+    }
     if local && pool.placement().pinned {
         // Local ranks share the machine's cores: each rank's loop stays on its own first core,
         // so that it competes with its own compute threads, not with another rank's.
@@ -930,6 +998,38 @@ fn rank_in(
             let m = Lda::new(&r.data, r.eval.as_deref(), r.k, r.alpha, r.eta).map_err(data_err)?;
             go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
+        ModelKind::Synthetic => {
+            let cost = Duration::from_secs_f64(r.chunk_cost);
+            let m = Synthetic::new(&r.data, r.params, cost, r.chunk).map_err(data_err)?;
+            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
+        }
+    }
+}
+
+/// A chunk's cost as given: a number of seconds, or one followed by `s`, `ms`, `us` or `ns`
+/// (`2ms`); more than 0 and at most a minute.
+pub(crate) fn parse_cost(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let (num, unit) = match t.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => t.split_at(i),
+        None => (t, "s"),
+    };
+    let scale = match unit.trim() {
+        "s" => 1.0,
+        "ms" => 1e-3,
+        "us" | "µs" => 1e-6,
+        "ns" => 1e-9,
+        _ => return Err(format!("--chunk-cost `{s}`: the unit must be s, ms, us or ns (as in 2ms)")),
+    };
+    let max = peregrine_core::model::synthetic::MAX_CHUNK_COST;
+    match num.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v * scale <= max.as_secs_f64() => {
+            Ok(Duration::from_secs_f64(v * scale))
+        }
+        _ => Err(format!(
+            "--chunk-cost `{s}`: a duration more than 0 and at most {} s, as in 2ms or 0.002",
+            max.as_secs()
+        )),
     }
 }
 
@@ -1001,6 +1101,7 @@ impl ModelKind {
             ModelKind::Mf => "mf",
             ModelKind::Mlp => "mlp",
             ModelKind::Lda => "lda",
+            ModelKind::Synthetic => "synthetic",
         }
     }
 }

@@ -1197,6 +1197,84 @@ fn experiment_config_errors_are_clear() {
 }
 
 /// `measured <m> s, simulated <s> s, ratio <r>` from a replay's line starting with `what`.
+#[test]
+fn synthetic_workload_runs_many_ranks_and_refuses_bad_settings() {
+    let d_tmp = scratch("synthetic");
+    let d = d_tmp.path();
+    let data = train_data(d);
+    let run = d.join("run");
+    let r = run.to_string_lossy().into_owned();
+    let base = ["train", "--model", "synthetic", "--data", &data, "--run-dir", &r, "--quiet"];
+    for (extra, want) in [
+        (&["--chunk-cost=-1ms"][..], "--chunk-cost `-1ms`"),
+        (&["--chunk-cost", "0"], "more than 0"),
+        (&["--chunk-cost", "2parsecs"], "the unit must be"),
+        (&["--chunk-cost", "2h"], "the unit must be"),
+        (&["--chunk-cost", "90s"], "at most 60 s"),
+        (&["--params", "0"], "--params must be between 1"),
+        (&["--params", "4294967295"], "--params must be between 1"),
+    ] {
+        let out = peregrine(&[&base[..], extra].concat());
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {stderr}");
+        assert!(stderr.contains(want), "{extra:?}: {stderr}");
+        assert!(!run.exists(), "{extra:?} wrote {r}");
+    }
+    let out = peregrine(&["train", "--model", "lr", "--data", &data, "--chunk-cost", "2ms", "--run-dir", &r]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).1.contains("for --model synthetic"), "{:?}", text(&out));
+    assert!(!run.exists());
+    // 8 ranks on this machine's cores, rank 0 at half speed: every row once an iteration.
+    let (_, stderr) = ok(&[
+        &base[..],
+        &[
+            "--ranks",
+            "8",
+            "--threads",
+            "1",
+            "--chunk-cost",
+            "1ms",
+            "--params",
+            "5000",
+            "--batch",
+            "1000",
+            "--chunk",
+            "64",
+            "--iterations",
+            "10",
+            "--straggler",
+            "persistent:rank=0,speed=0.5",
+        ],
+    ]
+    .concat());
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).expect("summary"))
+            .expect("json");
+    assert_eq!(summary["model"], "synthetic", "{stderr}");
+    let per_rank = summary["per_rank"].as_array().expect("per rank");
+    assert_eq!(per_rank.len(), 8);
+    let rows: u64 = per_rank.iter().map(|p| p["rows"].as_u64().expect("rows")).sum();
+    assert_eq!(rows, 10 * 1000);
+    // Each rank slept at least its rows' cost: 1 ms a chunk of 64 rows.
+    for p in per_rank {
+        let (rows, busy) = (p["rows"].as_f64().expect("rows"), p["busy"].as_f64().expect("busy"));
+        assert!(busy >= 0.9 * rows / 64.0 * 1e-3, "{p}");
+    }
+    let config = std::fs::read_to_string(run.join("config.toml")).expect("config");
+    assert!(config.contains("chunk-cost = 0.001") && config.contains("params = 5000"), "{config}");
+    assert!(!config.contains("hidden") && !config.contains("optimizer"), "{config}");
+    // The replay reads it like any run.
+    let out = peregrine(&["simulate", "--replay", &r]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    let (measured, simulated, _) = replayed(&text(&out).0, "time per iteration");
+    assert!(measured > 0.0 && simulated > 0.0);
+    // Nothing to predict with.
+    let model = run.join("model.safetensors");
+    let out = peregrine(&["predict", "--model", &model.to_string_lossy(), "--data", &data, "-o", "-"]);
+    assert_eq!(out.status.code(), Some(1), "{:?}", text(&out));
+    assert!(text(&out).1.contains("nothing to predict"), "{:?}", text(&out));
+}
+
 fn replayed(stdout: &str, what: &str) -> (f64, f64, f64) {
     let line =
         stdout.lines().find(|l| l.starts_with(what)).unwrap_or_else(|| panic!("no `{what}`:\n{stdout}"));

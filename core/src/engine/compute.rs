@@ -528,7 +528,11 @@ impl<M: Model> Run<'_, M> {
         let c0 = Instant::now();
         self.watch.chunk_started();
         let delay = f64::from_bits(self.delay.load(Ordering::Relaxed));
-        let cpu0 = (delay > 0.0).then(thread_cpu_time);
+        // What the delay is scaled from: the thread's CPU time, or the wall time of a model that
+        // sleeps instead of computing.
+        let slept = self.model.slept();
+        let spent = || if slept { c0.elapsed() } else { thread_cpu_time() };
+        let cpu0 = (delay > 0.0).then(spent);
         let epoch = self.plan.epoch(it);
         let loss = if self.values.load(Ordering::Relaxed) {
             self.model.compute_values(epoch, rows, params, work)
@@ -551,7 +555,7 @@ impl<M: Model> Run<'_, M> {
             // the machine's preemptions while computing stay its noise, counted once (multiplied
             // by the factor, they made a delayed rank's iterations several times noisier than
             // the others').
-            self.injected_sleep(thread_cpu_time().saturating_sub(cpu0).mul_f64(delay), cancel);
+            self.injected_sleep(spent().saturating_sub(cpu0).mul_f64(delay), cancel);
         }
         self.iter_busy.fetch_add(c0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         self.watch.chunk_done();

@@ -20,6 +20,7 @@ pub mod lr;
 pub mod mf;
 pub mod mlp;
 pub mod softmax;
+pub mod synthetic;
 
 /// A flat parameter vector cut into keys of `width` parameters (the last may be shorter).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -789,6 +790,13 @@ pub trait Model: Send + Sync {
     /// follow every earlier update ([`crate::Scheme::pulls_every_update`]), or a delta lands on
     /// a state it was not computed from.
     fn needs_current_rows(&self) -> bool {
+        false
+    }
+
+    /// Whether `compute` sleeps instead of computing (a stand-in workload): an injected delay is
+    /// then scaled from a chunk's wall time, not from the thread's CPU time (which a sleep does
+    /// not use).
+    fn slept(&self) -> bool {
         false
     }
 
