@@ -324,6 +324,13 @@ pub fn wait_until<E>(
 mod tests {
     use super::*;
 
+    /// Runs `f` on every rank of a local world of `world`; any rank's error fails the test.
+    fn on_ranks(world: usize, f: impl Fn(Transport) -> Result<()> + Sync) {
+        for r in peregrine_transport::run_local(world, f).expect("world") {
+            r.expect("rank");
+        }
+    }
+
     /// Every way the clocks can be kept: by scans alone, with the trees (BSP, SSP(2)), with the
     /// version counter.
     const KEPT: [Reads; 3] = [
@@ -335,7 +342,7 @@ mod tests {
     #[test]
     fn progress_counts_chunks_done_by_anyone() {
         for reads in KEPT {
-            peregrine_transport::run_local(3, |t| -> Result<()> {
+            on_ranks(3, |t| {
                 // A run resumed at iteration 9: the trees count from there.
                 let c = Clocks::new(&t, reads, 9)?;
                 c.resume(9)?;
@@ -383,10 +390,7 @@ mod tests {
                 assert_eq!(c.version()?, 30);
                 t.barrier()?;
                 c.free()
-            })
-            .expect("world")
-            .into_iter()
-            .for_each(|r| r.expect("rank"));
+            });
         }
     }
 
@@ -398,7 +402,7 @@ mod tests {
         // least `it + 1 - 2`.
         for world in [1, 2, 5, 17, 32] {
             let s = 2;
-            peregrine_transport::run_local(world, |t| -> Result<()> {
+            on_ranks(world, |t| {
                 let c = Clocks::new(&t, Reads { staleness: Some(s), ..Reads::default() }, 4)?;
                 c.resume(4)?;
                 t.barrier()?;
@@ -424,10 +428,7 @@ mod tests {
                 assert!(!c.reached(35)?);
                 t.barrier()?;
                 c.free()
-            })
-            .expect("world")
-            .into_iter()
-            .for_each(|r| r.expect("rank"));
+            });
         }
     }
 
@@ -439,7 +440,7 @@ mod tests {
         // never before, iteration after iteration (a second arrival for a rank would complete a
         // later lap early; a missing one would never complete).
         for world in [1, 2, 7, 32] {
-            peregrine_transport::run_local(world, |t| -> Result<()> {
+            on_ranks(world, |t| {
                 let reads = Reads { staleness: Some(0), lines_up: true, version: false };
                 let c = Clocks::new(&t, reads, 0)?;
                 for it in 0..12u64 {
@@ -464,16 +465,13 @@ mod tests {
                 }
                 t.barrier()?;
                 c.free()
-            })
-            .expect("world")
-            .into_iter()
-            .for_each(|r| r.expect("rank"));
+            });
         }
     }
 
     #[test]
     fn a_tick_passing_up_the_tree_marks_its_clock_word() {
-        peregrine_transport::run_local(2, |t| -> Result<()> {
+        on_ranks(2, |t| {
             let c = Clocks::new(&t, Reads { staleness: Some(0), ..Reads::default() }, 0)?;
             assert_eq!(c.tick()?, 1);
             t.barrier()?;
@@ -486,9 +484,6 @@ mod tests {
             assert_eq!((c.clock(0)?, c.clock(1)?), (1, 1));
             t.barrier()?;
             c.free()
-        })
-        .expect("world")
-        .into_iter()
-        .for_each(|r| r.expect("rank"));
+        });
     }
 }

@@ -66,6 +66,44 @@ pub fn mpirun_n(ranks: usize, program: &Path, args: &[&str]) -> Output {
         .unwrap_or_else(|e| panic!("cannot start `{launcher}`: {e} (is MPI installed?)"))
 }
 
+/// The settings of the SPMD programs that take `[--backend local|mpi] [--ranks N] [--iterations
+/// K] [--threads T]`.
+#[derive(Clone, Copy, Debug)]
+pub struct SpmdArgs {
+    /// The transport.
+    pub backend: peregrine_transport::Backend,
+    /// Ranks of the local backend.
+    pub ranks: usize,
+    /// Iterations of the check.
+    pub iterations: u64,
+    /// Threads a rank.
+    pub threads: usize,
+}
+
+impl SpmdArgs {
+    /// Parses `program`'s command line over these defaults; `Err`: the message for a bad argument.
+    pub fn parse(program: &str, mut a: SpmdArgs) -> Result<SpmdArgs, String> {
+        let mut args = std::env::args().skip(1);
+        while let Some(flag) = args.next() {
+            let v = args.next().unwrap_or_default();
+            let ok = match flag.as_str() {
+                "--backend" => v.parse().map(|b| a.backend = b).is_ok(),
+                "--ranks" => v.parse().map(|n| a.ranks = n).is_ok(),
+                "--iterations" => v.parse().map(|n| a.iterations = n).is_ok(),
+                "--threads" => v.parse().map(|n| a.threads = n).is_ok(),
+                _ => false,
+            };
+            if !ok {
+                return Err(format!(
+                    "error: bad argument `{flag} {v}`; usage: {program} [--backend local|mpi] [--ranks N] \
+                     [--iterations K] [--threads T]"
+                ));
+            }
+        }
+        Ok(a)
+    }
+}
+
 /// Runs an SPMD test program's `body` on every rank of `backend` (`ranks` threads for the local
 /// backend, this process's MPI rank otherwise): exit 0 iff every rank returned `true`.
 pub fn run_spmd(

@@ -6,25 +6,18 @@
 use std::process::ExitCode;
 
 use peregrine_tests::clocks::agree;
+use peregrine_tests::SpmdArgs;
 use peregrine_transport::{Backend, Transport};
 
 fn main() -> ExitCode {
-    let (mut backend, mut ranks, mut iterations, mut threads) = (Backend::detect(), 4usize, 30u64, 2usize);
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let v = args.next().unwrap_or_default();
-        let ok = match a.as_str() {
-            "--backend" => v.parse().map(|b| backend = b).is_ok(),
-            "--ranks" => v.parse().map(|n| ranks = n).is_ok(),
-            "--iterations" => v.parse().map(|n| iterations = n).is_ok(),
-            "--threads" => v.parse().map(|n| threads = n).is_ok(),
-            _ => false,
-        };
-        if !ok {
-            eprintln!("error: bad argument `{a} {v}`; usage: clocks [--backend local|mpi] [--ranks N] [--iterations K] [--threads T]");
+    let defaults = SpmdArgs { backend: Backend::detect(), ranks: 4, iterations: 30, threads: 2 };
+    let SpmdArgs { backend, ranks, iterations, threads } = match SpmdArgs::parse("clocks", defaults) {
+        Ok(a) => a,
+        Err(m) => {
+            eprintln!("{m}");
             return ExitCode::from(2);
         }
-    }
+    };
     let body = |t: Transport| -> bool {
         match agree(&t, iterations, threads) {
             Ok(r) => {

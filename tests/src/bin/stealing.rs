@@ -6,25 +6,18 @@
 use std::process::ExitCode;
 
 use peregrine_tests::stealing::exactly_once;
+use peregrine_tests::SpmdArgs;
 use peregrine_transport::{Backend, ReduceOp, Transport};
 
 fn main() -> ExitCode {
-    let (mut backend, mut ranks, mut iterations, mut threads) = (Backend::detect(), 4usize, 20u64, 3usize);
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let v = args.next().unwrap_or_default();
-        let ok = match a.as_str() {
-            "--backend" => v.parse().map(|b| backend = b).is_ok(),
-            "--ranks" => v.parse().map(|n| ranks = n).is_ok(),
-            "--iterations" => v.parse().map(|n| iterations = n).is_ok(),
-            "--threads" => v.parse().map(|n| threads = n).is_ok(),
-            _ => false,
-        };
-        if !ok {
-            eprintln!("error: bad argument `{a} {v}`; usage: stealing [--backend local|mpi] [--ranks N] [--iterations K] [--threads T]");
+    let defaults = SpmdArgs { backend: Backend::detect(), ranks: 4, iterations: 20, threads: 3 };
+    let SpmdArgs { backend, ranks, iterations, threads } = match SpmdArgs::parse("stealing", defaults) {
+        Ok(a) => a,
+        Err(m) => {
+            eprintln!("{m}");
             return ExitCode::from(2);
         }
-    }
+    };
     let body = |t: Transport| -> bool {
         match exactly_once(&t, iterations, threads) {
             Ok(r) => {
