@@ -149,17 +149,22 @@ pub fn run(a: SimArgs) -> Result<(), AppError> {
         ..base.clone()
     };
     let r = sim::simulate(&ideal, None).map_err(|e| sim_err("", e))?;
+    // What no scheme can beat under this straggler pattern.
+    let bound = sim::balanced_bound(&base, &r);
+    if let Some(b) = bound {
+        println!("balanced bound: {b:.6} s/iteration (the batch spread over every rank's speed, plus Ideal's communication)");
+    }
     println!(
-        "{:<24} {:>12} {:>9} {:>7} {:>10} {:>11} {:>9} {:>10}",
-        "scheme", "s/iteration", "vs ideal", "wait %", "taken", "to target s", "wall s", "events"
+        "{:<24} {:>12} {:>9} {:>7} {:>10} {:>11} {:>9} {:>10} {:>9}",
+        "scheme", "s/iteration", "vs ideal", "wait %", "taken", "to target s", "wall s", "events", "vs bound"
     );
     let ideal_s = r.per_iteration;
-    print_row("ideal (bsp, no straggler)", &r, ideal_s);
+    print_row("ideal (bsp, no straggler)", &r, ideal_s, None);
     reports.push(("ideal".to_string(), r));
     for s in schemes {
         let c = SimConfig { cfg: Config { scheme: s.clone(), ..base.cfg.clone() }, ..base.clone() };
         let r = sim::simulate(&c, None).map_err(|e| sim_err(format!("{s}: "), e))?;
-        print_row(&s.to_string(), &r, ideal_s);
+        print_row(&s.to_string(), &r, ideal_s, bound);
         reports.push((s.to_string(), r));
     }
     if let Some(path) = &a.json {
@@ -174,9 +179,9 @@ pub fn run(a: SimArgs) -> Result<(), AppError> {
     Ok(())
 }
 
-fn print_row(name: &str, r: &SimReport, ideal: f64) {
+fn print_row(name: &str, r: &SimReport, ideal: f64, bound: Option<f64>) {
     println!(
-        "{:<24} {:>12.6} {:>8.2}x {:>6.1}% {:>10} {:>11} {:>9.2} {:>10}",
+        "{:<24} {:>12.6} {:>8.2}x {:>6.1}% {:>10} {:>11} {:>9.2} {:>10} {:>9}",
         name,
         r.per_iteration,
         if ideal > 0.0 { r.per_iteration / ideal } else { 0.0 },
@@ -184,7 +189,8 @@ fn print_row(name: &str, r: &SimReport, ideal: f64) {
         r.taken(),
         r.time_to_target.map_or("-".into(), |t| format!("{t:.3}")),
         r.wall_seconds,
-        r.events
+        r.events,
+        bound.filter(|&b| b > 0.0).map_or("-".into(), |b| format!("{:.2}x", r.per_iteration / b))
     );
 }
 

@@ -1406,6 +1406,12 @@ fn simulate_compares_schemes_at_scale() {
     let steal: f64 = row("bsp+steal")[1].parse().expect("s/iteration");
     let ideal: f64 = row("ideal")[4].parse().expect("s/iteration");
     assert!(bsp > 1.5 * ideal && steal < bsp, "{stdout}");
+    // The balanced bound, and the schemes that compute every chunk at or above it.
+    assert!(stdout.contains("balanced bound: "), "{stdout}");
+    for name in ["bsp ", "bsp+steal"] {
+        let vs: f64 = row(name)[8].trim_end_matches('x').parse().expect("vs bound");
+        assert!(vs >= 1.0, "{name}: {vs}\n{stdout}");
+    }
     for bad in [
         &["simulate", "--ranks", "0"][..],
         &["simulate", "--scheme", "bulk"],

@@ -169,6 +169,36 @@ impl SimReport {
     }
 }
 
+/// The balanced bound of `s` in seconds an iteration, given `ideal`, the same world's run
+/// without stragglers: each iteration's chunks spread over every rank's threads at their
+/// injected speeds (threads and delay factors, as the engine applies them) as if work were a
+/// fluid, plus what Ideal spends outside compute (communication, coordination). No scheme that
+/// computes every chunk can do better on average (backup workers and DBW, which drop late
+/// updates, can); one that moves work in whole chunks may not reach it (a chunk in flight on a
+/// slow rank is not shared). Disruptors' slowdowns are not counted (a looser bound there); `None`
+/// for replayed costs.
+pub fn balanced_bound(s: &SimConfig, ideal: &SimReport) -> Option<f64> {
+    let chunk = match &s.compute {
+        ComputeModel::Constant(c) => *c,
+        ComputeModel::Samples(v) if !v.is_empty() => v.iter().sum::<f64>() / v.len() as f64,
+        _ => return None,
+    };
+    let plan = crate::engine::check(&s.cfg, s.ranks, s.rows).ok()?;
+    let iterations = ideal.iterations.max(1);
+    let threads = s.max_threads();
+    let (mut bound, mut flat) = (0.0, 0.0);
+    for it in 0..iterations {
+        let work = plan.batch_chunks(it) as f64 * chunk;
+        let capacity: f64 = (0..s.ranks)
+            .map(|r| s.cfg.inject.threads(r, threads) as f64 / (1.0 + s.cfg.inject.delay(r, it)))
+            .sum();
+        bound += work / capacity.max(1e-12);
+        flat += work / (s.ranks * threads) as f64;
+    }
+    let overhead = (ideal.per_iteration - flat / iterations as f64).max(0.0);
+    Some(bound / iterations as f64 + overhead)
+}
+
 /// Simulates `s`; `records`, if given, receives every rank's record of every iteration (as a
 /// run's metrics files hold them), in virtual-time order.
 pub fn simulate<'a>(
@@ -293,6 +323,26 @@ mod tests {
         // Every chunk is computed exactly once.
         let rows: u64 = steal.per_rank.iter().map(|r| r.rows).sum();
         assert_eq!(rows, 20 * (8 * 6 * 8) as u64);
+    }
+
+    #[test]
+    fn the_balanced_bound_spreads_the_work_over_the_ranks_speeds() {
+        // 8 ranks of 2 threads, 3 chunks of 100 us a thread: 0.3 ms of compute an iteration.
+        // Rank 0 at half speed: 16 threads' work over 15 threads' worth of capacity.
+        let ideal_cfg = config("bsp", 8, 2, Pattern::Ideal);
+        let ideal = simulate(&ideal_cfg, None).expect("ideal");
+        let slow = config("bsp", 8, 2, Pattern::Persistent { ranks: vec![0], speed: 0.5, threads: None });
+        let bound = balanced_bound(&slow, &ideal).expect("a bound");
+        let overhead = ideal.per_iteration - 300e-6;
+        assert!((bound - (300e-6 * 16.0 / 15.0 + overhead)).abs() < 1e-9, "{bound}");
+        // No straggler: Ideal itself.
+        assert!((balanced_bound(&ideal_cfg, &ideal).expect("a bound") - ideal.per_iteration).abs() < 1e-12);
+        // Every scheme at or above it.
+        for scheme in ["bsp", "bsp+steal", "ssp:2+steal", "flexrr:2", "falcon"] {
+            let c = config(scheme, 8, 2, Pattern::Persistent { ranks: vec![0], speed: 0.5, threads: None });
+            let r = simulate(&c, None).expect("simulation");
+            assert!(r.per_iteration >= bound * (1.0 - 1e-9), "{scheme}: {} < {bound}", r.per_iteration);
+        }
     }
 
     fn s_transfer() -> f64 {
