@@ -280,17 +280,17 @@ impl Clocks {
 const SPIN_POLLS: u32 = 64;
 /// Polls (spun or yielded) before sleeping between polls.
 const YIELD_POLLS: u32 = 4096;
-/// The same where this node's threads outnumber its cores ([`set_oversubscribed`]).
+/// The same where this node's ranks outnumber its cores ([`set_oversubscribed`]).
 const YIELD_POLLS_OVERSUBSCRIBED: u32 = 16;
 /// The sleep between polls after that.
 const POLL_SLEEP: Duration = Duration::from_micros(50);
 
-/// Whether this process's ranks and threads outnumber the node's cores.
+/// Whether the node's ranks outnumber its cores.
 static OVERSUBSCRIBED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Says whether the node's ranks and their threads outnumber its cores: waits then sleep between
-/// polls after a few, instead of yielding the core thousands of times (with 16-32 ranks on two
-/// cores, yielding waiters kept the cores from the ranks they waited for).
+/// Says whether the node's ranks outnumber its cores: waits then sleep between polls after a
+/// few, instead of yielding the core thousands of times (with 8-32 ranks on two cores, yielding
+/// waiters kept the cores from the ranks they waited for).
 pub fn set_oversubscribed(yes: bool) {
     OVERSUBSCRIBED.store(yes, std::sync::atomic::Ordering::Relaxed);
 }

@@ -947,9 +947,10 @@ fn rank_in(
     }
     let pinning = if a.no_pin { Pinning::Off } else { Pinning::Auto };
     let pool = RankPool::new(r.threads, slot, pinning).map_err(|e| AppError::Train(e.to_string()))?;
-    // More threads on the node than cores (each rank's loop and its compute threads): waits
-    // sleep soon instead of yielding, and idle workers park at once.
-    if ranks_on_node(t) * (r.threads + 1) > cpus {
+    // More ranks on the node than cores (8-32 ranks on a workstation): waits sleep soon instead
+    // of yielding, and idle workers park at once. Ranks that fit (each rank's loop alternating
+    // with its compute threads) keep the short spin and yield, which their dispatch needs.
+    if ranks_on_node(t) > cpus {
         peregrine_core::clocks::set_oversubscribed(true);
         pool.set_spin(Duration::ZERO);
     }
