@@ -97,6 +97,8 @@ pub(super) struct Run<'a, M: Model> {
     /// When the model splits its units over the rank's threads ([`Model::units`]): the team
     /// they compute every chunk as, the leader (worker 0) taking the chunks.
     pub team: Option<Team>,
+    /// When this rank last read every rank's word to name whom it waits for.
+    pub naming: Naming,
 }
 
 /// What the rank's main thread carries from iteration to iteration: buffers and running sums.
@@ -140,25 +142,29 @@ const MAX_RATE_SAMPLES: usize = 1 << 16;
 /// taken over), and then how often it reads again.
 const HOLDER_AFTER: Duration = Duration::from_millis(10);
 
-/// How long a wait lasts before the rank reads every rank's word to name whom it waits for (the
-/// watchdog's message), and then how often it reads them again: a wait polls one word, and a
-/// read of every rank's is O(ranks).
+/// Every rank's words are read to name whom a rank waits for (the watchdog's suspect, should it
+/// fire while the rank is blocked elsewhere, e.g. in an evaluation's collective) at most every
+/// `NAME_EVERY`, and within a wait once it has lasted `NAME_AFTER`: a wait polls one word, a read
+/// of every rank's is O(ranks) (at 4,096 ranks over InfiniBand ~1 ms every 500 ms, 0.2 %).
 const NAME_AFTER: Duration = Duration::from_millis(10);
 const NAME_EVERY: Duration = Duration::from_millis(500);
 
-/// When a wait last read every rank's word to name whom it waits for.
+/// When this rank last read every rank's word to name whom it waits for.
 #[derive(Default)]
-struct Naming(Option<Instant>);
+pub(super) struct Naming(Mutex<Option<Instant>>);
 
 impl Naming {
-    /// Whether a wait that began at `since` reads every rank's word now.
-    fn due(&mut self, since: Instant) -> bool {
-        let due = match self.0 {
-            None => since.elapsed() >= NAME_AFTER,
-            Some(at) => at.elapsed() >= NAME_EVERY,
+    /// Whether a wait that began at `since` reads every rank's word now: the first wait of the
+    /// run, a wait that lasted [`NAME_AFTER`] without a read since it began, or [`NAME_EVERY`]
+    /// after the last read.
+    fn due(&self, since: Instant) -> bool {
+        let mut last = self.0.lock().expect("naming");
+        let due = match *last {
+            None => true,
+            Some(at) => at.elapsed() >= NAME_EVERY || (at < since && since.elapsed() >= NAME_AFTER),
         };
         if due {
-            self.0 = Some(Instant::now());
+            *last = Some(Instant::now());
         }
         due
     }
@@ -257,6 +263,7 @@ impl<'a, M: Model> Run<'a, M> {
             traced_split: AtomicU64::new(u64::MAX),
             traced_threads: AtomicU64::new(u64::MAX),
             team: model.units(0, 1).map(|_| Team::new(pool.max_threads())),
+            naming: Naming::default(),
         };
         let mut policy = policy;
         if let Some(s) = &cfg.resume {
@@ -398,11 +405,10 @@ impl<'a, M: Model> Run<'a, M> {
             if !policy.ready(&self.view(), it)? {
                 self.watch.mark(Phase::Waiting, it);
                 let waiting = Span::now();
-                let mut named = Naming::default();
                 rec.wait += self
                     .wait_serving(&mut me.ev, || {
                         let view = self.view();
-                        if named.due(waiting.0) {
+                        if self.naming.due(waiting.0) {
                             // Who is behind, for the watchdog: every clock, once the wait is long.
                             view.clocks()?;
                         }
@@ -679,7 +685,6 @@ impl<'a, M: Model> Run<'a, M> {
             self.watch.mark(Phase::LiningUp, it);
             let lining = Span::now();
             let mut held = None;
-            let mut named = Naming::default();
             let w = crate::clocks::wait_until(|| -> Result<bool, TrainError> {
                 paused += self.serve_evals(ev)?;
                 // Once an evaluation says stop, nobody waits for anyone any more.
@@ -687,7 +692,7 @@ impl<'a, M: Model> Run<'a, M> {
                     return Ok(true);
                 }
                 // Who is behind, for the watchdog: every progress word, once the wait is long.
-                if named.due(lining.0) {
+                if self.naming.due(lining.0) {
                     if let Some(rank) = self.clocks.first_not_done(it)? {
                         let holder = self.holder(rank, lining.0, &mut held)?;
                         self.watch.saw(Behind::Chunks { rank, holder });
@@ -912,11 +917,11 @@ impl<'a, M: Model> Run<'a, M> {
         self.current.store(self.cfg.iterations, Ordering::Relaxed);
         self.watch.mark(Phase::Finishing, me.ev.iters);
         self.control.fetch_add(1, 1)?;
-        let (since, mut named) = (Instant::now(), Naming::default());
+        let since = Instant::now();
         crate::clocks::wait_until(|| -> Result<bool, TrainError> {
             self.serve_evals(&mut me.ev)?;
             let done = self.control.load(1)?;
-            if done < self.world as u64 && named.due(since) {
+            if done < self.world as u64 && self.naming.due(since) {
                 // Who is behind (a run ends at different clocks under SSP/ASP, or on a target).
                 self.view().clocks()?;
             }
