@@ -396,6 +396,8 @@ pub(crate) struct TrainFile {
     eta: Option<f64>,
     l2: Option<f32>,
     hidden: Option<Vec<usize>>,
+    /// `"2ms"` or a number of seconds (what `config.toml` records).
+    #[serde(default, deserialize_with = "cost_or_seconds")]
     chunk_cost: Option<String>,
     params: Option<usize>,
     split: Option<Split>,
@@ -1005,6 +1007,25 @@ fn rank_in(
             go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
     }
+}
+
+/// `chunk-cost` in a configuration file: a duration as on the command line (`"2ms"`) or a number
+/// of seconds (as `config.toml` records it), checked by [`parse_cost`] either way.
+fn cost_or_seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Cost {
+        Text(String),
+        Seconds(f64),
+    }
+    Ok(Some(
+        match Cost::deserialize(d).map_err(|_| {
+            serde::de::Error::custom("chunk-cost: a duration such as \"2ms\" or a number of seconds")
+        })? {
+            Cost::Text(s) => s,
+            Cost::Seconds(x) => x.to_string(),
+        },
+    ))
 }
 
 /// A chunk's cost as given: a number of seconds, or one followed by `s`, `ms`, `us` or `ns`

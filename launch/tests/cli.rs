@@ -1263,6 +1263,16 @@ fn synthetic_workload_runs_many_ranks_and_refuses_bad_settings() {
     let config = std::fs::read_to_string(run.join("config.toml")).expect("config");
     assert!(config.contains("chunk-cost = 0.001") && config.contains("params = 5000"), "{config}");
     assert!(!config.contains("hidden") && !config.contains("optimizer"), "{config}");
+    // The recorded configuration runs again as it is, and a bad cost in a file names its place.
+    runs_again(&run, &["--iterations", "2"], &d.join("again"));
+    let again = std::fs::read_to_string(d.join("again/config.toml")).expect("config");
+    assert!(again.contains("chunk-cost = 0.001"), "{again}");
+    let bad = d.join("bad.toml");
+    std::fs::write(&bad, "model = \"synthetic\"\nchunk-cost = true\n").expect("write");
+    let out = peregrine(&["train", "--config", &bad.to_string_lossy(), "--data", &data]);
+    // As every bad configuration file (the file is data, not the command line).
+    assert_eq!(out.status.code(), Some(1), "{:?}", text(&out));
+    assert!(text(&out).1.contains("bad.toml:2") && text(&out).1.contains("chunk-cost"), "{:?}", text(&out));
     // The replay reads it like any run.
     let out = peregrine(&["simulate", "--replay", &r]);
     assert!(out.status.success(), "{:?}", text(&out));
