@@ -79,9 +79,7 @@ impl Clocks {
     pub fn new(t: &Transport, reads: Reads, start: u64) -> Result<Self> {
         let world = t.world_size();
         let map = ShardMap::from_lens(vec![1; world]);
-        // A rank arrives at slot `j + slots` only once every rank has passed `j`: clocks at
-        // most `s + 1` apart, one slot to spare.
-        let slots = reads.staleness.map(|s| s.saturating_add(3).min(1 << 16) as usize);
+        let slots = crate::tree::slots_for(reads.staleness);
         let c = Self {
             clocks: t.alloc_window("clocks", &map)?,
             progress: t.alloc_window("progress", &map)?,

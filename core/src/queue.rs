@@ -57,7 +57,7 @@ impl ChunkQueues {
     /// iteration `start`.
     pub fn with_tree(t: &Transport, staleness: Option<u64>, start: u64) -> Result<Self> {
         let window = t.alloc_window("chunk queues", &ShardMap::from_lens(vec![1; t.world_size()]))?;
-        let slots = staleness.map(|s| s.saturating_add(3).min(1 << 16) as usize);
+        let slots = crate::tree::slots_for(staleness);
         Ok(Self {
             window,
             drained: slots.map(|n| Tree::new(t, "drained tree", n, start)).transpose()?,

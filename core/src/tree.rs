@@ -29,6 +29,12 @@ use peregrine_transport::{Result, ShardMap, Transport, Window};
 /// atomics; 4,096 ranks are three levels).
 pub const FAN: usize = 16;
 
+/// Slots a node needs where ranks run at most `staleness` iterations ahead of the slowest clock
+/// (`None`: unbounded, no tree): arrivals of ranks up to `staleness + 1` apart, one to spare.
+pub fn slots_for(staleness: Option<u64>) -> Option<usize> {
+    staleness.map(|s| s.saturating_add(3).min(1 << 16) as usize)
+}
+
 /// The tree over a world of ranks: its levels and which rank holds which node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shape {
@@ -142,23 +148,17 @@ impl Tree {
             return Ok(None);
         }
         let mut host = 0;
-        let mut ranges = Vec::with_capacity(FAN);
-        let mut counts = Vec::with_capacity(FAN);
+        let (mut ranges, mut counts) = (Vec::with_capacity(FAN), Vec::with_capacity(FAN));
         for level in (1..self.shape.levels).rev() {
-            // The children: nodes of `level - 1` under the node at `host`.
-            let span = self.shape.span(level - 1);
-            let kids: Vec<usize> =
-                (0..self.shape.children(host, level) as usize).map(|i| host + i * span).collect();
+            // The children: nodes of `level - 1` under the node at `host`, `span` ranks apart.
+            let (span, kids) = (self.shape.span(level - 1), self.shape.children(host, level) as usize);
+            let kid = |i: usize| self.word(host + i * span, level - 1, j);
             ranges.clear();
-            ranges.extend(kids.iter().map(|&h| {
-                let i = self.word(h, level - 1, j).0;
-                i..i + 1
-            }));
-            counts.resize(kids.len(), 0);
+            ranges.extend((0..kids).map(|i| kid(i).0..kid(i).0 + 1));
+            counts.resize(kids, 0);
             self.words.load_batch(&ranges, &mut counts)?;
-            let open = kids.iter().zip(&counts).find(|&(&h, &c)| c < self.word(h, level - 1, j).1);
-            match open {
-                Some((&h, _)) => host = h,
+            match (0..kids).find(|&i| counts[i] < kid(i).1) {
+                Some(i) => host += i * span,
                 None => return Ok(None),
             }
         }

@@ -54,13 +54,14 @@ pub fn run(a: PredictArgs) -> Result<(), AppError> {
         what: saved.path.display().to_string(),
         detail: "unknown model".into(),
     })?;
+    let nothing = || AppError::Data {
+        what: saved.path.display().to_string(),
+        detail: "a synthetic workload's model (zeros standing in for a model's size): nothing to predict \
+                 with"
+            .into(),
+    };
     if kind == ModelKind::Synthetic {
-        return Err(AppError::Data {
-            what: saved.path.display().to_string(),
-            detail: "a synthetic workload's model (zeros standing in for a model's size): nothing to \
-                     predict with"
-                .into(),
-        });
+        return Err(nothing());
     }
     // The kernels read every row: the file is checked whole first (checksum, indices, labels), as
     // training checks it.
@@ -99,7 +100,7 @@ pub fn run(a: PredictArgs) -> Result<(), AppError> {
             let m = Lda::new(&a.data, None, topics, number("alpha")?, number("eta")?).map_err(data_err)?;
             write(&m, &saved, &a, start)
         }
-        ModelKind::Synthetic => unreachable!("refused above"),
+        ModelKind::Synthetic => Err(nothing()),
         ModelKind::Mf => {
             let (u, v) = (shape("users"), shape("items"));
             // With biases each row holds the factors, then the bias, and the mean is stored.

@@ -269,21 +269,26 @@ impl Words {
         }
     }
 
-    /// What a look at the candidates costs: with the tree of drained queues, one load of its
-    /// root and a batch of a node's children per level below it (counted at [`crate::tree::FAN`]),
-    /// then the candidates' words in one batch; else every rank's words in one batch.
-    fn look_ops(&self) -> Ops {
-        match &self.drained {
-            Some((tree, _)) => {
-                let mut ops = Ops::batch(1);
-                for _ in 1..tree.shape.levels() {
-                    ops += Ops::batch(crate::tree::FAN.min(self.world));
-                }
+    /// What the descent of the tree of drained queues reads: one load of its root and a batch of
+    /// a node's children per level below it (counted at [`crate::tree::FAN`]); nothing without
+    /// the tree.
+    fn descent_ops(&self) -> Ops {
+        let mut ops = Ops::default();
+        if let Some((tree, _)) = &self.drained {
+            ops += Ops::batch(1);
+            for _ in 1..tree.shape.levels() {
                 ops += Ops::batch(crate::tree::FAN.min(self.world));
-                ops
             }
-            None => Ops::batch(self.world),
         }
+        ops
+    }
+
+    /// What a look for chunks to take over costs: the descent, then the candidates' words in one
+    /// batch (a leaf node's with the tree, every rank's without).
+    fn look_ops(&self) -> Ops {
+        let mut ops = self.descent_ops();
+        ops += Ops::batch(if self.drained.is_some() { crate::tree::FAN.min(self.world) } else { self.world });
+        ops
     }
 
     /// Whether a rank other than `r` among the candidates of `it` has chunks of `it` queued.
@@ -389,14 +394,8 @@ impl View for SimView<'_> {
     /// The descent of the tree of drained queues (its reads charged here, the candidates' words
     /// by the reads that follow).
     fn candidates(&self, it: u64) -> crate::scheme::Result<Range<usize>> {
-        let ranks = self.w.candidates(it);
-        if self.w.drained.is_some() {
-            let mut ops = self.w.look_ops();
-            ops.trips -= 1; // the candidates' batch: charged by `queues_in`
-            ops.pipelined -= crate::tree::FAN.min(self.w.world) as u64 - 1;
-            self.add(ops);
-        }
-        Ok(ranks)
+        self.add(self.w.descent_ops());
+        Ok(self.w.candidates(it))
     }
     fn queues_in(&self, ranks: Range<usize>) -> crate::scheme::Result<Vec<Queue>> {
         self.add(Ops::batch(ranks.len()));
@@ -733,10 +732,7 @@ impl<'a> Sim<'a> {
         }
         if n == 0 {
             // No chunks: done at once, and arrived for at the done tree by the rank itself.
-            let mut after = 0;
-            if let Some((_, Some(tree))) = self.w.trees.as_mut() {
-                after = tree.arrive(&self.s.net, r, r, it).0;
-            }
+            let after = self.done_arrival(r, r, it);
             if self.w.all_done(it) {
                 self.wake_lined(it, t + after)?;
             }
@@ -1029,11 +1025,16 @@ impl<'a> Sim<'a> {
     /// off the critical path).
     fn done(&mut self, r: usize, owner: usize, n: u32) -> Option<(u64, Nanos)> {
         let (it, all) = self.w.done(owner, n)?;
-        let mut after = 0;
-        if let Some((_, Some(tree))) = self.w.trees.as_mut() {
-            after = tree.arrive(&self.s.net, r, owner, it).0;
-        }
+        let after = self.done_arrival(r, owner, it);
         all.then_some((it, after))
+    }
+
+    /// `r` arrives for `owner` at slot `it` of the done tree, if there is one: what it costs.
+    fn done_arrival(&mut self, r: usize, owner: usize, it: u64) -> Nanos {
+        match self.w.trees.as_mut() {
+            Some((_, Some(tree))) => tree.arrive(&self.s.net, r, owner, it).0,
+            _ => 0,
+        }
     }
 
     /// Rows of `owner`'s chunks `chunks` of `it`, computed by `r`.
