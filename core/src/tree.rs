@@ -29,10 +29,12 @@ use peregrine_transport::{Result, ShardMap, Transport, Window};
 /// atomics; 4,096 ranks are three levels).
 pub const FAN: usize = 16;
 
-/// Slots a node needs where ranks run at most `staleness` iterations ahead of the slowest clock
-/// (`None`: unbounded, no tree): arrivals of ranks up to `staleness + 1` apart, one to spare.
+/// Slots a node needs where ranks run at most `staleness` iterations ahead of the slowest clock:
+/// arrivals of ranks up to `staleness + 1` apart, one to spare. `None` (no tree: every rank's
+/// word is read instead) without a bound, or with one so large (65,533 or more) that the ring
+/// would not fit a window of reasonable size.
 pub fn slots_for(staleness: Option<u64>) -> Option<usize> {
-    staleness.map(|s| s.saturating_add(3).min(1 << 16) as usize)
+    staleness.filter(|&s| s < (1 << 16) - 3).map(|s| s as usize + 3)
 }
 
 /// The tree over a world of ranks: its levels and which rank holds which node.
@@ -253,6 +255,14 @@ mod tests {
                 assert_eq!(want == shape.levels(), r == world - 1, "rank {r} of {world}");
             }
         }
+    }
+
+    #[test]
+    fn slots_hold_every_rank_the_bound_lets_run_ahead() {
+        assert_eq!(
+            [Some(0), Some(3), None, Some(65_532), Some(65_533), Some(u64::MAX)].map(slots_for),
+            [Some(3), Some(6), None, Some(65_535), None, None]
+        );
     }
 
     #[test]
