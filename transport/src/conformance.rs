@@ -88,6 +88,9 @@ pub const CASES: &[Case] = &[
     Case { name: "owner-waits-on-its-own-shard", run: owner_waits },
     Case { name: "swap-chain-and-load", run: swap_chain },
     Case { name: "load-batch-of-every-rank", run: load_batch_everywhere },
+    Case { name: "positioned-batches-of-many-ranges", run: positioned_batches_plain },
+    Case { name: "positioned-batches-on-a-direct-window", run: positioned_batches_direct },
+    Case { name: "direct-window-accumulates-and-atomics", run: direct_window },
     Case { name: "bad-use-is-an-error", run: bad_use },
 ];
 
@@ -494,6 +497,155 @@ fn accumulate_everywhere<T: Elem + FromSmall>(t: &Transport, _: &Params) -> Outc
         ensure!(t, x == want, "{}: element {i} is {x:?}, expected {want:?}", T::NAME);
     }
     t.barrier()?;
+    w.free()?;
+    Ok(())
+}
+
+/// [`positioned_batches`] on a window from [`Transport::alloc_window`] (under MPI, a target's
+/// many ranges travel as one operation of an indexed datatype).
+fn positioned_batches_plain(t: &Transport, _: &Params) -> Outcome {
+    let map = ShardMap::from_lens((0..t.world_size()).map(|r| 150 + 37 * r));
+    positioned_batches(t, t.alloc_window("positioned", &map)?)
+}
+
+/// [`positioned_batches`] on a window from [`Transport::alloc_direct_window`] (loads, stores
+/// and atomic adds in place where every rank maps it whole).
+fn positioned_batches_direct(t: &Transport, _: &Params) -> Outcome {
+    let n = t.world_size();
+    positioned_batches(
+        t,
+        t.alloc_direct_window("positioned direct", &ShardMap::balanced_in_lines::<f32>(150 * n + 7, n))?,
+    )
+}
+
+/// Positioned batches ([`Window::get_at`], [`crate::WriteScope::put_at`], `accumulate_at`) of many
+/// ranges to every target (single elements, runs, ranges across a shard's end, an empty one),
+/// as a sparse model's keys are: rank 0 puts the pattern at them, every rank then adds its
+/// rank + 1 at every third of them and reads every range back into the positions of a vector
+/// that holds a marker elsewhere; one read of the whole window checks that nothing landed
+/// beside its range.
+fn positioned_batches(t: &Transport, w: Window<f32>) -> Outcome {
+    let (rank, n, total) = (t.rank(), t.world_size(), w.len());
+    let mut ranges: Vec<Range<usize>> = Vec::new();
+    let mut i = 1;
+    while i + 3 < total {
+        ranges.push(if i % 5 == 0 { i..i + 3 } else { i..i + 1 });
+        i += 4 + i % 3;
+    }
+    for r in 1..n {
+        let b = w.map().range(r).start;
+        if b >= 2 && b + 2 <= total && !ranges.iter().any(|x| x.start < b + 2 && b - 2 < x.end) {
+            ranges.push(b - 2..b + 2); // across the shard's boundary
+        }
+    }
+    ranges.sort_by_key(|r| r.start);
+    ranges.push(5..5);
+    let inside = |i: usize| ranges.iter().any(|r| r.contains(&i));
+    let third: Vec<Range<usize>> = ranges.iter().step_by(3).cloned().collect();
+    let in_third = |i: usize| third.iter().any(|r| r.contains(&i));
+    let pat = |i: usize| (i % 251) as f32;
+    let values: Vec<f32> = (0..total).map(pat).collect();
+    if rank == 0 {
+        w.write_scope(|s| s.put_at(&ranges, &values))?;
+    }
+    t.barrier()?;
+    let add = vec![(rank + 1) as f32; total];
+    w.write_scope(|s| s.accumulate_at(&third, &add))?;
+    t.barrier()?;
+    let sum = (n * (n + 1) / 2) as f32;
+    let want = |i: usize| if inside(i) { pat(i) + if in_third(i) { sum } else { 0.0 } } else { 0.0 };
+    let mut got = vec![-1.0f32; total];
+    w.get_at(&ranges, &mut got)?;
+    for (i, &x) in got.iter().enumerate() {
+        let expected = if inside(i) { want(i) } else { -1.0 };
+        ensure!(t, x == expected, "get_at: position {i} holds {x}, expected {expected}");
+    }
+    let mut all = vec![0.0f32; total];
+    w.get(0, &mut all)?;
+    for (i, &x) in all.iter().enumerate() {
+        ensure!(t, x == want(i), "after put_at and accumulate_at: element {i} is {x}, expected {}", want(i));
+    }
+    ensure!(
+        t,
+        kind(w.get_at(&ranges, &mut got[1..])).is_some(),
+        "get_at into a vector shorter than the window"
+    );
+    t.barrier()?;
+    w.free()?;
+    Ok(())
+}
+
+/// A direct window ([`Transport::alloc_direct_window`]) is direct exactly where every rank maps it
+/// whole (the local backend; MPI processes on one node with shared windows), and its float
+/// accumulates and atomics are atomic with each other from every rank at once: whole-vector
+/// accumulates crossing every shard and positioned ones racing on the same elements give exact
+/// sums, `fetch_add` hands out every float ticket once, and `u64` atomics work as on any
+/// window.
+fn direct_window(t: &Transport, p: &Params) -> Outcome {
+    let (rank, n) = (t.rank(), t.world_size());
+    let map = ShardMap::balanced_in_lines::<f32>(40 * n + 3, n);
+    let total = map.total();
+    let w: Window<f32> = t.alloc_direct_window("direct", &map)?;
+    if let Some(whole) = p.whole_in_place {
+        ensure!(t, w.is_direct() == whole, "is_direct() is {}, expected {whole}", w.is_direct());
+    }
+    const ROUNDS: usize = 50;
+    let contribution = |r: usize, i: usize| ((r + 1) * (i % 7 + 1)) as f32;
+    let data: Vec<f32> = (0..total).map(|i| contribution(rank, i)).collect();
+    let every: Vec<Range<usize>> = (0..total).map(|i| i..i + 1).collect();
+    for round in 0..ROUNDS {
+        if round % 2 == 0 {
+            w.accumulate(0, &data)?;
+        } else {
+            w.write_scope(|s| s.accumulate_at(&every, &data))?;
+        }
+    }
+    w.flush_all()?;
+    t.barrier()?;
+    let mut got = vec![0.0f32; total];
+    w.get(0, &mut got)?;
+    for (i, &x) in got.iter().enumerate() {
+        let want = (0..n).map(|r| contribution(r, i)).sum::<f32>() * ROUNDS as f32;
+        ensure!(t, x == want, "element {i} is {x}, expected {want} (an add lost or doubled)");
+    }
+    t.barrier()?;
+    // Float tickets from one element of the last shard.
+    let last = map.range(n - 1).start;
+    let k = 2000;
+    // Counted from what the accumulates left there (small enough for every ticket to be exact).
+    let base = got[last];
+    let tickets: Vec<u64> =
+        (0..k).map(|_| w.fetch_add(last, 1.0).map(|v| (v - base) as u64)).collect::<Result<_, _>>()?;
+    t.barrier()?;
+    let mut all = Vec::with_capacity(n * k);
+    for r in 0..n {
+        let mut b = if r == rank { tickets.clone() } else { vec![0; k] };
+        t.broadcast(&mut b, r)?;
+        all.extend(b);
+    }
+    all.sort_unstable();
+    ensure!(
+        t,
+        all.iter().enumerate().all(|(i, &x)| x == i as u64),
+        "float tickets were not handed out once each"
+    );
+    t.barrier()?;
+    let counter: Window<u64> =
+        t.alloc_direct_window("direct counter", &ShardMap::balanced_in_lines::<u64>(8 * n, n))?;
+    for _ in 0..100 {
+        counter.fetch_add(3, 1)?;
+    }
+    let won = counter.compare_and_swap(5, 0, rank as u64 + 1)?;
+    t.barrier()?;
+    ensure!(t, counter.load(3)? == 100 * n as u64, "u64 fetch_add on a direct window: {}", counter.load(3)?);
+    let winner = counter.load(5)?;
+    ensure!(
+        t,
+        (1..=n as u64).contains(&winner) && (won == 0) == (winner == rank as u64 + 1),
+        "compare-and-swap: winner {winner}, this rank saw {won}"
+    );
+    t.barrier()?;
+    counter.free()?;
     w.free()?;
     Ok(())
 }

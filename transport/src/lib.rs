@@ -199,7 +199,7 @@ impl Transport {
     /// Every rank must pass the same map and element type; a mismatch is an error on every rank.
     /// `name` appears in error messages.
     pub fn alloc_window<T: Elem>(&self, name: &str, map: &ShardMap) -> Result<Window<T>> {
-        self.alloc(name, map, false)
+        self.alloc(name, map, Sharing::None)
     }
 
     /// Collective: [`alloc_window`](Self::alloc_window), and where the ranks can share its
@@ -211,18 +211,36 @@ impl Transport {
     /// Elsewhere (several nodes, a one-sided component without shared windows, the local
     /// backend) it is the same as [`alloc_window`](Self::alloc_window).
     pub fn alloc_shared_window<T: Elem>(&self, name: &str, map: &ShardMap) -> Result<Window<T>> {
-        self.alloc(name, map, true)
+        self.alloc(name, map, Sharing::Shared)
     }
 
-    /// Both allocations: the local backend's windows are never shared between processes.
-    fn alloc<T: Elem>(&self, name: &str, map: &ShardMap, shared: bool) -> Result<Window<T>> {
+    /// Collective: [`alloc_shared_window`](Self::alloc_shared_window), whose operations, where
+    /// every rank maps it whole (MPI processes all on one node), are plain loads and stores and
+    /// atomic adds on the mapping, as the local backend's are, instead of calls into the MPI
+    /// library: a batch of many small ranges (a sparse model's keys) costs what copying them
+    /// costs. Floats' accumulates are then compare-and-swap loops per element, dearer than the
+    /// library's locked add over a long range: for windows written in short ranges. Elsewhere
+    /// the same as [`alloc_window`](Self::alloc_window) (between nodes a batch's ranges to one
+    /// target travel as one operation of an indexed datatype).
+    pub fn alloc_direct_window<T: Elem>(&self, name: &str, map: &ShardMap) -> Result<Window<T>> {
+        self.alloc(name, map, Sharing::Direct)
+    }
+
+    /// Every allocation: the local backend's windows are never shared between processes, and
+    /// always direct.
+    fn alloc<T: Elem>(&self, name: &str, map: &ShardMap, sharing: Sharing) -> Result<Window<T>> {
         let inner = match self {
             Self::Local(t) => {
-                let _ = shared;
+                let _ = sharing;
                 WindowInner::Local(t.alloc_window(name, map)?)
             }
             #[cfg(feature = "mpi")]
-            Self::Mpi(t) => WindowInner::Mpi(t.alloc_window(name, map, shared)?),
+            Self::Mpi(t) => WindowInner::Mpi(t.alloc_window(
+                name,
+                map,
+                sharing != Sharing::None,
+                sharing == Sharing::Direct,
+            )?),
         };
         Ok(Window { inner })
     }
@@ -364,6 +382,29 @@ impl<T: Elem> Window<T> {
     /// ranges' lengths). All reads are issued before one completion: cheaper than many `get`s.
     pub fn get_batch(&self, ranges: &[Range<usize>], out: &mut [T]) -> Result<()> {
         let batch = self.check_batch("get_batch", ranges, out.len())?;
+        use WindowInner as Inner;
+        dispatch!(&self.inner, w => w.get_batch(batch, out))
+    }
+
+    /// Whether every operation on this window is a load, store or atomic on memory this process
+    /// maps: the local backend's windows, and [`Transport::alloc_direct_window`]'s where every
+    /// rank maps it whole. A batch of many short ranges then costs what copying them costs, in
+    /// any order (elsewhere, a batch sorted by position travels in fewer operations).
+    pub fn is_direct(&self) -> bool {
+        match &self.inner {
+            WindowInner::Local(_) => true,
+            #[cfg(feature = "mpi")]
+            WindowInner::Mpi(w) => w.is_direct(),
+        }
+    }
+
+    /// Reads every range of `ranges` into the same positions of `out` (`out[r]` for each `r`),
+    /// which is as long as the window; the rest of `out` is left as it was. Issued as
+    /// [`get_batch`](Self::get_batch) is, with no copy through a buffer: under MPI, one
+    /// `MPI_Get` of an indexed datatype per target where a target has many ranges (a pull of a
+    /// sparse model's keys). Complete on return.
+    pub fn get_at(&self, ranges: &[Range<usize>], out: &mut [T]) -> Result<()> {
+        let batch = self.check_positioned("get_at", ranges, out.len())?;
         use WindowInner as Inner;
         dispatch!(&self.inner, w => w.get_batch(batch, out))
     }
@@ -538,7 +579,43 @@ impl<T: Elem> Window<T> {
             }
             .into());
         }
-        Ok(Batch { ranges, start: start.min(end), end })
+        Ok(Batch { ranges, positioned: false, start: start.min(end), end })
+    }
+
+    /// Checks a positioned batch ([`Window::get_at`]): every range inside the window, whose
+    /// length the buffer's must equal.
+    fn check_positioned<'r>(
+        &self,
+        op: &'static str,
+        ranges: &'r [Range<usize>],
+        got: usize,
+    ) -> Result<Batch<'r>> {
+        let len = self.len();
+        if got != len {
+            return Err(ErrorKind::LengthMismatch {
+                rank: self.rank(),
+                op,
+                window: self.name().to_owned(),
+                expected: len,
+                got,
+            }
+            .into());
+        }
+        let (mut start, mut end) = (usize::MAX, 0usize);
+        for r in ranges {
+            if r.start > r.end || r.end > len {
+                return Err(ErrorKind::OutOfRange {
+                    rank: self.rank(),
+                    window: self.name().to_owned(),
+                    start: r.start,
+                    end: r.end,
+                    len,
+                }
+                .into());
+            }
+            (start, end) = (start.min(r.start), end.max(r.end));
+        }
+        Ok(Batch { ranges, positioned: true, start: start.min(end), end })
     }
 
     fn rank(&self) -> usize {
@@ -547,12 +624,23 @@ impl<T: Elem> Window<T> {
     }
 }
 
+/// How a window's memory is shared between the processes of a node ([`Transport::alloc`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sharing {
+    None,
+    Shared,
+    Direct,
+}
+
 /// A batch of ranges that [`Window::check_batch`] found valid: every range inside the window,
 /// their lengths summing to the length of the batch's buffer, and all of them inside
 /// `start..end` (an empty `start..end` for a batch of no elements).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Batch<'r> {
     pub(crate) ranges: &'r [Range<usize>],
+    /// Each range's data lies at the range's own position in the buffer (`buffer[r]`, the buffer
+    /// as long as the window), not back to back.
+    pub(crate) positioned: bool,
     // The bounds serve the MPI backend (a batch inside one shard is issued with no test per
     // range); the local backend goes range by range.
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
@@ -635,8 +723,27 @@ impl<'d, T: Elem> WriteScope<'_, 'd, T> {
         self.issue_batch("accumulate_batch", ranges, data, true)
     }
 
+    /// Puts `data[r]` at `r` for every range `r` of `ranges` (`data` as long as the window:
+    /// [`Window::get_at`]'s layout), completed when the scope ends.
+    pub fn put_at(&self, ranges: &[Range<usize>], data: &'d [T]) -> Result<()> {
+        let batch = self.window.check_positioned("put_at", ranges, data.len())?;
+        self.issue_checked(batch, data, false)
+    }
+
+    /// Adds `data[r]` at `r` for every range `r` of `ranges` (`data` as long as the window),
+    /// completed when the scope ends: a sparse update's touched keys straight from its dense
+    /// vector, one `MPI_Accumulate` of an indexed datatype per target under MPI.
+    pub fn accumulate_at(&self, ranges: &[Range<usize>], data: &'d [T]) -> Result<()> {
+        let batch = self.window.check_positioned("accumulate_at", ranges, data.len())?;
+        self.issue_checked(batch, data, true)
+    }
+
     fn issue_batch(&self, op: &'static str, ranges: &[Range<usize>], data: &'d [T], acc: bool) -> Result<()> {
         let batch = self.window.check_batch(op, ranges, data.len())?;
+        self.issue_checked(batch, data, acc)
+    }
+
+    fn issue_checked(&self, batch: Batch<'_>, data: &'d [T], acc: bool) -> Result<()> {
         use WindowInner as Inner;
         let touched = self.touched.get();
         self.track(dispatch!(&self.window.inner, w => w.issue_write_batch(batch, data, acc, touched)))

@@ -30,7 +30,7 @@
 use std::ffi::{c_int, c_void};
 use std::marker::PhantomData;
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use mpi::ffi;
@@ -365,8 +365,10 @@ impl MpiRank {
         name: &str,
         map: &ShardMap,
         shared: bool,
+        direct: bool,
     ) -> Result<MpiWindow<T>> {
         let rank = self.rank();
+        let shared = shared || direct;
         if map.parts() != self.world_size() {
             // Every rank must still take part in the collective check, or its peers would hang.
             self.agree("MPI_Allreduce", &[u64::MAX, 0, 0])?;
@@ -394,6 +396,10 @@ impl MpiRank {
         // reproduced in plain C). Whole lines also keep neighbouring shards off each other's cache
         // lines. The padding is never addressed.
         let padded = (local_len * size_of::<T>()).div_ceil(SHARD_LINE).max(1) * SHARD_LINE;
+        // A direct window's accumulate locks, a line each, after the last rank's shard (past the
+        // mapping's end, so the shards still lie back to back).
+        let locks = if direct && rank + 1 == self.world_size() { self.world_size() * SHARD_LINE } else { 0 };
+        let padded = padded + locks;
         let mut base: *mut T = std::ptr::null_mut();
         let mut win = std::mem::MaybeUninit::<ffi::MPI_Win>::uninit();
         // SAFETY: collective over our live communicator (every rank reaches this point: the checks
@@ -462,6 +468,8 @@ impl MpiRank {
             base,
             lead,
             whole: std::ptr::null(),
+            direct: false,
+            locks: std::ptr::null(),
             name: name.to_owned(),
             map: map.clone(),
             last_target: AtomicUsize::new(0),
@@ -473,6 +481,18 @@ impl MpiRank {
         window.check("MPI_Win_set_errhandler", rc)?;
         if shared {
             window.whole = self.whole_mapping(win, map, lead)?;
+        }
+        if direct {
+            // Direct only if every process maps the whole window: one rank's operations through
+            // MPI beside another's plain atomics would not be atomic with each other.
+            window.direct = self.agree("MPI_Allreduce", &[u64::from(!window.whole.is_null())])?
+                && !window.whole.is_null();
+            if window.direct {
+                let last = self.world_size() - 1;
+                let (size, at) = self.shared_query::<T>(win, last)?;
+                // The last rank's allocation ends with the locks (allocated above).
+                window.locks = at.cast::<u8>().wrapping_add(size - self.world_size() * SHARD_LINE).cast();
+            }
         }
         // SAFETY: `base` points to `padded` bytes (a whole number of elements) owned by this
         // window and not yet exposed to anyone (no epoch is open, the barrier below is ahead).
@@ -558,6 +578,12 @@ pub struct MpiWindow<T: Elem> {
     /// Shared windows whose shards lie back to back in this process: element 0 of all of them
     /// (`map.total()` elements, valid while `live`); else null.
     whole: *const T,
+    /// Every operation is a load, store or atomic on the mapping at `whole` ([`Self::direct`]).
+    direct: bool,
+    /// A direct window's accumulate locks: rank `r`'s shard's at `locks + r` lines (in the last
+    /// rank's allocation, after its shard), held by float adds ([`Elem::LOCKED_ADD`]); null
+    /// unless direct.
+    locks: *const u8,
     name: String,
     map: ShardMap,
     /// The shard of the last single-shard operation: checked first, as consecutive operations
@@ -614,6 +640,77 @@ impl<T: Elem> MpiWindow<T> {
         } else {
             0
         }
+    }
+
+    /// See [`crate::Window::is_direct`].
+    pub(crate) fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// The whole window as atomics, where its operations are direct: a window allocated with
+    /// [`crate::Transport::alloc_direct_window`] that every process maps whole (MPI processes on
+    /// one node). Each operation is then a relaxed load or store, or an atomic add or swap, on
+    /// the mapping, complete when it returns: no call into the library per range (a pull of 20k
+    /// scattered keys through `osc/sm` pays the library's overhead 20k times, or builds an
+    /// indexed datatype about as dear). Every process then accesses the window this way, so its
+    /// accumulates are atomic with each other (compare-and-swap loops for floats).
+    #[inline(always)]
+    fn direct(&self) -> Option<&[T::Atomic]> {
+        const { assert!(size_of::<T::Atomic>() == size_of::<T>() && align_of::<T::Atomic>() >= align_of::<T>()) };
+        if !self.direct {
+            return None;
+        }
+        // SAFETY: `whole` is where every shard lies back to back in this process
+        // (`whole_mapping`): `map.total()` elements, aligned for `T` (and so for its atomic, of
+        // the same size and alignment: asserted above), initialised, valid while the window is
+        // live (the slice borrows `self`). Atomics are `UnsafeCell`s: other processes' atomic
+        // accesses to the same memory are what they are made for.
+        Some(unsafe { std::slice::from_raw_parts(self.whole.cast::<T::Atomic>(), self.map.total()) })
+    }
+
+    /// Applies a put or accumulate of `data` at global `start` of a direct window (`a`: its
+    /// atomics). Float adds hold the lock of each shard they add to (`held`: the shard whose
+    /// lock the caller holds, kept across the ranges of a batch) and add with a plain load and
+    /// store, as the library's shared-memory component does: a compare-and-swap per element
+    /// made a whole-vector accumulate ten times dearer and contended on the model's hot keys.
+    #[inline(always)]
+    fn direct_write<'w>(
+        &'w self,
+        a: &[T::Atomic],
+        start: usize,
+        data: &[T],
+        accumulate: bool,
+        held: &mut Held<'w>,
+    ) {
+        let dst = &a[start..start + data.len()];
+        if !accumulate {
+            for (d, &v) in dst.iter().zip(data) {
+                T::atomic_store(d, v);
+            }
+        } else if !T::LOCKED_ADD {
+            for (d, &v) in dst.iter().zip(data) {
+                T::atomic_fetch_add(d, v);
+            }
+        } else {
+            let (mut at, end) = (start, start + data.len());
+            while at < end {
+                let shard = held.shard(self, at);
+                let to = end.min(self.map.range(shard).end);
+                for (d, &v) in a[at..to].iter().zip(&data[at - start..to - start]) {
+                    T::atomic_store(d, T::atomic_load(d).add(v));
+                }
+                at = to;
+            }
+        }
+    }
+
+    /// The accumulate lock of `shard` of a direct window.
+    fn lock_word(&self, shard: usize) -> &AtomicU32 {
+        // SAFETY: `locks` (non-null in a direct window, the only caller) is the start of
+        // `world_size` lines of the last rank's shared allocation, zeroed before the barrier
+        // that ended the allocation, valid while the window is live (the reference borrows
+        // `self`); a line is aligned for a u32, and every process accesses the word atomically.
+        unsafe { &*self.locks.add(shard * SHARD_LINE).cast::<AtomicU32>() }
     }
 
     /// The displacement of element `offset` of `rank`'s shard.
@@ -695,7 +792,8 @@ impl<T: Elem> MpiWindow<T> {
                 let (lo, lead) = (batch.start - offset, self.lead_at(owner));
                 for r in batch.ranges {
                     let len = r.end - r.start;
-                    f(at, owner as c_int, (r.start - lo + lead) as ffi::MPI_Aint, len as c_int)?;
+                    let pos = if batch.positioned { r.start } else { at };
+                    f(pos, owner as c_int, (r.start - lo + lead) as ffi::MPI_Aint, len as c_int)?;
                     at += len;
                 }
                 return Ok(touched.add(owner));
@@ -706,15 +804,16 @@ impl<T: Elem> MpiWindow<T> {
         let (mut rank, mut lo, mut hi, mut lead) = (0, 1, 0, 0);
         for r in batch.ranges {
             let len = r.end - r.start;
+            let pos = if batch.positioned { r.start } else { at };
             if lo <= r.start && r.end <= hi && len <= MAX_COUNT {
-                f(at, rank as c_int, (r.start - lo + lead) as ffi::MPI_Aint, len as c_int)?;
+                f(pos, rank as c_int, (r.start - lo + lead) as ffi::MPI_Aint, len as c_int)?;
             } else if let Some((owner, offset)) = self.map.locate(r.start, len).filter(|_| len <= MAX_COUNT) {
                 let shard = self.map.range(owner);
                 (rank, lo, hi, lead) = (owner, shard.start, shard.end, self.lead_at(owner));
-                f(at, owner as c_int, self.disp(owner, offset), len as c_int)?;
+                f(pos, owner as c_int, self.disp(owner, offset), len as c_int)?;
                 touched = touched.add(owner);
             } else {
-                touched = self.for_pieces(r.start, len, touched, |t, d, pos, n| f(at + pos, t, d, n))?;
+                touched = self.for_pieces(r.start, len, touched, |t, d, p, n| f(pos + p, t, d, n))?;
             }
             at += len;
         }
@@ -823,6 +922,14 @@ impl<T: Elem> MpiWindow<T> {
         accumulate: bool,
         touched: Touched,
     ) -> Result<Touched> {
+        if let Some(a) = self.direct() {
+            if start.checked_add(data.len()).is_none_or(|end| end > a.len()) {
+                return Err(self.out_of_range(start, data.len()));
+            }
+            self.direct_write(a, start, data, accumulate, &mut Held::none());
+            fence(Ordering::Release);
+            return Ok(touched);
+        }
         let (base, h) = (data.as_ptr(), self.handles());
         self.for_pieces(start, data.len(), touched, |target, disp, pos, n| {
             // SAFETY: as in `issue_get`; the caller keeps `data` borrowed until the completion.
@@ -831,21 +938,131 @@ impl<T: Elem> MpiWindow<T> {
     }
 
     pub(crate) fn get(&self, start: usize, out: &mut [T]) -> Result<()> {
+        if let Some(a) = self.direct() {
+            let src = start.checked_add(out.len()).and_then(|end| a.get(start..end));
+            let src = src.ok_or_else(|| self.out_of_range(start, out.len()))?;
+            fence(Ordering::Acquire);
+            for (o, x) in out.iter_mut().zip(src) {
+                *o = T::atomic_load(x);
+            }
+            return Ok(());
+        }
         let touched = self.issue_get(start, out, Touched::NONE)?;
         self.complete_local(touched)
     }
 
     pub(crate) fn get_batch(&self, batch: Batch<'_>, out: &mut [T]) -> Result<()> {
+        if let Some(a) = self.direct() {
+            fence(Ordering::Acquire);
+            let mut run = 0;
+            for r in batch.ranges {
+                let at = if batch.positioned { r.start } else { run };
+                run += r.len();
+                // In bounds: the batch was checked (ranges inside the window, the buffer long
+                // enough for them).
+                for (o, x) in out[at..at + r.len()].iter_mut().zip(&a[r.clone()]) {
+                    *o = T::atomic_load(x);
+                }
+            }
+            return Ok(());
+        }
         let (base, len, h) = (out.as_mut_ptr(), out.len(), self.handles());
-        let issued = self.for_batch(batch, Touched::NONE, |pos, target, disp, n| {
-            debug_assert!(pos + n as usize <= len, "a piece past the batch's buffer");
-            // SAFETY: `pos + n <= out.len()`: the batch's lengths sum to `out.len()` (its
-            // `check_batch`) and `pos` sums the lengths before this piece; `out` stays borrowed
-            // until the completion below; target/disp/n lie inside the target's shard (from the
-            // shard map every rank agreed on).
-            unsafe { self.get_piece(h, base.add(pos), target, disp, n) }
-        });
+        let mut blocks = Blocks::new(batch.ranges.len());
+        let issue = |b: &Blocks| {
+            // SAFETY: every block's `pos + n <= out.len()` (checked as it was added), `out`
+            // stays borrowed until the completion below; the blocks' displacements lie inside
+            // the target's shard (from the shard map every rank agreed on).
+            unsafe { self.issue_blocks(h, b, base, None) }
+        };
+        let issued = self
+            .for_batch(batch, Touched::NONE, |pos, target, disp, n| {
+                debug_assert!(pos + n as usize <= len, "a piece past the batch's buffer");
+                blocks.push(target, pos, disp, n, issue)
+            })
+            .and_then(|t| issue(&blocks).map(|()| t));
         self.complete_batch(issued)
+    }
+
+    /// Issues the gets (`write: None`) or puts/accumulates (`Some(accumulate)`) of `b`'s
+    /// blocks, between `origin + pos` and the target's displacements: one operation per block
+    /// when they are few, else one of an indexed datatype on each side ([`Blocks`]).
+    ///
+    /// # Safety
+    /// Every block's origin elements lie inside one allocation starting at `origin`, which
+    /// stays borrowed (unread after a get) until a local completion of the target; its target
+    /// displacements lie inside the target's shard.
+    unsafe fn issue_blocks(&self, h: Handles, b: &Blocks, origin: *mut T, write: Option<bool>) -> Result<()> {
+        if b.lens.len() < Blocks::TYPED {
+            for i in 0..b.lens.len() {
+                let (pos, disp, n) = (b.pos[i] as usize, b.disp[i], b.lens[i]);
+                // SAFETY: the caller's contract, block by block.
+                unsafe {
+                    match write {
+                        None => self.get_piece(h, origin.add(pos), b.target, disp, n)?,
+                        Some(acc) => self.write_piece(h, origin.add(pos), b.target, disp, n, acc)?,
+                    }
+                }
+            }
+            return Ok(());
+        }
+        let size = std::mem::size_of::<T>() as ffi::MPI_Aint;
+        let odisp: Vec<ffi::MPI_Aint> = b.pos.iter().map(|&p| p * size).collect();
+        let tdisp: Vec<ffi::MPI_Aint> = b.disp.iter().map(|&d| d * size).collect();
+        let ot = self.indexed(h, &b.lens, &odisp)?;
+        let tt = match self.indexed(h, &b.lens, &tdisp) {
+            Ok(t) => t,
+            Err(e) => {
+                free_type(ot);
+                return Err(e);
+            }
+        };
+        // SAFETY: the caller's contract; both datatypes are committed, built from the window's
+        // element type; a live window in its lock_all epoch. A datatype may be freed once the
+        // operation using it is issued (MPI 4.1, 5.1.9: freeing does not affect pending
+        // operations).
+        let rc = unsafe {
+            match write {
+                None => ffi::MPI_Get(origin.cast(), 1, ot, b.target, 0, 1, tt, h.win),
+                Some(true) => ffi::MPI_Accumulate(origin.cast(), 1, ot, b.target, 0, 1, tt, h.sum, h.win),
+                Some(false) => ffi::MPI_Put(origin.cast(), 1, ot, b.target, 0, 1, tt, h.win),
+            }
+        };
+        free_type(ot);
+        free_type(tt);
+        self.check(
+            match write {
+                None => "MPI_Get",
+                Some(true) => "MPI_Accumulate",
+                Some(false) => "MPI_Put",
+            },
+            rc,
+        )
+    }
+
+    /// A committed `MPI_Type_create_hindexed` of the window's element type.
+    fn indexed(&self, h: Handles, lens: &[c_int], disp: &[ffi::MPI_Aint]) -> Result<ffi::MPI_Datatype> {
+        let mut t = std::mem::MaybeUninit::<ffi::MPI_Datatype>::uninit();
+        // SAFETY: `lens` and `disp` are as long as the count passed (which fits, as the blocks
+        // came from a batch counted in c_int pieces); `t` is an out-pointer.
+        let rc = unsafe {
+            ffi::MPI_Type_create_hindexed(
+                count(lens.len()),
+                lens.as_ptr(),
+                disp.as_ptr(),
+                h.dt,
+                t.as_mut_ptr(),
+            )
+        };
+        self.check("MPI_Type_create_hindexed", rc)?;
+        // SAFETY: written by the successful call above.
+        let mut t = unsafe { t.assume_init() };
+        // SAFETY: a datatype just created.
+        let rc = unsafe { ffi::MPI_Type_commit(&mut t) };
+        if let Err(e) = self.check("MPI_Type_commit", rc) {
+            free_type(t);
+            return Err(e);
+        }
+        Ok(t)
     }
 
     pub(crate) fn write(&self, start: usize, data: &[T], accumulate: bool) -> Result<()> {
@@ -868,16 +1085,44 @@ impl<T: Elem> MpiWindow<T> {
         accumulate: bool,
         touched: Touched,
     ) -> Result<Touched> {
-        let (base, len, h) = (data.as_ptr(), data.len(), self.handles());
-        self.for_batch(batch, touched, |pos, target, disp, n| {
+        if let Some(a) = self.direct() {
+            let (mut run, mut held) = (0, Held::none());
+            for r in batch.ranges {
+                let at = if batch.positioned { r.start } else { run };
+                run += r.len();
+                self.direct_write(a, r.start, &data[at..at + r.len()], accumulate, &mut held);
+            }
+            drop(held);
+            fence(Ordering::Release);
+            return Ok(touched);
+        }
+        let (base, len, h) = (data.as_ptr().cast_mut(), data.len(), self.handles());
+        let mut blocks = Blocks::new(batch.ranges.len());
+        let issue = |b: &Blocks| {
+            // SAFETY: as in `get_batch`; MPI only reads the origin of a put or accumulate, and
+            // the caller keeps `data` borrowed until the completion.
+            unsafe { self.issue_blocks(h, b, base, Some(accumulate)) }
+        };
+        let touched = self.for_batch(batch, touched, |pos, target, disp, n| {
             debug_assert!(pos + n as usize <= len, "a piece past the batch's data");
-            // SAFETY: `pos + n <= data.len()`, as in `get_batch`; the caller keeps `data`
-            // borrowed until the completion.
-            unsafe { self.write_piece(h, base.add(pos), target, disp, n, accumulate) }
-        })
+            blocks.push(target, pos, disp, n, issue)
+        })?;
+        issue(&blocks)?;
+        Ok(touched)
     }
 
     pub(crate) fn fetch_add(&self, index: usize, value: T) -> Result<T> {
+        if let Some(a) = self.direct() {
+            let x = a.get(index).ok_or_else(|| self.out_of_range(index, 1))?;
+            if !T::LOCKED_ADD {
+                return Ok(T::atomic_fetch_add(x, value));
+            }
+            let mut held = Held::none();
+            held.shard(self, index);
+            let old = T::atomic_load(x);
+            T::atomic_store(x, old.add(value));
+            return Ok(old);
+        }
         // SAFETY: a constant handle exported by rsmpi's shim, never written.
         let op = unsafe { ffi::RSMPI_SUM };
         self.fetch_op(index, value, op, "MPI_Fetch_and_op")
@@ -927,6 +1172,9 @@ impl<T: Elem> MpiWindow<T> {
 
     /// Atomic read of element `index` (`MPI_Fetch_and_op` with `MPI_NO_OP`).
     pub(crate) fn load(&self, index: usize) -> Result<T> {
+        if let Some(a) = self.direct() {
+            return Ok(T::atomic_load_acquire(a.get(index).ok_or_else(|| self.out_of_range(index, 1))?));
+        }
         // SAFETY: a constant handle returned by our shim.
         let op = unsafe { peregrine_mpi_no_op() };
         self.fetch_op(index, T::default(), op, "MPI_Fetch_and_op(MPI_NO_OP)")
@@ -935,6 +1183,12 @@ impl<T: Elem> MpiWindow<T> {
     /// Atomic loads (`MPI_Fetch_and_op` with `MPI_NO_OP`) of every element of `ranges` into
     /// `out`, all issued before one local completion.
     pub(crate) fn load_batch(&self, ranges: &[Range<usize>], out: &mut [T]) -> Result<()> {
+        if let Some(a) = self.direct() {
+            for (o, index) in out.iter_mut().zip(ranges.iter().flat_map(Clone::clone)) {
+                *o = T::atomic_load_acquire(a.get(index).ok_or_else(|| self.out_of_range(index, 1))?);
+            }
+            return Ok(());
+        }
         // SAFETY: a constant handle returned by our shim.
         let op = unsafe { peregrine_mpi_no_op() };
         let zero = T::default();
@@ -958,12 +1212,28 @@ impl<T: Elem> MpiWindow<T> {
     /// Atomic store of `value` into element `index`, returning the previous value
     /// (`MPI_Fetch_and_op` with `MPI_REPLACE`).
     pub(crate) fn swap(&self, index: usize, value: T) -> Result<T> {
+        if let Some(a) = self.direct() {
+            let x = a.get(index).ok_or_else(|| self.out_of_range(index, 1))?;
+            // A float's swap, as its adds, under the shard's lock (an add's load and store
+            // around it would undo it).
+            let mut held = Held::none();
+            if T::LOCKED_ADD {
+                held.shard(self, index);
+            }
+            let old = T::atomic_swap(x, value);
+            drop(held);
+            return Ok(old);
+        }
         // SAFETY: a constant handle returned by our shim.
         let op = unsafe { peregrine_mpi_replace() };
         self.fetch_op(index, value, op, "MPI_Fetch_and_op(MPI_REPLACE)")
     }
 
     pub(crate) fn compare_and_swap(&self, index: usize, current: T, new: T) -> Result<T> {
+        if let Some(a) = self.direct() {
+            let x = a.get(index).ok_or_else(|| self.out_of_range(index, 1))?;
+            return Ok(T::atomic_compare_swap(x, current, new));
+        }
         let (target, offset) = self.locate(index, 1).ok_or_else(|| self.out_of_range(index, 1))?;
         let mut result = T::default();
         // SAFETY: as in `fetch_add`; only called for u64 (an integer type, as MPI requires).
@@ -1075,4 +1345,110 @@ impl<T: Elem> Drop for MpiWindow<T> {
             unsafe { ffi::MPI_Win_unlock_all(self.win) };
         }
     }
+}
+
+/// The accumulate lock a direct window's writes hold: of one shard at a time, released when
+/// dropped.
+struct Held<'w> {
+    word: Option<(usize, &'w AtomicU32)>,
+}
+
+impl<'w> Held<'w> {
+    fn none() -> Self {
+        Self { word: None }
+    }
+
+    /// The shard of global element `at`, its lock held (the lock held before released first,
+    /// if it is another shard's).
+    fn shard<T: Elem>(&mut self, w: &'w MpiWindow<T>, at: usize) -> usize {
+        if let Some((shard, _)) = self.word {
+            if w.map.range(shard).contains(&at) {
+                return shard;
+            }
+        }
+        self.release();
+        let (shard, _) = w.map.owner(at).expect("in the window: checked by the caller");
+        let word = w.lock_word(shard);
+        let mut spins = 0u32;
+        while word.compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                // Its holder may be descheduled (ranks outnumbering cores).
+                std::thread::yield_now();
+            }
+        }
+        self.word = Some((shard, word));
+        shard
+    }
+
+    fn release(&mut self) {
+        if let Some((_, word)) = self.word.take() {
+            word.store(0, Ordering::Release);
+        }
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// The pieces of a batch bound for one target, gathered to be issued together: where a target
+/// has [`Blocks::TYPED`] pieces or more, one operation of an indexed datatype on each side
+/// (`MPI_Type_create_hindexed`) moves them all, instead of one operation per piece (a pull of
+/// 20k scattered keys: 20k `MPI_Get`s, each with the library's per-call overhead).
+struct Blocks {
+    target: c_int,
+    pos: Vec<ffi::MPI_Aint>,
+    disp: Vec<ffi::MPI_Aint>,
+    lens: Vec<c_int>,
+}
+
+impl Blocks {
+    /// Pieces from which one target's are issued as one operation of an indexed datatype (the
+    /// two datatypes' creation and commit cost about as much as this many small operations).
+    const TYPED: usize = 16;
+
+    fn new(cap: usize) -> Self {
+        let cap = cap.min(1 << 16);
+        Self {
+            target: -1,
+            pos: Vec::with_capacity(cap),
+            disp: Vec::with_capacity(cap),
+            lens: Vec::with_capacity(cap),
+        }
+    }
+
+    /// Adds a piece; first issues (with `issue`) and forgets the pieces gathered for another
+    /// target.
+    #[inline]
+    fn push(
+        &mut self,
+        target: c_int,
+        pos: usize,
+        disp: ffi::MPI_Aint,
+        n: c_int,
+        issue: impl Fn(&Self) -> Result<()>,
+    ) -> Result<()> {
+        if target != self.target {
+            issue(self)?;
+            self.target = target;
+            self.pos.clear();
+            self.disp.clear();
+            self.lens.clear();
+        }
+        self.pos.push(pos as ffi::MPI_Aint);
+        self.disp.push(disp);
+        self.lens.push(n);
+        Ok(())
+    }
+}
+
+/// Frees a datatype (an error here leaks a handle, nothing more: nothing to report it to).
+fn free_type(mut t: ffi::MPI_Datatype) {
+    // SAFETY: a committed datatype this process created and no longer uses.
+    let _ = unsafe { ffi::MPI_Type_free(&mut t) };
 }
