@@ -23,6 +23,23 @@ pub struct LogReg {
     intercept: bool,
     /// L2 weight of the feature weights (not of the intercept), applied where rows touch them.
     l2: f32,
+    /// Hashed features ([`with_hash_bits`](Self::with_hash_bits)): the bits of a bucket.
+    hash_bits: Option<u32>,
+}
+
+/// The most bits of hashed features (`--hash-bits`): 2^28 weights, 1 GiB of f32 a window.
+pub const MAX_HASH_BITS: u32 = 28;
+
+/// Feature `j`'s bucket among `2^bits`: Fibonacci hashing (the top bits of `j` times 2^64 over
+/// the golden ratio), which spreads neighbouring and strided ids alike.
+#[inline(always)]
+pub fn bucket(j: u32, bits: u32) -> u32 {
+    (u64::from(j).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - bits)) as u32
+}
+
+thread_local! {
+    /// A compute thread's hashed copy of a chunk's feature ids.
+    static HASHED: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 impl LogReg {
@@ -34,7 +51,20 @@ impl LogReg {
             super::same_cols(&data.train, e)?;
         }
         let dim = data.train.header().cols as usize;
-        Ok(Self { data, lr, dim, intercept, l2: 0.0 })
+        Ok(Self { data, lr, dim, intercept, l2: 0.0, hash_bits: None })
+    }
+
+    /// As [`new`](Self::new), with hashed features ([`with_hash_bits`](Self::with_hash_bits)):
+    /// the evaluation set may have any columns.
+    pub fn with_hashing(
+        train: &Path,
+        eval: Option<&Path>,
+        lr: f32,
+        intercept: bool,
+        bits: u32,
+    ) -> Built<Self> {
+        let data = Sets::open(train, eval, Kind::Sparse)?;
+        Self { data, lr, dim: 0, intercept, l2: 0.0, hash_bits: None }.with_hash_bits(bits)
     }
 
     /// With L2 regularization of the feature weights (not of the intercept), in the sparse-SGD
@@ -44,6 +74,35 @@ impl LogReg {
     #[must_use]
     pub fn with_l2(self, l2: f32) -> Self {
         Self { l2, ..self }
+    }
+
+    /// With hashed features: `2^bits` weights, feature `j` read and updated at
+    /// [`bucket`]`(j, bits)` whatever the dataset's columns (ids up to 2^32 - 1, LIBSVM's or raw
+    /// ones), so that the model's size is the user's choice, not the data's; features that share
+    /// a bucket share its weight (no sign hashing). `bits` from 1 to [`MAX_HASH_BITS`].
+    fn with_hash_bits(self, bits: u32) -> Built<Self> {
+        if !(1..=MAX_HASH_BITS).contains(&bits) {
+            return Err(ModelError::Unfit(format!(
+                "hash bits must be from 1 to {MAX_HASH_BITS}, got {bits}"
+            )));
+        }
+        Ok(Self { dim: 1 << bits, hash_bits: Some(bits), ..self })
+    }
+
+    /// The bits of hashed features, if hashed.
+    pub fn hash_bits(&self) -> Option<u32> {
+        self.hash_bits
+    }
+
+    /// Runs `f` with `x`'s rows whose feature ids are their buckets, if hashed (a copy of the
+    /// ids in this thread's buffer), else as they are.
+    fn hashed<R>(&self, x: &SparseRows<'_>, f: impl FnOnce(Csr<'_>) -> R) -> R {
+        let Some(bits) = self.hash_bits else { return f(csr(x)) };
+        HASHED.with_borrow_mut(|h| {
+            h.clear();
+            h.extend(x.indices.iter().map(|&j| bucket(j, bits)));
+            f(Csr { row_ptr: x.row_ptr, indices: h, values: x.values })
+        })
     }
 
     /// With `features` feature weights (at least the dataset's columns): a model trained on more
@@ -118,7 +177,11 @@ impl Model for LogReg {
     }
 
     fn keys(&self, rows: Range<usize>, set: &mut KeySet) {
-        set.extend(Self::rows_of(&self.data.train).rows(rows).indices);
+        let x = Self::rows_of(&self.data.train).rows(rows);
+        match self.hash_bits {
+            Some(bits) => x.indices.iter().for_each(|&j| set.insert(bucket(j, bits))),
+            None => set.extend(x.indices),
+        }
         if self.intercept {
             set.insert(self.dim as u32);
         }
@@ -134,21 +197,23 @@ impl Model for LogReg {
 
     fn compute(&self, rows: Range<usize>, params: &[f32], work: &mut Grad) -> f64 {
         let x = Self::rows_of(&self.data.train).rows(rows);
-        let loss = match (&mut *work, self.intercept) {
-            (Grad::Dense(g), false) => lr::loss_grad_dense(csr(&x), x.labels, params, g),
-            (Grad::Dense(g), true) => lr::loss_grad_dense_intercept(csr(&x), x.labels, params, g),
-            (Grad::Sparse(g), false) => lr::loss_grad_sparse(csr(&x), x.labels, params, g),
-            (Grad::Sparse(g), true) => lr::loss_grad_sparse_intercept(csr(&x), x.labels, params, g),
-        };
-        if self.l2 > 0.0 {
-            match work {
-                Grad::Dense(g) => {
-                    x.indices.iter().for_each(|&j| g[j as usize] += self.l2 * params[j as usize])
+        self.hashed(&x, |c| {
+            let loss = match (&mut *work, self.intercept) {
+                (Grad::Dense(g), false) => lr::loss_grad_dense(c, x.labels, params, g),
+                (Grad::Dense(g), true) => lr::loss_grad_dense_intercept(c, x.labels, params, g),
+                (Grad::Sparse(g), false) => lr::loss_grad_sparse(c, x.labels, params, g),
+                (Grad::Sparse(g), true) => lr::loss_grad_sparse_intercept(c, x.labels, params, g),
+            };
+            if self.l2 > 0.0 {
+                match work {
+                    Grad::Dense(g) => {
+                        c.indices.iter().for_each(|&j| g[j as usize] += self.l2 * params[j as usize])
+                    }
+                    Grad::Sparse(g) => c.indices.iter().for_each(|&j| g.add(j, self.l2 * params[j as usize])),
                 }
-                Grad::Sparse(g) => x.indices.iter().for_each(|&j| g.add(j, self.l2 * params[j as usize])),
             }
-        }
-        loss
+            loss
+        })
     }
 
     fn drain(&self, work: &mut Grad, scale: f32, delta: &mut Delta) {
@@ -192,17 +257,18 @@ impl Model for LogReg {
     /// report different losses).
     fn evaluate(&self, params: &[f32], rows: Range<usize>) -> EvalSums {
         let x = Self::rows_of(self.data.eval()).rows(rows);
-        let c = csr(&x);
-        // The evaluation set may have fewer columns; it never has more (checked).
+        // The evaluation set may have fewer columns; it never has more (checked), unless hashed.
         let (w, b) = if self.intercept { (&params[..self.dim], params[self.dim]) } else { (params, 0.0) };
-        let (mut loss, mut right) = (0.0f64, 0.0f64);
-        for (r, &y) in x.labels.iter().enumerate() {
-            let (idx, val) = c.row(r);
-            let z = lr::margin(idx, val, w) + b;
-            loss += lr::scalar::logistic(z, y).0;
-            right += f64::from(u8::from((z > 0.0) == (y > 0.5)));
-        }
-        [loss, right, x.len() as f64]
+        self.hashed(&x, |c| {
+            let (mut loss, mut right) = (0.0f64, 0.0f64);
+            for (r, &y) in x.labels.iter().enumerate() {
+                let (idx, val) = c.row(r);
+                let z = lr::margin(idx, val, w) + b;
+                loss += lr::scalar::logistic(z, y).0;
+                right += f64::from(u8::from((z > 0.0) == (y > 0.5)));
+            }
+            [loss, right, x.len() as f64]
+        })
     }
 }
 
@@ -223,11 +289,13 @@ impl Export for LogReg {
         let x = Self::rows_of(self.data.eval()).rows(rows);
         let at = out.len();
         out.resize(at + x.len(), 0.0);
-        if self.intercept {
-            lr::predict_intercept(csr(&x), params, &mut out[at..]);
-        } else {
-            lr::predict(csr(&x), params, &mut out[at..]);
-        }
+        self.hashed(&x, |c| {
+            if self.intercept {
+                lr::predict_intercept(c, params, &mut out[at..]);
+            } else {
+                lr::predict(c, params, &mut out[at..]);
+            }
+        });
     }
 
     fn label(&self, row: usize) -> String {
