@@ -175,6 +175,54 @@ fn bsp_model_is_the_same_over_mpi_and_local() {
     }
 }
 
+/// Sparse LR hashed to 2^17 buckets (pulled and pushed by key) under BSP with taking over,
+/// under mpirun -n 2 and -n 4 on one node: the parameter windows are direct (loads and atomic
+/// adds in place) and the chunks read the weights in place with no pull, the ranks lining up
+/// before anyone pushes. The model is the one 1 local rank trains (pulls there copy the keys),
+/// and it learned.
+#[test]
+fn keyed_model_read_in_place_is_the_same_over_mpi_and_local() {
+    use peregrine_core::model::Model;
+    use peregrine_core::optim::Optimizer;
+    use peregrine_kernels::data::gen::{self, SparseSpec};
+    use peregrine_tests::training::{distance, final_params_by, scheme, BSP_TOLERANCE};
+    let scratch = tempfile::Builder::new().prefix("peregrine-mpi-hashed-").tempdir().expect("scratch");
+    let dir = scratch.path();
+    let data = dir.join("sparse.pgd");
+    gen::sparse(&SparseSpec { rows: 3000, cols: 5000, nnz_per_row: 12, zipf: 1.1, seed: 4 }, &data)
+        .expect("gen");
+    let model = peregrine_core::model::lr::LogReg::with_hashing(&data, None, 0.5, true, 17).expect("model");
+    assert!(model.layout().params > 1 << 16, "past dense_pull_below: pulled by key");
+    let want =
+        peregrine_transport::run_local(1, |t| final_params_by(&t, &model, 30, scheme("bsp"), Optimizer::Sgd))
+            .expect("world")
+            .remove(0)
+            .expect("local");
+    let loss = |p: &[f32]| {
+        let s = model.evaluate(p, 0..model.eval_rows());
+        s[0] / s[2]
+    };
+    assert!(loss(&want) < 0.6, "1 local rank reaches only {}", loss(&want));
+    let exe = Path::new(env!("CARGO_BIN_EXE_training"));
+    for ranks in [2, 4] {
+        let out_file = dir.join(format!("hashed-{ranks}.txt"));
+        let (d, o) = (data.to_string_lossy(), out_file.to_string_lossy());
+        let out = mpirun_n(
+            ranks,
+            exe,
+            &["hashed-params", "--backend", "mpi", "--optimizer", "sgd", "--data", &d, "--out", &o],
+        );
+        assert_success(&format!("mpirun -n {ranks} training hashed-params"), &out);
+        let text = std::fs::read_to_string(&out_file).expect("params file");
+        let p: Vec<f32> = text.lines().map(|l| l.parse().expect("a number")).collect();
+        let d = distance(&p, &want);
+        assert!(
+            d <= BSP_TOLERANCE,
+            "mpirun -n {ranks} vs 1 local rank: parameters differ by {d:e} (relative)"
+        );
+    }
+}
+
 /// BSP matrix factorization in strata under mpirun -n 2 and -n 4, where the pushes of batches
 /// whose chunks touch disjoint rows put the rows' new values (`MPI_Put`, not `MPI_Accumulate`):
 /// the model one local rank gives, and most pushes put values.

@@ -340,7 +340,8 @@ impl<M: Model> Run<'_, M> {
     }
 
     /// Runs `f` with parameters valid at the keys of `rows`: the rank's `replica` for dense
-    /// models and sparse ones pulled whole; else pulled by this thread now.
+    /// models, sparse ones pulled whole and the weights read in place; else pulled by this
+    /// thread now.
     fn with_params<R>(
         &self,
         rows: impl Iterator<Item = Range<usize>>,
@@ -348,7 +349,7 @@ impl<M: Model> Run<'_, M> {
         slot: &mut Slot<M::Work>,
         f: impl FnOnce(&Self, &[f32], &mut Slot<M::Work>) -> Result<R, TrainError>,
     ) -> Result<R, TrainError> {
-        if !self.keyed() {
+        if !self.keyed() || self.params.reads_in_place() {
             return f(self, replica, slot);
         }
         let layout = self.model.layout();

@@ -13,7 +13,7 @@ use super::comm::keyed;
 use super::compute::Slot;
 use super::evals::Evals;
 use super::metrics::TOTALS;
-use super::params::{owner_steps_apply, Params, PullKeys, PushBufs};
+use super::params::{owner_steps_apply, Params, PullKeys, PushBufs, Windows};
 use super::trace::{Args, Span, Tracer};
 use super::watch::{Behind, Phase, Watch};
 use super::{Config, IterRecord, Progress, RankTotals, Report, TrainError};
@@ -186,15 +186,21 @@ impl<'a, M: Model> Run<'a, M> {
         let policy = cfg.scheme.scheme.policy(&setup)?;
         // A dense model under a synchronous scheme steps at the parameters' owners.
         let replicated = cfg.scheme.scheme.replicated();
-        let owner_steps = owner_steps_apply(
-            policy.synchronous(),
-            replicated,
-            keyed(model, cfg, replicated),
-            model.lr().is_some(),
-            cfg.optimizer,
-        );
+        let keyed = keyed(model, cfg, replicated);
+        let owner_steps =
+            owner_steps_apply(policy.synchronous(), replicated, keyed, model.lr().is_some(), cfg.optimizer);
         // Each rank writes the initial values of its own shard.
-        let params = Params::start(t, model, cfg.optimizer, cfg.seed, replicated, owner_steps)?;
+        let windows = if owner_steps {
+            Windows::OwnerSteps
+        } else if keyed {
+            // Reads in place need every chunk of an iteration done before any push lands (the
+            // line-up), every push before the next reads (a bound of 0), and no copy of a chunk
+            // still running after the line-up (speculation's copies).
+            Windows::Keyed { in_place: policy.line_up() && policy.staleness() == Some(0) && !policy.copies() }
+        } else {
+            Windows::Plain
+        };
+        let params = Params::start(t, model, cfg.optimizer, cfg.seed, replicated, windows)?;
         let slots = (0..pool.max_threads())
             .map(|w| Mutex::new(Slot::new(new_work(model, cfg, &params), w as u32 + 1)))
             .collect();
@@ -790,6 +796,10 @@ impl<'a, M: Model> Run<'a, M> {
             // Zeros when there is nothing to add: the slots hold what was put last.
             self.params.push_gradient(&me.delta)?;
             me.step = step.map(|s| (s, per_row));
+        } else if self.params.reads_in_place() && me.ev.to_target.is_some() {
+            // Left the line-up early (an evaluation said stop): others may still read the
+            // weights in place, and the run ends after this iteration unstepped anyway.
+            me.delta.clear();
         } else if values && admit.apply {
             self.params.put_values(&mut me.delta, &mut me.push)?;
         } else if admit.apply && !me.delta.is_empty() && step.is_none_or(|s| s.share > 0.0) {

@@ -105,6 +105,20 @@ fn main() -> ExitCode {
                 }
                 Ok(())
             })(),
+            "hashed-params" => (|| {
+                // Hashed to 2^17 buckets: a keyed model (past `dense_pull_below`), whose chunks
+                // read the weights in place under mpirun on one node.
+                let data = data.as_deref().ok_or("--data is required")?;
+                let model = LogReg::with_hashing(std::path::Path::new(data), None, 0.5, true, 17)
+                    .map_err(|e| e.to_string())?;
+                let p = final_params_by(&t, &model, 30, scheme("bsp"), optimizer)?;
+                if t.rank() == 0 {
+                    let out = out.as_deref().ok_or("--out is required")?;
+                    let text: String = p.iter().map(|w| format!("{w:e}\n")).collect();
+                    std::fs::write(out, text).map_err(|e| format!("{out}: {e}"))?;
+                }
+                Ok(())
+            })(),
             "mf-params" => (|| {
                 let data = data.as_deref().ok_or("--data is required")?;
                 let model = training::mf_strata(std::path::Path::new(data))?;
@@ -117,7 +131,7 @@ fn main() -> ExitCode {
                 }
                 Ok(())
             })(),
-            _ => Err(format!("unknown mode `{mode}`: expected exactly-once, params or mf-params")),
+            _ => Err(format!("unknown mode `{mode}`: expected exactly-once, params, hashed-params or mf-params")),
         };
         match result {
             Ok(()) => true,
