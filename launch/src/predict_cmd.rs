@@ -72,9 +72,19 @@ pub fn run(a: PredictArgs) -> Result<(), AppError> {
         ModelKind::Lr => {
             let features = shape("weight").first().copied().unwrap_or(0);
             let intercept = saved.tensors.contains_key("bias");
-            let m = LogReg::new(&a.data, None, 0.0, intercept)
-                .and_then(|m| m.with_features(features))
-                .map_err(data_err)?;
+            let m = match saved.meta.get("hash_bits") {
+                // Hashed features: any ids, the same buckets as in training.
+                Some(b) => {
+                    let bits = b.parse().ok().filter(|&b: &u32| 1usize.checked_shl(b) == Some(features));
+                    let bits = bits.ok_or_else(|| AppError::Data {
+                        what: saved.path.display().to_string(),
+                        detail: format!("bad metadata `hash_bits` = {b} for {features} weights"),
+                    })?;
+                    LogReg::with_hashing(&a.data, None, 0.0, intercept, bits)
+                }
+                None => LogReg::new(&a.data, None, 0.0, intercept).and_then(|m| m.with_features(features)),
+            }
+            .map_err(data_err)?;
             write(&m, &saved, &a, start)
         }
         ModelKind::Softmax => write(&Softmax::new(&a.data, None, 0.0).map_err(data_err)?, &saved, &a, start),

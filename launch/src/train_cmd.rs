@@ -253,6 +253,13 @@ pub struct TrainArgs {
     /// MF: factor rank [default: 40]; LDA: topics [default: 20].
     #[arg(long, value_name = "K")]
     k: Option<usize>,
+    /// LR: hashed features: a model of 2^B weights (B from 1 to 28), feature id j read and
+    /// updated at bucket hash(j) whatever ids the data holds (LIBSVM ids, raw ids up to
+    /// 2^32 - 1): the model's size is chosen, not dictated by the largest id. Features sharing a
+    /// bucket share its weight. Pulls and pushes move only the buckets of the iteration's rows.
+    /// `predict` hashes alike (model.safetensors records B) [default: off, one weight a column]
+    #[arg(long, value_name = "B")]
+    hash_bits: Option<u32>,
     /// LDA: the symmetric document-topic prior [default: 0.1, as the `lda` package].
     #[arg(long, value_name = "A")]
     alpha: Option<f64>,
@@ -392,6 +399,7 @@ pub(crate) struct TrainFile {
     stop_on_stall: Option<bool>,
     intercept: Option<bool>,
     k: Option<usize>,
+    hash_bits: Option<u32>,
     alpha: Option<f64>,
     eta: Option<f64>,
     l2: Option<f32>,
@@ -439,6 +447,7 @@ impl TrainFile {
             stop_on_stall: top.stop_on_stall.or(self.stop_on_stall),
             intercept: top.intercept.or(self.intercept),
             k: top.k.or(self.k),
+            hash_bits: top.hash_bits.or(self.hash_bits),
             alpha: top.alpha.or(self.alpha),
             eta: top.eta.or(self.eta),
             l2: top.l2.or(self.l2),
@@ -494,6 +503,7 @@ impl TrainArgs {
             stop_on_stall: self.stop_on_stall.then_some(true),
             intercept: self.no_intercept.then_some(false),
             k: self.k,
+            hash_bits: self.hash_bits,
             alpha: self.alpha,
             eta: self.eta,
             l2: self.l2,
@@ -561,6 +571,8 @@ pub(crate) struct Resolved {
     stop_on_stall: bool,
     intercept: bool,
     k: usize,
+    /// LR: hashed features' bits (none: a weight a column).
+    hash_bits: Option<u32>,
     alpha: f64,
     eta: f64,
     #[serde(serialize_with = "short_f32")]
@@ -797,6 +809,7 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
         stop_on_stall: f.stop_on_stall.unwrap_or(false),
         intercept: f.intercept.unwrap_or(true),
         k: f.k.unwrap_or(if model == ModelKind::Lda { 20 } else { 40 }),
+        hash_bits: f.hash_bits,
         alpha: f.alpha.unwrap_or(0.1),
         eta: f.eta.unwrap_or(0.01),
         l2: f.l2.unwrap_or(match (model, optimizer) {
@@ -815,6 +828,20 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
         straggler: f.straggler.unwrap_or_else(|| "ideal".into()),
         npy: false,
     };
+    if let Some(b) = r.hash_bits {
+        if model != ModelKind::Lr {
+            return Err(usage(format!(
+                "--hash-bits is for --model lr (hashed features), not {}",
+                model.name()
+            )));
+        }
+        let max = peregrine_core::model::lr::MAX_HASH_BITS;
+        if !(1..=max).contains(&b) {
+            return Err(usage(format!(
+                "--hash-bits must be from 1 to {max} (2^{max} weights, 1 GiB of f32 a window), got {b}"
+            )));
+        }
+    }
     if model != ModelKind::Synthetic && (f.chunk_cost.is_some() || f.params.is_some()) {
         return Err(usage(format!(
             "--chunk-cost and --params are for --model synthetic, not {}",
@@ -976,8 +1003,12 @@ fn rank_in(
     }
     match r.model {
         ModelKind::Lr => {
-            let m =
-                LogReg::new(&r.data, r.eval.as_deref(), r.lr, r.intercept).map_err(data_err)?.with_l2(r.l2);
+            let m = match r.hash_bits {
+                Some(b) => LogReg::with_hashing(&r.data, r.eval.as_deref(), r.lr, r.intercept, b),
+                None => LogReg::new(&r.data, r.eval.as_deref(), r.lr, r.intercept),
+            }
+            .map_err(data_err)?
+            .with_l2(r.l2);
             go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
         ModelKind::Softmax => {
@@ -1410,6 +1441,9 @@ fn save_model_params<M: Export>(
     meta.insert("train_data".into(), data.display().to_string());
     if r.model == ModelKind::Mlp {
         meta.insert("hidden".into(), r.hidden.iter().map(ToString::to_string).collect::<Vec<_>>().join(","));
+    }
+    if let Some(b) = r.hash_bits {
+        meta.insert("hash_bits".into(), b.to_string());
     }
     if r.model == ModelKind::Lda {
         meta.insert("alpha".into(), r.alpha.to_string());

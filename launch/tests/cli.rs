@@ -2580,3 +2580,74 @@ fn the_training_set_in_huge_pages_trains_the_model_of_the_mapped_file() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("--huge-pages") && stderr.contains("sometimes"), "{stderr}");
 }
+
+/// `--hash-bits`: LIBSVM data whose feature ids reach 2^32 - 2 (a model of one weight a column
+/// would be 4 G weights) trains hashed into 2^12 buckets, learns the label that two of those ids
+/// decide, records the bits in config.toml and model.safetensors, and predicts what it was
+/// evaluated at (predict hashes alike); out-of-range bits and other models are refused with
+/// nothing written.
+#[test]
+fn hashed_features_train_on_raw_ids_and_predict_alike() {
+    let t = scratch("hashed");
+    let d = t.path();
+    let s = |p: &Path| p.to_str().expect("utf-8").to_owned();
+    let mut svm = String::new();
+    let mut state = 7u64;
+    for row in 0..3000u64 {
+        // A few noise ids spread over all of u32, and one of two deciding ids.
+        let y = row % 2;
+        let mut ids: Vec<u64> = (0..4)
+            .map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (state >> 33) % 4_000_000_000
+            })
+            .collect();
+        ids.push(if y == 1 { 4_294_967_294 } else { 123_456_789 });
+        ids.sort_unstable();
+        ids.dedup();
+        let feats: Vec<String> = ids.iter().map(|i| format!("{}:1", i + 1)).collect();
+        svm.push_str(&format!("{y} {}\n", feats.join(" ")));
+    }
+    std::fs::write(d.join("raw.svm"), svm).expect("write");
+    let data = s(&d.join("raw.pgd"));
+    ok(&["data", "convert", "libsvm", &s(&d.join("raw.svm")), &data]);
+    let run = d.join("run");
+    let r = s(&run);
+    let base = ["train", "--model", "lr", "--data", &data, "--run-dir", &r, "--quiet"];
+    for (extra, want) in [
+        (&["--hash-bits", "0"][..], "--hash-bits must be from 1 to 28"),
+        (&["--hash-bits", "29"], "--hash-bits must be from 1 to 28"),
+        (&["--hash-bits=-3"], "--hash-bits"),
+    ] {
+        let out = peregrine(&[&base[..], extra].concat());
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {stderr}");
+        assert!(stderr.contains(want), "{extra:?}: {stderr}");
+        assert!(!run.exists(), "{extra:?} wrote {r}");
+    }
+    let out =
+        peregrine(&["train", "--model", "softmax", "--data", &data, "--hash-bits", "12", "--run-dir", &r]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).1.contains("--hash-bits is for --model lr"), "{:?}", text(&out));
+    assert!(!run.exists());
+    ok(&[&base[..], &["--hash-bits", "12", "--epochs", "5", "--ranks", "2"]].concat());
+    let (loss, accuracy) = final_eval(&run);
+    assert!(loss < 0.4 && accuracy > 0.97, "hashed LR (blind: 0.693): loss {loss}, accuracy {accuracy}");
+    let config = std::fs::read_to_string(run.join("config.toml")).expect("config");
+    assert!(config.contains("hash-bits = 12"), "{config}");
+    let bytes = std::fs::read(run.join("model.safetensors")).expect("model");
+    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).expect("json header");
+    assert_eq!(header["weight"]["shape"], serde_json::json!([4096]));
+    assert_eq!(header["__metadata__"]["hash_bits"], "12");
+    let (_, stderr) = ok(&["predict", "--model", &r, "--data", &data, "-o", &s(&d.join("p.csv"))]);
+    let (p_loss, p_accuracy) = predicted(&stderr);
+    assert!((p_loss - loss).abs() <= 1e-4, "predict loss {p_loss} vs training's {loss}");
+    assert!((p_accuracy - accuracy).abs() <= 1e-3, "{p_accuracy} vs {accuracy}");
+    // The configuration file runs it again.
+    let again = d.join("again");
+    ok(&["train", "--config", &s(&run.join("config.toml")), "--run-dir", &s(&again), "--quiet"]);
+    // (Within float noise: which rank sums which chunk varies from run to run.)
+    let again_loss = final_eval(&again).0;
+    assert!((again_loss - loss).abs() <= 1e-4 * loss, "the recorded configuration: {again_loss} vs {loss}");
+}
