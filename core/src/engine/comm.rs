@@ -64,6 +64,18 @@ impl<M: Model> Run<'_, M> {
         Ok(())
     }
 
+    /// Where the chunks may read the weights in place: whether iteration `it` copies the whole
+    /// model instead ([`PullKeys::copy_whole`], from the keys of this rank's own chunks).
+    pub(super) fn copy_whole(&self, it: u64, keys: &mut PullKeys) -> bool {
+        keys.copy_whole(|set| {
+            let part = self.own.lock().expect("own chunks").clone();
+            for g in part {
+                self.model.keys(self.plan.global_chunk_rows(it, g), set);
+            }
+            super::params::read_whole(set.runs(), set.len(), self.model.layout(), true)
+        })
+    }
+
     /// Sums every thread's update, times `scale`, into `delta`, and the threads' counts into
     /// `rec`.
     pub(super) fn drain(&self, scale: f32, delta: &mut Delta, rec: &mut IterRecord) {

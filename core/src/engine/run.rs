@@ -398,8 +398,18 @@ impl<'a, M: Model> Run<'a, M> {
             // SAFETY: `in_place` lives through this iteration's compute only, which ends before
             // this rank pushes (the owners step once every rank pushed), and the ranks lined up
             // after the previous iteration's steps (or the windows' start) before this read.
-            let in_place = unsafe { self.params.weights_in_place() }?;
-            if in_place.is_none() {
+            let mut in_place = unsafe { self.params.weights_in_place() }?;
+            if let Some(w) =
+                in_place.filter(|_| self.params.reads_in_place() && self.copy_whole(it, &mut me.keys))
+            {
+                // A copy as the chunks would read them in place (nothing writes them before this
+                // iteration's line-up): a streaming copy, not a load per element.
+                let (c0, pulling) = (Instant::now(), Span::now());
+                me.replica.copy_from_slice(w);
+                in_place = None;
+                rec.comm += c0.elapsed().as_secs_f64();
+                self.traced("pull", "comm", pulling, Args::default().int("iter", it));
+            } else if in_place.is_none() {
                 let Local { keys, ranges, data, replica, state, .. } = &mut me;
                 let pulling = Span::now();
                 self.pull_into(it, keys, ranges, data, (replica, state), &mut rec)?;
