@@ -7,7 +7,8 @@
 #   MF k=40 on MovieLens-100k (90/10): libmf (PyPI bindings, libmf's C++ built with AVX), 2 threads:
 #     ms per epoch (the marginal epoch on both sides: (T(20) - T(1)) / 19) and test RMSE;
 #   LR on Adult: Vowpal Wabbit, scikit-learn (lbfgs, SGD): seconds to a training log-loss of 0.345;
-#   sparse LR at scale (2M x 100k, 20 nonzeros per row; 10M x 1M with --big): communication
+#   sparse LR at scale (2M x 100k, 20 nonzeros per row; 10M x 1M and the same hashed into 2^24
+#     buckets with --big): communication
 #     against computation per rank;
 #   and the roofline figures of this machine in the same run (peregrine bench roofline).
 # Peregrine runs as 2 MPI ranks (OpenMPI), the peers on the same 2 cores; each workload 3 times,

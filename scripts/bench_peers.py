@@ -349,15 +349,19 @@ def main():
                          f"triad {roof['triad_gbs']:.1f}", f"{100 * gbs / roof['triad_gbs']:.0f} % of triad"))
 
     if "scale" in parts:
-        sets = [("2M x 100k", "sparse-2m.pgd")] + ([("10M x 1M", "sparse-10m.pgd")] if a.big else [])
-        for label, f in sets:
+        # The 10M-row set also hashed into 2^24 buckets (--hash-bits: pulls and pushes by key).
+        sets = [("2M x 100k", "sparse-2m.pgd", [])] + ([
+            ("10M x 1M", "sparse-10m.pgd", []),
+            ("10M x 2^24 hashed", "sparse-10m.pgd", ["--hash-bits", "24"]),
+        ] if a.big else [])
+        for label, f, extra in sets:
             # Peregrine's default batch for LR (4096) and a large one (100,000).
             for batch in ("4096", "100000"):
-                key = f"scale-{f}-{batch}"
+                key = f"scale-{f}-{batch}" + ("-hashed" if extra else "")
                 print(f"== sparse LR at scale, {label}, batch {batch}, 1 epoch", flush=True)
                 b.alternate([("peregrine", lambda: b.record(key, b.peregrine(
                     key, ["--model", "lr", "--data", os.path.join(a.data, f), "--epochs", "1",
-                          "--batch", batch, "--eval-every", "1000000"])))])
+                          "--batch", batch, "--eval-every", "1000000"] + extra)))])
 
                 def per_rank(field):
                     return statistics.median(sum(r[field] for r in s["per_rank"]) / len(s["per_rank"])
