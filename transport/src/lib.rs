@@ -554,14 +554,7 @@ impl<T: Elem> Window<T> {
         }
         if inverted || end > len {
             let r = ranges.iter().find(|r| r.start > r.end || r.end > len).unwrap_or(&(0..0));
-            return Err(ErrorKind::OutOfRange {
-                rank: self.rank(),
-                window: self.name().to_owned(),
-                start: r.start,
-                end: r.end,
-                len,
-            }
-            .into());
+            return Err(self.outside(r));
         }
         // Every range lies in `0..len`, so the sum wraps only if `ranges.len() * len` does.
         let expected = if ranges.len().checked_mul(len).is_some() {
@@ -604,18 +597,23 @@ impl<T: Elem> Window<T> {
         let (mut start, mut end) = (usize::MAX, 0usize);
         for r in ranges {
             if r.start > r.end || r.end > len {
-                return Err(ErrorKind::OutOfRange {
-                    rank: self.rank(),
-                    window: self.name().to_owned(),
-                    start: r.start,
-                    end: r.end,
-                    len,
-                }
-                .into());
+                return Err(self.outside(r));
             }
             (start, end) = (start.min(r.start), end.max(r.end));
         }
         Ok(Batch { ranges, positioned: true, start: start.min(end), end })
+    }
+
+    /// The error of a range `r` not inside the window.
+    fn outside(&self, r: &Range<usize>) -> Error {
+        ErrorKind::OutOfRange {
+            rank: self.rank(),
+            window: self.name().to_owned(),
+            start: r.start,
+            end: r.end,
+            len: self.len(),
+        }
+        .into()
     }
 
     fn rank(&self) -> usize {

@@ -98,12 +98,7 @@ fn main() -> ExitCode {
                 let data = data.as_deref().ok_or("--data is required")?;
                 let model = LogReg::new(std::path::Path::new(data), None, 0.5, true).map_err(|e| e.to_string())?;
                 let p = final_params_by(&t, &model, 30, scheme("bsp"), optimizer)?;
-                if t.rank() == 0 {
-                    let out = out.as_deref().ok_or("--out is required")?;
-                    let text: String = p.iter().map(|w| format!("{w:e}\n")).collect();
-                    std::fs::write(out, text).map_err(|e| format!("{out}: {e}"))?;
-                }
-                Ok(())
+                write_params(&t, out.as_deref(), &p)
             })(),
             "hashed-params" => (|| {
                 // Hashed to 2^17 buckets: a keyed model (past `dense_pull_below`), whose chunks
@@ -112,24 +107,14 @@ fn main() -> ExitCode {
                 let model = LogReg::with_hashing(std::path::Path::new(data), None, 0.5, true, 17)
                     .map_err(|e| e.to_string())?;
                 let p = final_params_by(&t, &model, 30, scheme("bsp"), optimizer)?;
-                if t.rank() == 0 {
-                    let out = out.as_deref().ok_or("--out is required")?;
-                    let text: String = p.iter().map(|w| format!("{w:e}\n")).collect();
-                    std::fs::write(out, text).map_err(|e| format!("{out}: {e}"))?;
-                }
-                Ok(())
+                write_params(&t, out.as_deref(), &p)
             })(),
             "mf-params" => (|| {
                 let data = data.as_deref().ok_or("--data is required")?;
                 let model = training::mf_strata(std::path::Path::new(data))?;
                 let cfg = training::mf_strata_config(&t, 60, true, Some(trace.clone().ok_or("--trace is required")?));
                 let p = training::final_params_of(&t, &model, &cfg)?;
-                if t.rank() == 0 {
-                    let out = out.as_deref().ok_or("--out is required")?;
-                    let text: String = p.iter().map(|w| format!("{w:e}\n")).collect();
-                    std::fs::write(out, text).map_err(|e| format!("{out}: {e}"))?;
-                }
-                Ok(())
+                write_params(&t, out.as_deref(), &p)
             })(),
             _ => Err(format!("unknown mode `{mode}`: expected exactly-once, params, hashed-params or mf-params")),
         };
@@ -142,4 +127,14 @@ fn main() -> ExitCode {
         }
     };
     peregrine_tests::run_spmd(backend, ranks, body)
+}
+
+/// Rank 0 writes `p`, one parameter a line, to `out`.
+fn write_params(t: &peregrine_transport::Transport, out: Option<&str>, p: &[f32]) -> Result<(), String> {
+    if t.rank() == 0 {
+        let out = out.ok_or("--out is required")?;
+        let text: String = p.iter().map(|w| format!("{w:e}\n")).collect();
+        std::fs::write(out, text).map_err(|e| format!("{out}: {e}"))?;
+    }
+    Ok(())
 }
