@@ -50,11 +50,8 @@ impl<M: Model> Run<'_, M> {
         } else if !values && keys.skip() {
             self.params.get_all(replica)?;
         } else {
-            let part = self.own.lock().expect("own chunks").clone();
             keys.set.clear();
-            for g in part {
-                self.model.keys(self.plan.global_chunk_rows(it, g), &mut keys.set);
-            }
+            self.own_keys(it, &mut keys.set);
             let whole = self.params.pull_keys(self.model.layout(), &mut keys.set, ranges, data, replica)?;
             if !values {
                 keys.saw(whole);
@@ -68,12 +65,17 @@ impl<M: Model> Run<'_, M> {
     /// model instead ([`PullKeys::copy_whole`], from the keys of this rank's own chunks).
     pub(super) fn copy_whole(&self, it: u64, keys: &mut PullKeys) -> bool {
         keys.copy_whole(|set| {
-            let part = self.own.lock().expect("own chunks").clone();
-            for g in part {
-                self.model.keys(self.plan.global_chunk_rows(it, g), set);
-            }
+            self.own_keys(it, set);
             super::params::read_whole(set.runs(), set.len(), self.model.layout(), true)
         })
+    }
+
+    /// Adds the keys of this rank's own chunks of `it` to `set`.
+    fn own_keys(&self, it: u64, set: &mut crate::model::KeySet) {
+        let part = self.own.lock().expect("own chunks").clone();
+        for g in part {
+            self.model.keys(self.plan.global_chunk_rows(it, g), set);
+        }
     }
 
     /// Sums every thread's update, times `scale`, into `delta`, and the threads' counts into

@@ -54,8 +54,11 @@ impl LogReg {
         Ok(Self { data, lr, dim, intercept, l2: 0.0, hash_bits: None })
     }
 
-    /// As [`new`](Self::new), with hashed features ([`with_hash_bits`](Self::with_hash_bits)):
-    /// the evaluation set may have any columns.
+    /// As [`new`](Self::new), with hashed features: `2^bits` weights, feature `j` read and
+    /// updated at [`bucket`]`(j, bits)` whatever the dataset's columns (ids up to 2^32 - 1,
+    /// LIBSVM's or raw ones), so that the model's size is the user's choice, not the data's;
+    /// features that share a bucket share its weight (no sign hashing). `bits` from 1 to
+    /// [`MAX_HASH_BITS`]; the evaluation set may have any columns.
     pub fn with_hashing(
         train: &Path,
         eval: Option<&Path>,
@@ -63,8 +66,13 @@ impl LogReg {
         intercept: bool,
         bits: u32,
     ) -> Built<Self> {
+        if !(1..=MAX_HASH_BITS).contains(&bits) {
+            return Err(ModelError::Unfit(format!(
+                "hash bits must be from 1 to {MAX_HASH_BITS}, got {bits}"
+            )));
+        }
         let data = Sets::open(train, eval, Kind::Sparse)?;
-        Self { data, lr, dim: 0, intercept, l2: 0.0, hash_bits: None }.with_hash_bits(bits)
+        Ok(Self { data, lr, dim: 1 << bits, intercept, l2: 0.0, hash_bits: Some(bits) })
     }
 
     /// With L2 regularization of the feature weights (not of the intercept), in the sparse-SGD
@@ -74,24 +82,6 @@ impl LogReg {
     #[must_use]
     pub fn with_l2(self, l2: f32) -> Self {
         Self { l2, ..self }
-    }
-
-    /// With hashed features: `2^bits` weights, feature `j` read and updated at
-    /// [`bucket`]`(j, bits)` whatever the dataset's columns (ids up to 2^32 - 1, LIBSVM's or raw
-    /// ones), so that the model's size is the user's choice, not the data's; features that share
-    /// a bucket share its weight (no sign hashing). `bits` from 1 to [`MAX_HASH_BITS`].
-    fn with_hash_bits(self, bits: u32) -> Built<Self> {
-        if !(1..=MAX_HASH_BITS).contains(&bits) {
-            return Err(ModelError::Unfit(format!(
-                "hash bits must be from 1 to {MAX_HASH_BITS}, got {bits}"
-            )));
-        }
-        Ok(Self { dim: 1 << bits, hash_bits: Some(bits), ..self })
-    }
-
-    /// The bits of hashed features, if hashed.
-    pub fn hash_bits(&self) -> Option<u32> {
-        self.hash_bits
     }
 
     /// Runs `f` with `x`'s rows whose feature ids are their buckets, if hashed (a copy of the

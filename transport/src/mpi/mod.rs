@@ -978,12 +978,23 @@ impl<T: Elem> MpiWindow<T> {
             return Ok(());
         }
         let (base, len, h) = (out.as_mut_ptr(), out.len(), self.handles());
+        if batch.ranges.len() < Blocks::TYPED {
+            // Too few ranges for a datatype to pay: a get each, as they come.
+            let issued = self.for_batch(batch, Touched::NONE, |pos, target, disp, n| {
+                debug_assert!(pos + n as usize <= len, "a piece past the batch's buffer");
+                // SAFETY: `pos + n <= out.len()` (the batch was checked against `out`), which
+                // stays borrowed until the completion below; target/disp/n lie inside the
+                // target's shard (from the shard map every rank agreed on).
+                unsafe { self.get_piece(h, base.add(pos), target, disp, n) }
+            });
+            return self.complete_batch(issued);
+        }
         let mut blocks = Blocks::new(batch.ranges.len());
         let issue = |b: &Blocks| {
             // SAFETY: every block's `pos + n <= out.len()` (checked as it was added), `out`
             // stays borrowed until the completion below; the blocks' displacements lie inside
             // the target's shard (from the shard map every rank agreed on).
-            unsafe { self.issue_blocks(h, b, base, None) }
+            unsafe { self.issue_blocks(h, b, base, false) }
         };
         let issued = self
             .for_batch(batch, Touched::NONE, |pos, target, disp, n| {
@@ -994,27 +1005,24 @@ impl<T: Elem> MpiWindow<T> {
         self.complete_batch(issued)
     }
 
-    /// Issues the gets (`write: None`) or puts/accumulates (`Some(accumulate)`) of `b`'s
-    /// blocks, between `origin + pos` and the target's displacements: one operation per block
-    /// when they are few, else one of an indexed datatype on each side ([`Blocks`]).
+    /// Issues the gets (or, with `put`, the puts) of `b`'s blocks, between `origin + pos` and
+    /// the target's displacements: one operation per block when they are few, else one of an
+    /// indexed datatype on each side ([`Blocks`]).
     ///
     /// # Safety
     /// Every block's origin elements lie inside one allocation starting at `origin`, which
     /// stays borrowed (unread after a get) until a local completion of the target; its target
     /// displacements lie inside the target's shard.
-    unsafe fn issue_blocks(&self, h: Handles, b: &Blocks, origin: *mut T, write: Option<bool>) -> Result<()> {
-        // Accumulates go piece by piece: OpenMPI 4.1's `osc/ucx` loses adds of an indexed
-        // datatype that race with other ranks' adds to the same elements (the conformance case
-        // `direct-window-accumulates-and-atomics` on a plain window over UCX: 600 where 1,050
-        // was due), although MPI makes them atomic element by element.
-        if b.lens.len() < Blocks::TYPED || write == Some(true) {
+    unsafe fn issue_blocks(&self, h: Handles, b: &Blocks, origin: *mut T, put: bool) -> Result<()> {
+        if b.lens.len() < Blocks::TYPED {
             for i in 0..b.lens.len() {
                 let (pos, disp, n) = (b.pos[i] as usize, b.disp[i], b.lens[i]);
                 // SAFETY: the caller's contract, block by block.
                 unsafe {
-                    match write {
-                        None => self.get_piece(h, origin.add(pos), b.target, disp, n)?,
-                        Some(acc) => self.write_piece(h, origin.add(pos), b.target, disp, n, acc)?,
+                    if put {
+                        self.write_piece(h, origin.add(pos), b.target, disp, n, false)?;
+                    } else {
+                        self.get_piece(h, origin.add(pos), b.target, disp, n)?;
                     }
                 }
             }
@@ -1036,22 +1044,15 @@ impl<T: Elem> MpiWindow<T> {
         // operation using it is issued (MPI 4.1, 5.1.9: freeing does not affect pending
         // operations).
         let rc = unsafe {
-            match write {
-                None => ffi::MPI_Get(origin.cast(), 1, ot, b.target, 0, 1, tt, h.win),
-                Some(true) => ffi::MPI_Accumulate(origin.cast(), 1, ot, b.target, 0, 1, tt, h.sum, h.win),
-                Some(false) => ffi::MPI_Put(origin.cast(), 1, ot, b.target, 0, 1, tt, h.win),
+            if put {
+                ffi::MPI_Put(origin.cast(), 1, ot, b.target, 0, 1, tt, h.win)
+            } else {
+                ffi::MPI_Get(origin.cast(), 1, ot, b.target, 0, 1, tt, h.win)
             }
         };
         free_type(ot);
         free_type(tt);
-        self.check(
-            match write {
-                None => "MPI_Get",
-                Some(true) => "MPI_Accumulate",
-                Some(false) => "MPI_Put",
-            },
-            rc,
-        )
+        self.check(if put { "MPI_Put" } else { "MPI_Get" }, rc)
     }
 
     /// A committed `MPI_Type_create_hindexed` of the window's element type.
@@ -1125,11 +1126,23 @@ impl<T: Elem> MpiWindow<T> {
             return Ok(touched);
         }
         let (base, len, h) = (data.as_ptr().cast_mut(), data.len(), self.handles());
+        // Accumulates go a call a range: OpenMPI 4.1's `osc/ucx` loses adds of an indexed
+        // datatype that race with other ranks' adds to the same elements (the conformance case
+        // `direct-window-accumulates-and-atomics` on a plain window over UCX: 600 where 1,050
+        // was due), although MPI makes them atomic element by element.
+        if accumulate || batch.ranges.len() < Blocks::TYPED {
+            return self.for_batch(batch, touched, |pos, target, disp, n| {
+                debug_assert!(pos + n as usize <= len, "a piece past the batch's data");
+                // SAFETY: `pos + n <= data.len()`, as in `get_batch`; the caller keeps `data`
+                // borrowed until the completion.
+                unsafe { self.write_piece(h, base.add(pos), target, disp, n, accumulate) }
+            });
+        }
         let mut blocks = Blocks::new(batch.ranges.len());
         let issue = |b: &Blocks| {
-            // SAFETY: as in `get_batch`; MPI only reads the origin of a put or accumulate, and
-            // the caller keeps `data` borrowed until the completion.
-            unsafe { self.issue_blocks(h, b, base, Some(accumulate)) }
+            // SAFETY: as in `get_batch`; MPI only reads the origin of a put, and the caller
+            // keeps `data` borrowed until the completion.
+            unsafe { self.issue_blocks(h, b, base, true) }
         };
         let touched = self.for_batch(batch, touched, |pos, target, disp, n| {
             debug_assert!(pos + n as usize <= len, "a piece past the batch's data");
@@ -1424,10 +1437,10 @@ impl Drop for Held<'_> {
     }
 }
 
-/// The pieces of a batch bound for one target, gathered to be issued together: where a target
-/// has [`Blocks::TYPED`] pieces or more, one operation of an indexed datatype on each side
-/// (`MPI_Type_create_hindexed`) moves them all, instead of one operation per piece (a pull of
-/// 20k scattered keys: 20k `MPI_Get`s, each with the library's per-call overhead).
+/// The pieces of a batch of gets or puts bound for one target, gathered to be issued together:
+/// where a target has [`Blocks::TYPED`] pieces or more, one operation of an indexed datatype on
+/// each side (`MPI_Type_create_hindexed`) moves them all, instead of one operation per piece (a
+/// pull of 20k scattered keys: 20k `MPI_Get`s, each with the library's per-call overhead).
 struct Blocks {
     target: c_int,
     pos: Vec<ffi::MPI_Aint>,
