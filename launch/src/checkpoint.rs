@@ -113,17 +113,6 @@ impl Store {
             },
         }
     }
-
-    /// Removes every checkpoint file (a run started again with --force).
-    pub fn clear(&self) -> std::io::Result<()> {
-        for p in [self.newest(), self.previous(), self.dir.join("checkpoint.safetensors.tmp")] {
-            match std::fs::remove_file(&p) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-                _ => {}
-            }
-        }
-        Ok(())
-    }
 }
 
 /// The checksum of the tensors' bytes.

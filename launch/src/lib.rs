@@ -7,6 +7,7 @@
 //! The binary is [`main`]; the library exists so that the parsers of outside input behind the
 //! commands can be reached by the fuzz targets (`fuzz/`, see [`fuzzing`]).
 
+mod agree;
 mod checkpoint;
 mod data_cmd;
 mod experiment;
@@ -18,6 +19,7 @@ mod plots;
 mod predict_cmd;
 mod preempt;
 mod report_cmd;
+mod run_dir;
 mod sim_cmd;
 mod slurm_cmd;
 mod train_cmd;
@@ -262,7 +264,7 @@ pub fn main() -> ExitCode {
             say(format_args!("{e}"));
             ExitCode::from(EXIT_REQUEUE as u8)
         }
-        Err(e @ AppError::Usage(_)) => {
+        Err(e) if e.is_usage() => {
             say(format_args!("error: {e}"));
             ExitCode::from(2)
         }

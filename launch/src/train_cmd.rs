@@ -17,6 +17,7 @@ use peregrine_core::{Scheme, SchemeSpec, TrainError};
 use peregrine_transport::{Backend, Transport};
 use serde::{Deserialize, Serialize};
 
+use crate::agree::Digest;
 use crate::meta;
 use crate::preempt::{write_atomically, EXIT_REQUEUE};
 use crate::world::{run_world, AppError, RunContext, WorldArgs};
@@ -928,12 +929,18 @@ pub(crate) fn rank(
     epochs: Option<f64>,
     stamp: u64,
 ) -> Result<Report, AppError> {
+    // First of all, before any collective whose sequence the job decides.
+    crate::agree::agree(t, digest(&r, epochs, a, ctx))?;
     // Every rank must agree on the run directory's name: rank 0's clock decides.
     let mut when = [stamp];
     t.broadcast(&mut when, 0)?;
-    let mut parent_existed = true;
+    let parent_existed;
     let (dir, made) = match a.dir.clone().or_else(|| ctx.run_dir.clone()) {
-        Some(d) => (d, false),
+        Some(d) => {
+            let existed = d.exists();
+            parent_existed = d.parent().is_none_or(|p| p.as_os_str().is_empty() || p.exists());
+            (d, !existed)
+        }
         None => {
             let base = PathBuf::from("runs").join(format!(
                 "{}-{}-{}",
@@ -946,16 +953,93 @@ pub(crate) fn rank(
             (agree_fresh_dir(t, &base)?, true)
         }
     };
-    let result = rank_in(t, ctx, a, r, epochs, &dir);
+    // Rank 0 holds the directory's lock for the run's life; the others learn whether it got it.
+    let lock = if t.rank() == 0 { Some(crate::run_dir::Lock::take(&dir)) } else { None };
+    let mut locked = [u64::from(lock.as_ref().is_none_or(Result::is_ok))];
+    t.broadcast(&mut locked, 0)?;
+    let result = match lock {
+        Some(Err(e)) => Err(AppError::Agreed(Box::new(e))),
+        _ if locked[0] == 0 => Err(AppError::Agreed(Box::new(AppError::Usage(format!(
+            "{} is in use by another run (rank 0 names it)",
+            dir.display()
+        ))))),
+        lock => {
+            let result = rank_in(t, ctx, a, r, epochs, &dir);
+            drop(lock);
+            result
+        }
+    };
     if made && result.is_err() && t.rank() == 0 {
         // A run refused or failed before writing anything leaves no directory (only an empty
-        // one is removed).
+        // one is removed, once its lock file is).
+        let _ = std::fs::remove_file(dir.join(crate::run_dir::LOCK_FILE));
         let _ = std::fs::remove_dir(&dir);
         if !parent_existed {
             let _ = dir.parent().map(std::fs::remove_dir);
         }
     }
     result
+}
+
+/// What this rank would run, key by key, for [`crate::agree::agree`]: the resolved configuration
+/// (but the compute threads, which a rank may set for its own node), the datasets' identities
+/// (not their paths), the run directory and its checkpoints, and how the run is written out.
+fn digest(r: &Resolved, epochs: Option<f64>, a: &RunOpts, ctx: &RunContext) -> Result<Digest, AppError> {
+    let mut d: Digest = vec![("peregrine version".into(), env!("CARGO_PKG_VERSION").into())];
+    let config = serde_json::to_value(r).map_err(|e| AppError::Train(format!("configuration: {e}")))?;
+    if let serde_json::Value::Object(keys) = config {
+        d.extend(
+            keys.into_iter()
+                .filter(|(k, _)| !matches!(k.as_str(), "threads" | "data" | "eval"))
+                .map(|(k, v)| (k, v.to_string())),
+        );
+    }
+    d.push(("epochs".into(), format!("{epochs:?}")));
+    d.push(("data".into(), data_identity(&r.data)?));
+    d.push(("eval".into(), r.eval.as_deref().map_or(Ok("none".into()), data_identity)?));
+    let dir = a.dir.clone().or_else(|| ctx.run_dir.clone());
+    let absolute = dir.as_deref().map(|d| std::path::absolute(d).unwrap_or_else(|_| d.to_owned()));
+    d.push((
+        "run directory".into(),
+        absolute.as_deref().map_or("a new one under runs/".into(), |d| d.display().to_string()),
+    ));
+    let store = dir.as_deref().map(crate::checkpoint::Store::new);
+    for (name, path) in
+        store.iter().flat_map(|s| [("checkpoint", s.newest()), ("previous checkpoint", s.previous())])
+    {
+        d.push((name.into(), file_identity(&path)));
+    }
+    d.push(("--force".into(), a.force.to_string()));
+    d.push(("--trace".into(), a.trace.to_string()));
+    d.push(("--npy".into(), r.npy.to_string()));
+    Ok(d)
+}
+
+/// A dataset's identity in O(1): its size, rows and header checksum (which covers the counts,
+/// the section table and the data's checksum).
+fn data_identity(path: &Path) -> Result<String, AppError> {
+    let ds = peregrine_kernels::data::Dataset::open(path)?;
+    Ok(format!("{} bytes, {} rows, header crc {:08x}", ds.bytes(), ds.rows(), ds.header().header_crc))
+}
+
+/// A file's identity for [`digest`]: its size and the CRC-32 of its first and last 64 KiB
+/// (`none` if it does not exist).
+fn file_identity(path: &Path) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    const EDGE: u64 = 64 << 10;
+    let Ok(mut f) = std::fs::File::open(path) else { return "none".into() };
+    let len = f.metadata().map_or(0, |m| m.len());
+    let mut crc = crc32fast::Hasher::new();
+    let mut buf = Vec::new();
+    let head = Read::by_ref(&mut f).take(EDGE).read_to_end(&mut buf);
+    if len > EDGE && f.seek(SeekFrom::Start(len.saturating_sub(EDGE).max(EDGE))).is_ok() {
+        let _ = f.take(EDGE).read_to_end(&mut buf);
+    }
+    crc.update(&buf);
+    match head {
+        Ok(_) => format!("{len} bytes, crc {:08x}", crc.finalize()),
+        Err(e) => format!("unreadable ({e})"),
+    }
 }
 
 fn rank_in(
@@ -1191,6 +1275,17 @@ fn go<M: Export>(
     data_check_seconds: f64,
 ) -> Result<Report, AppError> {
     let plan = Plan::new(model.rows(), r.batch, t.world_size(), r.chunk, r.seed).map_err(usage)?;
+    if plan.batch() < r.batch {
+        // What runs is what config.toml records.
+        if t.rank() == 0 {
+            eprintln!(
+                "warning: --batch {} is more than the {} training rows: every iteration is the whole set",
+                r.batch,
+                plan.batch()
+            );
+        }
+        r.batch = plan.batch();
+    }
     if plan.idle_ranks() > 0 && t.rank() == 0 {
         let (n, chunks) = (t.world_size(), t.world_size() - plan.idle_ranks());
         let fix = if plan.batch() >= n {
@@ -1263,8 +1358,19 @@ fn go<M: Export>(
     peregrine_core::engine::check(&cfg, t.world_size(), model.rows()).map_err(train_err)?;
     peregrine_core::engine::check_model(&cfg, model).map_err(train_err)?;
     let text = r.to_toml().map_err(|e| AppError::Train(format!("config.toml: {e}")))?;
+    // Checkpoints record the configuration and what data it ran on (not where it was): a resume
+    // elsewhere is refused with the keys that differ.
+    let mut identity = toml::Table::new();
+    identity.insert("data".into(), data_identity(&r.data)?.into());
+    identity.insert("eval".into(), r.eval.as_deref().map_or(Ok("none".into()), data_identity)?.into());
+    let mut recorded = toml::Table::new();
+    recorded.insert(IDENTITY.into(), identity.into());
+    let recorded = format!(
+        "{text}\n{}",
+        toml::to_string(&recorded).map_err(|e| AppError::Train(format!("checkpoint configuration: {e}")))?
+    );
     let store = crate::checkpoint::Store::new(dir);
-    cfg.resume = resume_point(t, a, dir, &store, &text, model.param_order())?;
+    cfg.resume = resume_point(t, a, dir, &store, &recorded, model.param_order())?;
     let metrics_dir = dir.join("metrics");
     std::fs::create_dir_all(&metrics_dir).map_err(io(format!("creating {}", metrics_dir.display())))?;
     if t.rank() == 0 {
@@ -1296,7 +1402,7 @@ fn go<M: Export>(
             }
         },
         &mut |s| {
-            store.save(s, &text, model.param_order())?;
+            store.save(s, &recorded, model.param_order())?;
             // The model as of the checkpoint, for use before the run ends.
             save_model_params(dir, model, &s.weights, r, s.iteration, "checkpoint", None)
                 .map_err(|e| e.to_string())
@@ -1482,22 +1588,19 @@ fn resume_point(
     if t.rank() == 0 {
         let summary = dir.join("summary.json");
         let loaded = store.load();
-        // How a run is carried out may change between its parts; what it computes may not.
-        let operational = ["threads =", "checkpoint-every =", "checkpoint-seconds =", "watchdog ="];
-        let comparable = |c: &str| {
-            c.lines().filter(|l| !operational.iter().any(|k| l.starts_with(k))).collect::<Vec<_>>().join("\n")
-        };
         let refuse = |why: String| {
             AppError::Usage(format!("{why}; give another --run-dir, or --force to start again there"))
         };
+        let differences = |l: &crate::checkpoint::Loaded| config_differences(&l.config, config);
         refusal = match (&loaded, summary.exists()) {
             _ if a.force => None,
             (_, true) => {
                 Some(refuse(format!("{} holds a finished run ({})", dir.display(), summary.display())))
             }
-            (Ok(Some(l)), _) if comparable(&l.config) != comparable(config) => Some(refuse(format!(
-                "{} holds a checkpoint of another configuration (see its config.toml)",
-                dir.display()
+            (Ok(Some(l)), _) if !differences(l).is_empty() => Some(refuse(format!(
+                "{} holds a checkpoint of another configuration: {}",
+                dir.display(),
+                differences(l).join("; ")
             ))),
             (Ok(Some(l)), _) if l.order != order => {
                 let named =
@@ -1513,15 +1616,14 @@ fn resume_point(
             (Err(e), _) => Some(refuse(format!("no usable checkpoint: {e}"))),
             _ => None,
         };
-        if a.force && refusal.is_none() {
-            // A failure here is decided like a refusal, so that no rank waits for rank 0.
-            if let Err(e) = store.clear() {
-                refusal = Some(AppError::Io {
-                    what: format!("removing checkpoints in {}", dir.display()),
-                    source: e,
-                });
+        let fresh = a.force || matches!(loaded, Ok(None));
+        if fresh && refusal.is_none() {
+            // What an earlier run wrote goes (with --force, or where it stopped before its first
+            // checkpoint: its metrics, of more ranks perhaps, would stay beside this run's). A
+            // failure here is decided like a refusal, so that no rank waits for rank 0.
+            if let Err(e) = crate::run_dir::clear(dir) {
+                refusal = Some(e);
             }
-            let _ = std::fs::remove_file(&summary);
         }
         decision[0] = match (&refusal, loaded) {
             (Some(_), _) => 2,
@@ -1568,6 +1670,43 @@ fn resume_point(
         }
         _ => Ok(None),
     }
+}
+
+/// The table under which a checkpoint's configuration records the datasets' identities.
+const IDENTITY: &str = "identity";
+
+/// Keys a run may change between its parts: how it is carried out, not what it computes.
+const OPERATIONAL: [&str; 4] = ["threads", "checkpoint-every", "checkpoint-seconds", "watchdog"];
+
+/// How the configuration a checkpoint was taken under (`then`, with its datasets' identities)
+/// differs from this run's (`now`) in what it computes, key by key, in words. The datasets are
+/// compared by identity, not path (a checkpoint without identities, of an earlier version, by
+/// path).
+fn config_differences(then: &str, now: &str) -> Vec<String> {
+    let (Ok(mut then), Ok(mut now)) = (then.parse::<toml::Table>(), now.parse::<toml::Table>()) else {
+        return vec!["its configuration cannot be read".into()];
+    };
+    let mut out = Vec::new();
+    let ids = (then.remove(IDENTITY), now.remove(IDENTITY));
+    if let (Some(toml::Value::Table(a)), Some(toml::Value::Table(b))) = &ids {
+        for key in ["data", "eval"] {
+            then.remove(key);
+            now.remove(key);
+            if a.get(key) != b.get(key) {
+                let id =
+                    |t: &toml::Table| t.get(key).and_then(toml::Value::as_str).unwrap_or("none").to_owned();
+                out.push(format!("`{key}` is another dataset (then {}; now {})", id(a), id(b)));
+            }
+        }
+    }
+    let keys: std::collections::BTreeSet<&String> = then.keys().chain(now.keys()).collect();
+    for k in keys.into_iter().filter(|k| !OPERATIONAL.contains(&k.as_str())) {
+        if then.get(k) != now.get(k) {
+            let show = |v: Option<&toml::Value>| v.map_or("unset".to_owned(), ToString::to_string);
+            out.push(format!("`{k}` was {}, is {} now", show(then.get(k)), show(now.get(k))));
+        }
+    }
+    out
 }
 
 /// Drops from every rank's metrics the iterations at or after `iteration` (run again by the

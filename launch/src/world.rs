@@ -73,6 +73,18 @@ pub enum AppError {
     },
 }
 
+impl AppError {
+    /// A usage error (exit code 2): a command line or configuration that cannot run, also when
+    /// every rank learned it in a collective.
+    pub fn is_usage(&self) -> bool {
+        match self {
+            AppError::Usage(_) => true,
+            AppError::Agreed(e) => e.is_usage(),
+            _ => false,
+        }
+    }
+}
+
 /// The `--backend` choice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendChoice {
