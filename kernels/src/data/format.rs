@@ -236,11 +236,13 @@ fn header_crc(h: &Header) -> u32 {
 
 /// Writes a dataset section by section, into a temporary file renamed into place by
 /// [`finish`](Self::finish): an interrupted or failed write never leaves a half-written dataset
-/// (the temporary file is removed on drop).
+/// (the temporary file, of a name no file had, is removed on drop and when `finish` fails).
 #[derive(Debug)]
 pub struct Writer {
     out: Option<BufWriter<File>>,
     tmp: PathBuf,
+    /// Set once the temporary file is renamed into place.
+    renamed: bool,
     dest: PathBuf,
     header: Header,
     /// Section being written and bytes written into it.
@@ -256,22 +258,21 @@ impl Writer {
     pub fn create(dest: &Path, shape: Shape) -> Result<Self> {
         let (header, _) =
             shape.layout().ok_or_else(|| DataError::Invalid(format!("dataset too large: {shape:?}")))?;
-        let mut name = dest.file_name().unwrap_or_default().to_owned();
-        name.push(format!(".tmp.{}", std::process::id()));
-        let tmp = dest.with_file_name(name);
-        let file = File::create(&tmp).map_err(DataError::io(&tmp, "creating"))?;
-        let mut out = BufWriter::with_capacity(1 << 20, file);
-        out.write_all(&[0u8; HEADER_BYTES]).map_err(DataError::io(&tmp, "writing"))?;
-        Ok(Self {
-            out: Some(out),
+        let (tmp, file) = create_temp(dest)?;
+        let mut w = Self {
+            out: Some(BufWriter::with_capacity(1 << 20, file)),
             tmp,
+            renamed: false,
             dest: dest.to_owned(),
             header,
             section: 0,
             filled: 0,
             pos: HEADER_BYTES as u64,
             crc: crc32fast::Hasher::new(),
-        })
+        };
+        let tmp = w.tmp.clone();
+        w.out().write_all(&[0u8; HEADER_BYTES]).map_err(DataError::io(&tmp, "writing"))?;
+        Ok(w)
     }
 
     fn out(&mut self) -> &mut BufWriter<File> {
@@ -343,14 +344,36 @@ impl Writer {
         drop(file);
         std::fs::rename(&tmp, &self.dest)
             .map_err(DataError::io(&self.dest, "renaming the finished file to"))?;
+        self.renamed = true;
         Ok(())
     }
 }
 
 impl Drop for Writer {
     fn drop(&mut self) {
-        if self.out.take().is_some() {
+        drop(self.out.take());
+        if !self.renamed {
             let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// Temporary files made by this process so far: with the process id, a name no other writer
+/// takes.
+static TEMPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Creates `<dest>.tmp.<pid>.<n>` beside `dest`, only where no file has that name (a file left
+/// there, or a link planted there, is never opened: the next `n` is taken).
+fn create_temp(dest: &Path) -> Result<(PathBuf, File)> {
+    loop {
+        let n = TEMPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut name = dest.file_name().unwrap_or_default().to_owned();
+        name.push(format!(".tmp.{}.{n}", std::process::id()));
+        let tmp = dest.with_file_name(name);
+        match File::options().write(true).create_new(true).open(&tmp) {
+            Ok(file) => return Ok((tmp, file)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(DataError::io(&tmp, "creating")(e)),
         }
     }
 }
@@ -918,4 +941,65 @@ pub fn chunks(range: Range<usize>, chunk: usize) -> impl Iterator<Item = Range<u
     assert!(chunk > 0, "chunks of at least one row");
     let end = range.end;
     range.step_by(chunk).map(move |s| s..(s + chunk).min(end))
+}
+
+#[cfg(test)]
+mod writer_tests {
+    use super::*;
+
+    fn shape() -> Shape {
+        Shape {
+            kind: Kind::Dense,
+            rows: 2,
+            cols: 1,
+            nnz: 0,
+            classes: 2,
+            users: 0,
+            truth: Truth::None,
+            scaled: false,
+        }
+    }
+
+    fn names(d: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .expect("list")
+            .map(|e| e.expect("entry").file_name().into_string().expect("utf8"))
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_failed_finish_leaves_no_temporary_file() {
+        let d = tempfile::tempdir().expect("tmp");
+        // The destination is a non-empty directory: the final rename fails.
+        let dest = d.path().join("out.pgd");
+        std::fs::create_dir_all(dest.join("x")).expect("mkdir");
+        let mut w = Writer::create(&dest, shape()).expect("create");
+        assert_eq!(names(d.path()).len(), 2, "the temporary file is there while writing");
+        w.write(0, &[0f32, 1.0]).expect("values");
+        w.write(1, &[0u32, 1]).expect("labels");
+        let e = w.finish().expect_err("renaming onto a directory");
+        assert!(e.to_string().contains("renaming"), "{e}");
+        assert_eq!(names(d.path()), ["out.pgd"]);
+    }
+
+    #[test]
+    fn a_file_at_the_temporary_name_is_never_opened() {
+        let d = tempfile::tempdir().expect("tmp");
+        let dest = d.path().join("out.pgd");
+        let next = TEMPS.load(std::sync::atomic::Ordering::Relaxed);
+        let theirs = |n: u64| d.path().join(format!("out.pgd.tmp.{}.{n}", std::process::id()));
+        for n in next..next + 64 {
+            std::fs::write(theirs(n), "theirs").expect("write");
+        }
+        let mut w = Writer::create(&dest, shape()).expect("create");
+        w.write(0, &[0f32, 1.0]).expect("values");
+        w.write(1, &[0u32, 1]).expect("labels");
+        w.finish().expect("finish");
+        for n in next..next + 64 {
+            assert_eq!(std::fs::read(theirs(n)).expect("still there"), b"theirs");
+        }
+        assert_eq!(names(d.path()).len(), 65);
+    }
 }
