@@ -107,10 +107,22 @@ impl Span {
 }
 
 impl Tracer {
-    /// Creates the rank's trace file at `path` and writes the process and thread names.
+    /// Creates the rank's trace file at `path` and writes the process and thread names. An
+    /// entry at `path` that is not a regular file (a link, a FIFO, a device, a directory) is
+    /// refused, not written through.
     pub fn create(path: &Path, rank: usize, threads: usize) -> std::io::Result<Self> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
+        }
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if !m.is_file() => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "exists and is not a regular file (a link, a FIFO, a device or a directory): not written through",
+                ))
+            }
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
         }
         let mut out = BufWriter::new(File::create(path)?);
         let mut m = |name: &str, tid: usize, args: &str| {
@@ -391,6 +403,23 @@ mod tests {
         assert_eq!((v["pid"].as_u64(), v["tid"].as_u64()), (Some(7), Some(3)));
         assert_eq!((v["args"]["neg"].as_i64(), v["args"]["zero"].as_i64()), (Some(-42), Some(0)));
         assert_eq!((v["args"]["x"].as_f64(), v["args"]["s"].as_str()), (Some(0.25), Some("t")));
+    }
+
+    #[test]
+    fn an_entry_that_is_not_a_regular_file_is_refused() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let target = dir.path().join("target");
+        std::fs::write(&target, "theirs").expect("write");
+        let link = dir.path().join("rank-0.jsonl");
+        std::os::unix::fs::symlink(&target, &link).expect("symlink");
+        let sub = dir.path().join("rank-1.jsonl");
+        std::fs::create_dir(&sub).expect("mkdir");
+        for path in [&link, &sub] {
+            let e = Tracer::create(path, 0, 1).err().expect("refused");
+            assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
+        }
+        assert_eq!(std::fs::read(&target).expect("read"), b"theirs");
+        assert!(std::fs::symlink_metadata(&link).expect("link").file_type().is_symlink());
     }
 
     #[test]
