@@ -1,11 +1,12 @@
 //! `peregrine data ...`: convert text datasets to Peregrine's format, describe one, generate one.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::{Args, Subcommand};
 use peregrine_kernels::data::{bow, csv, gen, idx, libsvm, npy, ratings, Converted, Dataset};
 
+use crate::output::{self, AtomicFile};
 use crate::world::AppError;
 
 #[derive(Debug, Subcommand)]
@@ -40,7 +41,8 @@ pub enum DataCommand {
     Standardize {
         /// The dataset file (sparse or dense).
         input: PathBuf,
-        /// Output dataset.
+        /// Output dataset: a new or regular file, not a link or an input (written aside,
+        /// then renamed).
         output: PathBuf,
         /// Apply the scaling recorded in this standardized file instead of computing one from
         /// INPUT.
@@ -52,10 +54,11 @@ pub enum DataCommand {
     Split {
         /// The dataset file.
         input: PathBuf,
-        /// Training output.
+        /// Training output: a new or regular file, not a link or an input (written aside,
+        /// then renamed).
         #[arg(long, value_name = "FILE")]
         train: PathBuf,
-        /// Test output.
+        /// Test output: a new or regular file, not a link, an input or --train.
         #[arg(long, value_name = "FILE")]
         test: PathBuf,
         /// Fraction of the rows in the test set.
@@ -74,7 +77,8 @@ pub enum ConvertCommand {
     Libsvm {
         /// Input text (gzip detected from the content).
         input: PathBuf,
-        /// Output dataset.
+        /// Output dataset: a new or regular file, not a link or an input (written aside,
+        /// then renamed).
         output: PathBuf,
         /// Feature count (default: the largest index); an index beyond it is an error.
         #[arg(long, value_name = "N")]
@@ -85,7 +89,8 @@ pub enum ConvertCommand {
     Docword {
         /// Input text (gzip detected from the content).
         input: PathBuf,
-        /// Output dataset.
+        /// Output dataset: a new or regular file, not a link or an input (written aside,
+        /// then renamed).
         output: PathBuf,
         /// Vocabulary size (default: the header's W); a word ID beyond it is an error.
         #[arg(long, value_name = "W")]
@@ -96,7 +101,8 @@ pub enum ConvertCommand {
     Ldac {
         /// Input text (gzip detected from the content).
         input: PathBuf,
-        /// Output dataset.
+        /// Output dataset: a new or regular file, not a link or an input (written aside,
+        /// then renamed).
         output: PathBuf,
         /// Vocabulary size (default: the largest ID + 1); an ID at or beyond it is an error.
         #[arg(long, value_name = "W")]
@@ -111,7 +117,8 @@ pub enum ConvertCommand {
         /// Labels file.
         #[arg(long)]
         labels: PathBuf,
-        /// Output dataset.
+        /// Output dataset: a new or regular file, not a link or an input (written aside,
+        /// then renamed).
         output: PathBuf,
     },
     /// CSV text (gzipped or not) to a dense multiclass dataset (softmax, MLP): one column the
@@ -121,7 +128,8 @@ pub enum ConvertCommand {
     Csv {
         /// Input text.
         input: PathBuf,
-        /// Output dataset.
+        /// Output dataset: a new or regular file, not a link or an input (written aside,
+        /// then renamed).
         output: PathBuf,
         /// The label column: a header name, or a number from 1 [default: the column called
         /// label, target, class or y, else the last].
@@ -149,7 +157,8 @@ pub enum ConvertCommand {
         /// Labels array (.npy).
         #[arg(long, value_name = "FILE")]
         labels: PathBuf,
-        /// Output dataset.
+        /// Output dataset: a new or regular file, not a link or an input (written aside,
+        /// then renamed).
         output: PathBuf,
         /// Write a sparse binary-labelled dataset (logistic regression; zeros not stored): labels
         /// 0 and 1.
@@ -161,7 +170,8 @@ pub enum ConvertCommand {
     Ratings {
         /// Input text.
         input: PathBuf,
-        /// Output dataset.
+        /// Output dataset: a new or regular file, not a link or an input (written aside,
+        /// then renamed).
         output: PathBuf,
     },
 }
@@ -188,7 +198,7 @@ pub struct Common {
 pub enum GenCommand {
     /// Sparse binary-labelled rows with power-law feature frequencies (logistic regression).
     Sparse {
-        /// Output dataset.
+        /// Output dataset: a new or regular file, not a link (written aside, then renamed).
         output: PathBuf,
         /// Rows.
         #[arg(long, default_value_t = 100_000)]
@@ -207,7 +217,7 @@ pub enum GenCommand {
     },
     /// Dense multiclass rows from a known linear model (softmax regression, MLP).
     Dense {
-        /// Output dataset.
+        /// Output dataset: a new or regular file, not a link (written aside, then renamed).
         output: PathBuf,
         /// Rows.
         #[arg(long, default_value_t = 60_000)]
@@ -226,7 +236,7 @@ pub enum GenCommand {
     },
     /// Ratings from a known low-rank matrix (matrix factorization).
     Ratings {
-        /// Output dataset.
+        /// Output dataset: a new or regular file, not a link (written aside, then renamed).
         output: PathBuf,
         /// Ratings.
         #[arg(long, default_value_t = 1_000_000)]
@@ -248,7 +258,7 @@ pub enum GenCommand {
     },
 }
 
-fn done(what: &str, out: &std::path::Path, c: Converted, start: Instant) {
+fn done(what: &str, out: &Path, c: Converted, start: Instant) {
     let secs = start.elapsed().as_secs_f64();
     let rate = if c.input_bytes > 0 {
         format!(", {:.0} MB/s of text", c.input_bytes as f64 / secs / 1e6)
@@ -264,33 +274,71 @@ fn done(what: &str, out: &std::path::Path, c: Converted, start: Instant) {
     );
 }
 
-/// Runs a dense converter into `output`, or, if `sparse`, into a temporary file then rewritten
-/// at `output` as a sparse binary-labelled dataset (the temporary file removed either way).
+/// Runs a dense converter into `output`, or, if `sparse`, into a temporary file of a unique name
+/// (never one that was there) then rewritten at `output` as a sparse binary-labelled dataset (the
+/// temporary file removed either way).
 fn dense_or_sparse<T>(
-    input: &std::path::Path,
-    output: &std::path::Path,
+    input: &Path,
+    output: &Path,
     sparse: bool,
-    convert: impl FnOnce(&std::path::Path) -> Result<T, peregrine_kernels::data::DataError>,
+    convert: impl FnOnce(&Path) -> Result<T, peregrine_kernels::data::DataError>,
 ) -> Result<T, AppError> {
     if !sparse {
         return Ok(convert(output)?);
     }
-    let tmp = PathBuf::from(format!("{}.dense.tmp", output.display()));
-    let result = convert(&tmp).and_then(|c| {
-        peregrine_kernels::data::sparsify::sparsify(&tmp, output).map(|_| c).map_err(|e| match e {
-            // Name the input, not the intermediate file.
-            peregrine_kernels::data::DataError::Format { detail, .. } => {
-                peregrine_kernels::data::DataError::Format { path: input.into(), detail }
+    // Never committed: the dense file is removed when `dense` drops.
+    let dense = AtomicFile::create(output)?;
+    let tmp = dense.temp_path();
+    let c = convert(tmp)?;
+    peregrine_kernels::data::sparsify::sparsify(tmp, output).map_err(|e| match e {
+        // Name the input, not the intermediate file.
+        peregrine_kernels::data::DataError::Format { detail, .. } => {
+            peregrine_kernels::data::DataError::Format { path: input.into(), detail }
+        }
+        e => e,
+    })?;
+    Ok(c)
+}
+
+/// Refuses, before any work, an output that is an input of the same command, a symbolic link or
+/// an existing entry other than a regular file (see [`output`]).
+fn check_outputs(cmd: &DataCommand) -> Result<(), AppError> {
+    let out = "OUTPUT";
+    match cmd {
+        DataCommand::Convert(c) => match c {
+            ConvertCommand::Libsvm { input, output, .. }
+            | ConvertCommand::Docword { input, output, .. }
+            | ConvertCommand::Ldac { input, output, .. }
+            | ConvertCommand::Csv { input, output, .. }
+            | ConvertCommand::Ratings { input, output } => output::check(out, output, &[("INPUT", input)]),
+            ConvertCommand::Idx { images, labels, output } => {
+                output::check(out, output, &[("--images", images), ("--labels", labels)])
             }
-            e => e,
-        })
-    });
-    let _ = std::fs::remove_file(&tmp);
-    Ok(result?)
+            ConvertCommand::Npy { features, labels, output, .. } => {
+                output::check(out, output, &[("--features", features), ("--labels", labels)])
+            }
+        },
+        DataCommand::Info { .. } => Ok(()),
+        DataCommand::Gen(g) => match g {
+            GenCommand::Sparse { output, .. }
+            | GenCommand::Dense { output, .. }
+            | GenCommand::Ratings { output, .. } => output::check(out, output, &[]),
+        },
+        DataCommand::Standardize { input, output, like } => {
+            let mut inputs = vec![("INPUT", input.as_path())];
+            inputs.extend(like.as_deref().map(|l| ("--like", l)));
+            output::check(out, output, &inputs)
+        }
+        DataCommand::Split { input, train, test, .. } => {
+            output::check("--train", train, &[("INPUT", input)])?;
+            output::check("--test", test, &[("INPUT", input), ("--train", train)])
+        }
+    }
 }
 
 pub fn run(cmd: DataCommand) -> Result<(), AppError> {
     let start = Instant::now();
+    check_outputs(&cmd)?;
     match cmd {
         DataCommand::Convert(c) => match c {
             ConvertCommand::Libsvm { input, output, features } => {

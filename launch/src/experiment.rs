@@ -38,6 +38,7 @@ use serde::{Deserialize, Serialize};
 use clap::Parser as _;
 use peregrine_core::sim::{self, SimConfig, SimReport};
 
+use crate::output;
 use crate::plots::{self, Series};
 use crate::preempt::write_atomically;
 use crate::sim_cmd;
@@ -57,7 +58,8 @@ pub struct ExperimentArgs {
     world: WorldArgs,
     /// The experiment configuration (TOML).
     config: PathBuf,
-    /// Output directory [default: runs/experiment-<name>].
+    /// Output directory [default: runs/experiment-<name>]: a directory, made if missing (not a
+    /// link).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// Tables only.
@@ -249,6 +251,9 @@ fn slug(s: &str) -> String {
 
 /// `peregrine experiment`.
 pub fn run(a: ExperimentArgs) -> Result<(), AppError> {
+    if let Some(out) = &a.out {
+        output::check_dir("--out", out)?;
+    }
     let f = load(&a)?;
     if f.mode == Mode::Simulate {
         return simulate(&a, &f);

@@ -15,6 +15,7 @@ mod faults;
 pub mod fuzzing;
 mod meta;
 mod model_file;
+mod output;
 mod plots;
 mod predict_cmd;
 mod preempt;

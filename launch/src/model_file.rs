@@ -19,6 +19,26 @@ pub const FORMAT: &str = "peregrine-model";
 /// The file name in a run directory.
 pub const FILE_NAME: &str = "model.safetensors";
 
+/// The model file `path` names: the file itself, or a run directory's [`FILE_NAME`].
+pub fn file_of(path: &Path) -> PathBuf {
+    if path.is_dir() {
+        path.join(FILE_NAME)
+    } else {
+        path.to_owned()
+    }
+}
+
+/// The run directory a model `path` (a file or a directory) belongs to: the directory given, or
+/// the one holding a [`FILE_NAME`]; `None` for a model file of another name (anywhere).
+pub fn run_dir_of(path: &Path) -> Option<PathBuf> {
+    if path.is_dir() {
+        return Some(path.to_owned());
+    }
+    let parent = path.parent()?;
+    let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
+    (path.file_name()? == FILE_NAME).then(|| parent.to_owned())
+}
+
 /// A model file read back.
 #[derive(Debug)]
 pub struct Saved {
@@ -126,7 +146,7 @@ pub fn f32s(bytes: &[u8]) -> Vec<f32> {
 impl Saved {
     /// Reads a model file, or the model file of a run directory.
     pub fn load(path: &Path) -> Result<Self, AppError> {
-        let path = if path.is_dir() { path.join(FILE_NAME) } else { path.to_owned() };
+        let path = file_of(path);
         let data = std::fs::read(&path)
             .map_err(|source| AppError::Io { what: format!("reading {}", path.display()), source })?;
         let st = SafeTensors::deserialize(&data)

@@ -11,6 +11,7 @@ use std::sync::OnceLock;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
+use crate::output::AtomicFile;
 use crate::world::AppError;
 
 /// Where fonts are looked for, in order.
@@ -40,8 +41,8 @@ fn font() -> Result<(), AppError> {
     .map_err(AppError::Train)
 }
 
-fn plot_err(path: &Path, e: impl std::fmt::Display) -> AppError {
-    AppError::Train(format!("plotting {}: {e}", path.display()))
+fn plot_err(stem: &Path, ext: &str, e: impl std::fmt::Display) -> AppError {
+    AppError::Train(format!("plotting {}.{ext}: {e}", stem.display()))
 }
 
 /// One curve of a line plot.
@@ -54,7 +55,8 @@ pub struct Series {
 
 type Drawn = Result<(), Box<dyn std::error::Error>>;
 
-/// Draws with `f` into `<stem>.png` and `<stem>.svg`, 960 x 540.
+/// Draws with `f` into `<stem>.png` and `<stem>.svg`, 960 x 540; each drawn into a temporary
+/// file then renamed into place (see [`AtomicFile`]).
 fn both(
     stem: &Path,
     f: impl Fn(DrawingArea<BitMapBackend<'_>, Shift>) -> Drawn,
@@ -63,10 +65,12 @@ fn both(
     font()?;
     let size = (960, 540);
     // Appended, not `with_extension`: a stem may contain dots.
-    let png = PathBuf::from(format!("{}.png", stem.display()));
-    f(BitMapBackend::new(&png, size).into_drawing_area()).map_err(|e| plot_err(&png, e))?;
-    let svg = PathBuf::from(format!("{}.svg", stem.display()));
-    g(SVGBackend::new(&svg, size).into_drawing_area()).map_err(|e| plot_err(&svg, e))
+    let png = AtomicFile::create(&PathBuf::from(format!("{}.png", stem.display())))?;
+    f(BitMapBackend::new(png.temp_path(), size).into_drawing_area()).map_err(|e| plot_err(stem, "png", e))?;
+    png.commit()?;
+    let svg = AtomicFile::create(&PathBuf::from(format!("{}.svg", stem.display())))?;
+    g(SVGBackend::new(svg.temp_path(), size).into_drawing_area()).map_err(|e| plot_err(stem, "svg", e))?;
+    svg.commit()
 }
 
 /// Writes `<stem>.png` and `<stem>.svg`: one bar per `(label, value)`.

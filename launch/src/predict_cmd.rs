@@ -18,6 +18,7 @@ use peregrine_core::model::{
 use peregrine_kernels::data::Dataset;
 
 use crate::model_file::Saved;
+use crate::output::{self, AtomicFile};
 use crate::train_cmd::ModelKind;
 use crate::world::AppError;
 
@@ -38,7 +39,10 @@ pub struct PredictArgs {
     /// The dataset to predict (a dataset file, of the kind the model was trained on).
     #[arg(long, value_name = "FILE")]
     data: PathBuf,
-    /// Where to write the predictions (CSV); `-` for standard output.
+    /// Where to write the predictions (CSV); `-` for standard output. Written aside and renamed
+    /// into place; refused if it is the model, the data or a file of the model's run directory,
+    /// a symbolic link, or an existing entry that is not a regular file (a directory, a device,
+    /// a FIFO).
     #[arg(long, short = 'o', value_name = "FILE")]
     out: PathBuf,
 }
@@ -49,6 +53,7 @@ fn data_err(e: peregrine_core::model::ModelError) -> AppError {
 
 pub fn run(a: PredictArgs) -> Result<(), AppError> {
     let start = Instant::now();
+    check_out(&a)?;
     let saved = Saved::load(&a.model)?;
     let kind = ModelKind::from_str(saved.get("model")?, true).map_err(|_| AppError::Data {
         what: saved.path.display().to_string(),
@@ -138,6 +143,20 @@ pub fn run(a: PredictArgs) -> Result<(), AppError> {
     }
 }
 
+/// `--out` must not be the model, the data, any file of the model's run directory, a link or a
+/// non-regular file (`-`, standard output, excepted).
+fn check_out(a: &PredictArgs) -> Result<(), AppError> {
+    if a.out.as_os_str() == "-" {
+        return Ok(());
+    }
+    let model = crate::model_file::file_of(&a.model);
+    output::check("--out", &a.out, &[("--model", &model), ("--data", &a.data)])?;
+    match crate::model_file::run_dir_of(&a.model) {
+        Some(run) => output::check_outside_run("--out", &a.out, "--model", &run),
+        None => Ok(()),
+    }
+}
+
 /// The data must have gone through the scaling the training data went through.
 fn check_scaling(saved: &Saved, data: &Path) -> Result<(), AppError> {
     let d = Dataset::open(data)?;
@@ -166,12 +185,12 @@ fn write<M: Export>(m: &M, saved: &Saved, a: &PredictArgs, start: Instant) -> Re
     let outputs = m.outputs();
     let classes = outputs.len() > 1;
     let to_stdout = a.out.as_os_str() == "-";
-    let tmp = PathBuf::from(format!("{}.tmp", a.out.display()));
-    let io = |what: String| move |source| AppError::Io { what, source };
-    let sink: Box<dyn Write> = if to_stdout {
-        Box::new(std::io::stdout().lock())
-    } else {
-        Box::new(std::fs::File::create(&tmp).map_err(io(format!("creating {}", tmp.display())))?)
+    let mut file = if to_stdout { None } else { Some(AtomicFile::create(&a.out)?) };
+    let written =
+        file.as_ref().map_or_else(|| "standard output".into(), |f| f.temp_path().display().to_string());
+    let sink: Box<dyn Write + '_> = match &mut file {
+        Some(f) => Box::new(f),
+        None => Box::new(std::io::stdout().lock()),
     };
     let mut out = BufWriter::new(sink);
     let result = (|| -> std::io::Result<()> {
@@ -196,22 +215,10 @@ fn write<M: Export>(m: &M, saved: &Saved, a: &PredictArgs, start: Instant) -> Re
         out.flush()
     })();
     drop(out);
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(AppError::Io {
-            what: format!(
-                "writing {}",
-                if to_stdout { "standard output".into() } else { tmp.display().to_string() }
-            ),
-            source: e,
-        });
-    }
-    if !to_stdout {
-        std::fs::rename(&tmp, &a.out).map_err(io(format!(
-            "renaming {} to {}",
-            tmp.display(),
-            a.out.display()
-        )))?;
+    // On an error the temporary file is removed as `file` drops.
+    result.map_err(|source| AppError::Io { what: format!("writing {written}"), source })?;
+    if let Some(f) = file {
+        f.commit()?;
     }
     let metric = m.metric();
     eprintln!(

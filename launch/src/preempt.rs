@@ -4,9 +4,10 @@
 //! `peregrine slurm sbatch`) and `SIGTERM` when it preempts or kills a job. Either sets a flag; at
 //! its safe points a command asks [`Preemption::should_stop`], a collective (one allreduce), so that
 //! every rank stops at the same point. Rank 0 then writes the command's state to
-//! `<run-dir>/checkpoint.json` (a temporary file, then a rename: never half-written), and the
-//! process exits with [`EXIT_REQUEUE`]; the batch script requeues the job, and the requeued job
-//! finds the checkpoint in the same run directory and resumes from it.
+//! `<run-dir>/checkpoint.json` (a temporary file, then a rename: never half-written, and the
+//! temporary file removed if either fails), and the process exits with [`EXIT_REQUEUE`]; the
+//! batch script requeues the job, and the requeued job finds the checkpoint in the same run
+//! directory and resumes from it.
 //!
 //! A second `SIGTERM` ends the process at once (exit code 143), for a rank that cannot reach a
 //! safe point.
@@ -20,6 +21,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use peregrine_slurm::sbatch::EXIT_REQUEUE;
+
+pub use crate::output::write_atomically;
 
 use crate::world::AppError;
 
@@ -105,17 +108,4 @@ impl Checkpoint {
             _ => Ok(()),
         }
     }
-}
-
-/// Writes `bytes` to `path` through `path.tmp` and a rename, so that `path` is never half-written.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), AppError> {
-    let io = |what: String| move |e| AppError::Io { what, source: e };
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
-    }
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, bytes).map_err(io(format!("writing {}", tmp.display())))?;
-    std::fs::rename(&tmp, path).map_err(io(format!("renaming {} to {}", tmp.display(), path.display())))
 }

@@ -8,6 +8,7 @@ use clap::Args;
 use peregrine_core::straggler::StragglerReport;
 use serde::Deserialize;
 
+use crate::output;
 use crate::plots::{self, RankPhases, Series};
 use crate::world::AppError;
 
@@ -16,7 +17,7 @@ use crate::world::AppError;
 pub struct ReportArgs {
     /// A run directory written by `peregrine train` (summary.json, metrics/).
     run_dir: PathBuf,
-    /// Where the plots go [default: RUN_DIR/report].
+    /// Where the plots go [default: RUN_DIR/report]: a directory, made if missing (not a link).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// The report only, no plots.
@@ -54,6 +55,10 @@ const PANELS: usize = 8;
 
 /// `peregrine report`.
 pub fn run(a: &ReportArgs) -> Result<(), AppError> {
+    let out = a.out.clone().unwrap_or_else(|| a.run_dir.join("report"));
+    if !a.no_plots {
+        output::check_dir(if a.out.is_some() { "--out" } else { "RUN_DIR/report" }, &out)?;
+    }
     let path = a.run_dir.join("summary.json");
     let text = std::fs::read_to_string(&path).map_err(|source| AppError::Io {
         what: format!("reading {} (a finished run directory of `peregrine train`)", path.display()),
@@ -71,7 +76,6 @@ pub fn run(a: &ReportArgs) -> Result<(), AppError> {
     if a.no_plots {
         return Ok(());
     }
-    let out = a.out.clone().unwrap_or_else(|| a.run_dir.join("report"));
     std::fs::create_dir_all(&out)
         .map_err(|source| AppError::Io { what: format!("creating {}", out.display()), source })?;
     let loss: Vec<(f64, f64)> = s.evals.iter().map(|e| (e.time, e.loss)).collect();

@@ -10,6 +10,7 @@ use peregrine_core::sim::{self, ComputeModel, Measured, Network, Preset, Replay,
 use peregrine_core::SchemeSpec;
 use serde_json::Value;
 
+use crate::output;
 use crate::world::AppError;
 
 /// Parameters of the MLP 784-128-10 (the main job's model): the default model size.
@@ -105,7 +106,8 @@ pub struct SimArgs {
     /// completed that many.
     #[arg(long, value_name = "N")]
     target_iterations: Option<u64>,
-    /// Write every report as JSON to this file.
+    /// Write every report as JSON to this file (written aside and renamed; not a link, a
+    /// non-regular file, or a file of the run directory read).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
 }
@@ -119,6 +121,9 @@ pub(crate) const DEFAULT_SCHEMES: [&str; 8] =
     ["bsp", "bsp+steal", "ssp:3+steal", "backup-dynamic", "lb-bsp", "flexrr", "falcon", "falcon:slack:2"];
 
 pub fn run(a: SimArgs) -> Result<(), AppError> {
+    if let Some(json) = &a.json {
+        check_json(json, &a)?;
+    }
     if let Some(dir) = &a.replay {
         return replay_cmd(dir, a.json.as_deref());
     }
@@ -194,10 +199,20 @@ fn print_row(name: &str, r: &SimReport, ideal: f64, bound: Option<f64>) {
     );
 }
 
+/// `--json` must not be a link, a non-regular file, or a file of a run directory read.
+fn check_json(json: &Path, a: &SimArgs) -> Result<(), AppError> {
+    output::check("--json", json, &[])?;
+    for (flag, dir) in [("--replay", &a.replay), ("--chunk-times-from", &a.chunk_times_from)] {
+        if let Some(dir) = dir {
+            output::check_outside_run("--json", json, flag, dir)?;
+        }
+    }
+    Ok(())
+}
+
 fn write_json(path: &Path, v: &Value) -> Result<(), AppError> {
     let text = serde_json::to_string_pretty(v).map_err(|e| AppError::Train(e.to_string()))?;
-    std::fs::write(path, text)
-        .map_err(|source| AppError::Io { what: format!("writing {}", path.display()), source })
+    output::write_atomically(path, text.as_bytes())
 }
 
 /// The simulated run the options describe (scheme: BSP; the caller sets it).

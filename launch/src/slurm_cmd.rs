@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use peregrine_slurm::sbatch::{self, BatchSpec, MpiPlugin, NodeGroup};
 use peregrine_slurm::SlurmEnv;
 
-use crate::preempt::write_atomically;
+use crate::output::{self, write_atomically};
 use crate::world::AppError;
 use crate::Cli;
 
@@ -81,7 +81,8 @@ pub struct SbatchArgs {
     /// The peregrine executable as the compute nodes see it (default: this one).
     #[arg(long, value_name = "PATH")]
     program: Option<PathBuf>,
-    /// Where to write the script (default: <job name>.sbatch).
+    /// Where to write the script (default: <job name>.sbatch): written aside and renamed; not a
+    /// link, a non-regular file or the program.
     #[arg(long, value_name = "PATH")]
     script: Option<PathBuf>,
     /// Print the script instead of writing it.
@@ -133,6 +134,20 @@ fn parse_group(spec: &str) -> Result<NodeGroup, AppError> {
     })
 }
 
+/// The script must not be a link, a non-regular file, the program it runs or this one.
+fn check_script(a: &SbatchArgs, path: &std::path::Path) -> Result<(), AppError> {
+    let flag = if a.script.is_some() { "--script" } else { "the script (<job name>.sbatch)" };
+    let this = std::env::current_exe().ok();
+    let programs: Vec<(&str, &std::path::Path)> = a
+        .program
+        .as_deref()
+        .map(|p| ("--program", p))
+        .into_iter()
+        .chain(this.as_deref().map(|p| ("this program", p)))
+        .collect();
+    output::check(flag, path, &programs)
+}
+
 fn sbatch_cmd(a: &SbatchArgs) -> Result<(), AppError> {
     // The job's command must be one this binary understands: better now than in the queue.
     let mut argv = vec!["peregrine".to_owned()];
@@ -148,6 +163,10 @@ fn sbatch_cmd(a: &SbatchArgs) -> Result<(), AppError> {
                 a.command.join(" ")
             )));
         }
+    }
+    let path = a.script.clone().unwrap_or_else(|| PathBuf::from(format!("{}.sbatch", a.job_name)));
+    if !a.dry_run {
+        check_script(a, &path)?;
     }
     let mut groups = vec![NodeGroup {
         nodes: a.nodes,
@@ -187,7 +206,6 @@ fn sbatch_cmd(a: &SbatchArgs) -> Result<(), AppError> {
         print!("{script}");
         return Ok(());
     }
-    let path = a.script.clone().unwrap_or_else(|| PathBuf::from(format!("{}.sbatch", a.job_name)));
     write_atomically(&path, script.as_bytes())?;
     if !a.submit {
         println!("wrote {} (submit it with `sbatch {}`)", path.display(), path.display());

@@ -107,8 +107,8 @@ pub struct WorldArgs {
     #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub ranks: Option<usize>,
     /// Run directory: meta.json (ranks, hosts, CPU binding, Slurm ids) and, after a stop on a
-    /// signal, checkpoint.json to resume from. Batch scripts from `peregrine slurm sbatch` set it to
-    /// runs/<job name>-<job id>.
+    /// signal, checkpoint.json to resume from; a directory, made if missing (not a link). Batch
+    /// scripts from `peregrine slurm sbatch` set it to runs/<job name>-<job id>.
     #[arg(long, value_name = "DIR", env = "PEREGRINE_RUN_DIR")]
     pub run_dir: Option<PathBuf>,
 }
@@ -153,6 +153,9 @@ where
     F: Fn(&Transport, &RunContext) -> Result<(), AppError> + Sync,
 {
     let backend = args.backend()?;
+    if let Some(dir) = &args.run_dir {
+        crate::output::check_dir("--run-dir", dir)?;
+    }
     let slurm = SlurmEnv::from_env()?;
     if let Some(s) =
         slurm.as_ref().filter(|s| srun_direct() && s.procid.is_some() && s.ntasks.unwrap_or(1) > 1)
