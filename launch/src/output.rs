@@ -23,22 +23,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::world::AppError;
 
-/// What `peregrine train` writes in a run directory (files, or folders of files): a command that
-/// reads a run directory writes none of them.
-const RUN_FILES: [&str; 8] = [
-    "model.safetensors",
-    "summary.json",
-    "config.toml",
-    "meta.json",
-    "trace.json",
-    "trace-parts",
-    "metrics",
-    "model",
-];
-/// The prefix of the checkpoints' names in a run directory (`checkpoint.json`,
-/// `checkpoint.safetensors`, `checkpoint.prev.safetensors`, ...).
-const CHECKPOINT_PREFIX: &str = "checkpoint";
-
 fn usage(message: String) -> AppError {
     AppError::Usage(message)
 }
@@ -94,7 +78,7 @@ pub fn check_outside_run(flag: &str, path: &Path, run_flag: &str, run_dir: &Path
         return Ok(());
     };
     let first = first.to_string_lossy();
-    if RUN_FILES.contains(&first.as_ref()) || first.starts_with(CHECKPOINT_PREFIX) {
+    if crate::run_dir::is_run_entry(&first) {
         return Err(usage(format!(
             "{flag} {} is {} of the run directory {run_flag} {}, which `peregrine train` writes and \
              this command reads; give a path outside it, or another name",

@@ -48,15 +48,22 @@ fn is_rank_file(name: &str, suffix: &str) -> bool {
 }
 
 /// Whether `name` is one of [`RUN_FILES`] or a temporary file of one (`NAME.tmp`, `NAME.tmp.*`,
-/// `.NAME.tmp*`, `NAME.*.tmp`).
+/// and `STEM.tmp-*.EXT`, what [`crate::output::AtomicFile`] writes).
 fn is_run_file(name: &str) -> bool {
     RUN_FILES.iter().any(|f| {
-        name == *f || {
-            let rest = name.strip_prefix('.').unwrap_or(name);
-            rest.strip_prefix(f)
-                .is_some_and(|t| t.starts_with(".tmp") || (t.starts_with('.') && t.ends_with(".tmp")))
-        }
+        let (stem, ext) = f.rsplit_once('.').unwrap_or((f, ""));
+        name == *f
+            || name.strip_prefix(f).is_some_and(|t| t.starts_with(".tmp"))
+            || name.strip_prefix(stem).and_then(|t| t.strip_prefix(".tmp-")).is_some_and(|t| {
+                t.strip_suffix(ext).is_some_and(|t| t.ends_with('.') && !t[..t.len() - 1].contains('.'))
+            })
     })
+}
+
+/// Whether `name`, an entry of a run directory, is one a run writes (a file of [`RUN_FILES`], a
+/// folder of [`RUN_DIRS`], a checkpoint of any command: `checkpoint.*`).
+pub fn is_run_entry(name: &str) -> bool {
+    is_run_file(name) || RUN_DIRS.iter().any(|(d, _)| *d == name) || name.starts_with("checkpoint")
 }
 
 /// The run directory's lock, held while this value lives.
@@ -227,13 +234,22 @@ mod tests {
 
     #[test]
     fn run_files_and_their_temporaries_are_recognised() {
-        for ours in ["summary.json", "summary.json.tmp", "checkpoint.safetensors.tmp", ".config.toml.tmp.42"]
-        {
+        for ours in [
+            "summary.json",
+            "summary.json.tmp",
+            "checkpoint.safetensors.tmp",
+            "summary.tmp-42-0.json",
+            "model.tmp-42-3.safetensors",
+            "checkpoint.prev.tmp-1-0.safetensors",
+        ] {
             assert!(is_run_file(ours), "{ours}");
         }
-        for theirs in ["summary.json.bak", "data.pgd", "config.tomlx", ".lock"] {
+        for theirs in
+            ["summary.json.bak", "data.pgd", "config.tomlx", ".lock", "summary.tmp-1.x.json", "mine.json"]
+        {
             assert!(!is_run_file(theirs), "{theirs}");
         }
+        assert!(is_run_entry("metrics") && is_run_entry("checkpoint.json") && !is_run_entry("notes"));
         assert!(is_rank_file("rank-12.jsonl", ".jsonl"));
         assert!(!is_rank_file("rank-.jsonl", ".jsonl") && !is_rank_file("rank-1a.jsonl", ".jsonl"));
     }

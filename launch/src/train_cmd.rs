@@ -1,6 +1,7 @@
 //! `peregrine train`: one training run from a TOML file and flags (flags win).
 
 use std::io::{BufWriter, IsTerminal, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -1378,8 +1379,9 @@ fn go<M: Export>(
     }
     meta::write(t, dir, ctx.slurm.as_ref())?;
     let path = metrics_dir.join(format!("rank-{}.jsonl", t.rank()));
-    // A resumed run adds to the metrics of the run it resumes.
+    // A resumed run adds to the metrics of the run it resumes; a link there is not followed.
     let file = std::fs::OpenOptions::new()
+        .custom_flags(libc::O_NOFOLLOW)
         .create(true)
         .write(true)
         .append(cfg.resume.is_some())
@@ -1452,9 +1454,9 @@ const TRACE_PARTS: &str = "trace-parts";
 /// removes them. Streams: memory holds one line at a time.
 fn join_trace(parts: &Path, out: &Path, world: usize) -> Result<(), AppError> {
     use std::io::BufRead;
-    let tmp = out.with_extension("json.tmp");
-    let mut w =
-        BufWriter::new(std::fs::File::create(&tmp).map_err(io(format!("creating {}", tmp.display())))?);
+    let file = crate::output::AtomicFile::create(out)?;
+    let tmp = file.temp_path().to_owned();
+    let mut w = BufWriter::new(file);
     let werr = |e| AppError::Io { what: format!("writing {}", tmp.display()), source: e };
     w.write_all(b"{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n").map_err(werr)?;
     let mut first = true;
@@ -1471,9 +1473,7 @@ fn join_trace(parts: &Path, out: &Path, world: usize) -> Result<(), AppError> {
         }
     }
     w.write_all(b"\n]}\n").map_err(werr)?;
-    w.flush().map_err(werr)?;
-    drop(w);
-    std::fs::rename(&tmp, out).map_err(io(format!("renaming {} to {}", tmp.display(), out.display())))?;
+    w.into_inner().map_err(|e| werr(e.into_error()))?.commit()?;
     std::fs::remove_dir_all(parts).map_err(io(format!("removing {}", parts.display())))
 }
 
