@@ -7,13 +7,14 @@
 //!   number (or forced either way); the label column is named (needs the header) or numbered
 //!   from 1, by default the column called `label`, `target`, `class` or `y`, else the last.
 //! - Labels that are all whole numbers `0..C` are the classes themselves; any other labels
-//!   (`yes`/`no`, `setosa`, `-1`) become classes `0..C` in sorted order, as
-//!   [`CsvConverted::classes`] reports.
+//!   become classes `0..C` in order, as [`CsvConverted::classes`] reports: by value when every
+//!   label is a number (`-1` before `2` before `10`), else as text (`no` before `yes`). At most
+//!   [`MAX_CLASSES`] classes: more is an error naming the file and the count.
 //! - A missing value (an empty field, `NA`, `NaN`, `?`, `null`) or a field that is not a finite
 //!   number is an error naming the file, line and column (and the column's header name), and so
 //!   is a line with another number of fields. Nothing is written unless the whole file converts.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::path::Path;
 
 use super::error::{DataError, Result};
@@ -73,6 +74,10 @@ pub struct CsvConverted {
     /// The classes' labels as written in the file, class 0 first.
     pub classes: Vec<String>,
 }
+
+/// The most classes a CSV file may have: labels `0..65535`, as the NumPy reader's whole-number
+/// labels (a label column of many more distinct values holds measurements, not classes).
+pub const MAX_CLASSES: usize = 1 << 16;
 
 /// Labels that count as missing values.
 const MISSING: [&str; 7] = ["", "na", "nan", "n/a", "?", "null", "none"];
@@ -183,6 +188,38 @@ fn label_column(input: &Path, label: &LabelColumn, width: usize, names: Option<&
     }
 }
 
+/// Each row's class and the classes' labels, class 0 first (see the module's documentation), or
+/// an error naming `input` if there are more than [`MAX_CLASSES`].
+fn classes(input: &Path, labels: &[String]) -> Result<(Vec<u32>, Vec<String>)> {
+    let numeric: Option<Vec<u32>> = labels.iter().map(|y| y.parse::<u32>().ok()).collect();
+    if let Some(ys) = numeric.filter(|ys| ys.iter().all(|&y| (y as usize) < MAX_CLASSES)) {
+        let c = ys.iter().max().map_or(0, |&m| m + 1);
+        return Ok((ys, (0..c).map(|c| c.to_string()).collect()));
+    }
+    let mut distinct: Vec<&str> = labels.iter().map(String::as_str).collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    if distinct.len() > MAX_CLASSES {
+        return Err(DataError::format(
+            input,
+            format!(
+                "{} distinct labels, more than the {MAX_CLASSES} classes supported (is the label column \
+                 a measurement? --label chooses another column)",
+                distinct.len()
+            ),
+        ));
+    }
+    let values: Option<Vec<f64>> =
+        distinct.iter().map(|y| y.parse::<f64>().ok().filter(|v| v.is_finite())).collect();
+    if let Some(values) = values {
+        let mut by_value: Vec<(f64, &str)> = values.into_iter().zip(distinct).collect();
+        by_value.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1)));
+        distinct = by_value.into_iter().map(|(_, y)| y).collect();
+    }
+    let ids: HashMap<&str, u32> = distinct.iter().copied().zip(0..).collect();
+    Ok((labels.iter().map(|y| ids[y.as_str()]).collect(), distinct.into_iter().map(str::to_owned).collect()))
+}
+
 /// Converts CSV `input` to a dense dataset at `output`.
 pub fn convert(input: &Path, output: &Path, opts: &CsvOptions) -> Result<CsvConverted> {
     // First pass: the header, the label column, the labels, the row count.
@@ -237,23 +274,7 @@ pub fn convert(input: &Path, output: &Path, opts: &CsvOptions) -> Result<CsvConv
     if width < 2 {
         return Err(DataError::format(input, "one column: a label and at least one feature are needed"));
     }
-    // Classes: whole numbers 0..C as they are, anything else in sorted order.
-    let numeric: Option<Vec<u32>> = labels.iter().map(|y| y.parse::<u32>().ok()).collect();
-    let (ys, classes): (Vec<u32>, Vec<String>) = match numeric {
-        Some(ys) if ys.iter().all(|&y| y < 1 << 16) => {
-            let c = ys.iter().max().map_or(0, |&m| m + 1);
-            (ys, (0..c).map(|c| c.to_string()).collect())
-        }
-        _ => {
-            let ids: BTreeMap<&str, u32> = {
-                let mut sorted: Vec<&str> = labels.iter().map(String::as_str).collect();
-                sorted.sort_unstable();
-                sorted.dedup();
-                sorted.into_iter().zip(0..).collect()
-            };
-            (labels.iter().map(|y| ids[y.as_str()]).collect(), ids.keys().map(|s| (*s).to_owned()).collect())
-        }
-    };
+    let (ys, classes) = classes(input, &labels)?;
     if classes.len() < 2 {
         return Err(DataError::format(input, format!("one class only (`{}`): nothing to learn", classes[0])));
     }

@@ -481,3 +481,70 @@ fn csv_errors_name_line_and_column_and_write_nothing() {
         .collect();
     no_leftovers(d, &names.iter().map(String::as_str).collect::<Vec<_>>());
 }
+
+/// A UTF-8 byte-order mark at the start of a text file (Excel's "CSV UTF-8", Notepad) is not
+/// text: a headerless CSV keeps its first row, a header's first name is found by `--label`, and
+/// the other readers read the first line as they read the rest; columns count after it.
+#[test]
+fn a_byte_order_mark_is_dropped_by_every_text_reader() {
+    use super::csv::{self, CsvOptions, LabelColumn};
+    let d_tmp = dir("bom");
+    let d = d_tmp.path();
+    let bom = "\u{feff}";
+    // Headerless: three rows, not a header and two rows.
+    let input = write(d, "plain.csv", &format!("{bom}1.5,2,0\n3,4,1\n5,6,1\n"));
+    let c = csv::convert(&input, &d.join("plain.pgd"), &CsvOptions::default()).expect("convert");
+    assert_eq!((c.rows, c.label.1), (3, None));
+    let ds = Dataset::open(&d.join("plain.pgd")).expect("open");
+    assert_eq!(ds.dense().expect("dense").features, &[1.5, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    // A header whose first name is the label.
+    let input = write(d, "named.csv", &format!("{bom}a,b\nx,1\ny,2\n"));
+    let opts = CsvOptions { label: LabelColumn::Name("a".into()), ..CsvOptions::default() };
+    let c = csv::convert(&input, &d.join("named.pgd"), &opts).expect("--label a");
+    assert_eq!((c.rows, c.label), (2, (1, Some("a".to_owned()))));
+    // A fault on the first line is placed after the mark.
+    let input = write(d, "bad.svm", &format!("{bom}+1 1:x\n"));
+    assert_located(libsvm::parse(&input), "+1 1:x", 1, 6, "");
+    // LIBSVM, ratings (headerless: no row lost), LDA-C and docword.
+    let input = write(d, "in.svm", &format!("{bom}+1 1:0.5\n-1 2:1\n"));
+    let s = libsvm::parse(&input).expect("libsvm");
+    assert_eq!((s.labels, s.indices), (vec![1.0, 0.0], vec![0, 1]));
+    let input = write(d, "r.txt", &format!("{bom}1 2 3.5\n0 1 4\n"));
+    ratings::convert(&input, &d.join("r.pgd")).expect("ratings");
+    let ds = Dataset::open(&d.join("r.pgd")).expect("open");
+    assert_eq!(ds.ratings().expect("ratings").ratings, &[3.5, 4.0]);
+    let input = write(d, "in.ldac", &format!("{bom}2 0:1 3:2\n1 1:4\n"));
+    assert_eq!(bow::parse(&input, bow::Format::Ldac).expect("lda-c").values, vec![1.0, 2.0, 4.0]);
+    let input = write(d, "docword.txt", &format!("{bom}2\n3\n2\n1 1 2\n2 3 1\n"));
+    assert_eq!(bow::parse(&input, bow::Format::Docword).expect("docword").row_ptr, vec![0, 1, 2]);
+}
+
+/// Labels that are numbers but not the classes `0..65535` themselves are numbered by value, not
+/// as text (`-1, 2, 10, 100`, not `-1, 10, 100, 2`), up to 65,536 distinct labels; more is an
+/// error naming the file and the count, with nothing written.
+#[test]
+fn csv_numeric_labels_are_ordered_by_value_and_classes_are_bounded() {
+    use super::csv::{self, CsvOptions, MAX_CLASSES};
+    let d_tmp = dir("csv-classes");
+    let d = d_tmp.path();
+    let input = write(d, "signed.csv", "1,100\n2,-1\n3,10\n4,2\n5,10\n6,2.5\n");
+    let c = csv::convert(&input, &d.join("signed.pgd"), &CsvOptions::default()).expect("convert");
+    assert_eq!(c.classes, ["-1", "2", "2.5", "10", "100"]);
+    let ds = Dataset::open(&d.join("signed.pgd")).expect("open");
+    assert_eq!(ds.dense().expect("dense").labels, &[4, 0, 3, 1, 3, 2]);
+    // As many classes as allowed, by even labels up to 131,070: class k is label 2k.
+    let text: String = (0..MAX_CLASSES).map(|i| format!("{i},{}\n", 2 * i)).collect();
+    let input = write(d, "even.csv", &text);
+    let c = csv::convert(&input, &d.join("even.pgd"), &CsvOptions::default()).expect("convert");
+    assert_eq!(c.classes.len(), MAX_CLASSES);
+    assert_eq!((&c.classes[5][..], &c.classes[MAX_CLASSES - 1][..]), ("10", "131070"));
+    let ds = Dataset::open(&d.join("even.pgd")).expect("open");
+    assert!(ds.dense().expect("dense").labels.iter().enumerate().all(|(i, &y)| y as usize == i));
+    // One more distinct label: refused.
+    let text: String = (0..=MAX_CLASSES).map(|i| format!("1,{i}\n")).collect();
+    let input = write(d, "many.csv", &text);
+    let e = csv::convert(&input, &d.join("many.pgd"), &CsvOptions::default()).expect_err("too many");
+    let e = e.to_string();
+    assert!(e.contains("many.csv") && e.contains("65537 distinct labels") && e.contains("65536"), "{e}");
+    no_leftovers(d, &["signed.csv", "signed.pgd", "even.csv", "even.pgd", "many.csv"]);
+}

@@ -31,7 +31,13 @@ pub fn read_all(path: &Path) -> Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// Lines of a text input with their 1-based numbers; `\r\n` is accepted.
+/// The UTF-8 byte-order mark, which some tools (Excel, Notepad, PowerShell) write at the start
+/// of a text file.
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// Lines of a text input with their 1-based numbers; `\r\n` is accepted, and a UTF-8
+/// byte-order mark at the start of the first line is dropped (it is not text: columns are
+/// counted after it).
 pub struct Lines {
     input: Box<dyn BufRead>,
     path: PathBuf,
@@ -68,6 +74,9 @@ impl Lines {
         self.line += 1;
         self.bytes += n as u64;
         let mut line = &self.buf[..];
+        if self.line == 1 {
+            line = line.strip_prefix(BOM).unwrap_or(line);
+        }
         if let Some(l) = line.strip_suffix(b"\n") {
             line = l;
         }
