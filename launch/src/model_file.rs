@@ -138,13 +138,19 @@ fn npy(shape: &[usize], values: &[f32]) -> Vec<u8> {
     out
 }
 
+/// The index of the first value of `values` that is not a finite number (NaN or infinite).
+pub fn first_not_finite(values: &[f32]) -> Option<usize> {
+    values.iter().position(|v| !v.is_finite())
+}
+
 /// Little-endian f32 values from a tensor's bytes (any alignment).
 pub fn f32s(bytes: &[u8]) -> Vec<f32> {
     bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
 }
 
 impl Saved {
-    /// Reads a model file, or the model file of a run directory.
+    /// Reads a model file, or the model file of a run directory. A tensor with a value that is
+    /// not a finite number (a run that diverged) is an error naming the tensor and the index.
     pub fn load(path: &Path) -> Result<Self, AppError> {
         let path = file_of(path);
         let data = std::fs::read(&path)
@@ -166,6 +172,17 @@ impl Saved {
                 return Err(bad(&path, format!("tensor {name} is {:?}, expected F32", t.dtype())));
             }
             let values = f32s(t.data());
+            if let Some(i) = first_not_finite(&values) {
+                return Err(bad(
+                    &path,
+                    format!(
+                        "tensor `{name}` holds {} at index {i} (of {}): not a model to apply (did its \
+                         training diverge?)",
+                        values[i],
+                        values.len()
+                    ),
+                ));
+            }
             tensors.insert(name, (t.shape().to_vec(), values));
         }
         Ok(Self { path, meta, tensors })
