@@ -6,11 +6,19 @@
 //! `Snapshot::scheme`), and metadata: `format = peregrine-checkpoint`, `iteration`,
 //! `train_seconds`, `evals` (JSON), `config` (the resolved configuration, to refuse resuming
 //! another run), `param_order` (the model's [`Export::param_order`], where it has one: to refuse
-//! a vector ordered otherwise, by another version) and `crc32` (of the tensors' bytes). Writing
-//! goes to a temporary file, synced, then the newest is renamed to the previous and the
-//! temporary file to the newest, and the directory is synced: a crash leaves a whole newest or a
-//! whole previous checkpoint. Reading checks the header, the sizes and the checksum, and falls
-//! back to the previous checkpoint when the newest is damaged.
+//! a vector ordered otherwise, by another version) and `checksum` (CRC-32 of every other metadata
+//! entry and every tensor, see [`checksum`]). Writing goes to a temporary file, synced, then the
+//! newest is renamed to the previous and the temporary file to the newest, and the directory is
+//! synced: a crash leaves a whole newest or a whole previous checkpoint, and a failed write (a
+//! full disk) leaves no temporary file. Reading checks the header, the checksum and then every
+//! value's range (the iteration within the run's, seconds finite and not negative, evaluations
+//! in order and within the iterations, parameters and optimizer state finite), and falls back to
+//! the previous checkpoint when the newest is damaged.
+//!
+//! Checkpoints of earlier versions, whose checksum (`crc32`) covered the tensors only, are
+//! refused with a message to resume them with that version or start afresh: their iteration,
+//! seconds and configuration cannot be told intact, and a checkpoint lives only as long as its
+//! run.
 //!
 //! [`Export::param_order`]: peregrine_core::model::Export::param_order
 
@@ -22,6 +30,12 @@ use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
 /// The `format` metadata value.
 const FORMAT: &str = "peregrine-checkpoint";
+
+/// The metadata key of the checksum of everything else ([`checksum`]).
+const CHECKSUM: &str = "checksum";
+
+/// The metadata key of the checksum that earlier versions wrote, of the tensors only.
+const TENSORS_ONLY_CHECKSUM: &str = "crc32";
 
 /// The checkpoints of one run directory.
 #[derive(Debug, Clone)]
@@ -69,7 +83,24 @@ impl Store {
     /// checkpoint, keeping the newest so far as the previous one.
     pub fn save(&self, s: &Snapshot, config: &str, order: &str) -> Result<(), String> {
         let data = encode(s, config, order)?;
-        let (newest, tmp) = (self.newest(), self.dir.join("checkpoint.safetensors.tmp"));
+        let tmp = self.temporary();
+        let written = self.replace_newest(&tmp, &data);
+        if written.is_err() {
+            // A full disk, a file size limit: what was written of the new checkpoint goes; the
+            // newest (or, once renamed, the previous) stands.
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written
+    }
+
+    /// The temporary file a checkpoint is written to before it becomes the newest.
+    fn temporary(&self) -> PathBuf {
+        self.dir.join("checkpoint.safetensors.tmp")
+    }
+
+    /// Writes `data` to `tmp`, synced, then makes the newest the previous and `tmp` the newest.
+    fn replace_newest(&self, tmp: &Path, data: &[u8]) -> Result<(), String> {
+        let newest = self.newest();
         let err = |what: &str, p: &Path| {
             let p = p.display().to_string();
             let what = what.to_owned();
@@ -77,14 +108,14 @@ impl Store {
         };
         {
             use std::io::Write;
-            let mut f = std::fs::File::create(&tmp).map_err(err("creating", &tmp))?;
-            f.write_all(&data).map_err(err("writing", &tmp))?;
-            f.sync_all().map_err(err("syncing", &tmp))?;
+            let mut f = std::fs::File::create(tmp).map_err(err("creating", tmp))?;
+            f.write_all(data).map_err(err("writing", tmp))?;
+            f.sync_all().map_err(err("syncing", tmp))?;
         }
         if newest.exists() {
             std::fs::rename(&newest, self.previous()).map_err(err("renaming", &newest))?;
         }
-        std::fs::rename(&tmp, &newest).map_err(err("renaming", &tmp))?;
+        std::fs::rename(tmp, &newest).map_err(err("renaming", tmp))?;
         std::fs::File::open(&self.dir).and_then(|d| d.sync_all()).map_err(err("syncing", &self.dir))
     }
 
@@ -115,12 +146,24 @@ impl Store {
     }
 }
 
-/// The checksum of the tensors' bytes.
-fn crc(params: &[u8], state: &[u8], scheme: &[u8]) -> u32 {
+/// The checksum of a checkpoint: CRC-32 of every metadata entry but the checksum itself, in key
+/// order, then of the tensors' bytes (`params`, `state`, `scheme`), each key, value and tensor
+/// preceded by its length in bytes (u64, little-endian), so that no field can pass for another.
+fn checksum(meta: &HashMap<String, String>, tensors: [&[u8]; 3]) -> u32 {
     let mut h = crc32fast::Hasher::new();
-    h.update(params);
-    h.update(state);
-    h.update(scheme);
+    let mut field = |bytes: &[u8]| {
+        h.update(&(bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    };
+    let mut keys: Vec<&String> = meta.keys().filter(|k| *k != CHECKSUM).collect();
+    keys.sort();
+    for k in keys {
+        field(k.as_bytes());
+        field(meta[k].as_bytes());
+    }
+    for t in tensors {
+        field(t);
+    }
     h.finalize()
 }
 
@@ -136,7 +179,8 @@ fn encode(s: &Snapshot, config: &str, order: &str) -> Result<Vec<u8>, String> {
     if !order.is_empty() {
         meta.insert("param_order".into(), order.to_owned());
     }
-    meta.insert("crc32".into(), format!("{:08x}", crc(p, st, sc)));
+    let sum = checksum(&meta, [p, st, sc]);
+    meta.insert(CHECKSUM.into(), format!("{sum:08x}"));
     let views = [
         ("params", TensorView::new(Dtype::F32, vec![s.params.len()], p).map_err(|e| e.to_string())?),
         ("state", TensorView::new(Dtype::F32, vec![s.state.len()], st).map_err(|e| e.to_string())?),
@@ -154,40 +198,84 @@ fn read(path: &Path) -> Result<(Snapshot, String, String), String> {
     if meta.get("format").map(String::as_str) != Some(FORMAT) {
         return Err("not a Peregrine checkpoint".into());
     }
-    let get = |k: &str| meta.get(k).ok_or_else(|| format!("damaged (no `{k}`)"));
-    let tensor = |name: &str| -> Result<Vec<f32>, String> {
-        let t = st.tensor(name).map_err(|e| format!("damaged ({e})"))?;
-        if t.dtype() != Dtype::F32 {
-            return Err(format!("damaged (tensor {name} is {:?})", t.dtype()));
-        }
-        Ok(crate::model_file::f32s(t.data()))
+    let Some(said) = meta.get(CHECKSUM) else {
+        return Err(if meta.contains_key(TENSORS_ONLY_CHECKSUM) {
+            "written by an earlier version of Peregrine, whose checksum does not cover the iteration, the \
+             seconds or the configuration: resume it with that version, or start afresh"
+                .into()
+        } else {
+            format!("damaged (no `{CHECKSUM}`)")
+        });
     };
-    let (params, state) = (tensor("params")?, tensor("state")?);
-    // Written by every version since policies keep state; absent before: nothing learned.
-    let scheme: Vec<f64> = match st.tensor("scheme") {
-        Ok(t) if t.dtype() == Dtype::F64 => {
-            t.data().chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap_or_default())).collect()
+    let bytes = |name: &str, dtype: Dtype| -> Result<&[u8], String> {
+        match st.tensor(name) {
+            Ok(t) if t.dtype() == dtype => Ok(t.data()),
+            Ok(t) => Err(format!("damaged (tensor {name} is {:?})", t.dtype())),
+            Err(e) => Err(format!("damaged ({e})")),
         }
-        Ok(t) => return Err(format!("damaged (tensor scheme is {:?})", t.dtype())),
-        Err(_) => Vec::new(),
     };
-    let sum = crc(bytemuck::cast_slice(&params), bytemuck::cast_slice(&state), bytemuck::cast_slice(&scheme));
-    if get("crc32")? != &format!("{sum:08x}") {
-        return Err(format!("damaged (checksum {sum:08x}, the file says {})", get("crc32")?));
+    let (p, s, sc) =
+        (bytes("params", Dtype::F32)?, bytes("state", Dtype::F32)?, bytes("scheme", Dtype::F64)?);
+    let sum = checksum(&meta, [p, s, sc]);
+    if said != &format!("{sum:08x}") {
+        return Err(format!("damaged (checksum {sum:08x}, the file says {said})"));
     }
+    let get = |k: &str| meta.get(k).ok_or_else(|| format!("damaged (no `{k}`)"));
     let bad = |k: &str| format!("damaged (`{k}` is not valid)");
+    let config = get("config")?.clone();
+    let iteration: u64 = get("iteration")?.parse().map_err(|_| bad("iteration"))?;
+    let train_seconds: f64 = get("train_seconds")?.parse().map_err(|_| bad("train_seconds"))?;
     let evals: Vec<EvalPoint> = serde_json::from_str(get("evals")?).map_err(|_| bad("evals"))?;
-    let snapshot = Snapshot {
-        iteration: get("iteration")?.parse().map_err(|_| bad("iteration"))?,
-        train_seconds: get("train_seconds")?.parse().map_err(|_| bad("train_seconds"))?,
-        evals,
-        params,
-        state,
-        weights: Vec::new(),
-        scheme,
-    };
+    check_ranges(iteration, train_seconds, &evals, &config)?;
+    let params = finite("params", crate::model_file::f32s(p))?;
+    let state = finite("state", crate::model_file::f32s(s))?;
+    let scheme = sc.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap_or_default())).collect();
+    let snapshot = Snapshot { iteration, train_seconds, evals, params, state, weights: Vec::new(), scheme };
     let order = meta.get("param_order").cloned().unwrap_or_default();
-    Ok((snapshot, get("config")?.clone(), order))
+    Ok((snapshot, config, order))
+}
+
+/// Whether a checkpoint's figures are in range: its iteration within the `iterations` of its
+/// configuration, its training seconds finite and not negative, its evaluations in order, none
+/// past the iteration, their times finite and not negative.
+fn check_ranges(iteration: u64, train_seconds: f64, evals: &[EvalPoint], config: &str) -> Result<(), String> {
+    let iterations = config
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|c| c.get("iterations").and_then(toml::Value::as_integer))
+        .and_then(|n| u64::try_from(n).ok());
+    if let Some(n) = iterations.filter(|&n| iteration > n) {
+        return Err(format!("damaged (`iteration` {iteration} is past the run's {n} iterations)"));
+    }
+    if !(train_seconds.is_finite() && train_seconds >= 0.0) {
+        return Err(format!("damaged (`train_seconds` {train_seconds} is not a duration)"));
+    }
+    let mut last = 0;
+    for (i, e) in evals.iter().enumerate() {
+        if e.iter < last || e.iter > iteration {
+            return Err(format!(
+                "damaged (evaluation {i} at iteration {}: out of order, or past the checkpoint's {iteration})",
+                e.iter
+            ));
+        }
+        if !(e.time.is_finite() && e.time >= 0.0) {
+            return Err(format!("damaged (evaluation {i} at {} seconds)", e.time));
+        }
+        last = e.iter;
+    }
+    Ok(())
+}
+
+/// `values` of tensor `name`, or an error naming the first that is not a finite number.
+fn finite(name: &str, values: Vec<f32>) -> Result<Vec<f32>, String> {
+    match crate::model_file::first_not_finite(&values) {
+        Some(i) => Err(format!(
+            "tensor `{name}` holds {} at index {i} (of {}): not a state to resume from",
+            values[i],
+            values.len()
+        )),
+        None => Ok(values),
+    }
 }
 
 #[cfg(test)]
@@ -255,5 +343,120 @@ mod tests {
         std::fs::write(s.previous(), b"junk").expect("write");
         let e = s.load().expect_err("both damaged");
         assert!(e.contains("checkpoint.safetensors") && e.contains("checkpoint.prev.safetensors"), "{e}");
+    }
+
+    /// The newest checkpoint of `s` rewritten with `edit` applied to its metadata and
+    /// parameters; with `reseal`, its checksum recomputed (figures written wrong, not damaged on
+    /// the way).
+    fn rewrite(s: &Store, reseal: bool, edit: impl FnOnce(&mut HashMap<String, String>, &mut Vec<f32>)) {
+        let bytes = std::fs::read(s.newest()).expect("read");
+        let st = SafeTensors::deserialize(&bytes).expect("safetensors");
+        let (_, header) = SafeTensors::read_metadata(&bytes).expect("header");
+        let mut meta = header.metadata().clone().expect("metadata");
+        let mut params = crate::model_file::f32s(st.tensor("params").expect("params").data());
+        edit(&mut meta, &mut params);
+        let (state, scheme) = (st.tensor("state").expect("state"), st.tensor("scheme").expect("scheme"));
+        let p: &[u8] = bytemuck::cast_slice(&params);
+        if reseal {
+            let sum = checksum(&meta, [p, state.data(), scheme.data()]);
+            meta.insert(CHECKSUM.into(), format!("{sum:08x}"));
+        }
+        let views = [
+            ("params", TensorView::new(Dtype::F32, vec![params.len()], p).expect("params")),
+            ("state", state),
+            ("scheme", scheme),
+        ];
+        std::fs::write(s.newest(), safetensors::serialize(views, Some(meta)).expect("serialize"))
+            .expect("write");
+    }
+
+    /// Two checkpoints of a run of 50 iterations, at 10 and 20.
+    fn two(t: &tempfile::TempDir) -> Store {
+        let s = Store::new(t.path());
+        s.save(&snapshot(10), "iterations = 50", "").expect("save");
+        s.save(&snapshot(20), "iterations = 50", "").expect("save");
+        s
+    }
+
+    /// Why the newest checkpoint was passed over (the previous is whole).
+    fn passed_over(s: &Store) -> String {
+        let l = s.load().expect("the previous").expect("some");
+        assert_eq!(l.snapshot.iteration, 10);
+        l.fallback.expect("the newest passed over")
+    }
+
+    #[test]
+    fn metadata_changed_after_writing_fails_the_checksum() {
+        // Rewritten as it was: whole.
+        let t = tempfile::tempdir().expect("tmp");
+        let s = two(&t);
+        rewrite(&s, false, |_, _| {});
+        let l = s.load().expect("load").expect("some");
+        assert_eq!((l.snapshot, l.fallback), (snapshot(20), None));
+        let edits = [
+            ("iteration", "30"),
+            ("train_seconds", "-1e10"),
+            ("evals", "[]"),
+            ("config", "iterations = 5000"),
+            ("param_order", "weights in x out"),
+        ];
+        for (key, value) in edits {
+            let t = tempfile::tempdir().expect("tmp");
+            let s = two(&t);
+            rewrite(&s, false, |m, _| {
+                m.insert(key.into(), value.into());
+            });
+            let why = passed_over(&s);
+            assert!(why.contains("checksum"), "{key}: {why}");
+        }
+    }
+
+    #[test]
+    fn figures_out_of_range_are_refused_under_a_valid_checksum() {
+        type Edit = fn(&mut HashMap<String, String>, &mut Vec<f32>);
+        let cases: [(Edit, &str); 7] = [
+            (|m, _| drop(m.insert("iteration".into(), "51".into())), "past the run's 50 iterations"),
+            (|m, _| drop(m.insert("train_seconds".into(), "-1e10".into())), "`train_seconds` -10000000000"),
+            (|m, _| drop(m.insert("train_seconds".into(), "inf".into())), "`train_seconds` inf"),
+            (|m, _| drop(m.insert("train_seconds".into(), "NaN".into())), "`train_seconds` NaN"),
+            (
+                |m, _| drop(m.insert("evals".into(), m["evals"].replace("\"iter\":10", "\"iter\":21"))),
+                "evaluation 0 at iteration 21",
+            ),
+            (
+                |m, _| drop(m.insert("evals".into(), m["evals"].replace("0.5", "-0.5"))),
+                "evaluation 0 at -0.5",
+            ),
+            (|_, p| p[3] = f32::NAN, "tensor `params` holds NaN at index 3 (of 100)"),
+        ];
+        for (edit, expected) in cases {
+            let t = tempfile::tempdir().expect("tmp");
+            let s = two(&t);
+            rewrite(&s, true, edit);
+            let why = passed_over(&s);
+            assert!(why.contains(expected) && why.contains("checkpoint.safetensors"), "{why}");
+        }
+        // Infinite optimizer state too.
+        let t = tempfile::tempdir().expect("tmp");
+        let s = Store::new(t.path());
+        let mut bad = snapshot(20);
+        bad.state[7] = f32::NEG_INFINITY;
+        s.save(&bad, "c", "").expect("save");
+        let e = s.load().expect_err("nothing to fall back on");
+        assert!(e.contains("tensor `state` holds -inf at index 7 (of 200)"), "{e}");
+    }
+
+    #[test]
+    fn a_checkpoint_whose_checksum_covers_only_its_tensors_is_refused() {
+        let t = tempfile::tempdir().expect("tmp");
+        let s = Store::new(t.path());
+        s.save(&snapshot(10), "c", "").expect("save");
+        // As earlier versions wrote it: `crc32` of the tensors, the metadata outside it.
+        rewrite(&s, false, |m, _| {
+            m.remove(CHECKSUM);
+            m.insert(TENSORS_ONLY_CHECKSUM.into(), "0badf00d".into());
+        });
+        let e = s.load().expect_err("refused");
+        assert!(e.contains("earlier version of Peregrine") && e.contains("start afresh"), "{e}");
     }
 }

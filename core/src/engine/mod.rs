@@ -102,12 +102,15 @@ impl Snapshot {
         let (&w, rest) = self.scheme.split_first()?;
         let (&stride, all) = rest.split_first()?;
         let stride = stride as usize;
-        if w as usize != world || stride == 0 || all.len() != world * stride || rank >= world {
+        // Checked: the figures come from a file (a checkpoint), and a stride or length near
+        // usize::MAX must read as no state, not overflow.
+        if w as usize != world || stride == 0 || Some(all.len()) != world.checked_mul(stride) || rank >= world
+        {
             return None;
         }
         let mine = &all[rank * stride..(rank + 1) * stride];
         let len = mine[0] as usize;
-        mine.get(1..1 + len)
+        mine.get(1..len.checked_add(1)?)
     }
 }
 
@@ -462,4 +465,40 @@ pub fn train_checkpointed<M: Model>(
         run.free(policy)?;
         result
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Snapshot;
+
+    fn with_scheme(scheme: Vec<f64>) -> Snapshot {
+        Snapshot {
+            iteration: 0,
+            params: Vec::new(),
+            state: Vec::new(),
+            weights: Vec::new(),
+            evals: Vec::new(),
+            train_seconds: 0.0,
+            scheme,
+        }
+    }
+
+    #[test]
+    fn a_rank_reads_its_own_policy_state_and_absurd_figures_read_as_none() {
+        // 2 ranks, stride 3: rank 0 has 2 values, rank 1 has 1.
+        let s = with_scheme(vec![2.0, 3.0, 2.0, 0.5, 0.25, 1.0, 7.0, 0.0]);
+        assert_eq!(s.scheme_state(0, 2), Some(&[0.5, 0.25][..]));
+        assert_eq!(s.scheme_state(1, 2), Some(&[7.0][..]));
+        assert_eq!(s.scheme_state(0, 3), None, "another world");
+        // A stride whose product with the world overflows, a length past the end or at
+        // usize::MAX (from a file): none, no overflow.
+        for bad in [
+            vec![2.0, 1e300, 0.0, 0.0],
+            vec![2.0, f64::MAX, 0.0],
+            vec![2.0, 3.0, 5.0, 0.5, 0.25, 1.0, 7.0, 0.0],
+            vec![2.0, 3.0, 1e300, 0.5, 0.25, 1.0, 7.0, 0.0],
+        ] {
+            assert_eq!(with_scheme(bad.clone()).scheme_state(0, 2), None, "{bad:?}");
+        }
+    }
 }
