@@ -1,5 +1,6 @@
 //! Faults turned into errors that name what and where: a panic in any thread, a dataset that
-//! shrinks while mapped, a dataset whose bytes contradict its header.
+//! shrinks while mapped, a dataset whose bytes contradict its header, a write past the file size
+//! limit.
 
 use std::path::Path;
 use std::time::Instant;
@@ -16,8 +17,18 @@ pub const EXIT_PANIC: i32 = 101;
 /// a watchdog) prints the panic, then a line naming the rank and thread, and ends the whole
 /// job: `MPI_Abort` under MPI, the process otherwise (local ranks share it). A panicking thread
 /// would otherwise leave its peers waiting for chunks or clocks that never come. And the
-/// `SIGBUS` guard of mapped datasets.
+/// `SIGBUS` guard of mapped datasets, and `SIGXFSZ` ignored: a write past the file size limit
+/// (`ulimit -f`, a batch system's) then fails as a full disk does, with an error naming the file,
+/// and its temporary file is removed, instead of the signal ending the process mid-write.
 pub fn install() -> Result<(), AppError> {
+    // SAFETY: setting a signal's disposition to SIG_IGN installs no handler code; it runs on the
+    // main thread at start, before any other thread exists.
+    if unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) } == libc::SIG_ERR {
+        return Err(AppError::Io {
+            what: "ignoring SIGXFSZ".into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         if output_closed(info) {
