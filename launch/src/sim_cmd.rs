@@ -22,6 +22,8 @@ const MLP_PARAMS: usize = 784 * 128 + 128 + 128 * 10 + 10;
     --scheme bsp --scheme bsp+steal --scheme flexrr --scheme falcon\n  \
     peregrine simulate --ranks 4096 --threads 16 --iterations 1000 --scheme bsp+steal   # scale\n  \
     peregrine simulate --replay runs/mlp-bsp-1795424116   # a real run again, in simulation\n\n\
+    Numbers out of range are refused (exit 2), and so is a run whose virtual time would pass 146 \
+    years.\n\n\
     What is modelled and what is not: see the README's \"Simulating a cluster\".")]
 pub struct SimArgs {
     /// Re-run a real run's configuration in simulation with that run's measured per-chunk,
@@ -56,7 +58,7 @@ pub struct SimArgs {
     /// Chunks a thread takes from its own queue at a time.
     #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(1..))]
     grain: u32,
-    /// Fraction of a victim's queued chunks taken at once.
+    /// Fraction of a victim's queued chunks taken at once, in (0, 1].
     #[arg(long, default_value_t = 0.5, value_name = "F")]
     steal_fraction: f64,
     /// Injected stragglers, as for `train` (ideal, slow-worker, disrupted, power-law, persistent,
@@ -66,18 +68,19 @@ pub struct SimArgs {
     /// Seed of the batch order and of the straggler pattern.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Seconds a thread takes per chunk (default 200 us: an MLP 784-128-10 chunk of 64 rows on
-    /// one core of the development machine is 150-250 us).
+    /// Seconds a thread takes per chunk, at most a day (default 200 us: an MLP 784-128-10 chunk
+    /// of 64 rows on one core of the development machine is 150-250 us).
     #[arg(long, default_value_t = 200e-6, value_name = "SECONDS", conflicts_with = "chunk_times_from")]
     chunk_time: f64,
     /// Draw chunk times from a real run's measured ones (its metrics), by the chunk's identity.
     #[arg(long, value_name = "RUN_DIR")]
     chunk_times_from: Option<PathBuf>,
-    /// Model parameters (f32) every rank pulls and pushes per iteration (default: the MLP
-    /// 784-128-10's 101,770).
+    /// Model parameters (f32) every rank pulls and pushes per iteration, at most 10^13 (default:
+    /// the MLP 784-128-10's 101,770).
     #[arg(long, default_value_t = MLP_PARAMS, value_name = "N")]
     params: usize,
-    /// Fixed seconds per rank and iteration outside compute, communication and waits.
+    /// Fixed seconds per rank and iteration outside compute, communication and waits (at most a
+    /// day).
     #[arg(long, default_value_t = 0.0, value_name = "SECONDS")]
     overhead: f64,
     /// Ranks per node (the rest of the world is reached over the inter-node link).
@@ -89,17 +92,17 @@ pub struct SimArgs {
     /// Link between nodes: ib (InfiniBand HDR), ethernet (25 GbE), shm, local.
     #[arg(long, default_value = "ib", value_name = "LINK")]
     inter: Preset,
-    /// Override the inter-node latency (seconds).
+    /// Override the inter-node latency (seconds, at most a day).
     #[arg(long, value_name = "SECONDS")]
     inter_latency: Option<f64>,
-    /// Override the inter-node atomic round trip (seconds).
+    /// Override the inter-node atomic round trip (seconds, at most a day).
     #[arg(long, value_name = "SECONDS")]
     inter_atomic: Option<f64>,
     /// Override the inter-node gap: seconds one more operation adds when issued back to back
-    /// behind others before one completion (a batch reading a word of every rank).
+    /// behind others before one completion (a batch reading a word of every rank; at most a day).
     #[arg(long, value_name = "SECONDS")]
     inter_gap: Option<f64>,
-    /// Override the inter-node bandwidth (bytes per second).
+    /// Override the inter-node bandwidth (bytes per second, at least 1).
     #[arg(long, value_name = "BYTES_PER_S")]
     inter_bandwidth: Option<f64>,
     /// Iterations a real run needed to reach its target: time to target is when rank 0 has
@@ -215,19 +218,93 @@ fn write_json(path: &Path, v: &Value) -> Result<(), AppError> {
     output::write_atomically(path, text.as_bytes())
 }
 
+/// The most seconds `--chunk-time`, `--overhead` and the `--inter-*` times may give: a day.
+const MAX_SECONDS: f64 = 86_400.0;
+/// The most `--params`: 10^13 (40 TB of f32 pulled and pushed by every rank every iteration).
+const MAX_PARAMS: usize = 10_000_000_000_000;
+/// The most `--rows` and `--batch`: 2^53 (every count exact in the simulator's float figures).
+const MAX_ROWS: usize = 1 << 53;
+
+/// Checks every numeric flag for its range (exit 2 naming the flag), before anything is
+/// computed from them. What the flags say together (a run past the simulator's horizon) is
+/// checked by the simulation.
+fn check_flags(a: &SimArgs) -> Result<(), AppError> {
+    let seconds = |flag: &str, v: f64, zero: bool| {
+        let low = if zero { v >= 0.0 } else { v > 0.0 };
+        if low && v <= MAX_SECONDS {
+            Ok(())
+        } else {
+            let range = if zero { "[0, 86400]" } else { "(0, 86400]" };
+            Err(usage(format!("{flag} must be a number of seconds in {range} (at most a day), got {v}")))
+        }
+    };
+    if a.chunk_times_from.is_none() {
+        seconds("--chunk-time", a.chunk_time, false)?;
+    }
+    seconds("--overhead", a.overhead, true)?;
+    for (flag, v) in [
+        ("--inter-latency", a.inter_latency),
+        ("--inter-atomic", a.inter_atomic),
+        ("--inter-gap", a.inter_gap),
+    ] {
+        if let Some(v) = v {
+            seconds(flag, v, true)?;
+        }
+    }
+    if let Some(b) = a.inter_bandwidth.filter(|b| !(b.is_finite() && *b >= 1.0)) {
+        return Err(usage(format!(
+            "--inter-bandwidth must be a finite number of bytes per second, at least 1, got {b}"
+        )));
+    }
+    if !(a.steal_fraction > 0.0 && a.steal_fraction <= 1.0) {
+        return Err(usage(format!("--steal-fraction must be in (0, 1], got {}", a.steal_fraction)));
+    }
+    if a.params > MAX_PARAMS {
+        return Err(usage(format!("--params must be at most {MAX_PARAMS} (10^13), got {}", a.params)));
+    }
+    for (flag, v) in [("--rows", a.rows), ("--batch", a.batch)] {
+        if let Some(v) = v.filter(|&v| v > MAX_ROWS) {
+            return Err(usage(format!("{flag} must be at most {MAX_ROWS} (2^53), got {v}")));
+        }
+    }
+    if a.target_iterations == Some(0) {
+        return Err(usage("--target-iterations must be at least 1, got 0"));
+    }
+    Ok(())
+}
+
+/// The global batch: `--batch`, else 4 chunks per thread of every rank, if that is at most
+/// [`MAX_ROWS`].
+fn batch_rows(a: &SimArgs) -> Result<usize, AppError> {
+    if let Some(b) = a.batch {
+        return Ok(b);
+    }
+    [a.threads, a.ranks, a.chunk]
+        .into_iter()
+        .try_fold(4usize, usize::checked_mul)
+        .filter(|&b| b <= MAX_ROWS)
+        .ok_or_else(|| {
+            usage(format!(
+                "the default --batch, 4 chunks of --chunk {} rows per thread of every rank, is past {MAX_ROWS} \
+                 rows (2^53): give a smaller --chunk, or --batch",
+                a.chunk
+            ))
+        })
+}
+
 /// The simulated run the options describe (scheme: BSP; the caller sets it).
 pub(crate) fn forward(a: &SimArgs) -> Result<SimConfig, AppError> {
+    check_flags(a)?;
     let pattern = a.straggler.parse().map_err(usage)?;
-    let batch = a.batch.unwrap_or(4 * a.threads * a.ranks * a.chunk);
+    let batch = batch_rows(a)?;
+    let rows = match a.rows {
+        Some(rows) => rows,
+        // 100 batches, or as many as fit.
+        None => batch.saturating_mul(100).min(MAX_ROWS),
+    };
     let compute = match &a.chunk_times_from {
         Some(dir) => ComputeModel::Samples(measured_chunks(dir)?),
-        None if a.chunk_time > 0.0 && a.chunk_time.is_finite() => ComputeModel::Constant(a.chunk_time),
-        None => {
-            return Err(usage(format!(
-                "--chunk-time must be a positive number of seconds, got {}",
-                a.chunk_time
-            )))
-        }
+        None => ComputeModel::Constant(a.chunk_time),
     };
     let mut net =
         Network { intra: a.intra.link(), inter: a.inter.link(), ranks_per_node: a.ranks_per_node.max(1) };
@@ -242,19 +319,6 @@ pub(crate) fn forward(a: &SimArgs) -> Result<SimConfig, AppError> {
     }
     if let Some(v) = a.inter_bandwidth {
         net.inter.bandwidth = v;
-    }
-    if !(net.inter.bandwidth > 0.0
-        && net.inter.latency >= 0.0
-        && net.inter.atomic >= 0.0
-        && net.inter.gap >= 0.0)
-    {
-        return Err(usage("the inter-node link needs a positive bandwidth and non-negative latencies"));
-    }
-    if !(a.overhead >= 0.0 && a.overhead.is_finite()) {
-        return Err(usage(format!(
-            "--overhead must be a non-negative number of seconds, got {}",
-            a.overhead
-        )));
     }
     let c = SimConfig {
         cfg: Config {
@@ -271,7 +335,7 @@ pub(crate) fn forward(a: &SimArgs) -> Result<SimConfig, AppError> {
             ..Config::default()
         },
         ranks: a.ranks,
-        rows: a.rows.unwrap_or(batch * 100),
+        rows,
         params: a.params,
         compute,
         net,
@@ -285,7 +349,14 @@ pub(crate) fn forward(a: &SimArgs) -> Result<SimConfig, AppError> {
 
 /// A simulation's error: the user's to fix (exit 2) or the run's.
 fn sim_err(what: impl std::fmt::Display, e: sim::SimError) -> AppError {
-    let text = format!("{what}{e}");
+    let flags = match e {
+        sim::SimError::Horizon { .. } => {
+            " (see --iterations, --chunk-time, --params and --inter-bandwidth, --inter-latency, --overhead, \
+             --straggler)"
+        }
+        _ => "",
+    };
+    let text = format!("{what}{e}{flags}");
     if e.is_usage() {
         AppError::Usage(text)
     } else {

@@ -98,7 +98,9 @@ impl Default for Network {
     }
 }
 
-/// Seconds to nanoseconds, rounded (costs are summed as integers, so sums are exact).
+/// Seconds to nanoseconds, rounded (costs are summed as integers, so sums are exact); negative
+/// or NaN is 0, and past `u64::MAX` nanoseconds (585 years) is `u64::MAX`, which ends a
+/// simulation at its horizon ([`super::HORIZON`]).
 pub fn nanos(seconds: f64) -> Nanos {
     (seconds.max(0.0) * 1e9).round() as Nanos
 }

@@ -93,6 +93,13 @@ impl SimConfig {
     }
 }
 
+/// The furthest virtual time a simulation may reach: 2^62 ns, about 146 years. Costs are
+/// summed as integers without overflow (saturating), so a figure out of scale (a chunk time, a
+/// model over a link's bandwidth, a straggler's delay) sends some event to this horizon or
+/// beyond, and the simulation ends there with [`SimError::Horizon`] instead of wrapping round to
+/// a short time.
+pub const HORIZON: Nanos = 1 << 62;
+
 /// Errors of a simulation.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -117,12 +124,25 @@ pub enum SimError {
         /// Where it is.
         phase: String,
     },
+    /// Virtual time reached [`HORIZON`]: too many iterations, or figures out of scale.
+    #[error(
+        "the simulated run passes {} years of virtual time (rank {rank} in iteration {iteration}): too many \
+         iterations, or a cost out of scale (a chunk's compute time, the model's size over a link's \
+         bandwidth, a latency, the fixed costs, a straggler's delay)",
+        HORIZON / 1_000_000_000 / 31_557_600
+    )]
+    Horizon {
+        /// The rank whose event came at the horizon.
+        rank: usize,
+        /// Its iteration.
+        iteration: u64,
+    },
 }
 
 impl SimError {
     /// Whether the error is in the configuration (the user's to fix) rather than the simulation.
     pub fn is_usage(&self) -> bool {
-        matches!(self, Self::Train(e) if e.is_usage())
+        matches!(self, Self::Train(e) if e.is_usage()) || matches!(self, Self::Horizon { .. })
     }
 }
 
@@ -300,6 +320,33 @@ mod tests {
             assert_eq!(cost::nanos(t.comm), 20 * 2 * transfer);
             assert_eq!(t.wait, 0.0);
             assert_eq!((t.own, t.taken, t.rows), (20 * 6, 0, 20 * 6 * 8));
+        }
+    }
+
+    /// Figures out of scale end the simulation at the horizon, as a usage error, under every
+    /// scheme's mechanism (taking over, lining up, copies, clock trees), instead of wrapping the
+    /// integer clock round to a short run (or overflowing).
+    #[test]
+    fn a_run_past_the_horizon_is_an_error_not_a_wrapped_clock() {
+        type Edit = fn(&mut SimConfig);
+        let edits: [(Edit, &str); 4] = [
+            (|s| s.net.inter.bandwidth = 1e-5, "a pull over a link of 10 us per byte"),
+            (|s| s.params = usize::MAX, "a model of usize::MAX parameters"),
+            (|s| s.compute = ComputeModel::Constant(1e300), "a chunk of 1e300 s"),
+            (|s| s.cfg.iterations = u64::MAX, "a year a chunk, for ever"),
+        ];
+        for scheme in ["bsp", "bsp+steal", "ssp:2+steal", "flexrr", "falcon", "speculative"] {
+            for (edit, what) in edits {
+                let mut s = config(scheme, 4, 2, Pattern::Ideal);
+                if what.starts_with("a year") {
+                    s.compute = ComputeModel::Constant(3e7);
+                }
+                edit(&mut s);
+                match simulate(&s, None) {
+                    Err(e @ SimError::Horizon { .. }) => assert!(e.is_usage(), "{scheme}, {what}"),
+                    other => panic!("{scheme}, {what}: {other:?}"),
+                }
+            }
         }
     }
 

@@ -115,7 +115,7 @@ impl SimTree {
         let mut cost = 0;
         for level in 0..self.shape.levels() {
             let host = self.shape.host(leaf, level);
-            cost += net.atomic(from, host);
+            cost = net.atomic(from, host).saturating_add(cost);
             let c = self.counts.entry((level, host, j)).or_default();
             *c += 1;
             if *c < self.shape.children(leaf, level) {
@@ -123,7 +123,7 @@ impl SimTree {
             }
             self.counts.remove(&(level, host, j));
         }
-        (cost + net.atomic(from, 0), true)
+        (cost.saturating_add(net.atomic(from, 0)), true)
     }
 }
 
@@ -500,6 +500,20 @@ enum Ev {
     Check(usize),
 }
 
+impl Ev {
+    /// The rank the event is for.
+    fn rank(self) -> usize {
+        match self {
+            Self::Open(r)
+            | Self::Compute(r)
+            | Self::Thread(r, ..)
+            | Self::Pushed(r)
+            | Self::Ticked(r)
+            | Self::Check(r) => r,
+        }
+    }
+}
+
 /// A simulation in progress.
 pub(super) struct Sim<'a> {
     s: &'a SimConfig,
@@ -604,6 +618,10 @@ impl<'a> Sim<'a> {
     /// Runs every event; returns the time the last rank finished.
     pub(super) fn run(&mut self) -> R<Nanos> {
         while let Some((t, ev)) = self.q.pop() {
+            if t >= super::HORIZON {
+                let rank = ev.rank();
+                return Err(SimError::Horizon { rank, iteration: self.ranks[rank].it });
+            }
             match ev {
                 Ev::Open(r) => self.open(r, t)?,
                 Ev::Compute(r) => self.compute(r, t)?,
@@ -724,9 +742,17 @@ impl<'a> Sim<'a> {
             ..Default::default()
         };
         // Announcing and filling the queue: two atomics on the rank's own words.
-        let cost = self.charge(r, reads) + 2 * self.s.net.atomic(r, r) + drain + self.transfer_cost(r, it);
+        let cost = [
+            self.charge(r, reads),
+            self.s.net.atomic(r, r),
+            self.s.net.atomic(r, r),
+            drain,
+            self.transfer_cost(r, it),
+        ]
+        .into_iter()
+        .fold(0, Nanos::saturating_add);
         self.ranks[r].rec.comm += cost as f64 * 1e-9;
-        self.q.push(t + cost, Ev::Compute(r));
+        self.q.push(t.saturating_add(cost), Ev::Compute(r));
         if n > 0 && self.steal {
             self.wake_lined(it, t)?;
         }
@@ -734,7 +760,7 @@ impl<'a> Sim<'a> {
             // No chunks: done at once, and arrived for at the done tree by the rank itself.
             let after = self.done_arrival(r, r, it);
             if self.w.all_done(it) {
-                self.wake_lined(it, t + after)?;
+                self.wake_lined(it, t.saturating_add(after))?;
             }
         }
         Ok(())
@@ -784,41 +810,47 @@ impl<'a> Sim<'a> {
                         continue;
                     }
                     if mode == OwnChunks::ClaimFirst {
-                        extra += self.s.net.atomic(r, r);
+                        extra = extra.saturating_add(self.s.net.atomic(r, r));
                         if self.policies[r].claim(r, tag, c)? {
-                            return self.start(r, th, t + extra, Item::Claimed(c), &[(r, it, c)]);
+                            return self.start(
+                                r,
+                                th,
+                                t.saturating_add(extra),
+                                Item::Claimed(c),
+                                &[(r, it, c)],
+                            );
                         }
                         continue;
                     }
-                    return self.start(r, th, t + extra, Item::OwnCopy(c), &[(r, it, c)]);
+                    return self.start(r, th, t.saturating_add(extra), Item::OwnCopy(c), &[(r, it, c)]);
                 }
                 self.ranks[r].threads[th].own = None;
                 let view = SimView::new(&self.w, r);
                 let mut takes = Vec::new();
                 self.policies[r].after_own_chunk(&view, it, &mut takes)?;
-                extra += self.charge(r, view.ops());
+                extra = extra.saturating_add(self.charge(r, view.ops()));
                 self.ranks[r].threads[th].takes.extend(takes);
                 continue;
             }
             if let Some(take) = self.ranks[r].threads[th].takes.pop_front() {
-                extra += self.s.net.atomic(r, take.rank);
+                extra = extra.saturating_add(self.s.net.atomic(r, take.rank));
                 if let Some(item) = self.take(r, take, true) {
-                    extra += self.drained_by(r, take.rank);
+                    extra = extra.saturating_add(self.drained_by(r, take.rank));
                     let chunks = Self::chunks_of(&item);
-                    return self.start(r, th, t + extra, item, &chunks);
+                    return self.start(r, th, t.saturating_add(extra), item, &chunks);
                 }
                 continue;
             }
-            extra += self.s.net.atomic(r, r);
+            extra = extra.saturating_add(self.s.net.atomic(r, r));
             if let Some(range) = self.w.take_own(r, self.s.cfg.grain) {
-                extra += self.drained_by(r, r);
+                extra = extra.saturating_add(self.drained_by(r, r));
                 let view = SimView::new(&self.w, r);
                 let mode = self.policies[r].own_chunks(&view)?;
-                extra += self.charge(r, view.ops());
+                extra = extra.saturating_add(self.charge(r, view.ops()));
                 if mode == OwnChunks::Whole {
                     self.ranks[r].threads[th].own = Some((range.end..range.end, mode));
                     let chunks: Vec<_> = range.clone().map(|c| (r, it, c)).collect();
-                    return self.start(r, th, t + extra, Item::Whole(range), &chunks);
+                    return self.start(r, th, t.saturating_add(extra), Item::Whole(range), &chunks);
                 }
                 self.ranks[r].threads[th].own = Some((range, mode));
                 continue;
@@ -829,13 +861,13 @@ impl<'a> Sim<'a> {
                 for _ in 0..self.w.world {
                     let view = SimView::new(&self.w, r);
                     let victim = self.policies[r].victim(&view, it)?;
-                    extra += self.charge(r, view.ops());
+                    extra = extra.saturating_add(self.charge(r, view.ops()));
                     let Some(take) = victim else { break };
-                    extra += self.s.net.atomic(r, take.rank);
+                    extra = extra.saturating_add(self.s.net.atomic(r, take.rank));
                     if let Some(item) = self.take(r, take, false) {
-                        extra += self.drained_by(r, take.rank);
+                        extra = extra.saturating_add(self.drained_by(r, take.rank));
                         let chunks = Self::chunks_of(&item);
-                        return self.start(r, th, t + extra, item, &chunks);
+                        return self.start(r, th, t.saturating_add(extra), item, &chunks);
                     }
                 }
             }
@@ -864,16 +896,22 @@ impl<'a> Sim<'a> {
     fn dispatch_copy(&mut self, r: usize, th: usize, t: Nanos) -> R<bool> {
         let it = self.ranks[r].it;
         let tag = words::tag(it);
-        let mut extra = 0;
+        let mut extra: Nanos = 0;
         loop {
             let view = SimView::new(&self.w, r);
             let pick = self.policies[r].copy(&view, it)?;
-            extra += self.charge(r, view.ops());
+            extra = extra.saturating_add(self.charge(r, view.ops()));
             let Some((owner, chunk)) = pick else { return Ok(false) };
             if self.policies[r].settled(owner, tag, chunk)? {
                 continue;
             }
-            return self.start(r, th, t + extra, Item::Copy { owner, chunk }, &[(owner, it, chunk)]);
+            return self.start(
+                r,
+                th,
+                t.saturating_add(extra),
+                Item::Copy { owner, chunk },
+                &[(owner, it, chunk)],
+            );
         }
     }
 
@@ -916,8 +954,8 @@ impl<'a> Sim<'a> {
         thread.gen += 1;
         thread.item = Some(item);
         thread.started = t;
-        thread.compute_end = t + compute;
-        thread.end = t + compute + delay;
+        thread.compute_end = t.saturating_add(compute);
+        thread.end = thread.compute_end.saturating_add(delay);
         self.q.push(thread.end, Ev::Thread(r, th, thread.gen));
         Ok(true)
     }
@@ -972,13 +1010,13 @@ impl<'a> Sim<'a> {
         };
         let rk = &mut self.ranks[r];
         rk.iter_chunks += u64::from(n);
-        rk.busy += t - started;
+        rk.busy = rk.busy.saturating_add(t - started);
         if self.rates {
             let since = (t - rk.c1).max(1) as f64 * 1e-9;
             self.w.rates[r] = rk.iter_chunks as f64 / since;
         }
         for (done, after) in completed {
-            self.wake_lined(done, t + after)?;
+            self.wake_lined(done, t.saturating_add(after))?;
         }
         let copies = matches!(self.ranks[r].phase, Phase::LineHelp { copies: true });
         if !self.dispatch(r, th, t, copies)? {
@@ -1093,7 +1131,7 @@ impl<'a> Sim<'a> {
         match rk.phase {
             Phase::Compute => {
                 rk.own_done = t - rk.c1;
-                rk.per_chunk = rk.own_done * rk.active as u64 / rk.iter_chunks.max(1);
+                rk.per_chunk = rk.own_done.saturating_mul(rk.active as u64) / rk.iter_chunks.max(1);
                 if self.policies[r].line_up() {
                     rk.lined_at = t;
                     rk.helped = 0;
@@ -1105,7 +1143,7 @@ impl<'a> Sim<'a> {
                 }
             }
             Phase::LineHelp { .. } => {
-                rk.helped += t - rk.help_start;
+                rk.helped = rk.helped.saturating_add(t - rk.help_start);
                 rk.phase = Phase::LineWait;
                 self.line_up(r, t)
             }
@@ -1121,7 +1159,7 @@ impl<'a> Sim<'a> {
             // The poll that saw it: the done tree's root, or every rank's progress word in one
             // batch.
             let tree = matches!(self.w.trees, Some((_, Some(_))));
-            let t = t + self.charge(r, Ops::batch(if tree { 1 } else { self.s.ranks }));
+            let t = t.saturating_add(self.charge(r, Ops::batch(if tree { 1 } else { self.s.ranks })));
             let rk = &mut self.ranks[r];
             rk.line_wait = (t - rk.lined_at).saturating_sub(rk.helped);
             rk.rec.wait += rk.line_wait as f64 * 1e-9;
@@ -1129,7 +1167,7 @@ impl<'a> Sim<'a> {
         }
         if self.steal && self.w.stealable_near(r, it) {
             // The look that found them (the engine's `stealable`).
-            let t = t + self.charge(r, self.w.look_ops());
+            let t = t.saturating_add(self.charge(r, self.w.look_ops()));
             let rk = &mut self.ranks[r];
             rk.phase = Phase::LineHelp { copies: false };
             rk.help_start = t;
@@ -1137,7 +1175,8 @@ impl<'a> Sim<'a> {
         }
         if self.copies {
             let rk = &self.ranks[r];
-            let due_at = rk.c1 + rk.own_done + rk.helped + rk.per_chunk;
+            let due_at =
+                [rk.own_done, rk.helped, rk.per_chunk].into_iter().fold(rk.c1, Nanos::saturating_add);
             let view = SimView::new(&self.w, r);
             if self.policies[r].copy_due(&view, it, t >= due_at)? {
                 let rk = &mut self.ranks[r];
@@ -1147,7 +1186,7 @@ impl<'a> Sim<'a> {
             }
             // Polled again: copies become due with time and with the others' rates.
             let poll = (rk.per_chunk / 2).max(5_000);
-            self.q.push(due_at.max(t + poll), Ev::Check(r));
+            self.q.push(due_at.max(t.saturating_add(poll)), Ev::Check(r));
         }
         self.ranks[r].phase = Phase::LineWait;
         self.lined.entry(it).or_default().push(r);
@@ -1177,11 +1216,11 @@ impl<'a> Sim<'a> {
             self.policies[r].admit(&view, it, Duration::from_nanos(computing), &mut self.ranks[r].rec)?;
         let mut cost = self.charge(r, view.ops());
         if admit.apply && self.ranks[r].rec.rows > 0 {
-            cost += self.transfer_cost(r, it);
+            cost = cost.saturating_add(self.transfer_cost(r, it));
         }
         self.ranks[r].applied = admit.apply;
         self.ranks[r].rec.comm += cost as f64 * 1e-9;
-        self.q.push(t + cost, Ev::Pushed(r));
+        self.q.push(t.saturating_add(cost), Ev::Pushed(r));
         Ok(())
     }
 
@@ -1192,13 +1231,15 @@ impl<'a> Sim<'a> {
         let view = SimView::new(&self.w, r);
         let busy = Duration::from_nanos(self.ranks[r].busy);
         self.policies[r].before_tick(&view, it, busy, &mut self.ranks[r].rec)?;
-        let mut cost = self.charge(r, view.ops()) + self.s.net.atomic(r, r);
+        let mut cost = self.charge(r, view.ops()).saturating_add(self.s.net.atomic(r, r));
         if let Some((clock, _)) = self.w.trees.as_mut() {
             let j = self.w.clocks[r];
-            cost += clock.arrive(&self.s.net, r, r, j).0 + self.s.net.atomic(r, r);
+            cost = [clock.arrive(&self.s.net, r, r, j).0, self.s.net.atomic(r, r)]
+                .into_iter()
+                .fold(cost, Nanos::saturating_add);
         }
         self.ranks[r].rec.comm += cost as f64 * 1e-9;
-        self.q.push(t + cost, Ev::Ticked(r));
+        self.q.push(t.saturating_add(cost), Ev::Ticked(r));
         Ok(())
     }
 
@@ -1213,11 +1254,11 @@ impl<'a> Sim<'a> {
         let cost = self.charge(r, view.ops());
         // Once the target is reached nobody waits for anyone any more.
         if ready || self.to_target.is_some() {
-            self.close(r, t + cost);
+            self.close(r, t.saturating_add(cost));
         } else {
             let rk = &mut self.ranks[r];
             rk.phase = Phase::Wait;
-            rk.wait_since = t + cost;
+            rk.wait_since = t.saturating_add(cost);
             self.waiting.entry(it).or_default().push(r);
         }
         self.check_waiters(t)
@@ -1257,7 +1298,7 @@ impl<'a> Sim<'a> {
         if !self.policies[r].ready(&view, it)? {
             return Ok(false);
         }
-        let at = t.max(self.ranks[r].wait_since) + self.charge(r, view.ops());
+        let at = t.max(self.ranks[r].wait_since).saturating_add(self.charge(r, view.ops()));
         let rk = &mut self.ranks[r];
         rk.rec.wait += (at - rk.wait_since) as f64 * 1e-9;
         self.close(r, at);
@@ -1293,6 +1334,6 @@ impl<'a> Sim<'a> {
         }
         self.ranks[r].phase = Phase::Start;
         let overhead = self.overhead(r, it);
-        self.q.push(at + overhead, Ev::Open(r));
+        self.q.push(at.saturating_add(overhead), Ev::Open(r));
     }
 }
