@@ -201,7 +201,9 @@ where
                 Err(e) => {
                     crate::say(format_args!("error: {e}"));
                     if t.world_size() > 1 {
-                        t.abort(1);
+                        // The job's status as the local backend's: 2 for a usage error (a scheme
+                        // that cannot run in this world, found by every rank alike).
+                        t.abort(if matches!(e, AppError::Usage(_)) { 2 } else { 1 });
                     }
                     Err(e)
                 }
