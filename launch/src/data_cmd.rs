@@ -384,8 +384,6 @@ pub fn run(cmd: DataCommand) -> Result<(), AppError> {
                     csv::convert(&input, out, &csv::CsvOptions { delimiter, header, label })
                 })?;
                 let name = c.label.1.as_ref().map(|n| format!(" (`{n}`)")).unwrap_or_default();
-                let classes: Vec<String> =
-                    c.classes.iter().enumerate().map(|(i, y)| format!("{i}=`{y}`")).collect();
                 println!(
                     "wrote {}{}: {} rows, {} feature columns in {:.2} s; label column {}{name}; classes {}",
                     output.display(),
@@ -394,7 +392,7 @@ pub fn run(cmd: DataCommand) -> Result<(), AppError> {
                     c.cols,
                     start.elapsed().as_secs_f64(),
                     c.label.0,
-                    classes.join(", ")
+                    class_list(&c.classes)
                 );
             }
             ConvertCommand::Npy { features, labels, output, sparse } => {
@@ -473,3 +471,18 @@ pub fn run(cmd: DataCommand) -> Result<(), AppError> {
     }
     Ok(())
 }
+
+/// The classes a CSV conversion found, ``0=`a`, 1=`b`, ...``: every one up to
+/// [`LISTED_CLASSES`], else the first five, how many more, and the last two.
+fn class_list(classes: &[String]) -> String {
+    let show = |(i, y): (usize, &String)| format!("{i}=`{y}`");
+    if classes.len() <= LISTED_CLASSES {
+        return classes.iter().enumerate().map(show).collect::<Vec<_>>().join(", ");
+    }
+    let head: Vec<String> = classes.iter().enumerate().take(5).map(show).collect();
+    let tail: Vec<String> = classes.iter().enumerate().skip(classes.len() - 2).map(show).collect();
+    format!("{}, ... {} more ..., {}", head.join(", "), classes.len() - 7, tail.join(", "))
+}
+
+/// Classes listed in full after a CSV conversion.
+const LISTED_CLASSES: usize = 20;
