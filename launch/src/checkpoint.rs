@@ -108,7 +108,16 @@ impl Store {
         };
         {
             use std::io::Write;
-            let mut f = std::fs::File::create(tmp).map_err(err("creating", tmp))?;
+            use std::os::unix::fs::OpenOptionsExt;
+            // The run directory is locked by this run: the name is its own, but a link planted
+            // there is not followed.
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(tmp)
+                .map_err(err("creating", tmp))?;
             f.write_all(data).map_err(err("writing", tmp))?;
             f.sync_all().map_err(err("syncing", tmp))?;
         }
