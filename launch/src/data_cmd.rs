@@ -124,7 +124,8 @@ pub enum ConvertCommand {
     /// CSV text (gzipped or not) to a dense multiclass dataset (softmax, MLP): one column the
     /// label, every other a number; a header line detected (a non-numeric field), quoted fields
     /// read; labels that are whole numbers 0..C are the classes, others are numbered in sorted
-    /// order. A missing value is an error naming line and column.
+    /// order (numbers by value, names as text; at most 65,536 classes). A missing value is an
+    /// error naming line and column.
     Csv {
         /// Input text.
         input: PathBuf,
