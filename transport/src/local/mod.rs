@@ -38,13 +38,24 @@ struct World {
     size: usize,
     sync: Mutex<SyncState>,
     wake: Condvar,
-    /// One mailbox per rank for collectives: filled, then a barrier, then read, then a barrier.
-    slots: Mutex<Vec<Option<Box<dyn Any + Send>>>>,
+    /// The collectives' mailboxes ([`World::combine`]).
+    mail: Mutex<Mail>,
     /// A serial world's windows, if this is one.
     serial: Option<Mutex<Serial>>,
     /// A serial world's window operations per rank (a simulator charges them): round trips,
     /// and operations pipelined behind one.
     ops: Option<Vec<[std::sync::atomic::AtomicU64; 2]>>,
+}
+
+/// One mailbox per rank for collectives, filled, then a barrier, then read, then a barrier; and
+/// what the first rank to read made of them all, shared by every rank.
+#[derive(Debug, Default)]
+struct Mail {
+    each: Vec<Option<Box<dyn Any + Send>>>,
+    /// The combination of every rank's contribution to the current collective (an `Arc`), and
+    /// how many ranks have taken their share of it.
+    combined: Option<Box<dyn Any + Send>>,
+    taken: usize,
 }
 
 /// The windows of a serial world, in allocation order, and how many each rank has allocated.
@@ -73,9 +84,12 @@ impl World {
     }
 }
 
+/// What a rank that called another collective than its peers gets.
+const DIFFERENT: &str = "ranks called different collectives or used different element types";
+
 /// What every rank's view of one window shares: its layout, element type, shards and locks.
 type Shared<T> =
-    (ShardMap, crate::ElemKind, Arc<[Arc<[<T as Elem>::Atomic]>]>, Arc<[Arc<std::sync::Mutex<()>>]>);
+    (Arc<ShardMap>, crate::ElemKind, Arc<[Arc<[<T as Elem>::Atomic]>]>, Arc<[Arc<std::sync::Mutex<()>>]>);
 
 #[derive(Debug)]
 struct SyncState {
@@ -119,13 +133,20 @@ impl World {
         }
     }
 
-    /// Every rank contributes `value`; every rank gets all contributions, in rank order.
-    fn allgather<V: Clone + Send + 'static>(
+    /// Every rank contributes `value`; once all have, `combine` runs once, on the first rank to
+    /// get there, over every rank's contribution in rank order (each taken out of its mailbox:
+    /// `None` if a rank's is not a `V`, a rank that called another collective), and every rank
+    /// gets a share of its result. No rank copies the others' contributions: a collective of
+    /// `world` ranks over `len` elements each holds `world * len` elements in all, where a copy
+    /// of every contribution on every rank held that much per rank (`world^2 * len`: 19 GB for
+    /// an allreduce of a few words per rank at 512 ranks).
+    fn combine<V: Send + 'static, C: Send + Sync + 'static>(
         &self,
         rank: usize,
         op: &'static str,
         value: V,
-    ) -> Result<Vec<V>> {
+        combine: impl FnOnce(Vec<Option<V>>) -> C,
+    ) -> Result<Arc<C>> {
         if self.serial.is_some() {
             return Err(ErrorKind::CollectiveMismatch {
                 rank,
@@ -136,14 +157,34 @@ impl World {
             }
             .into());
         }
-        lock(&self.slots)[rank] = Some(Box::new(value));
+        {
+            // Every rank has taken its share of the previous collective's result (they all
+            // passed its last barrier): nothing of it may linger, even after a failure.
+            let mut m = lock(&self.mail);
+            m.each[rank] = Some(Box::new(value));
+            (m.combined, m.taken) = (None, 0);
+        }
         self.barrier(rank, op)?;
-        let all: Option<Vec<V>> = lock(&self.slots)
-            .iter()
-            .map(|s| s.as_ref().and_then(|b| b.downcast_ref::<V>()).cloned())
-            .collect();
+        let mine = {
+            let mut m = lock(&self.mail);
+            if m.combined.is_none() {
+                let all =
+                    m.each.iter_mut().map(|s| s.take().and_then(|b| b.downcast::<V>().ok()).map(|b| *b));
+                let c: Arc<C> = Arc::new(combine(all.collect()));
+                m.combined = Some(Box::new(c));
+            }
+            let mine = m.combined.as_ref().and_then(|b| b.downcast_ref::<Arc<C>>()).cloned();
+            // The last rank to take its share empties the mailbox (a window's shards are not
+            // kept alive by it once freed).
+            m.taken += 1;
+            if m.taken == self.size {
+                m.combined = None;
+                m.taken = 0;
+            }
+            mine
+        };
         self.barrier(rank, op)?;
-        all.ok_or_else(|| {
+        mine.ok_or_else(|| {
             ErrorKind::CollectiveMismatch {
                 rank,
                 op,
@@ -191,7 +232,10 @@ fn make(world_size: usize, serial: bool) -> Result<Vec<LocalRank>> {
         size: world_size,
         sync: Mutex::new(SyncState { arrived: 0, generation: 0, exited: None }),
         wake: Condvar::new(),
-        slots: Mutex::new(if serial { Vec::new() } else { (0..world_size).map(|_| None).collect() }),
+        mail: Mutex::new(Mail {
+            each: if serial { Vec::new() } else { (0..world_size).map(|_| None).collect() },
+            ..Mail::default()
+        }),
         serial: serial.then(|| Mutex::new(Serial { windows: Vec::new(), allocated: vec![0; world_size] })),
         ops: serial.then(|| (0..world_size).map(|_| Default::default()).collect()),
     });
@@ -231,55 +275,51 @@ impl LocalRank {
     }
 
     pub(crate) fn allreduce<T: Elem>(&self, data: &mut [T], op: ReduceOp) -> Result<()> {
-        let all = self.world.allgather(self.rank, "allreduce", data.to_vec())?;
-        if let Some((r, v)) = all.iter().enumerate().find(|(_, v)| v.len() != data.len()) {
-            return Err(ErrorKind::CollectiveMismatch {
-                rank: self.rank,
-                op: "allreduce",
-                detail: format!(
-                    "rank {} passed {} elements, rank {} passed {}",
-                    self.rank,
-                    data.len(),
-                    r,
-                    v.len()
-                ),
+        // Reduced once, in rank order: the same result on every rank, bit for bit.
+        let reduced = self.world.combine(self.rank, "allreduce", data.to_vec(), |all| {
+            let all: Vec<Vec<T>> = all.into_iter().collect::<Option<_>>().ok_or(DIFFERENT)?;
+            let len = all[0].len();
+            if let Some((r, v)) = all.iter().enumerate().find(|(_, v)| v.len() != len) {
+                return Err(format!("rank 0 passed {len} elements, rank {r} passed {}", v.len()).into());
             }
-            .into());
+            let mut all = all.into_iter();
+            let mut acc = all.next().unwrap_or_default();
+            for v in all {
+                for (a, x) in acc.iter_mut().zip(v) {
+                    *a = op.apply(*a, x);
+                }
+            }
+            Ok::<_, std::borrow::Cow<'static, str>>(acc)
+        })?;
+        match &*reduced {
+            Ok(v) => {
+                data.copy_from_slice(v);
+                Ok(())
+            }
+            Err(detail) => Err(self.mismatch("allreduce", detail)),
         }
-        // Reduce in rank order on every rank: the same result everywhere, bit for bit.
-        for (i, x) in data.iter_mut().enumerate() {
-            *x = all[1..].iter().fold(all[0][i], |acc, v| op.apply(acc, v[i]));
-        }
-        Ok(())
     }
 
     pub(crate) fn broadcast<T: Elem>(&self, data: &mut [T], root: usize) -> Result<()> {
         self.check_rank("root", root)?;
         let mine = (self.rank == root).then(|| data.to_vec());
-        let all = self.world.allgather(self.rank, "broadcast", mine)?;
-        match &all[root] {
-            Some(v) if v.len() == data.len() => {
+        let sent = self.world.combine(self.rank, "broadcast", mine, |mut all| all.swap_remove(root))?;
+        match &*sent {
+            Some(Some(v)) if v.len() == data.len() => {
                 data.copy_from_slice(v);
                 Ok(())
             }
-            Some(v) => Err(ErrorKind::CollectiveMismatch {
-                rank: self.rank,
-                op: "broadcast",
-                detail: format!(
-                    "root {root} sent {} elements, rank {} expects {}",
-                    v.len(),
-                    self.rank,
-                    data.len()
-                ),
-            }
-            .into()),
-            None => Err(ErrorKind::CollectiveMismatch {
-                rank: self.rank,
-                op: "broadcast",
-                detail: format!("rank {root} did not act as root"),
-            }
-            .into()),
+            Some(Some(v)) => Err(self.mismatch(
+                "broadcast",
+                &format!("root {root} sent {} elements, rank {} expects {}", v.len(), self.rank, data.len()),
+            )),
+            Some(None) => Err(self.mismatch("broadcast", &format!("rank {root} did not act as root"))),
+            None => Err(self.mismatch("broadcast", DIFFERENT)),
         }
+    }
+
+    fn mismatch(&self, op: &'static str, detail: &str) -> crate::Error {
+        ErrorKind::CollectiveMismatch { rank: self.rank, op, detail: detail.to_owned() }.into()
     }
 
     pub(crate) fn alloc_window<T: Elem>(&self, name: &str, map: &ShardMap) -> Result<LocalWindow<T>> {
@@ -287,35 +327,51 @@ impl LocalRank {
         if let Some(serial) = &self.world.serial {
             return self.attach(serial, name, map);
         }
-        // Each rank allocates (and so first-touches) its own shard, then all exchange them along
-        // with what they asked for, so that a mismatch is reported on every rank.
+        // Each rank allocates (and so first-touches) its own shard; the first rank to read them
+        // all checks that every rank asked for the same window (a mismatch is then reported on
+        // every rank) and makes the one list of shards every rank's view shares.
         let shard: Arc<[T::Atomic]> =
             (0..map.len_of(self.rank)).map(|_| T::atomic_new(T::default())).collect();
         let lock = Arc::new(std::sync::Mutex::new(()));
-        let all =
-            self.world.allgather(self.rank, "window allocation", (map.clone(), T::KIND, shard, lock))?;
-        if let Some((r, (other, kind, _, _))) =
-            all.iter().enumerate().find(|(_, (m, k, _, _))| m != map || *k != T::KIND)
-        {
-            return Err(ErrorKind::WindowMismatch {
+        let made = self.world.combine(self.rank, "window allocation", (map.clone(), T::KIND, shard, lock), |all| {
+            let Some(all) = all.into_iter().collect::<Option<Vec<_>>>() else {
+                return Err(DIFFERENT.to_owned());
+            };
+            let (first, kind) = (&all[0].0, all[0].1);
+            if let Some((r, (other, other_kind, _, _))) =
+                all.iter().enumerate().find(|(_, (m, k, _, _))| m != first || *k != kind)
+            {
+                let lens = |m: &ShardMap| (0..m.parts()).map(|p| m.len_of(p)).collect::<Vec<_>>();
+                return Err(format!(
+                    "rank 0 asked for {} x {kind:?} in shards {:?}, rank {r} for {} x {other_kind:?} in shards {:?}",
+                    first.total(),
+                    lens(first),
+                    other.total(),
+                    lens(other),
+                ));
+            }
+            let mut all = all.into_iter();
+            let (map, _, shard, lock) = all.next().expect("a world has at least one rank");
+            let (shards, locks): (Vec<_>, Vec<_>) =
+                std::iter::once((shard, lock)).chain(all.map(|(_, _, s, l)| (s, l))).unzip();
+            Ok::<Shared<T>, String>((Arc::new(map), kind, shards.into(), locks.into()))
+        })?;
+        match &*made {
+            Ok((map, _, shards, locks)) => Ok(LocalWindow::new(
+                self.world.clone(),
+                self.rank,
+                name,
+                map.clone(),
+                shards.clone(),
+                locks.clone(),
+            )),
+            Err(detail) => Err(ErrorKind::WindowMismatch {
                 rank: self.rank,
                 window: name.to_owned(),
-                detail: format!(
-                    "rank {} asked for {} x {} in shards {:?}, rank {} for {} x {:?} in shards {:?}",
-                    self.rank,
-                    map.total(),
-                    T::NAME,
-                    (0..map.parts()).map(|p| map.len_of(p)).collect::<Vec<_>>(),
-                    r,
-                    other.total(),
-                    kind,
-                    (0..other.parts()).map(|p| other.len_of(p)).collect::<Vec<_>>(),
-                ),
+                detail: detail.clone(),
             }
-            .into());
+            .into()),
         }
-        let (shards, locks): (Vec<_>, Vec<_>) = all.into_iter().map(|(_, _, s, l)| (s, l)).unzip();
-        Ok(LocalWindow::new(self.world.clone(), self.rank, name, map.clone(), shards.into(), locks.into()))
     }
 
     /// A serial world's allocation: this rank's next window, made now if no rank has asked for
@@ -329,10 +385,11 @@ impl LocalRank {
                 .map(|r| (0..map.len_of(r)).map(|_| T::atomic_new(T::default())).collect())
                 .collect();
             let locks: Arc<[_]> = (0..map.parts()).map(|_| Arc::new(std::sync::Mutex::new(()))).collect();
-            s.windows.push(Box::new((map.clone(), T::KIND, shards, locks)));
+            s.windows.push(Box::new((Arc::new(map.clone()), T::KIND, shards, locks)));
         }
-        let Some((m, _, shards, locks)) =
-            s.windows[k].downcast_ref::<Shared<T>>().filter(|(m, kind, _, _)| m == map && *kind == T::KIND)
+        let Some((m, _, shards, locks)) = s.windows[k]
+            .downcast_ref::<Shared<T>>()
+            .filter(|(m, kind, _, _)| **m == *map && *kind == T::KIND)
         else {
             return Err(ErrorKind::WindowMismatch {
                 rank: self.rank,

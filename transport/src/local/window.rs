@@ -11,10 +11,11 @@ pub struct LocalWindow<T: Elem> {
     world: Arc<World>,
     rank: usize,
     name: String,
-    map: ShardMap,
+    /// The layout, shared by every rank's view of the window as the shards are.
+    map: Arc<ShardMap>,
     /// Every rank's shard; index = rank. Shared by every rank's view of the window (one list per
-    /// window, not one per rank: a serial world of thousands of ranks would otherwise hold
-    /// ranks^2 pointers per window).
+    /// window, not one per rank: a world of thousands of ranks would otherwise hold ranks^2
+    /// pointers per window).
     shards: Arc<[Arc<[T::Atomic]>]>,
     /// Per shard, the accumulate lock of element types whose atomic add is a compare-and-swap
     /// loop (floats): accumulates and atomics on the shard hold it and add with a plain load and
@@ -47,7 +48,7 @@ impl<T: Elem> LocalWindow<T> {
         world: Arc<World>,
         rank: usize,
         name: &str,
-        map: ShardMap,
+        map: Arc<ShardMap>,
         shards: Arc<[Arc<[T::Atomic]>]>,
         locks: Arc<[Arc<Mutex<()>>]>,
     ) -> Self {
