@@ -15,11 +15,13 @@ pub enum DataCommand {
     /// (gzipped or not) to a dataset file.
     #[command(subcommand)]
     Convert(ConvertCommand),
-    /// Describe a dataset file (O(1)); --verify also checks its checksum and every index (O(size)).
+    /// Describe a dataset file from its header (O(1)); --verify also checks its checksum and every
+    /// index (O(size)), and counts the positive labels and the standardized features.
     Info {
         /// The dataset file.
         file: PathBuf,
-        /// Check the data checksum and every index, label and value.
+        /// Check the data checksum and every index, label and value; count the positive labels
+        /// (sparse) and the features centred and scaled (standardized).
         #[arg(long)]
         verify: bool,
     },
@@ -446,7 +448,7 @@ pub fn run(cmd: DataCommand) -> Result<(), AppError> {
         }
         DataCommand::Info { file, verify } => {
             let ds = Dataset::open(&file)?;
-            println!("{}", ds.summary());
+            println!("{}", ds.summary(verify));
             if verify {
                 ds.verify()?;
                 println!("  verified: checksum and every index, label and value are valid");

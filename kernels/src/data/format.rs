@@ -28,8 +28,9 @@
 //! stored features went through: `cols` shifts, then `cols` multipliers (`x = (raw - shift) *
 //! multiplier`), so that other files can be given the same one.
 //!
-//! Opening checks the header (magic, version, header CRC, kind, that every section lies inside
-//! the file with the size the counts imply, and the ends of `row_ptr`): O(1), whatever the size.
+//! Opening checks the header (magic, version, header CRC, kind, the counts that size a model
+//! within [`MAX_IDS`] and [`MAX_CLASSES`], that every section lies inside the file with the size
+//! the counts imply, and the ends of `row_ptr`): O(1), whatever the size.
 //! [`Dataset::verify`] checks the data CRC and every index and label: O(size).
 
 use std::fs::File;
@@ -55,6 +56,13 @@ pub const HEADER_BYTES: usize = 192;
 pub const ALIGN: u64 = 64;
 /// Sections in the table.
 pub const SECTIONS: usize = 6;
+
+/// Most classes a dense dataset may declare (labels `0..65535`, as the CSV and NumPy converters
+/// accept): a model holds a row of weights per class, so that a count from a corrupt or crafted
+/// header would otherwise size it.
+pub const MAX_CLASSES: u32 = 1 << 16;
+/// Most features (columns), items or users a dataset may declare: their ids are stored as `u32`.
+pub const MAX_IDS: u64 = 1 << 32;
 
 /// The header as stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
@@ -172,6 +180,36 @@ impl Shape {
         }
     }
 
+    /// An error naming the header field unless the counts that size a model (features, items,
+    /// users, classes) are within what the format's ids can number ([`MAX_IDS`],
+    /// [`MAX_CLASSES`]); rows and stored values are bounded by the file's size instead.
+    fn check_bounds(&self) -> std::result::Result<(), String> {
+        let field = |name: &str, v: u64, max: u64, what: &str| {
+            if v > max {
+                Err(format!("header field `{name}` is {v}: at most {max} {what}"))
+            } else {
+                Ok(())
+            }
+        };
+        let ids = "(ids are 32-bit)";
+        match self.kind {
+            Kind::Sparse => field("cols", self.cols, MAX_IDS, &format!("features {ids}")),
+            Kind::Dense => {
+                field("cols", self.cols, MAX_IDS, &format!("features {ids}"))?;
+                field(
+                    "classes",
+                    u64::from(self.classes),
+                    u64::from(MAX_CLASSES),
+                    "classes (labels 0 to 65535, as the converters write them)",
+                )
+            }
+            Kind::Ratings => {
+                field("cols", self.cols, MAX_IDS, &format!("items {ids}"))?;
+                field("users", self.users, MAX_IDS, &format!("users {ids}"))
+            }
+        }
+    }
+
     /// Bytes of each section.
     fn section_bytes(&self) -> Option<[u64; SECTIONS]> {
         let (r, c, v) = (self.rows, self.cols, self.values()?);
@@ -256,6 +294,7 @@ pub struct Writer {
 impl Writer {
     /// Starts writing a dataset of `shape` to `dest`.
     pub fn create(dest: &Path, shape: Shape) -> Result<Self> {
+        shape.check_bounds().map_err(|e| DataError::Invalid(format!("{}: {e}", dest.display())))?;
         let (header, _) =
             shape.layout().ok_or_else(|| DataError::Invalid(format!("dataset too large: {shape:?}")))?;
         let (tmp, file) = create_temp(dest)?;
@@ -463,6 +502,7 @@ impl Dataset {
             truth,
             scaled: header.sections[5][1] > 0,
         };
+        shape.check_bounds().map_err(bad)?;
         let (expected, size) = shape.layout().ok_or_else(|| bad("counts overflow".into()))?;
         if expected.sections != header.sections || expected.nnz != header.nnz {
             return Err(bad(format!(
@@ -755,33 +795,44 @@ impl Dataset {
         Ok(())
     }
 
-    /// A few lines describing the dataset.
-    pub fn summary(&self) -> String {
+    /// A few lines describing the dataset, from its header alone: O(1), whatever its size. With
+    /// `counts`, also the share of positive labels (sparse) and how many features the scaling
+    /// centres and scales (standardized data), which reads the labels and the scaling: O(rows +
+    /// features).
+    pub fn summary(&self, counts: bool) -> String {
         let h = &self.header;
         let mib = self.map.len() as f64 / (1 << 20) as f64;
         let mut s = format!("{}: {} dataset, {:.1} MiB\n", self.path.display(), self.kind.name(), mib);
         match self.kind {
             Kind::Sparse => {
-                let pos = self.sparse().map(|d| d.labels.iter().filter(|&&y| y > 0.5).count()).unwrap_or(0);
                 s += &format!(
-                    "  rows {}  features {}  nonzeros {} ({:.1} per row)  positive {:.1}%\n",
+                    "  rows {}  features {}  nonzeros {} ({:.1} per row)",
                     h.rows,
                     h.cols,
                     h.nnz,
                     h.nnz as f64 / h.rows.max(1) as f64,
-                    100.0 * pos as f64 / h.rows.max(1) as f64
                 );
+                if counts {
+                    let pos =
+                        self.sparse().map(|d| d.labels.iter().filter(|&&y| y > 0.5).count()).unwrap_or(0);
+                    s += &format!("  positive {:.1}%", 100.0 * pos as f64 / h.rows.max(1) as f64);
+                }
+                s += "\n";
             }
             Kind::Dense => s += &format!("  rows {}  features {}  classes {}\n", h.rows, h.cols, h.classes),
             Kind::Ratings => s += &format!("  ratings {}  users {}  items {}\n", h.rows, h.users, h.cols),
         }
-        if self.truth().is_some() {
+        if h.sections[4][1] > 0 {
             s += "  generated: holds its true model\n";
         }
-        if let Some((shift, mult)) = self.scaling() {
-            let centred = shift.iter().filter(|&&v| v != 0.0).count();
-            let scaled = mult.iter().filter(|&&v| v != 1.0).count();
-            s += &format!("  standardized: {centred} features centred, {scaled} scaled\n");
+        match self.scaling() {
+            Some((shift, mult)) if counts => {
+                let centred = shift.iter().filter(|&&v| v != 0.0).count();
+                let scaled = mult.iter().filter(|&&v| v != 1.0).count();
+                s += &format!("  standardized: {centred} features centred, {scaled} scaled\n");
+            }
+            Some(_) => s += "  standardized (the scaling is recorded)\n",
+            None => {}
         }
         s += &format!("  data checksum {:#010x} (verify with --verify)", h.data_crc);
         s

@@ -26,7 +26,7 @@ pub mod text;
 pub use error::{DataError, Result};
 pub use format::{
     chunks, combine_crcs, huge_pages_enabled, shard, Dataset, DenseRows, Kind, Ratings, Shape, SparseRows,
-    Truth, Writer,
+    Truth, Writer, MAX_CLASSES, MAX_IDS,
 };
 pub use libsvm::Converted;
 

@@ -246,6 +246,57 @@ fn with_cols(bytes: &[u8], cols: u64) -> Vec<u8> {
     b
 }
 
+/// A dataset's bytes with the header field at `at` replaced by `value` and the header checksum
+/// recomputed.
+fn with_field(bytes: &[u8], at: usize, value: &[u8]) -> Vec<u8> {
+    let mut b = bytes.to_vec();
+    b[at..at + value.len()].copy_from_slice(value);
+    let crc = crc32fast::hash(&b[..156]);
+    b[156..160].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+#[test]
+fn counts_that_size_a_model_are_bounded_in_the_header() {
+    let d_tmp = dir("bounds");
+    let d = d_tmp.path();
+    let dense = d.join("dense.pgd");
+    csv::convert(&write(d, "in.csv", "a,b,label\n1,2,0\n3,4,1\n"), &dense, &csv::CsvOptions::default())
+        .expect("convert");
+    let good = std::fs::read(&dense).expect("read");
+    let open = |name: &str, bytes: Vec<u8>| {
+        let p = d.join(name);
+        std::fs::write(&p, bytes).expect("write");
+        Dataset::open(&p).map(drop)
+    };
+    // Classes: 65536 is the most (labels 0..65535); one more, or 2^32 - 1, is refused by name.
+    open("most.pgd", with_field(&good, 40, &MAX_CLASSES.to_le_bytes())).expect("65536 classes");
+    for classes in [MAX_CLASSES + 1, u32::MAX] {
+        let e = open("classes.pgd", with_field(&good, 40, &classes.to_le_bytes())).expect_err("refused");
+        let e = e.to_string();
+        assert!(e.contains("header field `classes`") && e.contains(&classes.to_string()), "{e}");
+    }
+    // Features past 32-bit ids (a dense file of no rows has no values to bound them).
+    let mut none = with_field(&good, 16, &0u64.to_le_bytes());
+    none = with_field(&none, 32, &0u64.to_le_bytes());
+    let e = open("cols.pgd", with_field(&none, 24, &(MAX_IDS + 1).to_le_bytes())).expect_err("refused");
+    assert!(e.to_string().contains("header field `cols`"), "{e}");
+    // The writer refuses such counts before it creates anything.
+    let shape = Shape {
+        kind: Kind::Dense,
+        rows: 1,
+        cols: 1,
+        nnz: 0,
+        classes: MAX_CLASSES + 1,
+        users: 0,
+        truth: Truth::None,
+        scaled: false,
+    };
+    let e = Writer::create(&d.join("w.pgd"), shape).expect_err("refused");
+    assert!(e.to_string().contains("header field `classes`"), "{e}");
+    no_leftovers(d, &["in.csv", "dense.pgd", "most.pgd", "classes.pgd", "cols.pgd"]);
+}
+
 #[test]
 fn datasets_modified_in_place_are_told_from_replaced_ones() {
     let d_tmp = dir("modified");
