@@ -3,6 +3,7 @@
 //! limit.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use peregrine_kernels::data::{combine_crcs, shard, Dataset};
@@ -136,22 +137,29 @@ fn who(name: &str, mpi_rank: Option<usize>, standing_in: Option<usize>) -> Strin
 /// checksum of its share of the bytes; the shares' checksums are combined into the whole
 /// file's. Every row any rank reads (its own, or chunks taken over from a peer) lies in some
 /// rank's shard, so the whole file is checked once, at the cost of reading it once over all
-/// ranks. A rank that finds a fault names it; the others report which rank found it. Returns the
-/// seconds it took on this rank.
-pub fn check_datasets(t: &Transport, paths: &[&Path]) -> Result<f64, AppError> {
+/// ranks. A rank that finds a fault names it; the others report which rank found it. A rank
+/// asked to stop (`stop`: SIGTERM, SIGUSR1) leaves its share unfinished within a step of
+/// [`CHECK_STEP`] bytes, and every rank then ends with [`AppError::StoppedBeforeStart`]. Returns
+/// the seconds it took on this rank.
+pub fn check_datasets(t: &Transport, paths: &[&Path], stop: &AtomicBool) -> Result<f64, AppError> {
     let started = Instant::now();
     let (rank, world) = (t.rank(), t.world_size());
     for path in paths {
         let ds = Dataset::open(path)?;
-        let mine = ds.check_rows(shard(ds.rows(), rank, world));
-        let (crc, len) = ds.crc_part(rank, world);
-        let mut words = vec![0u64; 3 * world];
-        words[3 * rank] = u64::from(mine.is_err());
-        words[3 * rank + 1] = u64::from(crc);
-        words[3 * rank + 2] = len;
+        let share = check_share(&ds, rank, world, stop);
+        let mut words = vec![0u64; 3 * world + 1];
+        words[3 * rank] = u64::from(share.rows.is_err());
+        words[3 * rank + 1] = u64::from(share.crc.0);
+        words[3 * rank + 2] = share.crc.1;
+        words[3 * world] = u64::from(share.stopped);
         t.allreduce(&mut words, ReduceOp::Sum)?;
+        if words[3 * world] > 0 {
+            return Err(AppError::StoppedBeforeStart {
+                during: format!("while checking {}", path.display()),
+            });
+        }
         // Every rank learns of a fault in the allreduce: each exits with its own message.
-        mine.map_err(|e| {
+        share.rows.map_err(|e| {
             AppError::Agreed(Box::new(AppError::Data {
                 what: format!("rank {rank}"),
                 detail: format!(
@@ -172,6 +180,45 @@ pub fn check_datasets(t: &Transport, paths: &[&Path]) -> Result<f64, AppError> {
         ds.check_crc(combine_crcs(&parts)).map_err(|e| AppError::Agreed(Box::new(e.into())))?;
     }
     Ok(started.elapsed().as_secs_f64())
+}
+
+/// Bytes of a dataset a rank checks between two looks at its stop flag: a few tens of
+/// milliseconds of reading, so that a signal is answered at once, in steps few enough to cost
+/// nothing.
+pub const CHECK_STEP: u64 = 64 << 20;
+
+/// What a rank found in its share of a dataset's checks.
+struct Share {
+    /// The structure of its rows.
+    rows: Result<(), peregrine_kernels::data::DataError>,
+    /// The checksum of its share of the bytes, and the share's length.
+    crc: (u32, u64),
+    /// Asked to stop before the share was done (the rest is then not valid).
+    stopped: bool,
+}
+
+/// Rank `rank`'s share of the checks of `ds` over `world` ranks, in steps of about
+/// [`CHECK_STEP`] bytes, a look at `stop` before each: its shard of rows cut into as many
+/// sub-ranges, its part of the checksum into as many sub-parts (part `rank * k + i` of `world *
+/// k` equal parts: they tile part `rank` of `world` exactly), combined in order.
+fn check_share(ds: &Dataset, rank: usize, world: usize, stop: &AtomicBool) -> Share {
+    let steps = (ds.bytes() as u64).div_ceil(world as u64 * CHECK_STEP).max(1) as usize;
+    let rows = shard(ds.rows(), rank, world);
+    let mut crcs = Vec::with_capacity(steps);
+    let mut share = Share { rows: Ok(()), crc: (0, 0), stopped: false };
+    for i in 0..steps {
+        if stop.load(Ordering::Relaxed) {
+            share.stopped = true;
+            return share;
+        }
+        if share.rows.is_ok() {
+            let part = shard(rows.len(), i, steps);
+            share.rows = ds.check_rows(rows.start + part.start..rows.start + part.end);
+        }
+        crcs.push(ds.crc_part(rank * steps + i, world * steps));
+    }
+    share.crc = (combine_crcs(&crcs), crcs.iter().map(|c| c.1).sum());
+    share
 }
 
 #[cfg(test)]

@@ -261,7 +261,7 @@ pub fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e @ AppError::Preempted { .. }) => {
+        Err(e @ (AppError::Preempted { .. } | AppError::StoppedBeforeStart { .. })) => {
             say(format_args!("{e}"));
             ExitCode::from(EXIT_REQUEUE as u8)
         }

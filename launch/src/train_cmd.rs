@@ -1080,7 +1080,7 @@ fn rank_in(
     peregrine_core::model::copy_training_sets_up_to(a.huge_pages.budget(ranks_on_node(t)));
     // Before anything reads them: the rows every rank will read, and the checksum.
     let datasets: Vec<&Path> = std::iter::once(r.data.as_path()).chain(r.eval.as_deref()).collect();
-    let checked = crate::faults::check_datasets(t, &datasets)?;
+    let checked = crate::faults::check_datasets(t, &datasets, &ctx.preemption.flag())?;
     if r.l2_per_row {
         let rows = peregrine_kernels::data::Dataset::open(&r.data)?.rows();
         r.l2 = 1.0 / rows.max(1) as f32;

@@ -71,6 +71,18 @@ pub enum AppError {
         /// The checkpoint file.
         checkpoint: String,
     },
+    /// The ranks stopped on a signal before training began (while they checked the data):
+    /// nothing to save, and the run is not complete (exit code
+    /// [`crate::preempt::EXIT_REQUEUE`], as for a stop with a checkpoint: a requeued job starts
+    /// it afresh).
+    #[error(
+        "stopped on a signal {during}, before training began: nothing to save; rerun the same command \
+         (or let the batch script requeue the job) to start it again"
+    )]
+    StoppedBeforeStart {
+        /// What the ranks were doing.
+        during: String,
+    },
 }
 
 impl AppError {
@@ -195,7 +207,7 @@ where
                 .and_then(|()| body(&t, &ctx));
             match result {
                 // Every rank agreed to stop (collectively): a normal exit on every rank.
-                Err(e @ AppError::Preempted { .. }) => Err(e),
+                Err(e @ (AppError::Preempted { .. } | AppError::StoppedBeforeStart { .. })) => Err(e),
                 // Every rank knows (a collective found it): each exits with its message.
                 Err(e @ (AppError::Elsewhere { .. } | AppError::Agreed(_))) => Err(e),
                 Err(e) => {
