@@ -265,6 +265,7 @@ pub fn main() -> ExitCode {
             say(format_args!("{e}"));
             ExitCode::from(EXIT_REQUEUE as u8)
         }
+        // A usage error, found on this rank or agreed by every rank.
         Err(e) if e.is_usage() => {
             say(format_args!("error: {e}"));
             ExitCode::from(2)

@@ -193,10 +193,13 @@ impl Saved {
         self.meta.get(key).map(String::as_str).ok_or_else(|| bad(&self.path, format!("no metadata `{key}`")))
     }
 
-    /// The parameter vector of `model`, whose blocks must all be here with their shapes.
+    /// The parameter vector of `model`, whose blocks must all be here with their shapes: checked
+    /// before the vector is allocated, so that a model whose metadata describes more than its
+    /// tensors hold (`hidden`) is refused, not allocated.
     pub fn params_for(&self, model: &impl Export) -> Result<Vec<f32>, AppError> {
-        let mut params = vec![0.0f32; model.layout().params];
-        for b in model.blocks() {
+        let blocks = model.blocks();
+        let mut found = Vec::with_capacity(blocks.len());
+        for b in &blocks {
             let (shape, values) = self
                 .tensors
                 .get(&b.name)
@@ -207,6 +210,10 @@ impl Saved {
                     format!("tensor `{}` has shape {shape:?}, the data needs {:?}", b.name, b.shape),
                 ));
             }
+            found.push(values);
+        }
+        let mut params = vec![0.0f32; model.layout().params];
+        for (b, values) in blocks.iter().zip(found) {
             b.place(values, &mut params);
         }
         Ok(params)

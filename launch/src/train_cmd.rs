@@ -18,6 +18,8 @@ use peregrine_core::{Scheme, SchemeSpec, TrainError};
 use peregrine_transport::{Backend, Transport};
 use serde::{Deserialize, Serialize};
 
+mod limits;
+
 use crate::agree::Digest;
 use crate::meta;
 use crate::preempt::{write_atomically, EXIT_REQUEUE};
@@ -1076,6 +1078,7 @@ fn rank_in(
         }
     }
     let inject = Injection { pattern: r.straggler.parse().map_err(usage)?, seed: r.seed };
+    limits::check(t, &r, ranks_on_node(t))?;
     // Before the models open the training set.
     peregrine_core::model::copy_training_sets_up_to(a.huge_pages.budget(ranks_on_node(t)));
     // Before anything reads them: the rows every rank will read, and the checksum.

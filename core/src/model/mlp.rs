@@ -68,10 +68,19 @@ impl Mlp {
         }
         let dims: Vec<usize> = std::iter::once(cols).chain(hidden.iter().copied()).chain([classes]).collect();
         let mut offsets = Vec::new();
-        let mut params = 0;
+        let mut params = 0usize;
         for l in dims.windows(2) {
             offsets.push(params);
-            params += l[1] * (l[0] + 1);
+            params = l[0]
+                .checked_add(1)
+                .and_then(|i| l[1].checked_mul(i))
+                .and_then(|n| params.checked_add(n))
+                .ok_or_else(|| {
+                    ModelError::Unfit(format!(
+                        "an MLP {} has more parameters than an index numbers",
+                        dims.iter().map(ToString::to_string).collect::<Vec<_>>().join("-")
+                    ))
+                })?;
         }
         Ok(Self { data, lr, l2: 0.0, dims, offsets, params, split: false })
     }
@@ -753,6 +762,21 @@ mod tests {
         assert!(e.contains("one hidden layer, not 2 ([5, 4])"), "{e}");
         let plain = Mlp::new(&data, None, &[5], 0.1).expect("model");
         assert!(plain.units(0, 2).is_none(), "units split only when asked");
+    }
+
+    #[test]
+    fn an_mlp_whose_parameters_overflow_an_index_is_refused() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let data = dir.path().join("d.pgd");
+        gen::dense(&DenseSpec { rows: 10, cols: 9, classes: 3, noise: 0.3, seed: 5 }, &data).expect("gen");
+        for hidden in [&[usize::MAX][..], &[usize::MAX / 4, 8], &[1 << 40, 1 << 40]] {
+            let e = Mlp::new(&data, None, hidden, 0.1).expect_err("refused");
+            assert!(e.to_string().contains("more parameters than an index numbers"), "{hidden:?}: {e}");
+        }
+        assert_eq!(
+            Mlp::new(&data, None, &[1 << 20], 0.1).expect("model").layout().params,
+            (1 << 20) * 13 + 3
+        );
     }
 
     #[test]
