@@ -457,16 +457,22 @@ pub fn run(cmd: DataCommand) -> Result<(), AppError> {
         DataCommand::Gen(g) => match g {
             GenCommand::Sparse { output, rows, features, nnz_per_row, zipf, common } => {
                 let spec = gen::SparseSpec { rows, cols: features, nnz_per_row, zipf, seed: common.seed };
+                let what = format!("--rows {rows} and --features {features}");
+                crate::limits::fits(spec.memory(), &what, "generate fewer rows or features")?;
                 let c = gen::sparse(&spec, &output)?;
                 done("generated", &output, c, start);
             }
             GenCommand::Dense { output, rows, features, classes, noise, common } => {
                 let spec = gen::DenseSpec { rows, cols: features, classes, noise, seed: common.seed };
+                let what = format!("--rows {rows}, --features {features} and --classes {classes}");
+                crate::limits::fits(spec.memory(), &what, "generate fewer rows, features or classes")?;
                 let c = gen::dense(&spec, &output)?;
                 done("generated", &output, c, start);
             }
             GenCommand::Ratings { output, ratings, users, items, rank, noise, common } => {
                 let spec = gen::RatingsSpec { rows: ratings, users, items, rank, noise, seed: common.seed };
+                let what = format!("--users {users}, --items {items} and --rank {rank}");
+                crate::limits::fits(spec.memory(), &what, "generate fewer users or items, or a lower rank")?;
                 let c = gen::ratings(&spec, &output)?;
                 done("generated", &output, c, start);
             }

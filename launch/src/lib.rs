@@ -13,6 +13,7 @@ mod data_cmd;
 mod experiment;
 mod faults;
 pub mod fuzzing;
+mod limits;
 mod meta;
 mod model_file;
 mod output;

@@ -18,7 +18,7 @@ use peregrine_core::{Scheme, SchemeSpec, TrainError};
 use peregrine_transport::{Backend, Transport};
 use serde::{Deserialize, Serialize};
 
-mod limits;
+mod footprint;
 
 use crate::agree::Digest;
 use crate::meta;
@@ -348,17 +348,9 @@ impl HugePages {
             Self::Off => 0,
             Self::On => u64::MAX,
             Self::Auto if !peregrine_kernels::data::huge_pages_enabled() => 0,
-            Self::Auto => mem_available().map_or(0, |m| m / 4 / ranks_here.max(1) as u64),
+            Self::Auto => crate::limits::mem_available().map_or(0, |m| m / 4 / ranks_here.max(1) as u64),
         }
     }
-}
-
-/// `MemAvailable` from `/proc/meminfo`, in bytes.
-fn mem_available() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }
 
 /// Ranks on this node: every rank of a local world; under MPI as the launcher says
@@ -1078,7 +1070,7 @@ fn rank_in(
         }
     }
     let inject = Injection { pattern: r.straggler.parse().map_err(usage)?, seed: r.seed };
-    limits::check(t, &r, ranks_on_node(t))?;
+    footprint::check(t, &r, ranks_on_node(t))?;
     // Before the models open the training set.
     peregrine_core::model::copy_training_sets_up_to(a.huge_pages.budget(ranks_on_node(t)));
     // Before anything reads them: the rows every rank will read, and the checksum.

@@ -1,7 +1,7 @@
 //! Sizes from flags and headers checked before anything of their size is allocated: a flag or a
 //! small file that asks for more memory than there is gets a clear refusal (naming the flag or
 //! header field and the memory), never a death by signal, and the refusal itself stays small;
-//! `data info` reads only the header; a signal during the data check stops it at once; the
+//! `data gen` checks what its flags ask for alike; `data info` reads only the header; a signal during the data check stops it at once; the
 //! local backend's memory grows linearly with its ranks.
 //!
 //! Each run's peak memory is its own maximum resident set, read from `wait4` (not
@@ -168,6 +168,23 @@ fn flags_that_size_a_model_past_the_memory_are_refused_by_name() {
         let e = run(d, &[&["train", "-q", "--iterations", "2"][..], args].concat(), EIGHT_GB);
         refused(d, &e, 2, expect);
         refused(d, &e, 2, &["parameters (", "training needs about", "available (", "use "]);
+    }
+}
+
+#[test]
+fn data_gen_flags_past_the_memory_are_refused_by_name() {
+    let d_tmp = scratch("gen");
+    let d = d_tmp.path();
+    let cases: [(&[&str], &str); 4] = [
+        (&["sparse", "--rows", "1", "--features", "4000000000"], "--features 4000000000"),
+        (&["sparse", "--rows", "100000000000000", "--features", "10"], "--rows 100000000000000"),
+        (&["dense", "--rows", "1", "--features", "100000000", "--classes", "65536"], "--classes 65536"),
+        (&["ratings", "--users", "4000000000", "--items", "4000000000", "--rank", "1000"], "--rank 1000"),
+    ];
+    for (args, expect) in cases {
+        let e = run(d, &[&["data", "gen"][..], args, &["out.pgd"]].concat(), EIGHT_GB);
+        refused(d, &e, 2, &[expect, "need about", "available ("]);
+        assert_eq!(std::fs::read_dir(d).expect("list").count(), 0, "{args:?} left a file");
     }
 }
 

@@ -126,6 +126,31 @@ fn sparse_row(spec: &SparseSpec, zipf: &Zipf, r: u64, out: &mut Vec<u32>) {
     out.dedup();
 }
 
+impl SparseSpec {
+    /// Bytes [`sparse`] holds while it writes: the row offsets (8 a row), the true weights and
+    /// the features' cumulative frequencies (4 and 8 a feature).
+    pub fn memory(&self) -> u128 {
+        8 * (u128::from(self.rows) + 1) + 12 * u128::from(self.cols)
+    }
+}
+
+impl DenseSpec {
+    /// Bytes [`dense`] holds while it writes: the true weights (4 a class and feature), a row
+    /// and the labels (4 a row).
+    pub fn memory(&self) -> u128 {
+        4 * u128::from(self.classes) * u128::from(self.cols)
+            + 4 * u128::from(self.cols)
+            + 4 * u128::from(self.rows)
+    }
+}
+
+impl RatingsSpec {
+    /// Bytes [`ratings`] holds while it writes: the true factors (4 a user or item and rank).
+    pub fn memory(&self) -> u128 {
+        4 * (u128::from(self.users) + u128::from(self.items)) * u128::from(self.rank)
+    }
+}
+
 fn too_big(what: &str) -> DataError {
     DataError::Invalid(format!("{what} is too large for this format (indices are 32-bit)"))
 }
