@@ -120,7 +120,12 @@ impl ModelKind {
     The run directory (--run-dir, default runs/<model>-<scheme>-<time>) receives config.toml (the resolved \
     configuration), meta.json (ranks, hosts, CPU binding), metrics/rank-<r>.jsonl (one line per iteration: \
     compute, comm and wait seconds, chunks own/taken, active threads, loss), summary.json and model.safetensors \
-    (the trained parameters; apply them with `peregrine predict`)."
+    (the trained parameters; apply them with `peregrine predict`).\n\n\
+    Before anything of the model's size is allocated, the memory the run will hold on each node (parameters, \
+    their copies per rank and per thread, the optimizer's state) is estimated from the flags and the datasets' \
+    headers; a run that needs more than the node has available (MemAvailable, or its control group's or \
+    ulimit's limit) is refused (exit 2), naming the flag or header field that sizes it. A signal (SIGTERM, \
+    SIGUSR1) during the check of the data before training ends the run at once with exit 75, nothing saved."
 )]
 pub struct TrainArgs {
     #[command(flatten)]

@@ -40,6 +40,8 @@ struct Running {
 
 /// Starts `peregrine args` in `dir`, its address space limited to `limit` bytes if given
 /// (`ulimit -v`: the memory a machine "has", whatever this one has).
+// The child is reaped by `wait4` in [`Running::wait`], which gives its own resource usage.
+#[allow(clippy::zombie_processes)]
 fn start(dir: &Path, args: &[&str], limit: Option<u64>) -> Running {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_peregrine"));
     cmd.args(args).current_dir(dir).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
