@@ -390,8 +390,8 @@ fn local_ranks_take_memory_linear_in_their_number() {
         e.max_rss as f64 / ranks as f64
     };
     let (few, many) = (per_rank(64), per_rank(256));
-    // Four times the ranks: the same memory a rank (measured 1.7 and 1.6 MB, most of it the
-    // dataset's mapping); before, a copy of every rank's words on every rank made it 2.6 and
-    // 9.8 MB.
+    // Four times the ranks: the same memory a rank (measured 0.9 and 0.8 MB, most of it the
+    // dataset's mapping, one per rank); before, every rank's copy of every rank's words in an
+    // allreduce made it 1.9 and 10.6 MB.
     assert!(many < 2.0 * few, "{:.1} MB a rank at 64 ranks, {:.1} MB at 256", few / 1e6, many / 1e6);
 }

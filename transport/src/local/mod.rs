@@ -303,7 +303,14 @@ impl LocalRank {
     pub(crate) fn broadcast<T: Elem>(&self, data: &mut [T], root: usize) -> Result<()> {
         self.check_rank("root", root)?;
         let mine = (self.rank == root).then(|| data.to_vec());
-        let sent = self.world.combine(self.rank, "broadcast", mine, |mut all| all.swap_remove(root))?;
+        // Every rank's contribution must be a broadcast's, as for the other collectives.
+        let sent = self.world.combine(self.rank, "broadcast", mine, |mut all| {
+            if all.iter().any(Option::is_none) {
+                None
+            } else {
+                all.swap_remove(root)
+            }
+        })?;
         match &*sent {
             Some(Some(v)) if v.len() == data.len() => {
                 data.copy_from_slice(v);
