@@ -431,6 +431,9 @@ pub fn run(cmd: DataCommand) -> Result<(), AppError> {
         }
         DataCommand::Standardize { input, output, like } => {
             use peregrine_kernels::data::standardize::{apply, Scaling};
+            let cols = Dataset::open(&input)?.header().cols;
+            let what = format!("{}: its {cols} features (header field `cols`)", input.display());
+            crate::limits::fits(Scaling::memory(cols), &what, "a file of fewer features")?;
             let (scaling, from) = match &like {
                 Some(l) => (Scaling::recorded(&Dataset::open(l)?)?, l),
                 None => (Scaling::fit(&Dataset::open(&input)?)?, &input),

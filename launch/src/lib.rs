@@ -299,6 +299,12 @@ struct ConformanceState {
 }
 
 fn conformance_cmd(a: &ConformanceArgs) -> Result<(), AppError> {
+    // Per rank: the tickets (a window's share, the list, its ranges and ones: 48 bytes a
+    // ticket) and the election's rounds (a window's share and a list: 16 bytes a round).
+    let ranks = a.world.ranks.unwrap_or(4) as u128;
+    let need = ranks * (48 * a.tickets as u128 + 16 * a.rounds as u128);
+    let what = format!("--tickets {} and --rounds {} on {ranks} rank(s)", a.tickets, a.rounds);
+    limits::fits(need, &what, "fewer --tickets or --rounds")?;
     let params = Params {
         tickets_per_rank: a.tickets,
         election_rounds: a.rounds,
@@ -528,6 +534,11 @@ fn rma_cmd(a: &RmaArgs) -> Result<(), AppError> {
             a.min_size, a.max_size
         )));
     }
+    // Per rank two windows of --max-size (data and counters, as the raw reference's), and rank
+    // 0's origin buffer of at least 16 MiB.
+    let ranks = a.world.ranks.unwrap_or(2) as u128;
+    let need = ranks * 3 * a.max_size as u128 + (16 << 20);
+    limits::fits(need, &format!("--max-size {} on {ranks} rank(s)", a.max_size), "a smaller --max-size")?;
     let cfg = rma::Config {
         min_size: a.min_size,
         max_size: a.max_size,

@@ -191,6 +191,23 @@ fn data_gen_flags_past_the_memory_are_refused_by_name() {
 }
 
 #[test]
+fn benchmark_and_conformance_sizes_past_the_memory_are_refused_by_name() {
+    let d_tmp = scratch("bench");
+    let d = d_tmp.path();
+    let cases: [(&[&str], &str); 2] = [
+        (
+            &["bench", "rma", "--max-size", "1000000000000", "--iters", "1", "--ranks", "2"],
+            "--max-size 1000000000000",
+        ),
+        (&["conformance", "--tickets", "100000000000", "--ranks", "2"], "--tickets 100000000000"),
+    ];
+    for (args, expect) in cases {
+        let e = run(d, args, EIGHT_GB);
+        refused(d, &e, 2, &[expect, "need about", "available ("]);
+    }
+}
+
+#[test]
 fn small_files_whose_models_exceed_the_memory_are_refused_with_the_fix() {
     let d_tmp = scratch("files");
     let d = d_tmp.path();
@@ -246,6 +263,19 @@ fn a_header_declaring_more_classes_than_labels_can_name_is_refused() {
         let e = run(d, &["train", "-q", "--model", model, "--data", "classes.pgd"], EIGHT_GB);
         refused(d, &e, 1, &message);
     }
+}
+
+#[test]
+fn standardizing_a_file_that_declares_2_to_the_32_features_is_refused() {
+    let d_tmp = scratch("standardize");
+    let d = d_tmp.path();
+    std::fs::write(d.join("w.svm"), "1 3:1\n0 2:1\n").expect("write");
+    ok(d, &["data", "convert", "libsvm", "w.svm", "w.pgd"]);
+    let wide = with_field(&std::fs::read(d.join("w.pgd")).expect("read"), 24, &(1u64 << 32).to_le_bytes());
+    std::fs::write(d.join("wide.pgd"), wide).expect("write");
+    let e = run(d, &["data", "standardize", "wide.pgd", "out.pgd"], EIGHT_GB);
+    refused(d, &e, 2, &["wide.pgd: its 4294967296 features (header field `cols`) need about", "available ("]);
+    assert!(!d.join("out.pgd").exists());
 }
 
 #[test]

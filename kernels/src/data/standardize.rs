@@ -25,6 +25,13 @@ pub struct Scaling {
 }
 
 impl Scaling {
+    /// Bytes that standardizing a dataset of `cols` features holds: per feature the statistics
+    /// (a count, a mean and a sum of squares, 8 bytes each), the scaling (4 and 4) and a dense
+    /// row's value (4).
+    pub fn memory(cols: u64) -> u128 {
+        36 * u128::from(cols)
+    }
+
     /// The statistics of `d` (sparse or dense, not already standardized).
     pub fn fit(d: &Dataset) -> Result<Self> {
         if d.scaling().is_some() {
