@@ -144,7 +144,11 @@ fn flags_that_size_a_model_past_the_memory_are_refused_by_name() {
     ok(d, &["data", "gen", "dense", "dense.pgd", "--rows", "200", "--features", "10"]);
     ok(d, &["data", "gen", "ratings", "ratings.pgd", "--ratings", "2000", "--users", "100", "--items", "50"]);
     ok(d, &["data", "gen", "sparse", "sparse.pgd", "--rows", "1000", "--features", "1000"]);
-    let cases: [(&[&str], &[&str]); 5] = [
+    let cases: [(&[&str], &[&str]); 6] = [
+        (
+            &["--model", "mlp", "--chunk", "1000000000000000000", "--data", "dense.pgd"],
+            &["--chunk 1000000000000000000 and --grain 1"],
+        ),
         (
             &["--model", "mlp", "--hidden", "4294967295", "--data", "dense.pgd"],
             &["--hidden 4294967295", "MLP 10-4294967295-10"],

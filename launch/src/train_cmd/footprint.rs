@@ -40,6 +40,9 @@ pub(super) struct Model {
     pub(super) drivers: String,
     /// What would make it smaller.
     pub(super) fix: String,
+    /// Bytes a compute thread holds besides its copies of the parameters: the MLP's activations
+    /// and their gradients for a run of chunks (`--chunk` times `--grain` rows).
+    pub(super) activations: u128,
 }
 
 /// How the run is laid out on this node.
@@ -80,6 +83,7 @@ pub(super) fn model(r: &Resolved, train: &Set, eval: Option<&Set>) -> Option<Mod
                     keys: (1 << b) + intercept,
                     drivers: format!("--hash-bits {b}: a logistic regression of 2^{b} weights"),
                     fix: "fewer --hash-bits".into(),
+                    activations: 0,
                 },
                 None => Model {
                     params: cols + intercept,
@@ -89,6 +93,7 @@ pub(super) fn model(r: &Resolved, train: &Set, eval: Option<&Set>) -> Option<Mod
                          weight each for logistic regression"
                     ),
                     fix: HASH_FIX.into(),
+                    activations: 0,
                 },
             }
         }
@@ -100,6 +105,7 @@ pub(super) fn model(r: &Resolved, train: &Set, eval: Option<&Set>) -> Option<Mod
                  weight each pair for softmax regression"
             ),
             fix: "data with fewer features or classes (a label column of few distinct values)".into(),
+            activations: 0,
         },
         ModelKind::Mlp => {
             let dims: Vec<u128> =
@@ -107,9 +113,12 @@ pub(super) fn model(r: &Resolved, train: &Set, eval: Option<&Set>) -> Option<Mod
             let params = dims.windows(2).fold(0u128, |p, l| p.saturating_add(l[1].saturating_mul(l[0] + 1)));
             let shape: Vec<String> = dims.iter().map(ToString::to_string).collect();
             let hidden: Vec<String> = r.hidden.iter().map(ToString::to_string).collect();
+            let units = dims[1..].iter().fold(0u128, |s, &d| s.saturating_add(d));
+            let rows = (r.chunk as u128).saturating_mul(u128::from(r.grain.max(1)));
             Model {
                 params,
                 keys: 1,
+                activations: rows.saturating_mul(units).saturating_mul(2 * PARAM),
                 drivers: format!(
                     "--hidden {}: an MLP {} (the features and classes of {data})",
                     hidden.join(","),
@@ -134,6 +143,7 @@ pub(super) fn model(r: &Resolved, train: &Set, eval: Option<&Set>) -> Option<Mod
                     r.k
                 ),
                 fix: "a smaller --k".into(),
+                activations: 0,
             }
         }
         ModelKind::Lda => {
@@ -150,6 +160,7 @@ pub(super) fn model(r: &Resolved, train: &Set, eval: Option<&Set>) -> Option<Mod
                     r.k, r.k
                 ),
                 fix: "fewer topics (--k)".into(),
+                activations: 0,
             }
         }
         ModelKind::Synthetic => synthetic(r.params),
@@ -162,6 +173,7 @@ fn synthetic(params: usize) -> Model {
         keys: 1,
         drivers: format!("--params {params}"),
         fix: "fewer --params".into(),
+        activations: 0,
     }
 }
 
@@ -176,13 +188,7 @@ pub(super) fn bytes(r: &Resolved, m: &Model, at: Placement) -> u128 {
     };
     let sparse = matches!(r.model, ModelKind::Lr | ModelKind::Mf | ModelKind::Lda);
     let copies: u128 = if matches!(r.model, ModelKind::Mf | ModelKind::Lda) { 2 } else { 1 };
-    let mut thread = p.saturating_mul(copies + u128::from(sparse));
-    if r.model == ModelKind::Mlp {
-        // Activations and their gradients for a run of chunks.
-        let units = r.hidden.iter().fold(0u128, |s, &h| s.saturating_add(h as u128));
-        let rows = (r.chunk as u128).saturating_mul(u128::from(r.grain.max(1)));
-        thread = thread.saturating_add(rows.saturating_mul(units).saturating_mul(2 * PARAM));
-    }
+    let thread = p.saturating_mul(copies + u128::from(sparse)).saturating_add(m.activations);
     let rank =
         p.saturating_mul(3).saturating_add(window).saturating_add(thread.saturating_mul(at.threads as u128));
     let checkpoint = p.saturating_mul(4 + 2 * slots);
@@ -221,10 +227,23 @@ pub(super) fn refusal(
         Some(b) => format!("hashed features, whose number is chosen: --hash-bits {b} (2^{b} weights) fits"),
         None => m.fix.clone(),
     };
+    let acts = m.activations.saturating_mul((at.threads * at.here) as u128);
+    let (drivers, fix) = if acts >= need / 2 {
+        let what = format!(
+            "--chunk {} and --grain {}: a compute thread's activations for {} rows of the MLP ({} of them), with {}",
+            r.chunk,
+            r.grain,
+            (r.chunk as u128).saturating_mul(u128::from(r.grain.max(1))),
+            size(m.activations),
+            m.drivers
+        );
+        (what, "a smaller --chunk or --grain".to_owned())
+    } else {
+        (m.drivers.clone(), fix)
+    };
     Some(format!(
-        "{}: {params}. With {ranks} of {threads} on this node{state}, training needs about {} of memory \
+        "{drivers}: {params}. With {ranks} of {threads} on this node{state}, training needs about {} of memory \
          and this machine has {} available ({source}): use {fix}{fewer}",
-        m.drivers,
         size(need),
         size(u128::from(avail))
     ))
@@ -237,7 +256,7 @@ const HASH_FIX: &str = "hashed features (--hash-bits), whose number is chosen";
 fn hash_bits_that_fit(r: &Resolved, at: Placement, avail: u64) -> Option<u32> {
     (1..=24u32).rev().find(|&b| {
         let keys = (1u128 << b) + u128::from(r.intercept);
-        let m = Model { params: keys, keys, drivers: String::new(), fix: String::new() };
+        let m = Model { params: keys, keys, drivers: String::new(), fix: String::new(), activations: 0 };
         bytes(r, &m, at) <= u128::from(avail)
     })
 }
@@ -296,6 +315,8 @@ mod tests {
             "{}",
             m.drivers
         );
+        // Activations and their gradients, a thread's, for --chunk (64 by default) rows.
+        assert_eq!(m.activations, 64 * (128 + 64 + 10) * 2 * 4);
         let huge = resolved(ModelKind::Mlp, |f| f.hidden = Some(vec![usize::MAX, usize::MAX]));
         assert!(model(&huge, &dense, None).expect("counted").params > u128::from(u64::MAX), "no overflow");
         let m = model(&resolved(ModelKind::Softmax, |_| ()), &dense, None).expect("dense");
@@ -377,6 +398,13 @@ mod tests {
         // What fits passes; an unknown figure refuses nothing (but the keys' bound).
         assert_eq!(refusal(&mlp, &m, two, Some((u64::try_from(need).expect("fits u64"), "x"))), None);
         assert_eq!(refusal(&mlp, &m, two, None), None);
+
+        // A chunk of 10^18 rows: the activations, not the parameters, are what does not fit.
+        let chunk = resolved(ModelKind::Mlp, |f| f.chunk = Some(1_000_000_000_000_000_000));
+        let m = model(&chunk, &dense, None).expect("dense");
+        let why = refusal(&chunk, &m, two, Some((8_000_000_000, "MemAvailable"))).expect("refused");
+        assert!(why.starts_with("--chunk 1000000000000000000 and --grain 1: a compute thread's"), "{why}");
+        assert!(why.contains("a smaller --chunk or --grain"), "{why}");
 
         // A weight per feature id: the refusal names the header field and the bits that fit.
         let sparse = set(Kind::Sparse, 2, 100_000_000, 2, 0, 2);
