@@ -12,7 +12,7 @@
 
 use peregrine_transport::{ReduceOp, Transport};
 
-use crate::world::AppError;
+use crate::error::AppError;
 
 /// Keys a digest holds at most (the allreduce's size is fixed, so that ranks built from other
 /// versions still meet in a collective of the same length).

@@ -6,8 +6,8 @@ use std::time::Instant;
 use clap::{Args, Subcommand};
 use peregrine_kernels::data::{bow, csv, gen, idx, libsvm, npy, ratings, Converted, Dataset};
 
+use crate::error::AppError;
 use crate::output::{self, AtomicFile};
-use crate::world::AppError;
 
 #[derive(Debug, Subcommand)]
 pub enum DataCommand {

@@ -38,12 +38,13 @@ use serde::{Deserialize, Serialize};
 use clap::Parser as _;
 use peregrine_core::sim::{self, SimConfig, SimReport};
 
+use crate::error::AppError;
 use crate::output;
 use crate::plots::{self, Series};
 use crate::preempt::write_atomically;
 use crate::sim_cmd;
 use crate::train_cmd::{self, read_toml, RunOpts, TrainFile};
-use crate::world::{run_world, AppError, RunContext, WorldArgs};
+use crate::world::{run_world, RunContext, WorldArgs};
 
 /// `peregrine experiment` flags.
 #[derive(Debug, Args)]

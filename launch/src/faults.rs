@@ -9,7 +9,7 @@ use std::time::Instant;
 use peregrine_kernels::data::{combine_crcs, shard, Dataset};
 use peregrine_transport::{ReduceOp, Transport};
 
-use crate::world::AppError;
+use crate::error::AppError;
 
 /// Exit code of a process ended by a panic (Rust's own).
 pub const EXIT_PANIC: i32 = 101;

@@ -10,6 +10,7 @@
 mod agree;
 mod checkpoint;
 mod data_cmd;
+mod error;
 mod experiment;
 mod faults;
 pub mod fuzzing;
@@ -34,8 +35,9 @@ use peregrine_benches::rma;
 use peregrine_transport::conformance::{self, Params, CASES};
 use serde::{Deserialize, Serialize};
 
+use error::AppError;
 use preempt::{Checkpoint, EXIT_REQUEUE};
-use world::{run_world, AppError, RunContext, WorldArgs};
+use world::{run_world, RunContext, WorldArgs};
 
 #[derive(Debug, Parser)]
 #[command(

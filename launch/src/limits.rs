@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::world::AppError;
+use crate::error::AppError;
 
 /// `MemAvailable` from `/proc/meminfo`, in bytes.
 pub(crate) fn mem_available() -> Option<u64> {

@@ -8,8 +8,8 @@ use peregrine_slurm::SlurmEnv;
 use peregrine_transport::{Backend, ReduceOp, ShardMap, Transport, Window};
 use serde::{Deserialize, Serialize};
 
+use crate::error::AppError;
 use crate::preempt::write_atomically;
-use crate::world::AppError;
 
 /// One rank's description.
 #[derive(Debug, Clone, Serialize, Deserialize)]

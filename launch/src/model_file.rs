@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use peregrine_core::model::Export;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
+use crate::error::AppError;
 use crate::preempt::write_atomically;
-use crate::world::AppError;
 
 /// The `format` metadata value.
 pub const FORMAT: &str = "peregrine-model";

@@ -21,7 +21,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::world::AppError;
+use crate::error::AppError;
 
 fn usage(message: String) -> AppError {
     AppError::Usage(message)

@@ -11,8 +11,8 @@ use std::sync::OnceLock;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
+use crate::error::AppError;
 use crate::output::AtomicFile;
-use crate::world::AppError;
 
 /// Where fonts are looked for, in order.
 const FONTS: &[&str] = &[

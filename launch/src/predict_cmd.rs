@@ -17,10 +17,10 @@ use peregrine_core::model::{
 };
 use peregrine_kernels::data::Dataset;
 
+use crate::error::AppError;
 use crate::model_file::Saved;
 use crate::output::{self, AtomicFile};
 use crate::train_cmd::ModelKind;
-use crate::world::AppError;
 
 /// `peregrine predict` flags.
 #[derive(Debug, Args)]

@@ -24,7 +24,7 @@ pub use peregrine_slurm::sbatch::EXIT_REQUEUE;
 
 pub use crate::output::write_atomically;
 
-use crate::world::AppError;
+use crate::error::AppError;
 
 /// The flag the signals set.
 #[derive(Debug, Clone)]

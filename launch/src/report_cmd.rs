@@ -8,9 +8,9 @@ use clap::Args;
 use peregrine_core::straggler::StragglerReport;
 use serde::Deserialize;
 
+use crate::error::AppError;
 use crate::output;
 use crate::plots::{self, RankPhases, Series};
-use crate::world::AppError;
 
 /// Arguments of `peregrine report`.
 #[derive(Debug, Args)]

@@ -12,7 +12,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::world::AppError;
+use crate::error::AppError;
 
 /// The lock file's name in a run directory.
 pub const LOCK_FILE: &str = ".lock";

@@ -10,8 +10,8 @@ use peregrine_core::sim::{self, ComputeModel, Measured, Network, Preset, Replay,
 use peregrine_core::SchemeSpec;
 use serde_json::Value;
 
+use crate::error::AppError;
 use crate::output;
-use crate::world::AppError;
 
 /// Parameters of the MLP 784-128-10 (the main job's model): the default model size.
 const MLP_PARAMS: usize = 784 * 128 + 128 + 128 * 10 + 10;

@@ -7,8 +7,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use peregrine_slurm::sbatch::{self, BatchSpec, MpiPlugin, NodeGroup};
 use peregrine_slurm::SlurmEnv;
 
+use crate::error::AppError;
 use crate::output::{self, write_atomically};
-use crate::world::AppError;
 use crate::Cli;
 
 #[derive(Debug, Subcommand)]

@@ -21,9 +21,10 @@ use serde::{Deserialize, Serialize};
 mod footprint;
 
 use crate::agree::Digest;
+use crate::error::AppError;
 use crate::meta;
 use crate::preempt::{write_atomically, EXIT_REQUEUE};
-use crate::world::{run_world, AppError, RunContext, WorldArgs};
+use crate::world::{run_world, RunContext, WorldArgs};
 
 /// Which model to train.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]

@@ -19,8 +19,8 @@ use peregrine_kernels::data::{Dataset, Kind};
 use peregrine_transport::{ReduceOp, Transport};
 
 use super::{ModelKind, Resolved};
+use crate::error::AppError;
 use crate::limits::{available, size};
-use crate::world::AppError;
 
 /// Bytes of one parameter (f32).
 const PARAM: u128 = 4;
