@@ -561,6 +561,39 @@ impl Dataset {
         Ok(Self { _guard: None, map, header, kind, path })
     }
 
+    /// A dataset of `shape` built in anonymous memory (huge pages asked for if `huge`), named
+    /// `path` in messages: `fill(section, bytes)` writes each section's bytes, in order (they
+    /// start zeroed); the header and both checksums are then set as a [`Writer`] sets them.
+    pub fn build_in_memory(
+        path: &Path,
+        shape: Shape,
+        huge: bool,
+        mut fill: impl FnMut(usize, &mut [u8]) -> Result<()>,
+    ) -> Result<Self> {
+        shape.check_bounds().map_err(|e| DataError::format(path, e))?;
+        let (mut header, size) =
+            shape.layout().ok_or_else(|| DataError::Invalid(format!("dataset too large: {shape:?}")))?;
+        let size =
+            usize::try_from(size).map_err(|_| DataError::Invalid(format!("dataset too large: {shape:?}")))?;
+        let mut copy = memmap2::MmapMut::map_anon(size)
+            .map_err(DataError::io(path, "allocating memory for a copy of"))?;
+        if huge {
+            let _ = copy.advise(memmap2::Advice::HugePage);
+        }
+        let mut crc = crc32fast::Hasher::new();
+        for (i, [off, len]) in header.sections.into_iter().enumerate() {
+            let bytes = &mut copy[off as usize..(off + len) as usize];
+            fill(i, bytes)?;
+            crc.update(bytes);
+        }
+        header.data_crc = crc.finalize();
+        header.header_crc = header_crc(&header);
+        copy[..HEADER_BYTES].copy_from_slice(bytemuck::bytes_of(&header));
+        let map = copy.make_read_only().map_err(DataError::io(path, "protecting the copy of"))?;
+        let kind = shape.kind;
+        Ok(Self { _guard: None, map, header, kind, path: path.to_owned() })
+    }
+
     /// Whether the data is read through the file's mapping, not a copy in memory
     /// ([`into_memory`](Self::into_memory)).
     pub fn is_mapped(&self) -> bool {

@@ -172,3 +172,79 @@ fn a_split_keeps_the_scaling_record() {
         assert_eq!(Scaling::recorded(&o).expect("recorded"), s);
     }
 }
+
+/// The section bytes of `d` (everything after the header but the scaling record).
+fn sections(d: &Dataset) -> Vec<Vec<u8>> {
+    match d.kind() {
+        Kind::Dense => {
+            let x = d.dense().expect("dense");
+            vec![bytemuck::cast_slice(x.features).to_vec(), bytemuck::cast_slice(x.labels).to_vec()]
+        }
+        _ => {
+            let x = d.sparse().expect("sparse");
+            vec![
+                bytemuck::cast_slice(x.row_ptr).to_vec(),
+                bytemuck::cast_slice(x.indices).to_vec(),
+                bytemuck::cast_slice(x.values).to_vec(),
+                bytemuck::cast_slice(x.labels).to_vec(),
+            ]
+        }
+    }
+}
+
+#[test]
+fn in_memory_standardization_holds_what_the_written_file_holds() {
+    let t = dir("memory");
+    let d = t.path();
+    let raw = d.join("raw.pgd");
+    gen::dense(&DenseSpec { rows: 300, cols: 5, classes: 3, noise: 0.1, seed: 9 }, &raw).expect("gen");
+    let train = libsvm_file(d, "train", "+1 1:10 2:1\n-1 1:20 3:1\n+1 1:30 2:1 3:1\n-1 1:40\n", Some(4));
+    let test = libsvm_file(d, "test", "+1 2:1\n-1 1:25 2:1\n", None);
+    for (fit_on, input) in [(&raw, &raw), (&train, &train), (&train, &test)] {
+        let s = Scaling::fit(&Dataset::open(fit_on).expect("open")).expect("fit");
+        let out = d.join("written.pgd");
+        apply(input, &s, &out).expect("apply");
+        let written = Dataset::open(&out).expect("open");
+        let memory = standardized(&Dataset::open(input).expect("open"), &s, false).expect("in memory");
+        memory.verify().expect("a sound dataset, checksums included");
+        assert!(!memory.is_mapped() && memory.scaling().is_none());
+        assert_eq!(memory.header().cols, written.header().cols);
+        assert_eq!(sections(&memory), sections(&written), "{}", input.display());
+    }
+    let e = standardized(
+        &Dataset::open(&d.join("written.pgd")).expect("open"),
+        &Scaling::fit(&Dataset::open(&train).expect("open")).expect("fit"),
+        false,
+    )
+    .expect_err("a standardized file");
+    assert!(e.to_string().contains("standardized already"), "{e}");
+}
+
+#[test]
+fn sums_over_shards_add_up_to_the_whole_files_statistics() {
+    let t = dir("shards");
+    let raw = t.path().join("raw.pgd");
+    gen::dense(&DenseSpec { rows: 301, cols: 6, classes: 2, noise: 0.1, seed: 3 }, &raw).expect("gen");
+    let ds = Dataset::open(&raw).expect("open");
+    let whole = Scaling::fit(&ds).expect("fit");
+    let parts: Vec<_> = (0..3).map(|r| crate::data::shard(301, r, 3)).collect();
+    let mut total = Sums::of(&ds, 0..0).expect("sums");
+    for p in &parts {
+        let s = Sums::of(&ds, p.clone()).expect("sums");
+        for (a, b) in
+            [(&mut total.count, &s.count), (&mut total.sum, &s.sum), (&mut total.squares, &s.squares)]
+        {
+            a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+        }
+    }
+    let mean = total.means(301);
+    let mut sq = vec![0f64; 6];
+    for p in &parts {
+        sq.iter_mut().zip(deviations(&ds, p.clone(), &mean).expect("sq")).for_each(|(a, b)| *a += b);
+    }
+    let sharded = Scaling::from_moments(301, &total.count, &mean, &sq);
+    for j in 0..6 {
+        assert!((sharded.shift[j] - whole.shift[j]).abs() <= 1e-6 * whole.shift[j].abs().max(1.0));
+        assert!((sharded.mult[j] - whole.mult[j]).abs() <= 1e-6 * whole.mult[j].abs());
+    }
+}
