@@ -23,6 +23,7 @@ mod predict_cmd;
 mod preempt;
 mod report_cmd;
 mod run_dir;
+mod scaling;
 mod sim_cmd;
 mod slurm_cmd;
 mod train_cmd;

@@ -3,7 +3,8 @@
 //! model's constants (MF's `mean`), the scaling of standardized training data when there was one
 //! (`scaling.shift`, `scaling.mult`), and string metadata: `format = peregrine-model`, the
 //! model and what rebuilds it (`features`, `classes`, `hidden`, `k`, `intercept`), and how it was
-//! trained (`scheme`, `optimizer`, `iterations`, `ranks`, `train_data`).
+//! trained (`scheme`, `optimizer`, `iterations`, `ranks`, `train_data`, and `standardized =
+//! on-the-fly` when `train --standardize` scaled raw data as it read it).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -16,6 +17,11 @@ use crate::preempt::write_atomically;
 
 /// The `format` metadata value.
 pub const FORMAT: &str = "peregrine-model";
+/// The metadata key saying how the scaling was applied in training ...
+pub const STANDARDIZED: &str = "standardized";
+/// ... its value when the training data was raw and scaled as it was read (`train
+/// --standardize`): data to predict is then raw too, and scaled alike.
+pub const ON_THE_FLY: &str = "on-the-fly";
 /// The file name in a run directory.
 pub const FILE_NAME: &str = "model.safetensors";
 
@@ -217,6 +223,11 @@ impl Saved {
             b.place(values, &mut params);
         }
         Ok(params)
+    }
+
+    /// Whether the training data was raw and standardized as it was read ([`ON_THE_FLY`]).
+    pub fn standardized_on_the_fly(&self) -> bool {
+        self.meta.get(STANDARDIZED).is_some_and(|v| v == ON_THE_FLY)
     }
 
     /// The scaling of the training data, if it was standardized.

@@ -15,6 +15,7 @@ use peregrine_core::model::{
     softmax::Softmax,
     Export,
 };
+use peregrine_kernels::data::standardize::Scaling;
 use peregrine_kernels::data::Dataset;
 
 use crate::error::AppError;
@@ -31,7 +32,9 @@ use crate::train_cmd::ModelKind;
     peregrine train --model lr --data train.pgd --run-dir runs/adult\n  \
     peregrine predict --model runs/adult --data test.pgd --out test-predictions.csv\n\n\
     Data must be converted like the training data (the same --features for LIBSVM) and, if the \
-    training data was standardized, standardized with `peregrine data standardize FILE OUT --like TRAIN`.")]
+    training data was standardized with `peregrine data standardize`, standardized with \
+    `peregrine data standardize FILE OUT --like TRAIN`. A model that `peregrine train --standardize` \
+    standardized on the fly takes raw data, and scales it as it scaled its training data.")]
 pub struct PredictArgs {
     /// The trained model: the model.safetensors `peregrine train` writes, or its run directory.
     #[arg(long, value_name = "FILE|DIR")]
@@ -71,7 +74,8 @@ pub fn run(a: PredictArgs) -> Result<(), AppError> {
     // The kernels read every row: the file is checked whole first (checksum, indices, labels), as
     // training checks it.
     Dataset::open(&a.data)?.verify()?;
-    check_scaling(&saved, &a.data)?;
+    let scaling = check_scaling(&saved, &a.data)?;
+    let scaling = scaling.as_ref();
     let shape = |name: &str| saved.tensors.get(name).map(|t| t.0.clone()).unwrap_or_default();
     match kind {
         ModelKind::Lr => {
@@ -89,10 +93,14 @@ pub fn run(a: PredictArgs) -> Result<(), AppError> {
                 }
                 None => LogReg::new(&a.data, None, 0.0, intercept).and_then(|m| m.with_features(features)),
             }
+            .and_then(|m| scaled(m, scaling, LogReg::standardized))
             .map_err(data_err)?;
             write(&m, &saved, &a, start)
         }
-        ModelKind::Softmax => write(&Softmax::new(&a.data, None, 0.0).map_err(data_err)?, &saved, &a, start),
+        ModelKind::Softmax => {
+            let m = Softmax::new(&a.data, None, 0.0).and_then(|m| scaled(m, scaling, Softmax::standardized));
+            write(&m.map_err(data_err)?, &saved, &a, start)
+        }
         ModelKind::Mlp => {
             let hidden: Vec<usize> =
                 saved.get("hidden")?.split(',').map(|h| h.parse()).collect::<Result<_, _>>().map_err(
@@ -101,7 +109,8 @@ pub fn run(a: PredictArgs) -> Result<(), AppError> {
                         detail: "bad metadata `hidden`".into(),
                     },
                 )?;
-            write(&Mlp::new(&a.data, None, &hidden, 0.0).map_err(data_err)?, &saved, &a, start)
+            let m = Mlp::new(&a.data, None, &hidden, 0.0).and_then(|m| scaled(m, scaling, Mlp::standardized));
+            write(&m.map_err(data_err)?, &saved, &a, start)
         }
         ModelKind::Lda => {
             // The topic proportions of the training documents (the model holds their counts).
@@ -157,18 +166,46 @@ fn check_out(a: &PredictArgs) -> Result<(), AppError> {
     }
 }
 
-/// The data must have gone through the scaling the training data went through.
-fn check_scaling(saved: &Saved, data: &Path) -> Result<(), AppError> {
+/// `m` reading its data through `scaling` (`standardized`, the model's), if there is one.
+fn scaled<M>(
+    m: M,
+    scaling: Option<&Scaling>,
+    standardized: impl FnOnce(M, &Scaling) -> peregrine_core::model::Built<M>,
+) -> peregrine_core::model::Built<M> {
+    match scaling {
+        Some(s) => standardized(m, s),
+        None => Ok(m),
+    }
+}
+
+/// The data must have gone through the scaling the training data went through: the scaling to
+/// apply to it here, for raw data and a model that standardized its raw training data on the
+/// fly (`train --standardize`); data standardized alike (`data standardize --like`) is read as
+/// it is.
+fn check_scaling(saved: &Saved, data: &Path) -> Result<Option<Scaling>, AppError> {
     let d = Dataset::open(data)?;
     let train = saved.meta.get("train_data").map_or("the training file", String::as_str);
     let fail = |detail: String| Err(AppError::Data { what: data.display().to_string(), detail });
     match (saved.scaling(), d.scaling()) {
-        (None, None) => Ok(()),
-        (Some(a), Some(b)) if a == b => Ok(()),
+        (None, None) => Ok(None),
+        (Some(a), Some(b)) if a == b => Ok(None),
+        (Some((shift, mult)), None) if saved.standardized_on_the_fly() => {
+            if shift.len() != mult.len() {
+                return Err(AppError::Data {
+                    what: saved.path.display().to_string(),
+                    detail: format!("scaling.shift has {} values, scaling.mult {}", shift.len(), mult.len()),
+                });
+            }
+            Ok(Some(Scaling { shift: shift.to_vec(), mult: mult.to_vec() }))
+        }
         (Some(_), None) => fail(format!(
             "the model was trained on standardized data ({train}); standardize this file the same way first: \
              peregrine data standardize {} OUT --like {train}",
             data.display()
+        )),
+        (Some(_), Some(_)) if saved.standardized_on_the_fly() => fail(format!(
+            "is standardized, but the model was trained on raw data ({train}), standardized as it was read: give \
+             it the raw file"
         )),
         (Some(_), Some(_)) => fail(format!(
             "standardized with other statistics than the model's training data ({train}); standardize the raw \

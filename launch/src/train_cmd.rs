@@ -20,6 +20,8 @@ use serde::{Deserialize, Serialize};
 
 mod footprint;
 
+use peregrine_kernels::data::standardize::Scaling;
+
 use crate::agree::Digest;
 use crate::error::AppError;
 use crate::meta;
@@ -307,6 +309,18 @@ pub struct TrainArgs {
     /// Leave compute threads unpinned.
     #[arg(long)]
     no_pin: bool,
+    /// LR, softmax, MLP: standardize the features on the fly, with the training set's per-feature
+    /// mean and standard deviation (measured over every rank's rows, the same on all ranks), as
+    /// `peregrine data standardize` would (sparse data keeps its zeros: only features every row
+    /// stores are centred; a feature with no spread keeps its scale). The user's files are left as
+    /// they are: the training and evaluation sets are read from standardized copies in memory (the
+    /// sets' size again, per rank), and model.safetensors records the scaling, so that `predict`
+    /// applies it to raw data. auto: when the features are far from unit scale, at least one
+    /// column in ten with a nonzero value having a root mean square above 10 or below 0.1, or any
+    /// column one above 100 (raw 0-255 pixels, amounts in thousands); on: always; off: never.
+    /// A file made by `peregrine data standardize` is left as it is [default: auto]
+    #[arg(long, value_enum, value_name = "WHEN")]
+    standardize: Option<crate::scaling::Standardize>,
     /// Copy the training set into memory backed by 2 MiB transparent huge pages rather than read
     /// it through its file mapping: rows read from huge pages miss the TLB far less (the MLP on
     /// Fashion-MNIST at batch 128, 2 ranks: 7 % faster), at the cost of the set's size in memory
@@ -412,6 +426,7 @@ pub(crate) struct TrainFile {
     params: Option<usize>,
     split: Option<Split>,
     pub(crate) straggler: Option<String>,
+    standardize: Option<crate::scaling::Standardize>,
 }
 
 impl TrainFile {
@@ -458,6 +473,7 @@ impl TrainFile {
             params: top.params.or(self.params),
             split: top.split.or(self.split),
             straggler: top.straggler.or(self.straggler),
+            standardize: top.standardize.or(self.standardize),
         }
     }
 
@@ -514,6 +530,7 @@ impl TrainArgs {
             params: self.params,
             split: self.split,
             straggler: self.straggler.clone(),
+            standardize: self.standardize,
         }
     }
 }
@@ -591,6 +608,14 @@ pub(crate) struct Resolved {
     /// Also write the model as `.npy` files (how the run is written out, not what it computes).
     #[serde(skip)]
     npy: bool,
+    standardize: crate::scaling::Standardize,
+    /// The scaling the sets are read through, once measured (`--standardize`; a function of the
+    /// training data, measured again on a resume).
+    #[serde(skip)]
+    scaling: Option<peregrine_kernels::data::standardize::Scaling>,
+    /// Why the features are far from unit scale, when they are and were left so.
+    #[serde(skip)]
+    off_scale: Option<String>,
 }
 
 /// An `f32` written as its shortest decimal (`0.1`, not the `0.10000000149011612` of its `f64`
@@ -829,7 +854,16 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
         split: f.split.unwrap_or_default(),
         straggler: f.straggler.unwrap_or_else(|| "ideal".into()),
         npy: false,
+        standardize: f.standardize.unwrap_or_default(),
+        scaling: None,
+        off_scale: None,
     };
+    if f.standardize.is_some() && !model.has_features() {
+        return Err(usage(format!(
+            "--standardize is for the models that read features (lr, softmax, mlp), not {}",
+            model.name()
+        )));
+    }
     if let Some(b) = r.hash_bits {
         if model != ModelKind::Lr {
             return Err(usage(format!(
@@ -1082,6 +1116,19 @@ fn rank_in(
     // Before anything reads them: the rows every rank will read, and the checksum.
     let datasets: Vec<&Path> = std::iter::once(r.data.as_path()).chain(r.eval.as_deref()).collect();
     let checked = crate::faults::check_datasets(t, &datasets, &ctx.preemption.flag())?;
+    if r.model.has_features() {
+        let measured = crate::scaling::measure(t, &r.data, r.standardize)?;
+        r.off_scale = measured.off_scale.filter(|_| measured.applied.is_none());
+        r.scaling = measured.applied;
+        if let (Some(s), 0) = (&r.scaling, t.rank()) {
+            eprintln!(
+                "standardizing the features on the fly ({} centred, {} scaled; --standardize {})",
+                s.shift.iter().filter(|&&x| x != 0.0).count(),
+                s.mult.iter().filter(|&&x| x != 1.0).count(),
+                r.standardize.name()
+            );
+        }
+    }
     if r.l2_per_row {
         let rows = peregrine_kernels::data::Dataset::open(&r.data)?.rows();
         r.l2 = 1.0 / rows.max(1) as f32;
@@ -1093,12 +1140,14 @@ fn rank_in(
                 Some(b) => LogReg::with_hashing(&r.data, r.eval.as_deref(), r.lr, r.intercept, b),
                 None => LogReg::new(&r.data, r.eval.as_deref(), r.lr, r.intercept),
             }
-            .map_err(data_err)?
-            .with_l2(r.l2);
+            .and_then(|m| scaled(m.with_l2(r.l2), &r.scaling, LogReg::standardized))
+            .map_err(data_err)?;
             go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
         ModelKind::Softmax => {
-            let m = Softmax::new(&r.data, r.eval.as_deref(), r.lr).map_err(data_err)?.with_l2(r.l2);
+            let m = Softmax::new(&r.data, r.eval.as_deref(), r.lr)
+                .and_then(|m| scaled(m.with_l2(r.l2), &r.scaling, Softmax::standardized))
+                .map_err(data_err)?;
             go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
         ModelKind::Mf => {
@@ -1110,7 +1159,9 @@ fn rank_in(
             go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
         ModelKind::Mlp => {
-            let m = Mlp::new(&r.data, r.eval.as_deref(), &r.hidden, r.lr).map_err(data_err)?.with_l2(r.l2);
+            let m = Mlp::new(&r.data, r.eval.as_deref(), &r.hidden, r.lr)
+                .and_then(|m| scaled(m.with_l2(r.l2), &r.scaling, Mlp::standardized))
+                .map_err(data_err)?;
             let m = if r.split == Split::Units { m.split_units().map_err(data_err)? } else { m };
             go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
@@ -1123,6 +1174,18 @@ fn rank_in(
             let m = Synthetic::new(&r.data, r.params, cost, r.chunk).map_err(data_err)?;
             go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
+    }
+}
+
+/// `m` reading its sets through `scaling` (`standardized`, the model's), if there is one.
+fn scaled<M>(
+    m: M,
+    scaling: &Option<Scaling>,
+    standardized: impl FnOnce(M, &Scaling) -> peregrine_core::model::Built<M>,
+) -> peregrine_core::model::Built<M> {
+    match scaling {
+        Some(s) => standardized(m, s),
+        None => Ok(m),
     }
 }
 
@@ -1232,6 +1295,11 @@ impl Resolved {
 }
 
 impl ModelKind {
+    /// Whether the model reads feature values (which `--standardize` scales).
+    fn has_features(self) -> bool {
+        matches!(self, ModelKind::Lr | ModelKind::Softmax | ModelKind::Mlp)
+    }
+
     /// The name on the command line.
     fn name(self) -> &'static str {
         match self {
@@ -1419,6 +1487,11 @@ fn go<M: Export>(
                 store.newest().display()
             ),
         },
+        TrainError::Stalled(w) => train_err(TrainError::Stalled(with_scale(&w, r))),
+        e @ TrainError::Diverged { .. } => match &r.off_scale {
+            Some(why) => AppError::Train(format!("{e}; {}", scale_cause(why))),
+            None => train_err(e),
+        },
         e => train_err(e),
     })?;
     out.flush().map_err(io(format!("writing {name}")))?;
@@ -1442,10 +1515,27 @@ fn go<M: Export>(
             print!("{}", report.stragglers);
         }
         for w in &report.warnings {
-            eprintln!("warning: {w}");
+            eprintln!("warning: {}", with_scale(w, r));
         }
     }
     Ok(report)
+}
+
+/// Warning `w` of a model that does not learn, with the features' scale named as the likely
+/// cause when they are far from unit scale and were left so (`--standardize off`).
+fn with_scale(w: &str, r: &Resolved) -> String {
+    match &r.off_scale {
+        Some(why) => format!("{w}; but first, the likely cause: {}", scale_cause(why)),
+        None => w.to_owned(),
+    }
+}
+
+/// The features' scale as a cause, `why` saying how far it is from unit scale.
+fn scale_cause(why: &str) -> String {
+    format!(
+        "the features are far from unit scale ({why}), and --standardize off left them so: \
+         drop --standardize off (auto standardizes such data) or run `peregrine data standardize`"
+    )
 }
 
 /// Where the ranks write their parts of the trace (joined into `trace.json` at the end).
@@ -1563,10 +1653,17 @@ fn save_model_params<M: Export>(
             meta.insert(format!("eval_{}", report.metric), e.metric.to_string());
         }
     }
-    if r.npy {
-        crate::model_file::save_npy(&dir.join("model"), model, params, &meta, train.scaling())?;
+    // A scaling applied on the fly is recorded as the file's would be; `predict` applies it to
+    // raw data (`standardized = on-the-fly`).
+    let on_the_fly = r.scaling.as_ref().map(|s| (s.shift.as_slice(), s.mult.as_slice()));
+    if on_the_fly.is_some() {
+        meta.insert(crate::model_file::STANDARDIZED.into(), crate::model_file::ON_THE_FLY.into());
     }
-    crate::model_file::save(&dir.join(crate::model_file::FILE_NAME), model, params, meta, train.scaling())
+    let scaling = on_the_fly.or(train.scaling());
+    if r.npy {
+        crate::model_file::save_npy(&dir.join("model"), model, params, &meta, scaling)?;
+    }
+    crate::model_file::save(&dir.join(crate::model_file::FILE_NAME), model, params, meta, scaling)
 }
 
 /// Where this run starts (collective): `None` for the initial model, or the run directory's

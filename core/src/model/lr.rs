@@ -75,6 +75,14 @@ impl LogReg {
         Ok(Self { data, lr, dim: 1 << bits, intercept, l2: 0.0, hash_bits: Some(bits) })
     }
 
+    /// Reading its training and evaluation sets standardized by `scaling` (`peregrine train
+    /// --standardize`, and `predict` with such a model): copies of them in memory, the size of
+    /// the sets.
+    pub fn standardized(mut self, scaling: &peregrine_kernels::data::standardize::Scaling) -> Built<Self> {
+        self.data.standardize(scaling)?;
+        Ok(self)
+    }
+
     /// With L2 regularization of the feature weights (not of the intercept), in the sparse-SGD
     /// form: each row adds `l2 w_j` to the gradient of every feature `j` it touches, so the
     /// iteration's mean gradient gets `l2 w_j` times the share of rows touching `j` (a rare

@@ -151,6 +151,14 @@ impl Mlp {
         self.dims.len() - 1
     }
 
+    /// Reading its training and evaluation sets standardized by `scaling` (`peregrine train
+    /// --standardize`, and `predict` with such a model): copies of them in memory, the size of
+    /// the sets.
+    pub fn standardized(mut self, scaling: &peregrine_kernels::data::standardize::Scaling) -> Built<Self> {
+        self.data.standardize(scaling)?;
+        Ok(self)
+    }
+
     /// With L2 regularization `0.5 l2 |W|^2` of every layer's weights (not of the biases).
     #[must_use]
     pub fn with_l2(self, l2: f32) -> Self {

@@ -1091,6 +1091,25 @@ impl Sets {
         Ok(Self { train, eval })
     }
 
+    /// Both sets replaced by copies in memory standardized by `scaling`
+    /// ([`peregrine_kernels::data::standardize::standardized`]): the kernels read the
+    /// standardized rows; the files are left as they are. The training set's copy asks for huge
+    /// pages when it was copied into memory for them.
+    pub(crate) fn standardize(
+        &mut self,
+        scaling: &peregrine_kernels::data::standardize::Scaling,
+    ) -> Built<()> {
+        use peregrine_kernels::data::standardize::standardized;
+        let huge = !self.train.is_mapped();
+        self.train = standardized(&self.train, scaling, huge)
+            .map_err(|source| ModelError::Open { what: "training set", source })?;
+        if let Some(e) = self.eval.as_mut() {
+            *e = standardized(e, scaling, false)
+                .map_err(|source| ModelError::Open { what: "evaluation set", source })?;
+        }
+        Ok(())
+    }
+
     /// The given evaluation set, if any.
     pub(crate) fn given_eval(&self) -> Option<&Dataset> {
         self.eval.as_ref()

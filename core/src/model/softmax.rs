@@ -45,6 +45,14 @@ impl Softmax {
         Ok(Self { data, lr, l2: 0.0, cols, classes })
     }
 
+    /// Reading its training and evaluation sets standardized by `scaling` (`peregrine train
+    /// --standardize`, and `predict` with such a model): copies of them in memory, the size of
+    /// the sets.
+    pub fn standardized(mut self, scaling: &peregrine_kernels::data::standardize::Scaling) -> Built<Self> {
+        self.data.standardize(scaling)?;
+        Ok(self)
+    }
+
     /// With L2 regularization `0.5 l2 |W|^2` (the biases are not regularized).
     #[must_use]
     pub fn with_l2(self, l2: f32) -> Self {
