@@ -608,7 +608,9 @@ pub(crate) struct Resolved {
     /// Also write the model as `.npy` files (how the run is written out, not what it computes).
     #[serde(skip)]
     npy: bool,
-    standardize: crate::scaling::Standardize,
+    /// None for the models without features.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    standardize: Option<crate::scaling::Standardize>,
     /// The scaling the sets are read through, once measured (`--standardize`; a function of the
     /// training data, measured again on a resume).
     #[serde(skip)]
@@ -854,7 +856,9 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
         split: f.split.unwrap_or_default(),
         straggler: f.straggler.unwrap_or_else(|| "ideal".into()),
         npy: false,
-        standardize: f.standardize.unwrap_or_default(),
+        // Hashed features' ids are not columns to measure (up to 2^32 of them).
+        standardize: (model.has_features() && f.hash_bits.is_none())
+            .then(|| f.standardize.unwrap_or_default()),
         scaling: None,
         off_scale: None,
     };
@@ -863,6 +867,14 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
             "--standardize is for the models that read features (lr, softmax, mlp), not {}",
             model.name()
         )));
+    }
+    if f.standardize == Some(crate::scaling::Standardize::On) && f.hash_bits.is_some() {
+        return Err(usage(
+            "--standardize is not for hashed features (--hash-bits: their ids, up to 2^32, are not \
+             columns to measure); standardize the file with `peregrine data standardize` first, or \
+             drop --hash-bits"
+                .to_owned(),
+        ));
     }
     if let Some(b) = r.hash_bits {
         if model != ModelKind::Lr {
@@ -1116,8 +1128,8 @@ fn rank_in(
     // Before anything reads them: the rows every rank will read, and the checksum.
     let datasets: Vec<&Path> = std::iter::once(r.data.as_path()).chain(r.eval.as_deref()).collect();
     let checked = crate::faults::check_datasets(t, &datasets, &ctx.preemption.flag())?;
-    if r.model.has_features() {
-        let measured = crate::scaling::measure(t, &r.data, r.standardize)?;
+    if let Some(when) = r.standardize {
+        let measured = crate::scaling::measure(t, &r.data, when)?;
         r.off_scale = measured.off_scale.filter(|_| measured.applied.is_none());
         r.scaling = measured.applied;
         if let (Some(s), 0) = (&r.scaling, t.rank()) {
@@ -1125,7 +1137,7 @@ fn rank_in(
                 "standardizing the features on the fly ({} centred, {} scaled; --standardize {})",
                 s.shift.iter().filter(|&&x| x != 0.0).count(),
                 s.mult.iter().filter(|&&x| x != 1.0).count(),
-                r.standardize.name()
+                when.name()
             );
         }
     }

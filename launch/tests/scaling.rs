@@ -231,6 +231,23 @@ fn bad_inputs_are_clear_errors_that_write_nothing() {
     let out =
         peregrine(&["train", "--model", "softmax", "--data", &s("r.pgd"), "--standardize", "sometimes"]);
     assert_eq!(out.status.code(), Some(2), "{:?}", text(&out));
+    ok(&["data", "gen", "sparse", &s("sp.pgd"), "--rows", "200", "--features", "50"]);
+    let out = peregrine(&[
+        "train",
+        "--model",
+        "lr",
+        "--data",
+        &s("sp.pgd"),
+        "--hash-bits",
+        "8",
+        "--standardize",
+        "on",
+        "--run-dir",
+        &s("h"),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{:?}", text(&out));
+    assert!(text(&out).1.contains("not for hashed features"), "{:?}", text(&out));
+    assert!(!d.join("h").exists());
     // A constant column keeps its scale: not an error, and the others are standardized.
     let mut csv = String::new();
     for i in 0..200 {
