@@ -35,16 +35,20 @@ impl Standardize {
     }
 }
 
-/// A column is off unit scale when the root mean square of its stored values is above this or
-/// below its inverse.
+/// A column is off unit scale when the largest magnitude it holds is above this or below its
+/// inverse (the largest magnitude, not a spread: pixels in [0, 1] reach 1 in most columns,
+/// whatever their spread; raw pixels reach 255).
 pub const OFF_BY: f64 = 10.0;
 /// `auto` standardizes when at least this share of the columns holding a nonzero value is off
 /// unit scale ...
 pub const OFF_SHARE: f64 = 0.1;
-/// ... or when any column's root mean square is above this: one such feature alone dominates
-/// every gradient (its weight's steps are 10^4 times too large at a learning rate for unit-scale
-/// features).
+/// ... or when any column's largest magnitude is above this: one such feature alone dominates
+/// every gradient at a learning rate chosen for unit-scale features.
 pub const HUGE: f64 = 100.0;
+
+/// The share of the memory available on the node that the standardized copies of `auto` may
+/// take (over the node's ranks); past it `auto` leaves the data as it is and says why.
+pub const COPY_SHARE: f64 = 0.25;
 
 /// What the measure found and did.
 #[derive(Clone, Debug)]
@@ -64,7 +68,16 @@ pub struct Measured {
 /// scaling record (`peregrine data standardize`) is left as it is. Reads the file once, twice
 /// when it standardizes; the
 /// statistics are 24 bytes a feature.
-pub fn measure(t: &Transport, data: &Path, when: Standardize) -> Result<Measured, AppError> {
+/// `copy_budget`: the bytes this rank's standardized copies (of the training set and of `eval`)
+/// may take (`None`: unknown); `auto` leaves data whose copies would not fit as it is (with a
+/// note), `on` refuses it.
+pub fn measure(
+    t: &Transport,
+    data: &Path,
+    eval: Option<&Path>,
+    when: Standardize,
+    copy_budget: Option<u64>,
+) -> Result<Measured, AppError> {
     let none = Measured { applied: None, off_scale: None };
     let ds = Dataset::open(data)?;
     if ds.scaling().is_some() {
@@ -82,18 +95,39 @@ pub fn measure(t: &Transport, data: &Path, when: Standardize) -> Result<Measured
     let cols = mine.count.len();
     let mut words: Vec<f64> = [mine.count, mine.sum, mine.squares].concat();
     t.allreduce(&mut words, ReduceOp::Sum)?;
+    let mut max_abs = mine.max_abs;
+    t.allreduce(&mut max_abs, ReduceOp::Max)?;
     let (count, rest) = words.split_at(cols);
     let (sum, squares) = rest.split_at(cols);
-    let off_scale = far_from_unit_scale(count, squares);
+    let off_scale = far_from_unit_scale(count, &max_abs);
+    let copies = ds.bytes() as u64 + eval.map(Dataset::open).transpose()?.map_or(0, |e| e.bytes() as u64);
+    let fits = copy_budget.is_none_or(|b| copies <= b);
+    let gib = |b: u64| format!("{:.1} GiB", b as f64 / f64::from(1u32 << 30));
     let apply = match when {
+        Standardize::On if !fits => {
+            return Err(AppError::Usage(format!(
+                "--standardize on: the standardized copies of the training and evaluation sets take {} a rank,                  more than {} of this node's available memory allows; standardize the files once with                  `peregrine data standardize` instead",
+                gib(copies),
+                COPY_SHARE
+            )))
+        }
         Standardize::On => true,
+        Standardize::Auto if off_scale.is_some() && !fits => {
+            if rank == 0 {
+                eprintln!(
+                    "note: the features are far from unit scale, but standardized copies would take {} a rank:                      left as they are (`peregrine data standardize` standardizes the files once)",
+                    gib(copies)
+                );
+            }
+            false
+        }
         Standardize::Auto => off_scale.is_some(),
         Standardize::Off => false,
     };
     if !apply {
         return Ok(Measured { applied: None, off_scale });
     }
-    let total = Sums { count: count.to_vec(), sum: sum.to_vec(), squares: squares.to_vec() };
+    let total = Sums { count: count.to_vec(), sum: sum.to_vec(), squares: squares.to_vec(), max_abs };
     let mean = total.means(ds.rows());
     let mut sq = deviations(&ds, rows, &mean)?;
     t.allreduce(&mut sq, ReduceOp::Sum)?;
@@ -104,30 +138,30 @@ pub fn measure(t: &Transport, data: &Path, when: Standardize) -> Result<Measured
     Ok(Measured { applied: Some(Scaling { shift: shift.to_vec(), mult: mult.to_vec() }), off_scale })
 }
 
-/// Why features of stored-value counts `count` and sums of squares `squares` are far from unit
-/// scale, or `None`: a column is off when the root mean square of its stored values is above
-/// [`OFF_BY`] or below `1 / OFF_BY`, and the features are far from unit scale when at least
-/// [`OFF_SHARE`] of the columns with a nonzero value are, or any column's root mean square is
-/// above [`HUGE`]. Columns of zeros only (never stored, or stored as 0) are not counted.
-pub fn far_from_unit_scale(count: &[f64], squares: &[f64]) -> Option<String> {
-    let rms: Vec<(usize, f64)> = count
+/// Why features of stored-value counts `count` and largest magnitudes `max_abs` are far from
+/// unit scale, or `None`: a column is off when its largest magnitude is above [`OFF_BY`] or below
+/// `1 / OFF_BY`, and the features are far from unit scale when at least [`OFF_SHARE`] of the
+/// columns with a nonzero value are, or any column's largest magnitude is above [`HUGE`].
+/// Columns of zeros only (never stored, or stored as 0) are not counted.
+pub fn far_from_unit_scale(count: &[f64], max_abs: &[f64]) -> Option<String> {
+    let held: Vec<(usize, f64)> = count
         .iter()
-        .zip(squares)
+        .zip(max_abs)
         .enumerate()
-        .filter(|&(_, (&c, &s))| c > 0.0 && s > 0.0)
-        .map(|(j, (&c, &s))| (j, (s / c).sqrt()))
+        .filter(|&(_, (&c, &m))| c > 0.0 && m > 0.0)
+        .map(|(j, (_, &m))| (j, m))
         .collect();
-    let off = rms.iter().filter(|&&(_, r)| !(1.0 / OFF_BY..=OFF_BY).contains(&r)).count();
-    let (widest, most) = rms.iter().copied().fold((0, 0.0f64), |b, c| if c.1 > b.1 { c } else { b });
+    let off = held.iter().filter(|&&(_, m)| !(1.0 / OFF_BY..=OFF_BY).contains(&m)).count();
+    let (widest, most) = held.iter().copied().fold((0, 0.0f64), |b, c| if c.1 > b.1 { c } else { b });
     let (narrowest, least) =
-        rms.iter().copied().fold((0, f64::INFINITY), |b, c| if c.1 < b.1 { c } else { b });
-    if rms.is_empty() || (off as f64) < OFF_SHARE * rms.len() as f64 && most <= HUGE {
+        held.iter().copied().fold((0, f64::INFINITY), |b, c| if c.1 < b.1 { c } else { b });
+    if held.is_empty() || (off as f64) < OFF_SHARE * held.len() as f64 && most <= HUGE {
         return None;
     }
     Some(format!(
-        "{off} of the {} nonzero feature columns have a root mean square beyond {OFF_BY}x or below 1/{OFF_BY} \
-         of 1 (column {widest}: {}; column {narrowest}: {})",
-        rms.len(),
+        "{off} of the {} nonzero feature columns reach a magnitude beyond {OFF_BY} or only below 1/{OFF_BY} \
+         (column {widest} up to {}; column {narrowest} up to {})",
+        held.len(),
         short(most),
         short(least)
     ))
@@ -148,21 +182,24 @@ mod tests {
 
     #[test]
     fn raw_pixels_and_tiny_values_are_far_from_unit_scale_one_hot_and_unit_data_are_not() {
-        // 0-255 pixels: root mean square ~100 in most columns; one blank column.
-        let pixels = far_from_unit_scale(&[10.0, 10.0, 10.0, 10.0], &[1e5, 2e5, 9e4, 0.0]);
+        // 0-255 pixels: most columns reach about 255; one blank column.
+        let pixels = far_from_unit_scale(&[10.0, 10.0, 10.0, 10.0], &[255.0, 250.0, 90.0, 0.0]);
         assert!(pixels.as_deref().is_some_and(|w| w.contains("3 of the 3")), "{pixels:?}");
         // One-hot: every stored value is 1.
-        assert_eq!(far_from_unit_scale(&[3.0, 1.0, 50.0], &[3.0, 1.0, 50.0]), None);
-        // Standardized-like and [0, 1] data.
-        assert_eq!(far_from_unit_scale(&[100.0; 3], &[100.0, 30.0, 250.0]), None);
-        // Values of about 0.001 in every column.
-        assert!(far_from_unit_scale(&[100.0; 2], &[1e-4, 1e-4]).is_some());
-        // One column in twenty at 1000 is enough; one at 20 is not.
-        let mut sq = vec![100.0; 20];
-        sq[7] = 1e8;
-        assert!(far_from_unit_scale(&[100.0; 20], &sq).is_some_and(|w| w.contains("column 7")));
-        sq[7] = 4e4;
-        assert_eq!(far_from_unit_scale(&[100.0; 20], &sq), None);
+        assert_eq!(far_from_unit_scale(&[3.0, 1.0, 50.0], &[1.0; 3]), None);
+        // Standardized-like data, and pixels in [0, 1] with a few faint border columns.
+        assert_eq!(far_from_unit_scale(&[100.0; 3], &[3.5, 2.0, 6.0]), None);
+        let mut unit = vec![1.0; 20];
+        unit[0] = 0.05;
+        assert_eq!(far_from_unit_scale(&[100.0; 20], &unit), None);
+        // Values of at most 0.001 in every column.
+        assert!(far_from_unit_scale(&[100.0; 2], &[1e-3, 1e-3]).is_some());
+        // One column in twenty up to 1000 is enough; one up to 20 is not.
+        let mut m = vec![1.0; 20];
+        m[7] = 1e3;
+        assert!(far_from_unit_scale(&[100.0; 20], &m).is_some_and(|w| w.contains("column 7")));
+        m[7] = 20.0;
+        assert_eq!(far_from_unit_scale(&[100.0; 20], &m), None);
         assert_eq!(far_from_unit_scale(&[], &[]), None);
     }
 }

@@ -1129,7 +1129,9 @@ fn rank_in(
     let datasets: Vec<&Path> = std::iter::once(r.data.as_path()).chain(r.eval.as_deref()).collect();
     let checked = crate::faults::check_datasets(t, &datasets, &ctx.preemption.flag())?;
     if let Some(when) = r.standardize {
-        let measured = crate::scaling::measure(t, &r.data, when)?;
+        let budget = crate::limits::available()
+            .map(|(bytes, _)| (bytes as f64 * crate::scaling::COPY_SHARE / ranks_on_node(t) as f64) as u64);
+        let measured = crate::scaling::measure(t, &r.data, r.eval.as_deref(), when, budget)?;
         r.off_scale = measured.off_scale.filter(|_| measured.applied.is_none());
         r.scaling = measured.applied;
         if let (Some(s), 0) = (&r.scaling, t.rank()) {

@@ -95,18 +95,26 @@ pub struct Sums {
     pub sum: Vec<f64>,
     /// Sum of their squares.
     pub squares: Vec<f64>,
+    /// The largest magnitude stored.
+    pub max_abs: Vec<f64>,
 }
 
 impl Sums {
     /// The sums over rows `rows` of `d` (sparse or dense).
     pub fn of(d: &Dataset, rows: std::ops::Range<usize>) -> Result<Self> {
         let cols = d.header().cols as usize;
-        let mut s = Self { count: vec![0.0; cols], sum: vec![0.0; cols], squares: vec![0.0; cols] };
+        let mut s = Self {
+            count: vec![0.0; cols],
+            sum: vec![0.0; cols],
+            squares: vec![0.0; cols],
+            max_abs: vec![0.0; cols],
+        };
         let mut add = |j: usize, v: f32| {
             let v = f64::from(v);
             s.count[j] += 1.0;
             s.sum[j] += v;
             s.squares[j] += v * v;
+            s.max_abs[j] = s.max_abs[j].max(v.abs());
         };
         match d.kind() {
             Kind::Dense => {
