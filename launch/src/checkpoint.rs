@@ -2,8 +2,10 @@
 //! `checkpoint.prev.safetensors` (the one before).
 //!
 //! A checkpoint is a safetensors file: tensors `params` and `state` (the parameter and optimizer
-//! state windows as they were, f32) and `scheme` (what the ranks' policies learned, f64; see
-//! `Snapshot::scheme`), and metadata: `format = peregrine-checkpoint`, `iteration`,
+//! state windows as they were, f32), `scheme` (what the ranks' policies learned, f64; see
+//! `Snapshot::scheme`) and `best` (the weights of the best evaluation so far, f32, empty when
+//! none is kept: `Snapshot::best`; early stopping's count of evaluations without improvement is
+//! read from `evals`), and metadata: `format = peregrine-checkpoint`, `iteration`,
 //! `train_seconds`, `evals` (JSON), `config` (the resolved configuration, to refuse resuming
 //! another run), `param_order` (the model's [`Export::param_order`], where it has one: to refuse
 //! a vector ordered otherwise, by another version) and `checksum` (CRC-32 of every other metadata
@@ -156,9 +158,10 @@ impl Store {
 }
 
 /// The checksum of a checkpoint: CRC-32 of every metadata entry but the checksum itself, in key
-/// order, then of the tensors' bytes (`params`, `state`, `scheme`), each key, value and tensor
-/// preceded by its length in bytes (u64, little-endian), so that no field can pass for another.
-fn checksum(meta: &HashMap<String, String>, tensors: [&[u8]; 3]) -> u32 {
+/// order, then of the tensors' bytes (`params`, `state`, `scheme`, then `best`; a checkpoint of
+/// a version without `best` has three), each key, value and tensor preceded by its length in
+/// bytes (u64, little-endian), so that no field can pass for another.
+fn checksum(meta: &HashMap<String, String>, tensors: &[&[u8]]) -> u32 {
     let mut h = crc32fast::Hasher::new();
     let mut field = |bytes: &[u8]| {
         h.update(&(bytes.len() as u64).to_le_bytes());
@@ -170,7 +173,7 @@ fn checksum(meta: &HashMap<String, String>, tensors: [&[u8]; 3]) -> u32 {
         field(k.as_bytes());
         field(meta[k].as_bytes());
     }
-    for t in tensors {
+    for &t in tensors {
         field(t);
     }
     h.finalize()
@@ -179,6 +182,7 @@ fn checksum(meta: &HashMap<String, String>, tensors: [&[u8]; 3]) -> u32 {
 fn encode(s: &Snapshot, config: &str, order: &str) -> Result<Vec<u8>, String> {
     let (p, st): (&[u8], &[u8]) = (bytemuck::cast_slice(&s.params), bytemuck::cast_slice(&s.state));
     let sc: &[u8] = bytemuck::cast_slice(&s.scheme);
+    let best: &[u8] = bytemuck::cast_slice(&s.best);
     let mut meta = HashMap::new();
     meta.insert("format".to_owned(), FORMAT.to_owned());
     meta.insert("iteration".into(), s.iteration.to_string());
@@ -188,12 +192,13 @@ fn encode(s: &Snapshot, config: &str, order: &str) -> Result<Vec<u8>, String> {
     if !order.is_empty() {
         meta.insert("param_order".into(), order.to_owned());
     }
-    let sum = checksum(&meta, [p, st, sc]);
+    let sum = checksum(&meta, &[p, st, sc, best]);
     meta.insert(CHECKSUM.into(), format!("{sum:08x}"));
     let views = [
         ("params", TensorView::new(Dtype::F32, vec![s.params.len()], p).map_err(|e| e.to_string())?),
         ("state", TensorView::new(Dtype::F32, vec![s.state.len()], st).map_err(|e| e.to_string())?),
         ("scheme", TensorView::new(Dtype::F64, vec![s.scheme.len()], sc).map_err(|e| e.to_string())?),
+        ("best", TensorView::new(Dtype::F32, vec![s.best.len()], best).map_err(|e| e.to_string())?),
     ];
     safetensors::serialize(views, Some(meta)).map_err(|e| e.to_string())
 }
@@ -225,7 +230,12 @@ fn read(path: &Path) -> Result<(Snapshot, String, String), String> {
     };
     let (p, s, sc) =
         (bytes("params", Dtype::F32)?, bytes("state", Dtype::F32)?, bytes("scheme", Dtype::F64)?);
-    let sum = checksum(&meta, [p, s, sc]);
+    // A checkpoint of a version before `best` has none (and its checksum covers three tensors).
+    let best = match st.tensor("best") {
+        Err(safetensors::SafeTensorError::TensorNotFound(_)) => None,
+        _ => Some(bytes("best", Dtype::F32)?),
+    };
+    let sum = checksum(&meta, &[p, s, sc].into_iter().chain(best).collect::<Vec<_>>());
     if said != &format!("{sum:08x}") {
         return Err(format!("damaged (checksum {sum:08x}, the file says {said})"));
     }
@@ -239,7 +249,16 @@ fn read(path: &Path) -> Result<(Snapshot, String, String), String> {
     let params = finite("params", crate::model_file::f32s(p))?;
     let state = finite("state", crate::model_file::f32s(s))?;
     let scheme = sc.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap_or_default())).collect();
-    let snapshot = Snapshot { iteration, train_seconds, evals, params, state, weights: Vec::new(), scheme };
+    let best = finite("best", best.map(crate::model_file::f32s).unwrap_or_default())?;
+    if !(best.is_empty() || best.len() == params.len()) {
+        return Err(format!(
+            "damaged (tensor `best` holds {} values, `params` {})",
+            best.len(),
+            params.len()
+        ));
+    }
+    let snapshot =
+        Snapshot { iteration, train_seconds, evals, params, state, weights: Vec::new(), best, scheme };
     let order = meta.get("param_order").cloned().unwrap_or_default();
     Ok((snapshot, config, order))
 }
@@ -305,6 +324,7 @@ mod tests {
                 train_loss: Some(0.71),
                 consensus: None,
             }],
+            best: (0..100).map(|i| i as f32 * 0.25).collect(),
             train_seconds: 1.25,
             scheme: vec![2.0, 3.0, 2.0, 0.25, 1e300, 1.0, 7.5, 0.0],
         }
@@ -365,15 +385,17 @@ mod tests {
         let mut params = crate::model_file::f32s(st.tensor("params").expect("params").data());
         edit(&mut meta, &mut params);
         let (state, scheme) = (st.tensor("state").expect("state"), st.tensor("scheme").expect("scheme"));
+        let best = st.tensor("best").expect("best");
         let p: &[u8] = bytemuck::cast_slice(&params);
         if reseal {
-            let sum = checksum(&meta, [p, state.data(), scheme.data()]);
+            let sum = checksum(&meta, &[p, state.data(), scheme.data(), best.data()]);
             meta.insert(CHECKSUM.into(), format!("{sum:08x}"));
         }
         let views = [
             ("params", TensorView::new(Dtype::F32, vec![params.len()], p).expect("params")),
             ("state", state),
             ("scheme", scheme),
+            ("best", best),
         ];
         std::fs::write(s.newest(), safetensors::serialize(views, Some(meta)).expect("serialize"))
             .expect("write");
@@ -453,6 +475,55 @@ mod tests {
         s.save(&bad, "c", "").expect("save");
         let e = s.load().expect_err("nothing to fall back on");
         assert!(e.contains("tensor `state` holds -inf at index 7 (of 200)"), "{e}");
+    }
+
+    /// The newest checkpoint of `s` rewritten without its `best` tensor; with `reseal`, its
+    /// checksum recomputed over the other three (as a version before `best` wrote it).
+    fn without_best(s: &Store, reseal: bool) {
+        let bytes = std::fs::read(s.newest()).expect("read");
+        let st = SafeTensors::deserialize(&bytes).expect("safetensors");
+        let (_, header) = SafeTensors::read_metadata(&bytes).expect("header");
+        let mut meta = header.metadata().clone().expect("metadata");
+        let views: Vec<(&str, TensorView<'_>)> =
+            ["params", "state", "scheme"].into_iter().map(|n| (n, st.tensor(n).expect(n))).collect();
+        if reseal {
+            let data: Vec<&[u8]> = views.iter().map(|(_, v)| v.data()).collect();
+            meta.insert(CHECKSUM.into(), format!("{:08x}", checksum(&meta, &data)));
+        }
+        std::fs::write(s.newest(), safetensors::serialize(views, Some(meta)).expect("serialize"))
+            .expect("write");
+    }
+
+    #[test]
+    fn the_best_model_is_covered_by_the_checksum_and_a_checkpoint_without_one_reads_as_none() {
+        // Dropped from a checkpoint that had it: the checksum says so.
+        let t = tempfile::tempdir().expect("tmp");
+        let s = two(&t);
+        without_best(&s, false);
+        assert!(passed_over(&s).contains("checksum"));
+        // A checkpoint of a version before `best`: read, with no best model.
+        let t = tempfile::tempdir().expect("tmp");
+        let s = two(&t);
+        without_best(&s, true);
+        let l = s.load().expect("load").expect("some");
+        assert_eq!(l.fallback, None);
+        assert_eq!(l.snapshot, Snapshot { best: Vec::new(), ..snapshot(20) });
+        // Not finite, or not the model's length: refused.
+        for (edit, expected) in [
+            (
+                (|b: &mut Vec<f32>| b[5] = f32::INFINITY) as fn(&mut Vec<f32>),
+                "tensor `best` holds inf at index 5",
+            ),
+            (|b: &mut Vec<f32>| b.truncate(99), "tensor `best` holds 99 values, `params` 100"),
+        ] {
+            let t = tempfile::tempdir().expect("tmp");
+            let s = Store::new(t.path());
+            let mut bad = snapshot(20);
+            edit(&mut bad.best);
+            s.save(&bad, "c", "").expect("save");
+            let e = s.load().expect_err("nothing to fall back on");
+            assert!(e.contains(expected), "{e}");
+        }
     }
 
     #[test]

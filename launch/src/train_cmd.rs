@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use peregrine_core::engine::{self, Config, Progress, Report, Watchdog};
+use peregrine_core::engine::{self, Config, EvalPoint, Progress, Report, Watchdog};
 use peregrine_core::inject::{Injection, Pattern};
 use peregrine_core::model::{
     lda::Lda, lr::LogReg, mf::Mf, mlp::Mlp, softmax::Softmax, synthetic::Synthetic, Export,
@@ -142,7 +142,9 @@ pub struct TrainArgs {
     /// Training set (a dataset file from `peregrine data convert` or `data gen`).
     #[arg(long, value_name = "FILE")]
     data: Option<PathBuf>,
-    /// Evaluation set (default: the training set).
+    /// Evaluation set (default: the training set). With one, model.safetensors holds the best
+    /// evaluated model (the lowest evaluation loss; its iteration in the metadata as
+    /// `best_iteration`, its loss as `eval_loss`), with or without --early-stop.
     #[arg(long, value_name = "FILE")]
     eval: Option<PathBuf>,
     /// Synchronization: bsp, asp, ssp[:<staleness>] (staleness 3 if not given),
@@ -183,6 +185,12 @@ pub struct TrainArgs {
     /// before the end).
     #[arg(long, value_name = "F")]
     target_loss: Option<f64>,
+    /// Early stopping: stop once the evaluation loss has not improved (fallen below its lowest so
+    /// far) for N evaluations in a row (every --eval-every iterations). Needs --eval: held-out
+    /// data, on which a model that overfits gets worse (the training set's loss keeps falling).
+    /// model.safetensors holds the best evaluated model, not the last.
+    #[arg(long, value_name = "N")]
+    early_stop: Option<u64>,
     /// Evaluate every N iterations [default: once per epoch].
     #[arg(long, value_name = "N")]
     eval_every: Option<u64>,
@@ -404,6 +412,7 @@ pub(crate) struct TrainFile {
     epochs: Option<f64>,
     iterations: Option<u64>,
     pub(crate) target_loss: Option<f64>,
+    early_stop: Option<u64>,
     eval_every: Option<u64>,
     checkpoint_every: Option<u64>,
     checkpoint_seconds: Option<f64>,
@@ -453,6 +462,7 @@ impl TrainFile {
             epochs,
             iterations,
             target_loss: top.target_loss.or(self.target_loss),
+            early_stop: top.early_stop.or(self.early_stop),
             eval_every: top.eval_every.or(self.eval_every),
             checkpoint_every: top.checkpoint_every.or(self.checkpoint_every),
             checkpoint_seconds: top.checkpoint_seconds.or(self.checkpoint_seconds),
@@ -510,6 +520,7 @@ impl TrainArgs {
             epochs: self.epochs,
             iterations: self.iterations,
             target_loss: self.target_loss,
+            early_stop: self.early_stop,
             eval_every: self.eval_every,
             checkpoint_every: self.checkpoint_every,
             checkpoint_seconds: self.checkpoint_seconds,
@@ -577,6 +588,8 @@ pub(crate) struct Resolved {
     at_least: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     target_loss: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    early_stop: Option<u64>,
     eval_every: u64,
     checkpoint_every: u64,
     /// 0: none.
@@ -740,6 +753,21 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
     if iterations == Some(0) {
         return Err(usage("iterations must be at least 1, got 0"));
     }
+    match (f.early_stop, &f.eval) {
+        (Some(0), _) => {
+            return Err(usage(
+                "--early-stop must be at least 1 (evaluations without improvement before stopping), got 0",
+            ))
+        }
+        (Some(_), None) => {
+            return Err(usage(
+                "--early-stop needs held-out data to judge by: give --eval FILE (without it the evaluations \
+                 are on the training set, whose loss keeps falling as the model overfits); `peregrine data \
+                 split` makes one",
+            ))
+        }
+        _ => {}
+    }
     if let Some(t) = f.threads.filter(|&t| t > MAX_THREADS) {
         return Err(usage(format!(
             "threads per rank must be at most {MAX_THREADS} (more than the cores only oversubscribes them), got {t}"
@@ -827,6 +855,7 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
         iterations: iterations.unwrap_or(0),
         at_least: if epochs.is_none() && iterations.is_none() { d.at_least } else { 0 },
         target_loss: f.target_loss,
+        early_stop: f.early_stop,
         eval_every: f.eval_every.unwrap_or(0),
         checkpoint_every: f.checkpoint_every.unwrap_or(u64::MAX),
         checkpoint_seconds: f.checkpoint_seconds.unwrap_or(0.0),
@@ -1409,6 +1438,9 @@ fn go<M: Export>(
         grain: r.grain,
         iterations: r.iterations,
         target_loss: r.target_loss,
+        early_stop: r.early_stop,
+        // The best evaluated model is the one to keep when the evaluations are on held-out data.
+        keep_best: r.eval.is_some(),
         eval_every: r.eval_every,
         steal_fraction: r.steal_fraction,
         seed: r.seed,
@@ -1488,8 +1520,11 @@ fn go<M: Export>(
         },
         &mut |s| {
             store.save(s, &recorded, model.param_order())?;
-            // The model as of the checkpoint, for use before the run ends.
-            save_model_params(dir, model, &s.weights, r, s.iteration, "checkpoint", None)
+            // The model as of the checkpoint (the best so far, when kept), for use before the run
+            // ends.
+            let best = peregrine_core::engine::best_point(&s.evals).filter(|_| !s.best.is_empty());
+            let params = if best.is_some() { &s.best } else { &s.weights };
+            save_model_params(dir, model, params, r, s.iteration, "checkpoint", None, best)
                 .map_err(|e| e.to_string())
         },
     )
@@ -1624,14 +1659,17 @@ fn end_hung_job(message: &str, stopping: bool) {
 /// The exit code of a job the watchdog ended (as `timeout(1)`'s).
 pub const EXIT_HUNG: i32 = 124;
 
-/// Writes the trained model into the run directory (rank 0).
+/// Writes the trained model into the run directory (rank 0): the best evaluated one, when kept.
 fn save_model<M: Export>(dir: &Path, model: &M, report: &Report, r: &Resolved) -> Result<(), AppError> {
-    let Some(params) = report.params.as_deref() else { return Ok(()) };
-    save_model_params(dir, model, params, r, report.iterations, "end", Some(report))
+    let best = report.best.zip(report.best_params.as_deref());
+    let Some(params) = best.map(|b| b.1).or(report.params.as_deref()) else { return Ok(()) };
+    save_model_params(dir, model, params, r, report.iterations, "end", Some(report), best.map(|b| b.0))
 }
 
 /// Writes `params` of `model` as the run directory's model.safetensors (rank 0), written at
-/// iteration `iteration` (`when`: at the `end` or at a `checkpoint`).
+/// iteration `iteration` (`when`: at the `end` or at a `checkpoint`); `best`: the evaluation of
+/// the best model, when `params` are its (its iteration and figures go in the metadata).
+#[allow(clippy::too_many_arguments)]
 fn save_model_params<M: Export>(
     dir: &Path,
     model: &M,
@@ -1640,6 +1678,7 @@ fn save_model_params<M: Export>(
     iteration: u64,
     when: &str,
     report: Option<&Report>,
+    best: Option<EvalPoint>,
 ) -> Result<(), AppError> {
     let train = peregrine_kernels::data::Dataset::open(&r.data)?;
     let mut meta = std::collections::HashMap::new();
@@ -1662,10 +1701,17 @@ fn save_model_params<M: Export>(
     }
     if let Some(report) = report {
         meta.insert("ranks".into(), report.ranks.to_string());
-        if let Some(e) = report.last_eval() {
+        if let Some(e) = best.or(report.last_eval()) {
             meta.insert("eval_loss".into(), e.loss.to_string());
             meta.insert(format!("eval_{}", report.metric), e.metric.to_string());
         }
+        if let Some(i) = report.stopped_early {
+            meta.insert("stopped_early_at".into(), i.to_string());
+        }
+    }
+    if let Some(b) = best {
+        meta.insert("best_iteration".into(), b.iter.to_string());
+        meta.entry("eval_loss".into()).or_insert_with(|| b.loss.to_string());
     }
     // A scaling applied on the fly is recorded as the file's would be; `predict` applies it to
     // raw data (`standardized = on-the-fly`).
@@ -1940,6 +1986,15 @@ fn print_summary(r: &Report, dir: &Path, data_check_seconds: f64) {
         (Some(g), Some(s)) => println!("reached loss <= {g} after {s:.3} s"),
         (Some(g), None) => println!("did not reach loss <= {g}"),
         _ => {}
+    }
+    if let (Some(n), Some(at)) = (r.early_stop, r.stopped_early) {
+        println!("early stopping: no improvement in {n} evaluations, stopped after the evaluation at iteration {at}");
+    }
+    if let Some(b) = r.best {
+        println!(
+            "model.safetensors: the best evaluated model, iteration {} (loss {:.4}, {} {:.4})",
+            b.iter, b.loss, r.metric, b.metric
+        );
     }
     println!(
         "{:>5} {:>10} {:>10} {:>10} {:>8} {:>8} {:>12}",

@@ -17,6 +17,32 @@ pub const STALL_EVALS: usize = 3;
 /// A rising loss is reported once it is this much above the best so far.
 pub const RISEN_BY: f64 = 0.1;
 
+/// How many evaluations came after the best of `points` (the first with the lowest loss; a later
+/// one improves on it only by a strictly lower loss): 0 when the last is the best, `None` when
+/// there are none. Early stopping ([`Config::early_stop`](super::Config::early_stop)) stops once
+/// this reaches its count; the figure is a function of the evaluations alone, which every rank
+/// holds alike and a checkpoint records, so that every rank, and a resumed run, decides alike.
+pub fn evals_since_best(points: &[EvalPoint]) -> Option<usize> {
+    let best = best_eval(points)?;
+    Some(points.len() - 1 - best)
+}
+
+/// The index of the first evaluation with the lowest loss in `points`, if any.
+fn best_eval(points: &[EvalPoint]) -> Option<usize> {
+    let mut best: Option<usize> = None;
+    for (i, p) in points.iter().enumerate() {
+        if best.is_none_or(|b| p.loss < points[b].loss) {
+            best = Some(i);
+        }
+    }
+    best
+}
+
+/// The evaluation of the best model in `points` (see [`evals_since_best`]).
+pub fn best_point(points: &[EvalPoint]) -> Option<EvalPoint> {
+    best_eval(points).map(|i| points[i])
+}
+
 /// What the evaluations say about learning: the yardsticks, and what was reported.
 pub(super) struct Health {
     baseline: Baseline,
@@ -108,6 +134,11 @@ pub(super) struct Evals {
     /// Time spent evaluating (and waiting for others to join an evaluation).
     pub time: Duration,
     pub to_target: Option<f64>,
+    /// The iteration of the evaluation after which early stopping stopped the run.
+    pub stopped_early: Option<u64>,
+    /// Rank 0, with [`Config::keep_best`](super::Config::keep_best): the weights of the best
+    /// evaluation so far ([`best_point`]); empty when none is kept.
+    pub best: Vec<f32>,
     /// Evaluations this rank has joined.
     joined: u64,
     /// The full model, pulled for each evaluation (the replicas' average, when replicated).
@@ -133,6 +164,8 @@ impl Evals {
             points: Vec::new(),
             time: Duration::ZERO,
             to_target: None,
+            stopped_early: None,
+            best: Vec::new(),
             joined: 0,
             params: vec![0.0; params],
             own: Vec::new(),
@@ -145,12 +178,32 @@ impl Evals {
         }
     }
 
-    /// Goes on from checkpoint `s`: its evaluations, iterations and training time.
-    pub(super) fn resume(&mut self, s: &super::Snapshot) {
+    /// Goes on from checkpoint `s`: its evaluations, iterations and training time, the best
+    /// model's weights (rank 0: `keep_best`) and, with `early_stop`, whether its evaluations
+    /// already stop the run.
+    pub(super) fn resume(&mut self, s: &super::Snapshot, keep_best: bool, early_stop: Option<u64>) {
         self.points = s.evals.clone();
         self.joined = 0;
         self.iters = s.iteration;
         self.before = s.train_seconds;
+        if keep_best {
+            self.best.clone_from(&s.best);
+        }
+        self.judge_early_stop(early_stop);
+    }
+
+    /// Whether an evaluation has stopped the run (a target reached, or early stopping).
+    pub(super) fn stopping(&self) -> bool {
+        self.to_target.is_some() || self.stopped_early.is_some()
+    }
+
+    /// With `early_stop` of `n`: stops the run once the loss has not improved for `n`
+    /// evaluations ([`evals_since_best`]).
+    fn judge_early_stop(&mut self, early_stop: Option<u64>) {
+        let since = evals_since_best(&self.points).unwrap_or(0) as u64;
+        if self.stopped_early.is_none() && early_stop.is_some_and(|n| since >= n) {
+            self.stopped_early = self.points.last().map(|p| p.iter);
+        }
     }
 
     /// Training seconds so far (evaluations excluded).
@@ -170,7 +223,7 @@ impl<M: Model> Run<'_, M> {
         let mut paused = Duration::ZERO;
         let w = crate::clocks::wait_until(|| -> Result<bool, TrainError> {
             paused += self.serve_evals(ev)?;
-            Ok(ev.to_target.is_some() || ready()?)
+            Ok(ev.stopping() || ready()?)
         })?;
         Ok(w.saturating_sub(paused))
     }
@@ -247,6 +300,10 @@ impl<M: Model> Run<'_, M> {
         // rows, nothing to judge.)
         if all[2] > 0.0 {
             ev.health.check(&ev.points, self.cfg.stop_on_stall)?;
+            if self.rank == 0 && self.cfg.keep_best && evals_since_best(&ev.points) == Some(0) {
+                ev.best.clone_from(&ev.params);
+            }
+            ev.judge_early_stop(self.cfg.early_stop);
         }
         if ev.to_target.is_none() && self.cfg.target_loss.is_some_and(|g| loss <= g) {
             ev.to_target = Some(time);
@@ -337,6 +394,72 @@ mod tests {
         let mut h = Health::new(ratings, Metric::Rmse);
         judge(&mut h, &points(&[(1.0, 1.0), (0.9, 0.95), (0.85, 0.92)]), false).expect("learning");
         assert!(h.warnings.is_empty());
+    }
+
+    #[test]
+    fn evaluations_since_the_best_count_from_the_first_lowest_loss() {
+        let since =
+            |losses: &[f64]| evals_since_best(&points(&losses.iter().map(|&l| (l, 0.5)).collect::<Vec<_>>()));
+        assert_eq!(since(&[]), None);
+        assert_eq!(since(&[0.9]), Some(0));
+        assert_eq!(since(&[0.9, 0.8, 0.7]), Some(0));
+        assert_eq!(since(&[0.9, 0.7, 0.8, 0.75]), Some(2));
+        // A tie is no improvement: the first of equal losses stays the best.
+        assert_eq!(since(&[0.9, 0.7, 0.7, 0.7]), Some(2));
+        assert_eq!(best_point(&points(&[(0.9, 0.5), (0.7, 0.6), (0.7, 0.7)])).map(|p| p.iter), Some(20));
+        // A new best resets the count.
+        assert_eq!(since(&[0.9, 0.7, 0.8, 0.8, 0.6, 0.65]), Some(1));
+    }
+
+    /// Evaluations judged for early stopping as they arrive: the iteration it stopped after.
+    fn early_stop(losses: &[f64], n: u64) -> Option<u64> {
+        let mut ev = Evals::new(0, TEN_CLASSES, Metric::Accuracy);
+        for p in points(&losses.iter().map(|&l| (l, 0.5)).collect::<Vec<_>>()) {
+            ev.points.push(p);
+            ev.judge_early_stop(Some(n));
+            if ev.stopping() {
+                break;
+            }
+        }
+        ev.stopped_early
+    }
+
+    #[test]
+    fn early_stopping_stops_at_the_nth_evaluation_without_improvement_and_not_before() {
+        // Best at iteration 20, then three without improvement: stopped after the third (50).
+        assert_eq!(early_stop(&[1.0, 0.8, 0.85, 0.81, 0.9, 0.7], 3), Some(50));
+        // Two without improvement, then a new best: not stopped.
+        assert_eq!(early_stop(&[1.0, 0.8, 0.85, 0.81, 0.7, 0.75], 3), None);
+        // One: the first evaluation that is no better.
+        assert_eq!(early_stop(&[1.0, 0.8, 0.8], 1), Some(30));
+        // Off: never.
+        let mut ev = Evals::new(0, TEN_CLASSES, Metric::Accuracy);
+        ev.points = points(&[(1.0, 0.5), (1.1, 0.5), (1.2, 0.5), (1.3, 0.5)]);
+        ev.judge_early_stop(None);
+        assert!(!ev.stopping());
+    }
+
+    #[test]
+    fn a_resumed_run_goes_on_with_the_count_and_best_model_of_its_checkpoint() {
+        let s = crate::engine::Snapshot {
+            iteration: 40,
+            evals: points(&[(1.0, 0.5), (0.8, 0.5), (0.85, 0.5), (0.9, 0.5)]),
+            best: vec![0.5, 0.25],
+            ..Default::default()
+        };
+        // Two evaluations without improvement: a third stops the run, a better one does not.
+        let mut ev = Evals::new(2, TEN_CLASSES, Metric::Accuracy);
+        ev.resume(&s, true, Some(3));
+        assert!(!ev.stopping());
+        assert_eq!(ev.best, [0.5, 0.25]);
+        ev.points.push(EvalPoint { iter: 50, loss: 0.95, ..s.evals[0] });
+        ev.judge_early_stop(Some(3));
+        assert_eq!(ev.stopped_early, Some(50));
+        // Already at the count (a checkpoint taken after the stopping evaluation): stopping.
+        let mut ev = Evals::new(2, TEN_CLASSES, Metric::Accuracy);
+        ev.resume(&s, false, Some(2));
+        assert_eq!(ev.stopped_early, Some(40));
+        assert!(ev.best.is_empty(), "kept on rank 0 only");
     }
 
     #[test]

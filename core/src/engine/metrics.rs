@@ -207,6 +207,15 @@ pub struct Report {
     pub target_loss: Option<f64>,
     /// Training seconds until the evaluation loss first reached the target.
     pub time_to_target: Option<f64>,
+    /// Early stopping's count of evaluations without improvement, if on ([`Config::early_stop`]).
+    ///
+    /// [`Config::early_stop`]: super::Config::early_stop
+    pub early_stop: Option<u64>,
+    /// The iteration of the evaluation after which early stopping stopped the run, if it did.
+    pub stopped_early: Option<u64>,
+    /// With [`Config::keep_best`](super::Config::keep_best): the evaluation with the lowest loss
+    /// (the first such), whose model is `best_params`.
+    pub best: Option<EvalPoint>,
     /// Per-rank totals.
     pub per_rank: Vec<RankTotals>,
     /// What the evaluations showed going wrong without stopping the run (a stall, a rising
@@ -221,6 +230,10 @@ pub struct Report {
     /// The final parameters, if asked for ([`Config::keep_params`]).
     #[serde(skip)]
     pub params: Option<Vec<f32>>,
+    /// Rank 0, with [`Config::keep_best`](super::Config::keep_best): the weights of the `best`
+    /// evaluation's model.
+    #[serde(skip)]
+    pub best_params: Option<Vec<f32>>,
 }
 
 impl Report {

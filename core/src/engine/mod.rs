@@ -65,7 +65,7 @@ mod comm;
 mod compute;
 pub use compute::thread_cpu_time;
 mod evals;
-pub use evals::{DIVERGED_ABOVE, RISEN_BY, STALL_EVALS};
+pub use evals::{best_point, evals_since_best, DIVERGED_ABOVE, RISEN_BY, STALL_EVALS};
 mod metrics;
 mod params;
 mod run;
@@ -88,6 +88,9 @@ pub struct Snapshot {
     pub weights: Vec<f32>,
     /// The evaluations so far.
     pub evals: Vec<EvalPoint>,
+    /// With [`Config::keep_best`]: the weights of the best evaluation's model
+    /// ([`best_point`] of `evals`); empty when none is kept.
+    pub best: Vec<f32>,
     /// Training seconds so far (evaluations excluded).
     pub train_seconds: f64,
     /// What the ranks' policies learned ([`crate::scheme::Policy::state`]): empty, or the world
@@ -203,6 +206,14 @@ pub struct Config {
     pub iterations: u64,
     /// Stop once the evaluation loss is at or below this.
     pub target_loss: Option<f64>,
+    /// Early stopping: with `Some(n)`, stop once the evaluation loss has not improved (fallen
+    /// below its lowest so far) for `n` evaluations in a row ([`evals_since_best`]). Decided
+    /// from the evaluation figures every rank sees, like `target_loss`: every rank stops after
+    /// the same evaluation.
+    pub early_stop: Option<u64>,
+    /// Rank 0 keeps a copy of the weights of the best evaluation so far (the lowest loss):
+    /// [`Report::best_params`], and in every [`Snapshot`].
+    pub keep_best: bool,
     /// Evaluate every this many iterations (0: only at the end).
     pub eval_every: u64,
     /// Fraction of a victim's remaining chunks a thief takes at once (unless the scheme sizes
@@ -267,6 +278,8 @@ impl Default for Config {
             grain: 1,
             iterations: 100,
             target_loss: None,
+            early_stop: None,
+            keep_best: false,
             eval_every: 0,
             steal_fraction: 0.5,
             seed: 1,
@@ -339,6 +352,9 @@ pub fn check(cfg: &Config, world: usize, rows: usize) -> Result<Plan, TrainError
     }
     if cfg.grain == 0 {
         return Err(setting("grain", "at least 1", cfg.grain.to_string()));
+    }
+    if cfg.early_stop == Some(0) {
+        return Err(setting("early stopping's count of evaluations", "at least 1", "0".into()));
     }
     if !(cfg.steal_fraction > 0.0 && cfg.steal_fraction <= 1.0) {
         return Err(setting("the steal fraction", "in (0, 1]", cfg.steal_fraction.to_string()));
@@ -436,13 +452,15 @@ pub fn train_checkpointed<M: Model>(
         let slots = cfg.optimizer.slots();
         if s.params.len() != layout.params
             || s.state.len() != layout.params * slots
+            || !(s.best.is_empty() || s.best.len() == layout.params)
             || s.iteration > cfg.iterations
         {
             return Err(TrainError::Checkpoint(format!(
-                "the checkpoint holds {} parameters, {} state values and iteration {}; this run has {} \
-                 parameters, {} state values per parameter and {} iterations",
+                "the checkpoint holds {} parameters, {} state values, {} best weights and iteration {}; \
+                 this run has {} parameters, {} state values per parameter and {} iterations",
                 s.params.len(),
                 s.state.len(),
+                s.best.len(),
                 s.iteration,
                 layout.params,
                 slots,
@@ -478,6 +496,7 @@ mod tests {
             state: Vec::new(),
             weights: Vec::new(),
             evals: Vec::new(),
+            best: Vec::new(),
             train_seconds: 0.0,
             scheme,
         }

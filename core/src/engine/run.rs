@@ -335,7 +335,7 @@ impl<'a, M: Model> Run<'a, M> {
         let every = self.cfg.checkpoint_every;
         let mut next = self.cfg.start_iteration();
         if let Some(s) = &self.cfg.resume {
-            me.ev.resume(s);
+            me.ev.resume(s, self.cfg.keep_best && self.rank == 0, self.cfg.early_stop);
         }
         let mut due = next.checked_div(every).map_or(u64::MAX, |k| (k + 1) * every);
         // The iteration of the open checkpoint request, once every rank published for it.
@@ -441,7 +441,7 @@ impl<'a, M: Model> Run<'a, M> {
             }
             // Once an evaluation says stop, every rank leaves after this iteration without
             // stepping it (some ranks leave before pushing it).
-            if self.params.owner_steps() && me.ev.to_target.is_none() {
+            if self.params.owner_steps() && !me.ev.stopping() {
                 let stepping = Instant::now();
                 self.watch.mark(Phase::Pushing, it);
                 if let Some((step, scale)) = me.step.take() {
@@ -455,7 +455,7 @@ impl<'a, M: Model> Run<'a, M> {
                 rec.comm += stepping.elapsed().as_secs_f64();
                 self.traced("owner step", "comm", Span(stepping), Args::default().int("iter", it));
             }
-            if self.params.replicated() && me.ev.to_target.is_none() {
+            if self.params.replicated() && !me.ev.stopping() {
                 let mixing = Instant::now();
                 policy.mix(&self.view(), it, &mut me.mixed, &mut rec)?;
                 self.params.set_own(self.t, &me.mixed)?;
@@ -464,7 +464,7 @@ impl<'a, M: Model> Run<'a, M> {
             }
             self.close(policy, &mut me, rec, &mut metrics, progress)?;
             self.traced("iteration", "iteration", whole, Args::default().int("iter", it));
-            if me.ev.to_target.is_some() {
+            if me.ev.stopping() {
                 break;
             }
         }
@@ -501,9 +501,9 @@ impl<'a, M: Model> Run<'a, M> {
         let want = self.published.load(Ordering::Relaxed) * self.world as u64;
         crate::clocks::wait_until(|| -> Result<bool, TrainError> {
             self.serve_evals(&mut me.ev)?;
-            Ok(me.ev.to_target.is_some() || self.control.load(2)? >= want)
+            Ok(me.ev.stopping() || self.control.load(2)? >= want)
         })?;
-        if me.ev.to_target.is_some() {
+        if me.ev.stopping() {
             return Ok(None);
         }
         let mut all = vec![0u64; self.world];
@@ -530,7 +530,7 @@ impl<'a, M: Model> Run<'a, M> {
         let mut arrived = vec![0u64; self.world];
         crate::clocks::wait_until(|| -> Result<bool, TrainError> {
             self.serve_evals(&mut me.ev)?;
-            if me.ev.to_target.is_some() {
+            if me.ev.stopping() {
                 return Ok(true);
             }
             self.arrivals.load_range(0, &mut arrived)?;
@@ -542,7 +542,7 @@ impl<'a, M: Model> Run<'a, M> {
                 }
             }
         })?;
-        if me.ev.to_target.is_some() {
+        if me.ev.stopping() {
             return Ok(None);
         }
         // Every rank has arrived: no evaluation can be asked any more; join the ones asked
@@ -562,6 +562,7 @@ impl<'a, M: Model> Run<'a, M> {
             let mut s = super::Snapshot {
                 iteration: at,
                 evals: me.ev.points.clone(),
+                best: me.ev.best.clone(),
                 train_seconds: me.ev.train_time(),
                 scheme,
                 ..Default::default()
@@ -704,7 +705,7 @@ impl<'a, M: Model> Run<'a, M> {
             let w = crate::clocks::wait_until(|| -> Result<bool, TrainError> {
                 paused += self.serve_evals(ev)?;
                 // Once an evaluation says stop, nobody waits for anyone any more.
-                if ev.to_target.is_some() || self.clocks.all_done(it)? {
+                if ev.stopping() || self.clocks.all_done(it)? {
                     return Ok(true);
                 }
                 // Who is behind, for the watchdog: every progress word, once the wait is long.
@@ -806,7 +807,7 @@ impl<'a, M: Model> Run<'a, M> {
             // Zeros when there is nothing to add: the slots hold what was put last.
             self.params.push_gradient(&me.delta)?;
             me.step = step.map(|s| (s, per_row));
-        } else if self.params.reads_in_place() && me.ev.to_target.is_some() {
+        } else if self.params.reads_in_place() && me.ev.stopping() {
             // Left the line-up early (an evaluation said stop): others may still read the
             // weights in place, and the run ends after this iteration unstepped anyway.
             me.delta.clear();
@@ -955,6 +956,7 @@ impl<'a, M: Model> Run<'a, M> {
         // The slowest rank's times; the most iterations any rank ran (ranks differ under SSP/ASP
         // and when a target stops them).
         let ev = me.ev;
+        let best = self.cfg.keep_best.then(|| super::evals::best_point(&ev.points)).flatten();
         let (checkpoints, checkpoint_seconds) = (me.checkpoints, me.checkpoint_time.as_secs_f64());
         let stats = crate::straggler::rate_stats(&me.rates);
         (me.totals.best_rate, me.totals.median_rate, me.totals.slow_share) =
@@ -987,6 +989,10 @@ impl<'a, M: Model> Run<'a, M> {
             metric: self.model.metric().name().into(),
             target_loss: self.cfg.target_loss,
             time_to_target: ev.to_target,
+            early_stop: self.cfg.early_stop,
+            stopped_early: ev.stopped_early,
+            best,
+            best_params: (!ev.best.is_empty()).then_some(ev.best),
             stragglers: crate::straggler::report(&per_rank),
             per_rank,
             warnings: ev.health.warnings,

@@ -1,7 +1,7 @@
 //! Rewriting a run's checkpoint as a version of Peregrine that wrote other figures would have
 //! written it, its checksum recomputed by the documented rule (launch/src/checkpoint.rs: CRC-32
 //! of every metadata entry but `checksum` in key order, then the tensors `params`, `state`,
-//! `scheme`, each preceded by its length as a little-endian u64).
+//! `scheme` and `best`, each preceded by its length as a little-endian u64).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -26,6 +26,7 @@ pub fn reseal(path: &Path, edit: impl FnOnce(&mut HashMap<String, String>, &mut 
     edit(&mut meta, &mut params);
     let p: Vec<u8> = params.iter().flat_map(|v| v.to_le_bytes()).collect();
     let (state, scheme) = (st.tensor("state").expect("state"), st.tensor("scheme").expect("scheme"));
+    let best = st.tensor("best").expect("best");
     let mut h = crc32fast::Hasher::new();
     let mut field = |b: &[u8]| {
         h.update(&(b.len() as u64).to_le_bytes());
@@ -37,7 +38,7 @@ pub fn reseal(path: &Path, edit: impl FnOnce(&mut HashMap<String, String>, &mut 
         field(k.as_bytes());
         field(meta[k].as_bytes());
     }
-    for t in [&p[..], state.data(), scheme.data()] {
+    for t in [&p[..], state.data(), scheme.data(), best.data()] {
         field(t);
     }
     meta.insert("checksum".into(), format!("{:08x}", h.finalize()));
@@ -45,6 +46,7 @@ pub fn reseal(path: &Path, edit: impl FnOnce(&mut HashMap<String, String>, &mut 
         ("params", TensorView::new(safetensors::Dtype::F32, vec![params.len()], &p).expect("params")),
         ("state", state),
         ("scheme", scheme),
+        ("best", best),
     ];
     std::fs::write(path, safetensors::serialize(views, Some(meta)).expect("serialize")).expect("write");
 }
