@@ -562,7 +562,8 @@ impl<'a, M: Model> Run<'a, M> {
             let mut s = super::Snapshot {
                 iteration: at,
                 evals: me.ev.points.clone(),
-                best: me.ev.best.clone(),
+                // Lent to the snapshot, not copied (given back below).
+                best: std::mem::take(&mut me.ev.best),
                 train_seconds: me.ev.train_time(),
                 scheme,
                 ..Default::default()
@@ -576,6 +577,7 @@ impl<'a, M: Model> Run<'a, M> {
             if let Err(e) = sink(&s) {
                 (agreed[0], why) = (1, e);
             }
+            me.ev.best = std::mem::take(&mut s.best);
             // The interval that keeps this checkpoint's cost within the budget of the training
             // time since the previous one.
             let (every, cost) = (self.cfg.checkpoint_every, c0.elapsed().as_secs_f64());
