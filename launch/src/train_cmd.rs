@@ -186,12 +186,14 @@ pub struct TrainArgs {
     #[arg(long, value_name = "F")]
     target_loss: Option<f64>,
     /// Early stopping: stop once the evaluation loss has not improved (fallen below its lowest so
-    /// far) for N evaluations in a row (every --eval-every iterations). Needs --eval: held-out
-    /// data, on which a model that overfits gets worse (the training set's loss keeps falling).
-    /// model.safetensors holds the best evaluated model, not the last.
+    /// far) for N evaluations in a row (every --eval-every iterations, by default every epoch
+    /// under early stopping). Needs --eval: held-out data, on which a model that overfits gets
+    /// worse (the training set's loss keeps falling). model.safetensors holds the best evaluated
+    /// model, not the last.
     #[arg(long, value_name = "N")]
     early_stop: Option<u64>,
-    /// Evaluate every N iterations [default: once per epoch].
+    /// Evaluate every N iterations [default: once per epoch, and at most about 10 times a run
+    /// unless --early-stop is given].
     #[arg(long, value_name = "N")]
     eval_every: Option<u64>,
     /// Learning-rate decay: F (epoch e, fractional, updates with lr / (1 + F e)) or `cosine` (half
@@ -1422,8 +1424,12 @@ fn go<M: Export>(
         r.iterations = ((e * plan.iters_per_epoch() as f64).ceil() as u64).max(r.at_least).max(1);
     }
     if r.eval_every == 0 {
-        // Every epoch, and at most about ten times when a small set runs many epochs.
-        r.eval_every = plan.iters_per_epoch().max(r.iterations.div_ceil(10));
+        // Every epoch, and at most about ten times when a small set runs many epochs; under early
+        // stopping every epoch, which its stop and the best model are as fine as.
+        r.eval_every = match r.early_stop {
+            Some(_) => plan.iters_per_epoch(),
+            None => plan.iters_per_epoch().max(r.iterations.div_ceil(10)),
+        };
     }
     // By default every epoch, at most about ten per run, and spaced to cost at most 1 % of the
     // training time.

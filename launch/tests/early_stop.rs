@@ -224,3 +224,40 @@ fn early_stopping_without_held_out_data_or_with_a_count_of_0_is_refused_and_noth
         assert!(!d.join("run").exists(), "{flags:?}: a run directory was written");
     }
 }
+
+#[test]
+fn under_early_stopping_the_evaluations_are_every_epoch_by_default() {
+    let t = scratch("every-epoch");
+    let d = t.path();
+    overfitting(d);
+    // 150 training rows in batches of 32: an epoch is 5 iterations. Of 300 iterations, without
+    // early stopping an evaluation every 30 (about 10 a run); with it, every epoch.
+    let run = |name: &str, extra: &[&str]| {
+        let args = [
+            "train",
+            "--model",
+            "softmax",
+            "--data",
+            "tr.pgd",
+            "--eval",
+            "te.pgd",
+            "--batch",
+            "32",
+            "--chunk",
+            "16",
+            "--iterations",
+            "300",
+            "--ranks",
+            "2",
+            "--quiet",
+            "--run-dir",
+            name,
+        ];
+        ok(d, &[&args[..], extra].concat());
+        let config = std::fs::read_to_string(d.join(name).join("config.toml")).expect("config.toml");
+        let line = config.lines().find(|l| l.starts_with("eval-every = ")).expect("eval-every").to_owned();
+        (line, evals(&summary(&d.join(name)))[0].0)
+    };
+    assert_eq!(run("plain", &[]), ("eval-every = 30".to_owned(), 30));
+    assert_eq!(run("stopping", &["--early-stop", "100"]), ("eval-every = 5".to_owned(), 5));
+}
