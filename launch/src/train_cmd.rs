@@ -1996,7 +1996,7 @@ fn print_summary(r: &Report, dir: &Path, data_check_seconds: f64) {
     if let (Some(n), Some(at)) = (r.early_stop, r.stopped_early) {
         println!("early stopping: no improvement in {n} evaluations, stopped after the evaluation at iteration {at}");
     }
-    if let Some(b) = r.best {
+    if let (Some(b), Some(_)) = (r.best, &r.best_params) {
         println!(
             "model.safetensors: the best evaluated model, iteration {} (loss {:.4}, {} {:.4})",
             b.iter, b.loss, r.metric, b.metric

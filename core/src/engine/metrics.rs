@@ -207,9 +207,8 @@ pub struct Report {
     pub target_loss: Option<f64>,
     /// Training seconds until the evaluation loss first reached the target.
     pub time_to_target: Option<f64>,
-    /// Early stopping's count of evaluations without improvement, if on ([`Config::early_stop`]).
-    ///
-    /// [`Config::early_stop`]: super::Config::early_stop
+    /// Early stopping's count of evaluations without improvement, if on
+    /// ([`Config::early_stop`](super::Config::early_stop)).
     pub early_stop: Option<u64>,
     /// The iteration of the evaluation after which early stopping stopped the run, if it did.
     pub stopped_early: Option<u64>,
