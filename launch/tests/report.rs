@@ -111,18 +111,25 @@ fn a_traced_run_shows_the_straggler_and_the_report_names_it() {
     // (its hyperthread sibling idle, as it looks: 1.1-1.4M rows/s against a steady 0.97M), and
     // the loops are pinned, so a run of 0.15 s has measured the other rank at 0.65-0.70 of it,
     // flagged: a real straggler to the report, not its error. A run of 2000 iterations (about
-    // 1.5 s) has kept both at 0.86 or more (12 runs), and a flagged one is run once more: a
-    // report that flags noise as such flags it in both.
+    // 1.5 s) kept both at 0.86 or more on one host (12 runs); on another, 7 of 20 such runs, of
+    // this version and of the one before alike, measured one rank or the other at 0.61-0.69. A
+    // flagged run is run again, up to 4 in all: a report that flags an ideal run by its own error
+    // flags every one, where the machine's slow core passes within a few.
     let ideal = |run: &str| {
         train_for("2000", run, "2", "ideal", &[]);
         stragglers(&d.join(run))
     };
     let (mut flagged, mut pattern, mut scores) = ideal("ideal");
-    if !flagged.is_empty() {
+    let mut seen = Vec::new();
+    for again in 1..4 {
+        if flagged.is_empty() {
+            break;
+        }
         eprintln!("ideal run flagged {flagged:?} ({scores:?}); once more");
-        (flagged, pattern, scores) = ideal("ideal-again");
+        seen.push(flagged.clone());
+        (flagged, pattern, scores) = ideal(&format!("ideal-{again}"));
     }
-    assert!(flagged.is_empty(), "ideal run flagged {flagged:?} twice: {scores:?}");
+    assert!(flagged.is_empty(), "ideal run flagged {flagged:?} after {seen:?}: {scores:?}");
     // (A short run on a busy machine may show its noise as transient, never as a straggler.)
     assert_ne!(pattern, "persistent", "{scores:?}");
     // Three speeds: scored in their order. Three ranks share the 2 cores: ranks 0 and 2 share
