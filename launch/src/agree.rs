@@ -1,8 +1,9 @@
 //! Every rank runs the same job. Under `mpirun` each process parses its own command line (MPMD
 //! launches give each their own), reads its own files and may see its own directories; nothing
 //! else makes them agree. So at start the ranks compare, in one collective, a digest of what
-//! determines the computation: a word a key (the resolved configuration key by key, the data's
-//! identity, the run directory, its checkpoint). On a difference, a second collective gathers
+//! determines the computation: the resolved configuration key by key, the data's identity, the
+//! run directory, its checkpoint, each key hashed into the slot its name picks (a key one rank
+//! lacks changes its own slot alone). On a difference, a second collective gathers
 //! the differing keys' values, and every rank exits with code 2, rank 0 naming each key, its
 //! values and the ranks that hold them.
 //!
@@ -14,9 +15,9 @@ use peregrine_transport::{ReduceOp, Transport};
 
 use crate::error::AppError;
 
-/// Keys a digest holds at most (the allreduce's size is fixed, so that ranks built from other
-/// versions still meet in a collective of the same length).
-pub const MAX_KEYS: usize = 96;
+/// Slots of the digest: each key goes to the slot its name hashes to (the allreduce's size is
+/// fixed, and a key only some ranks have, an option one rank set, changes its own slot alone).
+pub const SLOTS: usize = 256;
 
 /// Bytes of a value gathered to name it in the message.
 const VALUE_BYTES: usize = 64;
@@ -24,8 +25,7 @@ const VALUE_BYTES: usize = 64;
 /// Differing keys whose values are gathered and named (the others are counted).
 const NAMED: usize = 6;
 
-/// What this rank would run: `(key, value)` in words, the same keys in the same order on every
-/// rank of the same version.
+/// What this rank would run: `(key, value)` in words, in an order every rank shares.
 pub type Digest = Vec<(String, String)>;
 
 /// Collective: checks that every rank holds the same `digest`. `local` is this rank's error found
@@ -35,27 +35,27 @@ pub fn agree(t: &Transport, digest: Result<Digest, AppError>) -> Result<(), AppE
     let (rank, world) = (t.rank(), t.world_size());
     let hashes = match &digest {
         Ok(d) => slots(d),
-        Err(_) => vec![0; MAX_KEYS],
+        Err(_) => vec![0; SLOTS],
     };
     // Each key's hash and its complement, then rank + 1 of a rank that failed (the largest).
-    let mut words = vec![0u64; 2 * MAX_KEYS + 1];
+    let mut words = vec![0u64; 2 * SLOTS + 1];
     for (i, &h) in hashes.iter().enumerate() {
         words[i] = h;
-        words[MAX_KEYS + i] = !h;
+        words[SLOTS + i] = !h;
     }
-    words[2 * MAX_KEYS] = if digest.is_err() { rank as u64 + 1 } else { 0 };
+    words[2 * SLOTS] = if digest.is_err() { rank as u64 + 1 } else { 0 };
     t.allreduce(&mut words, ReduceOp::Max)?;
     let digest = match digest {
         Err(e) => return Err(AppError::Agreed(Box::new(e))),
         Ok(d) => d,
     };
-    if let Some(r) = words[2 * MAX_KEYS].checked_sub(1) {
+    if let Some(r) = words[2 * SLOTS].checked_sub(1) {
         return Err(AppError::Elsewhere {
             rank: r as usize,
             what: format!("rank {r} could not start the job"),
         });
     }
-    let differ: Vec<usize> = (0..MAX_KEYS).filter(|&i| words[i] != !words[MAX_KEYS + i]).collect();
+    let differ: Vec<usize> = (0..SLOTS).filter(|&i| words[i] != !words[SLOTS + i]).collect();
     if differ.is_empty() {
         return Ok(());
     }
@@ -67,7 +67,7 @@ pub fn agree(t: &Transport, digest: Result<Digest, AppError>) -> Result<(), AppE
     for (j, &i) in named.iter().enumerate() {
         let at = rank * row + j * (1 + VALUE_BYTES / 8);
         table[at] = hashes[i];
-        let value = digest.get(i).map_or("", |(_, v)| v.as_str());
+        let value = slot_value(&digest, i);
         let bytes = value.as_bytes();
         for (w, chunk) in table[at + 1..at + 1 + VALUE_BYTES / 8].iter_mut().zip(bytes.chunks(8)) {
             let mut b = [0u8; 8];
@@ -83,7 +83,8 @@ pub fn agree(t: &Transport, digest: Result<Digest, AppError>) -> Result<(), AppE
     }
     let mut lines = Vec::new();
     for (j, &i) in named.iter().enumerate() {
-        let name = digest.get(i).map_or("(a key of another version of peregrine)", |(k, _)| k.as_str());
+        let keys: Vec<&str> = slot_keys(&digest, i).iter().map(|(k, _)| k.as_str()).collect();
+        let name = if keys.is_empty() { "(a key rank 0 does not have)".to_owned() } else { keys.join(", ") };
         // The values in order of the lowest rank holding each.
         let mut groups: Vec<(u64, String, Vec<usize>)> = Vec::new();
         for r in 0..world {
@@ -107,14 +108,32 @@ pub fn agree(t: &Transport, digest: Result<Digest, AppError>) -> Result<(), AppE
     )))))
 }
 
-/// Each key's hash (name and value) in its slot; keys beyond [`MAX_KEYS`] fold into the last.
+/// The slot of key `name`.
+fn slot_of(name: &str) -> usize {
+    (fnv1a(0, name.as_bytes()) % SLOTS as u64) as usize
+}
+
+/// Each slot's hash of its keys' names and values.
 fn slots(digest: &Digest) -> Vec<u64> {
-    let mut out = vec![0u64; MAX_KEYS];
-    for (i, (k, v)) in digest.iter().enumerate() {
-        let slot = &mut out[i.min(MAX_KEYS - 1)];
+    let mut out = vec![0u64; SLOTS];
+    for (k, v) in digest {
+        let slot = &mut out[slot_of(k)];
         *slot = fnv1a(*slot ^ fnv1a(0, k.as_bytes()), v.as_bytes());
     }
     out
+}
+
+/// The keys of slot `i`.
+fn slot_keys(digest: &Digest, i: usize) -> Vec<&(String, String)> {
+    digest.iter().filter(|(k, _)| slot_of(k) == i).collect()
+}
+
+/// The value of slot `i` in words: its key's value, or `key=value, ...` of several (none: empty).
+fn slot_value(digest: &Digest, i: usize) -> String {
+    match slot_keys(digest, i).as_slice() {
+        [(_, v)] => v.clone(),
+        many => many.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", "),
+    }
 }
 
 /// FNV-1a, 64 bits, continuing from `seed` (stable across builds and machines, unlike std's
@@ -133,7 +152,9 @@ fn value_of(words: &[u64]) -> String {
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
     let text = String::from_utf8_lossy(&bytes[..end]).into_owned();
     let text = text.trim_end_matches('\u{fffd}').to_owned();
-    if end == bytes.len() {
+    if end == 0 {
+        "unset".into()
+    } else if end == bytes.len() {
         format!("`{text}...`")
     } else {
         format!("`{text}`")
@@ -201,6 +222,21 @@ mod tests {
         for r in &out[1..] {
             assert!(matches!(r, Err(AppError::Agreed(e)) if matches!(**e, AppError::Usage(_))), "{r:?}");
         }
+    }
+
+    #[test]
+    fn a_key_only_one_rank_has_is_named_alone() {
+        let out = run_local(2, |t| {
+            let mut d = digest(&[("lr", "0.1"), ("seed", "1"), ("batch", "128")]);
+            if t.rank() == 1 {
+                d.insert(1, ("early-stop".into(), "3".into()));
+            }
+            agree(&t, Ok(d))
+        })
+        .expect("world");
+        let message = out[0].as_ref().expect_err("rank 0 refuses").to_string();
+        assert_eq!(message.lines().count(), 2, "{message}");
+        assert!(message.contains("(a key rank 0 does not have): unset on rank 0; `3` on rank 1"), "{message}");
     }
 
     #[test]
