@@ -7,7 +7,7 @@ use peregrine_kernels::data::{combine_crcs, shard, Dataset};
 fuzz_target!(|data: &[u8]| {
     let p = peregrine_fuzz::file("in.pgd", data);
     let Ok(ds) = Dataset::open(&p) else { return };
-    let _ = ds.summary();
+    let _ = ds.summary(false);
     let _ = ds.verify();
     let rows = ds.rows();
     for world in [1, 3] {
@@ -31,5 +31,6 @@ fuzz_target!(|data: &[u8]| {
         }
         let _ = ds.truth();
         let _ = ds.scaling();
+        let _ = ds.summary(true);
     }
 });
