@@ -236,7 +236,10 @@ mod tests {
         .expect("world");
         let message = out[0].as_ref().expect_err("rank 0 refuses").to_string();
         assert_eq!(message.lines().count(), 2, "{message}");
-        assert!(message.contains("(a key rank 0 does not have): unset on rank 0; `3` on rank 1"), "{message}");
+        assert!(
+            message.contains("(a key rank 0 does not have): unset on rank 0; `3` on rank 1"),
+            "{message}"
+        );
     }
 
     #[test]
