@@ -237,6 +237,31 @@ pub enum GenCommand {
         #[command(flatten)]
         common: Common,
     },
+    /// One-hot (user, item) pairs with like/dislike labels (logistic regression on a long tail
+    /// of rare ids, as a recommender's): features 0..users are the users, then the items; each
+    /// row one of each, drawn from power laws; label 1 with probability sigmoid(w_user + w_item +
+    /// N(0, noise)), the true weights N(0, 1) kept in the file.
+    Onehot {
+        /// Output dataset: a new or regular file, not a link (written aside, then renamed).
+        output: PathBuf,
+        /// Rows.
+        #[arg(long, default_value_t = 100_000)]
+        rows: u64,
+        /// Users.
+        #[arg(long, default_value_t = 1_000)]
+        users: u64,
+        /// Items.
+        #[arg(long, default_value_t = 2_000)]
+        items: u64,
+        /// Zipf exponent of user and item frequencies (0: uniform).
+        #[arg(long, default_value_t = 1.0)]
+        zipf: f64,
+        /// Standard deviation of the noise added to each row's logit.
+        #[arg(long, default_value_t = 1.0)]
+        noise: f64,
+        #[command(flatten)]
+        common: Common,
+    },
     /// Ratings from a known low-rank matrix (matrix factorization).
     Ratings {
         /// Output dataset: a new or regular file, not a link (written aside, then renamed).
@@ -325,6 +350,7 @@ fn check_outputs(cmd: &DataCommand) -> Result<(), AppError> {
         DataCommand::Gen(g) => match g {
             GenCommand::Sparse { output, .. }
             | GenCommand::Dense { output, .. }
+            | GenCommand::Onehot { output, .. }
             | GenCommand::Ratings { output, .. } => output::check(out, output, &[]),
         },
         DataCommand::Standardize { input, output, like } => {
@@ -470,6 +496,13 @@ pub fn run(cmd: DataCommand) -> Result<(), AppError> {
                 let what = format!("--rows {rows}, --features {features} and --classes {classes}");
                 crate::limits::fits(spec.memory(), &what, "generate fewer rows, features or classes")?;
                 let c = gen::dense(&spec, &output)?;
+                done("generated", &output, c, start);
+            }
+            GenCommand::Onehot { output, rows, users, items, zipf, noise, common } => {
+                let spec = gen::OnehotSpec { rows, users, items, zipf, noise, seed: common.seed };
+                let what = format!("--users {users} and --items {items}");
+                crate::limits::fits(spec.memory(), &what, "generate fewer users or items")?;
+                let c = gen::onehot(&spec, &output)?;
                 done("generated", &output, c, start);
             }
             GenCommand::Ratings { output, ratings, users, items, rank, noise, common } => {

@@ -7,6 +7,12 @@
 //!   true weights `w* ~ N(0, 1)`, label `1` with probability `sigmoid(x . w*)`.
 //! - dense: features `N(0, 1)`, true weights `W*` (classes x cols) `N(0, 1/cols)`, label the
 //!   argmax of `W* x + N(0, noise)`.
+//! - one-hot pairs: each row a user and an item, each drawn from its own power law (Zipf with
+//!   exponent `zipf` over `users`, then over `items`: a long tail of rare ids), one-hot as two
+//!   features (user `u` is feature `u`, item `i` feature `users + i`); true weights `w* ~ N(0, 1)`
+//!   (a user's and an item's leaning), label `1` with probability
+//!   `sigmoid(w*_u + w*_i + N(0, noise))` (the noise: what the ids do not tell, such as taste).
+//!   Like/dislike data from ratings, as a recommender's logistic regression sees it.
 //! - ratings: uniform (user, item) pairs, true factors `N(0, 1/sqrt(rank))`, rating
 //!   `clamp(3 + 2 u.v + N(0, noise), 1, 5)`.
 
@@ -274,6 +280,99 @@ pub fn dense(spec: &DenseSpec, output: &Path) -> Result<Converted> {
     out.write(4, &w)?;
     out.finish()?;
     Ok(Converted { rows: spec.rows, cols: spec.cols, nnz: spec.rows * spec.cols, input_bytes: 0 })
+}
+
+/// Options of [`onehot`].
+#[derive(Clone, Copy, Debug)]
+pub struct OnehotSpec {
+    /// Rows.
+    pub rows: u64,
+    /// Users.
+    pub users: u64,
+    /// Items.
+    pub items: u64,
+    /// Zipf exponent of user and item frequencies (0: uniform).
+    pub zipf: f64,
+    /// Standard deviation of the noise added to each row's logit.
+    pub noise: f64,
+    /// Seed.
+    pub seed: u64,
+}
+
+impl OnehotSpec {
+    /// Bytes [`onehot`] holds while it writes: the true weights (4 a feature) and the ids'
+    /// cumulative frequencies (8 a user or item).
+    pub fn memory(&self) -> u128 {
+        12 * (u128::from(self.users) + u128::from(self.items))
+    }
+}
+
+/// Writes a sparse binary-labelled dataset of one-hot (user, item) pairs.
+pub fn onehot(spec: &OnehotSpec, output: &Path) -> Result<Converted> {
+    if spec.rows == 0 || spec.users == 0 || spec.items == 0 {
+        return Err(DataError::Invalid("rows, users and items must be >= 1".into()));
+    }
+    let cols = spec.users.checked_add(spec.items).filter(|&c| c <= u64::from(u32::MAX));
+    let Some(cols) = cols else { return Err(too_big("users plus items")) };
+    if !(spec.noise.is_finite() && spec.noise >= 0.0) {
+        return Err(DataError::Invalid(format!("the noise must be finite and >= 0, not {}", spec.noise)));
+    }
+    let (users, items) = (Zipf::new(spec.users, spec.zipf), Zipf::new(spec.items, spec.zipf));
+    let mut truth_rng = Rng::new(spec.seed, TRUTH);
+    let w: Vec<f32> = (0..cols).map(|_| truth_rng.normal() as f32).collect();
+    let pair = |r: u64| {
+        let mut rng = Rng::new(spec.seed, r);
+        let u = users.sample(&mut rng);
+        let i = spec.users as u32 + items.sample(&mut rng);
+        ([u, i], rng)
+    };
+    let shape = Shape {
+        kind: Kind::Sparse,
+        rows: spec.rows,
+        cols,
+        nnz: 2 * spec.rows,
+        classes: 2,
+        users: 0,
+        truth: Truth::Present { rank: 0 },
+        scaled: false,
+    };
+    let mut out = Writer::create(output, shape)?;
+    let mut chunk = Vec::with_capacity(4096);
+    for r in 0..=spec.rows {
+        chunk.push(2 * r);
+        if chunk.len() == 4096 || r == spec.rows {
+            out.write(0, &chunk)?;
+            chunk.clear();
+        }
+    }
+    let mut ids = Vec::with_capacity(4096);
+    for r in 0..spec.rows {
+        ids.extend_from_slice(&pair(r).0);
+        if ids.len() >= 4096 || r + 1 == spec.rows {
+            out.write(1, &ids)?;
+            ids.clear();
+        }
+    }
+    let ones = vec![1.0f32; 4096];
+    let mut left = 2 * spec.rows as usize;
+    while left > 0 {
+        let n = left.min(ones.len());
+        out.write(2, &ones[..n])?;
+        left -= n;
+    }
+    let mut labels = Vec::with_capacity(4096);
+    for r in 0..spec.rows {
+        let ([u, i], mut rng) = pair(r);
+        let z = f64::from(w[u as usize]) + f64::from(w[i as usize]) + spec.noise * rng.normal();
+        labels.push(if rng.uniform() < 1.0 / (1.0 + (-z).exp()) { 1.0f32 } else { 0.0 });
+        if labels.len() == 4096 || r + 1 == spec.rows {
+            out.write(3, &labels)?;
+            labels.clear();
+        }
+    }
+    out.write(4, &w)?;
+    out.finish()?;
+    Ok(Converted { rows: spec.rows, cols, nnz: 2 * spec.rows, input_bytes: 0 })
 }
 
 /// Options of [`ratings`].

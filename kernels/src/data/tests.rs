@@ -412,6 +412,34 @@ fn generators_are_seeded_and_hold_their_truth() {
     let dr = ds.dense().expect("dense");
     assert!((0..4).all(|c| dr.labels.contains(&c)), "every class appears");
 
+    // One-hot pairs: a user and an item a row, popular ids far more frequent, labels following
+    // the true leanings.
+    let os = gen::OnehotSpec { rows: 4000, users: 300, items: 500, zipf: 1.0, noise: 0.5, seed: 3 };
+    gen::onehot(&os, &d.join("o.pgd")).expect("gen");
+    gen::onehot(&os, &d.join("o2.pgd")).expect("gen");
+    assert_eq!(std::fs::read(d.join("o.pgd")).expect("o"), std::fs::read(d.join("o2.pgd")).expect("o2"));
+    let ds = Dataset::open(&d.join("o.pgd")).expect("open");
+    ds.verify().expect("verify");
+    let rows = ds.sparse().expect("sparse");
+    assert_eq!((rows.len(), rows.indices.len(), ds.header().cols), (4000, 8000, 800));
+    for r in 0..rows.len() {
+        let ids = rows.rows(r..r + 1).indices;
+        assert!(ids.len() == 2 && ids[0] < 300 && (300..800).contains(&ids[1]), "row {r}: {ids:?}");
+    }
+    let count = |j: u32| rows.indices.iter().filter(|&&i| i == j).count();
+    assert!(count(0) > 10 * count(250).max(1) && count(300) > 10 * count(750).max(1));
+    let w = ds.truth().expect("truth");
+    let margin = |r: usize| -> f32 { rows.rows(r..r + 1).indices.iter().map(|&j| w[j as usize]).sum() };
+    let mean = |label: f32| {
+        let m: Vec<f32> = (0..rows.len()).filter(|&r| rows.labels[r] == label).map(margin).collect();
+        m.iter().sum::<f32>() / m.len() as f32
+    };
+    assert!(mean(1.0) > mean(0.0) + 0.5, "{} vs {}", mean(1.0), mean(0.0));
+    let bad = gen::OnehotSpec { noise: f64::NAN, ..os };
+    assert!(gen::onehot(&bad, &d.join("bad.pgd")).is_err() && !d.join("bad.pgd").exists());
+    let huge = gen::OnehotSpec { users: u64::from(u32::MAX), items: 2, ..os };
+    assert!(gen::onehot(&huge, &d.join("bad.pgd")).is_err());
+
     let rs = gen::RatingsSpec { rows: 1000, users: 50, items: 40, rank: 3, noise: 0.1, seed: 2 };
     gen::ratings(&rs, &d.join("r.pgd")).expect("gen");
     let ds = Dataset::open(&d.join("r.pgd")).expect("open");
