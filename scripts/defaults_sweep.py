@@ -5,8 +5,13 @@
     python3 scripts/defaults_sweep.py WORKDIR [lr|softmax|mlp ...]
 
 Tuning data only: Adult and heart_scale (80/20 random splits), Fashion-MNIST (its own test set),
-and the generated tuning problems of tests/src/problems.rs (`problems DIR tuning`), standardized
-where dense. The problems the quality tests judge (tests/tests/quality.rs) are not used here.
+the generated tuning problems of tests/src/problems.rs (`problems DIR tuning`), standardized
+where dense (`tune-multiclass-small` and `-clean` have 300 and 150 training rows), and one-hot (user, item) like/dislike pairs from `peregrine data gen onehot`
+(`tune-onehot`). The problems the quality tests judge (launch/tests/quality.rs) are not used here.
+
+Logistic regression is swept twice: on the sparse sets (features mostly absent: Adult,
+tune-sparse, tune-onehot), whose default is `lr`'s default on sparse data, and on the dense ones
+(heart_scale, tune-binary), whose default is `lr`'s on dense data (`ModelKind::defaults`).
 
 For every model, optimizer, learning rate and training length, trains on 2 local ranks under
 BSP and records the test loss. A setting's score on a dataset is its test loss over the best
@@ -16,7 +21,6 @@ datasets is smallest (robust rather than best on one set); datasets whose test s
 (~7 %) larger than the differences scored. Prints one table per model.
 """
 import json
-import os
 import os
 import math
 import subprocess
@@ -48,7 +52,7 @@ EPOCHS = 5
 # L2: none, or 1 / training rows (scikit-learn's and LIBLINEAR's C = 1).
 L2S = {"lr": [0, "1/n"], "softmax": ["1/n"], "mlp": ["1/n"]}
 # Learning-rate decay: inverse-time per epoch (lr / (1 + F epoch)), or cosine to 0.
-DECAYS = {"lr": [0], "softmax": [0, 1], "mlp": [0, 1, "cosine"]}
+DECAYS = {"lr": [0], "softmax": [0, 1, "cosine"], "mlp": [0, 1, "cosine"]}
 # What a setting is scored by: the test loss (lr, softmax: the quality tests judge log-loss), or
 # the test error rate 1 - accuracy (mlp: judged by accuracy; its log-loss also grows with
 # confidence on rows it already classifies right).
@@ -77,6 +81,17 @@ def prepare(work):
     work.mkdir(parents=True, exist_ok=True)
     sets = []
     pgd = lambda n: work / f"{n}.pgd"
+    if not pgd("tune-onehot-train").exists():
+        run("data", "gen", "onehot", pgd("tune-onehot"), "--rows", 200000, "--users", 3000, "--items", 5000,
+            "--zipf", 1.0, "--noise", 1.0, "--seed", 5)
+        run("data", "split", pgd("tune-onehot"), "--train", pgd("tune-onehot-train"), "--test", pgd("tune-onehot-test"),
+            "--test-fraction", 0.2, "--seed", 1)
+    if not pgd("tune-multiclass-clean-train").exists():
+        subprocess.run([str(BIN / "problems"), work, "tuning"], check=True, capture_output=True)
+        for n in ["tune-multiclass-small", "tune-multiclass-clean"]:
+            for s in ["train", "test"]:
+                if not pgd(f"{n}-{s}").exists():
+                    run("data", "convert", "csv", work / f"{n}.{s}.csv", pgd(f"{n}-{s}"))
     if not pgd("adult-train").exists():
         run("data", "convert", "libsvm", ROOT / "tests/data/adult.libsvm.gz", pgd("adult"))
         run("data", "split", pgd("adult"), "--train", pgd("adult-train"), "--test", pgd("adult-test"), "--test-fraction", 0.2)
@@ -93,9 +108,11 @@ def prepare(work):
             run("data", "convert", "csv", work / f"tune-multiclass.{s}.csv", pgd(f"tune-multiclass-{s}"))
         run("data", "convert", "idx", "--images", FMNIST / "train-images-idx3-ubyte.gz", "--labels", FMNIST / "train-labels-idx1-ubyte.gz", pgd("fmnist-train"))
         run("data", "convert", "idx", "--images", FMNIST / "t10k-images-idx3-ubyte.gz", "--labels", FMNIST / "t10k-labels-idx1-ubyte.gz", pgd("fmnist-test"))
-    for n in ["adult", "heart", "tune-binary", "tune-sparse"]:
-        sets.append(("lr", n, pgd(f"{n}-train"), pgd(f"{n}-test")))
-    for n in ["fmnist", "tune-multiclass"]:
+    for n in ["adult", "tune-sparse", "tune-onehot"]:
+        sets.append(("lr-sparse", n, pgd(f"{n}-train"), pgd(f"{n}-test")))
+    for n in ["heart", "tune-binary"]:
+        sets.append(("lr-dense", n, pgd(f"{n}-train"), pgd(f"{n}-test")))
+    for n in ["fmnist", "tune-multiclass", "tune-multiclass-small", "tune-multiclass-clean"]:
         sets.append(("dense", n, pgd(f"{n}-train"), pgd(f"{n}-test")))
     return sets
 
@@ -114,10 +131,13 @@ def train(work, model, train_set, test_set, opt, lr, iters, l2, decay):
 
 def main():
     work = Path(sys.argv[1]).resolve()
-    models = sys.argv[2:] or ["lr", "softmax", "mlp"]
+    groups = sys.argv[2:] or ["lr", "softmax", "mlp"]
+    groups = [g for x in groups for g in (["lr-sparse", "lr-dense"] if x == "lr" else [x])]
     sets = prepare(work)
-    for model in models:
-        data = [s for s in sets if (s[0] == "lr") == (model == "lr")]
+    for group in groups:
+        model = group.split("-")[0]
+        family = group if model == "lr" else "dense"
+        data = [s for s in sets if s[0] == family]
         results = {}
         for _, name, tr, te in data:
             n = rows(tr)
@@ -144,7 +164,7 @@ def main():
         names = [d[1] for d in data]
         scored = [rows(te) >= 1000 for _, _, _, te in data]
         what = "test loss" if SCORE[model] == "loss" else "test error rate"
-        print(f"\n## {model}: {what} / best {what} of the sweep (accuracy)\n")
+        print(f"\n## {group}: {what} / best {what} of the sweep (accuracy)\n")
         shown = [n if keep else f"{n} (not scored)" for n, keep in zip(names, scored)]
         print("| optimizer | lr | min iterations | l2 | decay | " + " | ".join(shown) + " | worst |")
         print("|---|---|---|---|---|" + "---|" * (len(names) + 1))
