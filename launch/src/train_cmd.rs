@@ -63,12 +63,19 @@ struct Defaults {
 }
 
 impl ModelKind {
-    fn defaults(self) -> Defaults {
+    /// The defaults on training data whose features are mostly absent if `sparse` (see
+    /// [`mostly_absent`]; it matters to `lr` alone).
+    fn defaults(self, sparse: bool) -> Defaults {
         let adam = Optimizer::Adam { beta1: 0.9, beta2: 0.999, eps: 1e-8 };
+        let adagrad = Optimizer::AdaGrad { eps: peregrine_core::optim::EPS };
         let (optimizer, batch, chunk, at_least) = match self {
+            // One-hot and bag-of-ids rows: per-coordinate rates (a rare feature's gradient,
+            // averaged over a batch it is nearly absent from, is too small for one global rate),
+            // for 5 epochs (longer, rare features overfit: the sweep's best length).
+            Self::Lr if sparse => (adagrad, 4096, 512, 0),
             Self::Lr => (Optimizer::Sgd, 4096, 512, 1000),
             Self::Softmax => (adam, 256, 64, 3000),
-            Self::Mf => (Optimizer::AdaGrad { eps: peregrine_core::optim::EPS }, 8192, 1024, 0),
+            Self::Mf => (adagrad, 8192, 1024, 0),
             Self::Mlp => (Optimizer::Momentum { mu: 0.9, nesterov: false }, 128, 64, 10_000),
             // One epoch is one Gibbs sweep; documents are rows.
             Self::Lda => (Optimizer::Sgd, 256, 32, 0),
@@ -79,11 +86,11 @@ impl ModelKind {
 
     /// The default (learning rate, decay) under `o`, the sweep's best for that optimizer
     /// (decay: inverse-time per epoch, or cosine); under momentum with another MU than 0.9 the
-    /// rate is scaled by `(1 - MU) / 0.1` (the same step once the velocity has built up).
-    fn tuned(self, o: Optimizer) -> (f32, Decay) {
+    /// rate is scaled by `(1 - MU) / 0.1` (the same step once the velocity has built up). `lr`'s
+    /// rates on `sparse` data are the sparse sweep's.
+    fn tuned(self, o: Optimizer, sparse: bool) -> (f32, Decay) {
         use Optimizer::{AdaGrad, Adam, Ftrl, Momentum, Sgd};
         const NONE: Decay = Decay::Inverse(0.0);
-        const EPOCH: Decay = Decay::Inverse(1.0);
         const COSINE: Decay = Decay::Cosine;
         let (lr, decay) = match (self, o) {
             (Self::Mf, AdaGrad { .. }) => (0.1, NONE),
@@ -91,14 +98,17 @@ impl ModelKind {
             // Not a gradient model: the rate is not used.
             (Self::Lda | Self::Synthetic, _) => (1.0, NONE),
             (Self::Lr, Sgd) => (1.0, NONE),
+            (Self::Lr, Momentum { .. }) if sparse => (0.3, NONE),
             (Self::Lr, Momentum { .. }) => (0.1, NONE),
+            (Self::Lr, AdaGrad { .. }) if sparse => (0.1, NONE),
             (Self::Lr, AdaGrad { .. }) => (0.03, NONE),
+            (Self::Lr, Adam { .. }) if sparse => (0.03, NONE),
             (Self::Lr, Adam { .. }) => (0.003, NONE),
             (Self::Lr | Self::Softmax | Self::Mlp, Ftrl { .. }) => (1.0, NONE),
-            (Self::Softmax, Sgd) => (1.0, EPOCH),
-            (Self::Softmax, Momentum { .. }) => (0.3, EPOCH),
+            (Self::Softmax, Sgd) => (0.1, NONE),
+            (Self::Softmax, Momentum { .. }) => (0.03, NONE),
             (Self::Softmax, AdaGrad { .. }) => (0.1, NONE),
-            (Self::Softmax, Adam { .. }) => (0.03, EPOCH),
+            (Self::Softmax, Adam { .. }) => (0.003, COSINE),
             (Self::Mlp, Sgd) => (0.3, NONE),
             (Self::Mlp, Momentum { .. }) => (0.1, COSINE),
             (Self::Mlp, AdaGrad { .. }) => (0.03, NONE),
@@ -722,6 +732,17 @@ fn read_file(path: &Path) -> Result<TrainFile, AppError> {
     Ok(f.rebase(path.parent().unwrap_or(Path::new("."))))
 }
 
+/// Whether the dataset at `data` holds sparse rows whose features are mostly absent (fewer
+/// nonzeros than half its cells: one-hot categories, bags of ids, hashed features), read from its
+/// header alone. False for dense data, and where the header cannot be read (the data check names
+/// the problem when the run opens it).
+fn mostly_absent(data: &Path) -> bool {
+    let Ok(ds) = peregrine_kernels::data::Dataset::open(data) else { return false };
+    let h = ds.header();
+    ds.kind() == peregrine_kernels::data::Kind::Sparse
+        && u128::from(h.nnz) * 2 < u128::from(h.rows) * u128::from(h.cols)
+}
+
 /// The configuration's checks, without running anything (the fuzz targets' entry).
 pub(crate) fn check(a: &TrainArgs) -> Result<(), AppError> {
     resolve(a).map(drop)
@@ -744,7 +765,8 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
         usage("no model: give --model lr|softmax|mf|mlp|lda|synthetic (or `model` in --config)")
     })?;
     let data = f.data.ok_or_else(|| usage("no training data: give --data FILE (or `data` in --config)"))?;
-    let d = model.defaults();
+    let sparse = model == ModelKind::Lr && mostly_absent(&data);
+    let d = model.defaults(sparse);
     let (epochs, iterations) = (f.epochs, f.iterations);
     if epochs.is_some() && iterations.is_some() {
         return Err(usage("give epochs or iterations, not both"));
@@ -832,7 +854,7 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
              one rate (sgd) or at per-row adaptive rates (adagrad, libmf's schedule)"
         )));
     }
-    let (lr, decay) = model.tuned(optimizer);
+    let (lr, decay) = model.tuned(optimizer, sparse);
     let lr_decay = f.lr_decay.unwrap_or(decay);
     let warmup = f.warmup.unwrap_or(0);
     if optimizer.derived() && (warmup > 0 || lr_decay != Decay::Inverse(0.0)) {
