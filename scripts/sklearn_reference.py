@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """scikit-learn's fits of the generated learning problems, the figures the held-out quality
-tests (tests/tests/quality.rs) compare Peregrine's defaults against.
+tests (launch/tests/quality.rs) compare Peregrine's defaults against.
 
     cargo run --release -p peregrine-tests --bin problems -- DIR judged
     python3 scripts/sklearn_reference.py DIR [NAME...]

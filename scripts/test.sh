@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 . scripts/common.sh
 
 # gdb: a Slurm test tells Slurm 22.05's own hang of srun from ours by srun's backtrace.
-ensure_packages "${MPI_BUILD_PACKAGES[@]}" mpich libmpich-dev dataset-fashion-mnist libhwloc-dev libudev-dev fonts-dejavu-core gdb
+# python3-sklearn: the quality tests fit scikit-learn on their judged problems in the same run.
+ensure_packages "${MPI_BUILD_PACKAGES[@]}" mpich libmpich-dev dataset-fashion-mnist libhwloc-dev libudev-dev fonts-dejavu-core gdb python3-sklearn
 
 fetch_movielens
 fetch_lda_reference
