@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use crate::error::Error;
-use crate::hostlist::{compress, expand_var, MAX_HOSTS};
+use crate::error::{Error, MAX_HOSTS};
+use crate::hostlist::{compress, expand_var};
 
 /// The Slurm job environment of one task, read from `SLURM_*` variables by
 /// [`from_env`](Self::from_env) or [`from_vars`](Self::from_vars).

@@ -1,6 +1,12 @@
 //! The crate's error type.
 
-use crate::hostlist::{MAX_EXPANDED_BYTES, MAX_HOSTS};
+/// The most hosts [`expand`](crate::expand) produces; a list naming more is an error
+/// ([`HostlistProblem::TooManyHosts`]).
+pub const MAX_HOSTS: usize = 1_000_000;
+
+/// The most bytes of host names [`expand`](crate::expand) produces (64 MiB); a list expanding to
+/// more is an error.
+pub const MAX_EXPANDED_BYTES: usize = 64 << 20;
 
 /// Everything that can go wrong in this crate: one variant per failing operation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -2,14 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::error::{Error, HostlistProblem};
-
-/// The most hosts [`expand`] produces; a list naming more is an error.
-pub const MAX_HOSTS: usize = 1_000_000;
-
-/// The most bytes of host names [`expand`] produces (64 MiB); a list expanding to more is an
-/// error.
-pub const MAX_EXPANDED_BYTES: usize = 64 << 20;
+use crate::error::{Error, HostlistProblem, MAX_EXPANDED_BYTES, MAX_HOSTS};
 
 /// A hostlist error before it knows the whole list and where the list came from.
 #[derive(Debug)]

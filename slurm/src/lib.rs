@@ -12,5 +12,5 @@ mod hostlist;
 pub mod sbatch;
 
 pub use env::{format_tasks_per_node, parse_tasks_per_node, SlurmEnv};
-pub use error::{Error, HostlistProblem};
-pub use hostlist::{compress, expand, MAX_EXPANDED_BYTES, MAX_HOSTS};
+pub use error::{Error, HostlistProblem, MAX_EXPANDED_BYTES, MAX_HOSTS};
+pub use hostlist::{compress, expand};
