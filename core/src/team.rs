@@ -22,7 +22,8 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::model::PassRows;
+/// Training rows `rows` of pass `epoch` (0 the first), as `(epoch, rows)`.
+pub type PassRows = (u64, Range<usize>);
 
 /// How long a waiting member spins, then yields, before it sleeps in [`NAP`] slices.
 const SPIN: Duration = Duration::from_micros(50);

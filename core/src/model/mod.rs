@@ -15,6 +15,8 @@ use std::ops::Range;
 
 use peregrine_kernels::data::{Dataset, Kind};
 
+pub use crate::team::PassRows;
+
 pub mod lda;
 pub mod lr;
 pub mod mf;
@@ -631,9 +633,6 @@ impl Baseline {
         counts.into_iter().max().unwrap_or(0) as f64 / n.max(1) as f64
     }
 }
-
-/// Training rows `rows` of pass `epoch` (0 the first), as `(epoch, rows)`.
-pub type PassRows = (u64, Range<usize>);
 
 /// A model: parameters, data, and how rows turn into updates.
 pub trait Model: Send + Sync {
