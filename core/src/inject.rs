@@ -72,7 +72,7 @@ pub enum Pattern {
     },
     /// Chosen ranks at the speed of a synthetic trace, iteration by iteration.
     Trace {
-        /// The trace (one of [`crate::scheme::traces::NAMES`]).
+        /// The trace (one of [`crate::speed_traces::NAMES`]).
         name: &'static str,
         /// The ranks.
         ranks: Vec<usize>,
@@ -252,7 +252,7 @@ impl Injection {
 /// The delay factor of iteration `it` of trace `name`: `1000 / speed - 1`, none where the trace
 /// runs faster than 1000.
 fn trace_delay(name: &str, seed: u64, it: u64) -> f64 {
-    (1000.0 / crate::scheme::traces::speed(name, seed, it).0 - 1.0).max(0.0)
+    (1000.0 / crate::speed_traces::speed(name, seed, it).0 - 1.0).max(0.0)
 }
 
 /// Runs `n` threads spinning until `until` (or `stop`), each pinned to one of `cpus` in turn.
@@ -433,7 +433,7 @@ impl FromStr for Pattern {
         Ok(match name {
             "ideal" | "none" => Self::Ideal,
             "trace" => {
-                let names = crate::scheme::traces::NAMES;
+                let names = crate::speed_traces::NAMES;
                 let trace = get("name").ok_or_else(|| {
                     PatternError(format!(
                         "straggler pattern `{name}` needs name=... (one of {})",

@@ -490,7 +490,7 @@ impl FromStr for Optimizer {
     }
 }
 
-crate::scheme::serde_as_name!(Optimizer);
+crate::serde_as_name!(Optimizer);
 
 /// How the learning rate changes over a run: a linear warm-up from 0 over the first `warmup`
 /// iterations, times a decay.

@@ -22,7 +22,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::RankTotals;
+use crate::record::RankTotals;
 
 /// A rank under this share of the best rank's rate is a straggler; an iteration under this
 /// share of the rank's own best is slow.

@@ -4,16 +4,10 @@ use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::params::PullKeys;
+use super::params::{keyed, PullKeys};
 use super::run::Run;
 use super::{IterRecord, TrainError};
 use crate::model::{Delta, Model};
-
-/// Whether pulls of `model` read only the keys of the chunks: a sparse model above
-/// `dense_pull_below` parameters, unless every rank keeps its own replica.
-pub(super) fn keyed<M: Model>(model: &M, cfg: &super::Config, replicated: bool) -> bool {
-    model.sparse() && model.layout().params > cfg.dense_pull_below && !replicated
-}
 
 impl<M: Model> Run<'_, M> {
     /// Whether pulls read only the keys of the chunks (else the whole model, or this rank's

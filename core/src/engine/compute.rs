@@ -7,79 +7,14 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::run::Run;
+use super::slot::{Slot, Spec, StealBuf};
 use super::trace::{Args, Event, Span};
 use super::TrainError;
 use crate::model::{Delta, KeySet, Model, PassRows};
 use crate::queue;
-use crate::scheme::{thread_share, OwnChunks, Policy, Share, Take};
+use crate::scheme::{thread_share, OwnChunks, Policy, Share};
 use crate::team::Team;
 use crate::words;
-
-/// Per-thread state.
-pub(super) struct Slot<W> {
-    pub work: W,
-    pub loss: f64,
-    pub rows: u64,
-    pub own: u64,
-    pub taken: u64,
-    /// Sparse models: the parameters of chunks taken over, pulled by this thread.
-    steal: Option<StealBuf>,
-    /// Copies: a chunk's own buffers (its result is kept only if the chunk is claimed), the
-    /// claimed results, and a place to drop the others.
-    pub spec: Option<Spec<W>>,
-    /// Chunks taken over at once after an own chunk (rapid reassignment).
-    pub reassigned: u64,
-    /// Copies of other ranks' chunks applied (this copy finished first).
-    pub cloned: u64,
-    /// Copies computed and dropped (they finished second).
-    pub discarded: u64,
-    /// The policy's reassignments after an own chunk (kept to reuse its buffer).
-    takes: Vec<Take>,
-    /// This thread's track in the trace (the loop's is 0).
-    pub tid: u32,
-    /// Trace events since the loop last wrote them.
-    pub events: Vec<super::trace::Event>,
-    /// Chunks taken over in this iteration, by victim.
-    pub taken_from: Vec<(usize, u64)>,
-    /// A team's leader: its buffers for its own part of a run (its `work`, or a copy's, is the
-    /// run's gradient, which every member writes).
-    scratch: Option<W>,
-}
-
-impl<W> Slot<W> {
-    pub(super) fn new(work: W, tid: u32) -> Self {
-        Self {
-            tid,
-            events: Vec::new(),
-            taken_from: Vec::new(),
-            work,
-            loss: 0.0,
-            rows: 0,
-            own: 0,
-            taken: 0,
-            steal: None,
-            spec: None,
-            reassigned: 0,
-            cloned: 0,
-            discarded: 0,
-            takes: Vec::new(),
-            scratch: None,
-        }
-    }
-}
-
-pub(super) struct Spec<W> {
-    work: W,
-    pub won: Delta,
-    trash: Delta,
-}
-
-struct StealBuf {
-    params: Vec<f32>,
-    keys: KeySet,
-    ranges: Vec<Range<usize>>,
-    buf: Vec<f32>,
-}
 
 /// Closes a team's job when dropped: its members return from [`Team::follow`].
 struct Closing<'a>(&'a Team);

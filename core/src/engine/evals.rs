@@ -1,14 +1,10 @@
-//! Evaluations: joined by every rank when rank 0 asks, from its next iteration end or wait.
+//! Evaluations' record: the points, the model's health (divergence, stalls), early stopping
+//! and the best point; the run joins evaluations in [`super::evaluating`].
 
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use peregrine_transport::ReduceOp;
-
-use super::run::Run;
 use super::{EvalPoint, TrainError};
-use crate::model::{metric_value, Baseline, Metric, Model};
-use crate::plan::split;
+use crate::model::{Baseline, Metric};
 
 /// An evaluation loss above this many times a blind model's is divergence (an error).
 pub const DIVERGED_ABOVE: f64 = 10.0;
@@ -140,11 +136,11 @@ pub(super) struct Evals {
     /// evaluation so far ([`best_point`]); empty when none is kept.
     pub best: Vec<f32>,
     /// Evaluations this rank has joined.
-    joined: u64,
+    pub joined: u64,
     /// The full model, pulled for each evaluation (the replicas' average, when replicated).
     pub params: Vec<f32>,
     /// This rank's replica, when replicated.
-    own: Vec<f32>,
+    pub own: Vec<f32>,
     /// This rank's iterations done.
     pub iters: u64,
     /// This rank's training loss (summed over rows) and rows since the last evaluation.
@@ -199,7 +195,7 @@ impl Evals {
 
     /// With `early_stop` of `n`: stops the run once the loss has not improved for `n`
     /// evaluations ([`evals_since_best`]).
-    fn judge_early_stop(&mut self, early_stop: Option<u64>) {
+    pub(super) fn judge_early_stop(&mut self, early_stop: Option<u64>) {
         let since = evals_since_best(&self.points).unwrap_or(0) as u64;
         if self.stopped_early.is_none() && early_stop.is_some_and(|n| since >= n) {
             self.stopped_early = self.points.last().map(|p| p.iter);
@@ -209,106 +205,6 @@ impl Evals {
     /// Training seconds so far (evaluations excluded).
     pub(super) fn train_time(&self) -> f64 {
         self.before + (self.start.elapsed().saturating_sub(self.time)).as_secs_f64()
-    }
-}
-
-impl<M: Model> Run<'_, M> {
-    /// Waits until `ready` (or an evaluation has decided to stop), joining the evaluations rank 0
-    /// asks for meanwhile; returns the time waited, evaluations excluded.
-    pub(super) fn wait_serving(
-        &self,
-        ev: &mut Evals,
-        mut ready: impl FnMut() -> Result<bool, TrainError>,
-    ) -> Result<Duration, TrainError> {
-        let mut paused = Duration::ZERO;
-        let w = crate::clocks::wait_until(|| -> Result<bool, TrainError> {
-            paused += self.serve_evals(ev)?;
-            Ok(ev.stopping() || ready()?)
-        })?;
-        Ok(w.saturating_sub(paused))
-    }
-
-    /// Joins every evaluation rank 0 has asked for and this rank has not joined yet; returns the
-    /// time it took.
-    pub(super) fn serve_evals(&self, ev: &mut Evals) -> Result<Duration, TrainError> {
-        // Every wait comes here. The others' one-sided calls on this rank's windows first, while
-        // it holds none of its own locks: rank 0 waiting on the control words in its own shard
-        // would otherwise serve them only inside its own reads, holding its accumulate lock, and
-        // a rank reading them could wait for the lock for good (OpenMPI's osc/ucx over TCP).
-        self.t.progress()?;
-        // Evaluations asked and stop publications, in one read; where a stop asked by another
-        // rank is published from.
-        let mut words = [0u64; 3];
-        self.control.load_range(0, &mut words)?;
-        self.publish_stop(words[2])?;
-        let t0 = Instant::now();
-        let asked = words[0];
-        while ev.joined < asked {
-            ev.joined += 1;
-            self.watch.mark(super::watch::Phase::Evaluating, ev.iters);
-            let evaluating = super::trace::Span::now();
-            // Everyone's pushes so far have landed (flushed before the barrier).
-            self.t.barrier()?;
-            self.evaluate(ev)?;
-            self.watch.beat();
-            self.traced(
-                "evaluate",
-                "evaluate",
-                evaluating,
-                super::trace::Args::default().int("iter", ev.iters),
-            );
-        }
-        Ok(if asked > 0 { t0.elapsed() } else { Duration::ZERO })
-    }
-
-    /// Evaluates the current global model (collective): every rank pulls all of it and evaluates
-    /// its share of the evaluation rows with its threads; the sums are added up over ranks, and
-    /// the point is labelled with rank 0's iteration count and training time.
-    pub(super) fn evaluate(&self, ev: &mut Evals) -> Result<(), TrainError> {
-        let e0 = Instant::now();
-        let train_time = ev.train_time();
-        let consensus = if self.params.replicated() {
-            Some(self.params.average(self.t, &mut ev.params, &mut ev.own)?)
-        } else {
-            self.params.get_all(&mut ev.params)?;
-            None
-        };
-        let mine = split(self.model.eval_rows(), self.rank, self.world);
-        let threads = self.pool.active();
-        let sums = Mutex::new([0.0f64; 3]);
-        let replica = &ev.params[..];
-        self.pool.run(|w| {
-            let part = split(mine.len(), w, threads);
-            let s = self.model.evaluate(replica, mine.start + part.start..mine.start + part.end);
-            let mut all = sums.lock().expect("eval sums");
-            for (a, b) in all.iter_mut().zip(s) {
-                *a += b;
-            }
-        });
-        let s = sums.into_inner().expect("eval sums");
-        let (iter, time) = if self.rank == 0 { (ev.iters as f64, train_time) } else { (0.0, 0.0) };
-        let mut all = [s[0], s[1], s[2], iter, time, ev.train_loss, ev.train_rows];
-        self.t.allreduce(&mut all, ReduceOp::Sum)?;
-        (ev.train_loss, ev.train_rows) = (0.0, 0.0);
-        let loss = all[0] / all[2].max(1.0);
-        let metric = metric_value(self.model.metric(), [all[0], all[1], all[2]]);
-        let (iter, time) = (all[3] as u64, all[4]);
-        let train_loss = (all[6] > 0.0).then(|| all[5] / all[6]);
-        ev.time += e0.elapsed();
-        ev.points.push(EvalPoint { iter, time, loss, metric, train_loss, consensus });
-        // Every rank judges the same reduced figures: all stop together, or none. (No evaluation
-        // rows, nothing to judge.)
-        if all[2] > 0.0 {
-            ev.health.check(&ev.points, self.cfg.stop_on_stall)?;
-            if self.rank == 0 && self.cfg.keep_best && evals_since_best(&ev.points) == Some(0) {
-                ev.best.clone_from(&ev.params);
-            }
-            ev.judge_early_stop(self.cfg.early_stop);
-        }
-        if ev.to_target.is_none() && self.cfg.target_loss.is_some_and(|g| loss <= g) {
-            ev.to_target = Some(time);
-        }
-        Ok(())
     }
 }
 

@@ -6,67 +6,7 @@ use std::io::Write;
 use serde::Serialize;
 
 use super::TrainError;
-
-/// One iteration of one rank, as written to its metrics file.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct IterRecord {
-    /// The rank.
-    pub rank: usize,
-    /// The iteration.
-    pub iter: u64,
-    /// Training seconds (evaluations excluded) at the iteration's start.
-    pub start: f64,
-    /// Seconds computing (own chunks and chunks taken over).
-    pub compute: f64,
-    /// Seconds its threads spent in chunks (compute and injected delay), per active thread.
-    pub busy: f64,
-    /// Seconds pulling and pushing parameters.
-    pub comm: f64,
-    /// Seconds waiting for other ranks.
-    pub wait: f64,
-    /// Own chunks computed.
-    pub own: u64,
-    /// Chunks taken over from other ranks and computed.
-    pub taken: u64,
-    /// Active compute threads.
-    pub threads: usize,
-    /// Rows computed.
-    pub rows: u64,
-    /// Mean loss of the rows computed (before their update).
-    pub loss: f64,
-    /// Injected delay factor: after each chunk the rank slept this many times its compute time.
-    pub delay: f64,
-    /// Whether an injected disruptor was burning the rank's cores at the iteration's end.
-    pub disrupted: bool,
-    /// DynSGD: model versions (N updates each) pushed between this rank's pull and push (its
-    /// update was scaled by `1 / (1 + staleness)`).
-    pub staleness: u64,
-    /// Backup workers: `b` of this iteration.
-    pub backups: usize,
-    /// Backup workers: this rank's update came too late and was dropped.
-    pub dropped: bool,
-    /// LB-BSP: this rank's predicted speed (rows per second) for its next iteration.
-    pub predicted: f64,
-    /// LB-BSP: this rank's measured speed in this iteration (rows per second of its threads'
-    /// chunk time, times its threads; 0 when it had no rows).
-    pub speed: f64,
-    /// FlexRR: chunks taken over by rapid reassignment, before this rank's own were done.
-    pub reassigned: u64,
-    /// Speculative execution: chunks of late ranks this rank computed a copy of and applied
-    /// (its copy finished first).
-    pub cloned: u64,
-    /// Speculative execution: copies this rank computed (own chunks or clones) that finished
-    /// second and were dropped.
-    pub discarded: u64,
-    /// Own chunks this rank was given for the iteration (its split; LB-BSP sizes it).
-    pub chunks: u64,
-    /// The rank this rank waited for last in the iteration (the slowest it saw), if it waited.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub waited_for: Option<usize>,
-    /// Chunks taken over from each rank: `[victim, chunks]` pairs.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub taken_from: Vec<(usize, u64)>,
-}
+use crate::record::{IterRecord, RankTotals};
 
 /// One evaluation.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, serde::Deserialize)]
@@ -86,100 +26,6 @@ pub struct EvalPoint {
     /// root-mean-square distance from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consensus: Option<f64>,
-}
-
-/// Totals of one rank.
-#[derive(Clone, Copy, Debug, Default, Serialize)]
-pub struct RankTotals {
-    /// Seconds computing.
-    pub compute: f64,
-    /// Seconds pulling and pushing.
-    pub comm: f64,
-    /// Seconds waiting.
-    pub wait: f64,
-    /// Seconds its threads spent in chunks, per active thread (the compute rate's time).
-    pub busy: f64,
-    /// Own chunks computed.
-    pub own: u64,
-    /// Chunks taken over and computed.
-    pub taken: u64,
-    /// Rows computed (and applied).
-    pub rows: u64,
-    /// Speculative execution: copies of late ranks' chunks computed and applied.
-    pub cloned: u64,
-    /// Speculative execution: copies computed and dropped (they finished second).
-    pub discarded: u64,
-    /// LB-BSP: the sum over iterations of `|predicted - measured| / measured` speed, and the
-    /// number of iterations summed.
-    pub prediction_error: f64,
-    /// LB-BSP: see `prediction_error`.
-    pub predictions: u64,
-    /// Own chunks it was given (its splits summed).
-    pub assigned: u64,
-    /// Seconds other ranks waited for it (each wait counted for the rank last waited for).
-    pub waited_for_me: f64,
-    /// The 90th percentile of its iteration rates (rows per second of compute).
-    pub best_rate: f64,
-    /// The median of its iteration rates.
-    pub median_rate: f64,
-    /// Share of its iterations under the straggler threshold of its own best rate (see
-    /// `crate::straggler`).
-    pub slow_share: f64,
-    /// Runs of those slow iterations.
-    pub episodes: u64,
-    /// Whether the runs start at whole multiples of one period.
-    pub periodic: bool,
-}
-
-/// Numbers in [`RankTotals`], as summed over ranks.
-pub(super) const TOTALS: usize = 18;
-
-impl RankTotals {
-    pub(super) fn to_array(self) -> [f64; TOTALS] {
-        [
-            self.compute,
-            self.comm,
-            self.wait,
-            self.own as f64,
-            self.taken as f64,
-            self.rows as f64,
-            self.cloned as f64,
-            self.discarded as f64,
-            self.prediction_error,
-            self.predictions as f64,
-            self.assigned as f64,
-            self.waited_for_me,
-            self.best_rate,
-            self.median_rate,
-            self.slow_share,
-            self.episodes as f64,
-            f64::from(u8::from(self.periodic)),
-            self.busy,
-        ]
-    }
-
-    pub(super) fn from_array(a: &[f64]) -> Self {
-        Self {
-            compute: a[0],
-            comm: a[1],
-            wait: a[2],
-            own: a[3] as u64,
-            taken: a[4] as u64,
-            rows: a[5] as u64,
-            cloned: a[6] as u64,
-            discarded: a[7] as u64,
-            prediction_error: a[8],
-            predictions: a[9] as u64,
-            assigned: a[10] as u64,
-            waited_for_me: a[11],
-            best_rate: a[12],
-            median_rate: a[13],
-            slow_share: a[14],
-            episodes: a[15] as u64,
-            periodic: a[16] != 0.0,
-            busy: a[17],
-        }
-    }
 }
 
 /// What a run reports (the same on every rank).
@@ -265,20 +111,6 @@ pub struct Progress {
 }
 
 impl IterRecord {
-    /// Adds this iteration to `totals`.
-    pub(crate) fn add_to(&self, totals: &mut RankTotals) {
-        totals.compute += self.compute;
-        totals.comm += self.comm;
-        totals.wait += self.wait;
-        totals.own += self.own;
-        totals.taken += self.taken;
-        totals.rows += self.rows;
-        totals.cloned += self.cloned;
-        totals.discarded += self.discarded;
-        totals.assigned += self.chunks;
-        totals.busy += self.busy;
-    }
-
     /// Writes the record as one JSON line to `out` (`path` names it in errors).
     pub(super) fn write(&self, out: &mut dyn Write, path: &str) -> Result<(), TrainError> {
         serde_json::to_writer(&mut *out, self)

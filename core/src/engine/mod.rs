@@ -65,15 +65,18 @@ mod comm;
 mod compute;
 pub use compute::thread_cpu_time;
 mod evals;
+mod evaluating;
 pub use evals::{best_point, evals_since_best, DIVERGED_ABOVE, RISEN_BY, STALL_EVALS};
 mod metrics;
 mod params;
 mod run;
+mod slot;
 mod trace;
 mod watch;
 pub use watch::Watchdog;
 
-pub use metrics::{EvalPoint, IterRecord, Progress, RankTotals, Report};
+pub use crate::record::{IterRecord, RankTotals};
+pub use metrics::{EvalPoint, Progress, Report};
 
 /// A run's state at a checkpoint: what a run needs to go on from there.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -857,6 +857,12 @@ const ELEMENTS_PER_OPERATION: usize = 512;
 /// the order the keys came, the same pulls and pushes took twice as long).
 const ELEMENTS_PER_DIRECT_RANGE: usize = 32;
 
+/// Whether pulls of `model` read only the keys of the chunks: a sparse model above
+/// `dense_pull_below` parameters, unless every rank keeps its own replica.
+pub(super) fn keyed<M: Model>(model: &M, cfg: &super::Config, replicated: bool) -> bool {
+    model.sparse() && model.layout().params > cfg.dense_pull_below && !replicated
+}
+
 #[cfg(test)]
 mod tests {
     use super::{read_whole, scattered, PullKeys, RECHECK};

@@ -9,11 +9,9 @@ use std::time::{Duration, Instant};
 
 use peregrine_transport::{ReduceOp, ShardMap, Transport, Window};
 
-use super::comm::keyed;
-use super::compute::Slot;
 use super::evals::Evals;
-use super::metrics::TOTALS;
-use super::params::{owner_steps_apply, Params, PullKeys, PushBufs, Windows};
+use super::params::{keyed, owner_steps_apply, Params, PullKeys, PushBufs, Windows};
+use super::slot::Slot;
 use super::trace::{Args, Span, Tracer};
 use super::watch::{Behind, Phase, Watch};
 use super::{Config, IterRecord, Progress, RankTotals, Report, TrainError};
@@ -24,6 +22,7 @@ use crate::optim::Step;
 use crate::plan::Plan;
 use crate::pool::RankPool;
 use crate::queue::ChunkQueues;
+use crate::record::TOTALS;
 use crate::scheme::{Policy, Setup, View};
 use crate::team::Team;
 use crate::words;
@@ -182,7 +181,14 @@ impl<'a, M: Model> Run<'a, M> {
         watch: &'a Watch,
     ) -> Result<(Self, Box<dyn Policy>), TrainError> {
         pool.set_active(cfg.threads);
-        let setup = Setup { t, cfg, plan: &plan, simulated: false, params: model.layout().params };
+        let setup = Setup {
+            t,
+            steal: cfg.scheme.steal,
+            start: cfg.start_iteration(),
+            plan: &plan,
+            simulated: false,
+            params: model.layout().params,
+        };
         let policy = cfg.scheme.scheme.policy(&setup)?;
         // A dense model under a synchronous scheme steps at the parameters' owners.
         let replicated = cfg.scheme.scheme.replicated();

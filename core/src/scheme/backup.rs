@@ -21,7 +21,7 @@ use std::time::Duration;
 use peregrine_transport::{ShardMap, Transport, Window};
 
 use super::{arg, Admit, Family, Kind, Parsed, Policy, Result, SchemeError, Setup, View};
-use crate::engine::IterRecord;
+use crate::record::IterRecord;
 use crate::words::{Arrivals, ARRIVAL_TAG_MASK, MAX_ARRIVALS};
 
 pub(crate) const FAMILY: Family = Family { forms: "backup:<b>, backup-dynamic", parse };
@@ -74,9 +74,7 @@ impl Kind for Backups {
     }
 
     fn policy(&self, setup: &Setup<'_>) -> Result<Box<dyn Policy>> {
-        Ok(Box::new(BackupPolicy {
-            counters: Counters::new(setup.t, self.fixed, setup.cfg.start_iteration())?,
-        }))
+        Ok(Box::new(BackupPolicy { counters: Counters::new(setup.t, self.fixed, setup.start)? }))
     }
 }
 

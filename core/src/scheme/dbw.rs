@@ -47,7 +47,7 @@ use std::time::Duration;
 use peregrine_transport::{ShardMap, Window};
 
 use super::{arg, Admit, Family, Kind, Parsed, Policy, Result, SchemeError, Setup, View};
-use crate::engine::IterRecord;
+use crate::record::IterRecord;
 
 pub(crate) const FAMILY: Family = Family { forms: "dbw[:ring|:torus|:complete|:regular-<k>][:<b>]", parse };
 
@@ -277,7 +277,7 @@ impl Kind for Dbw {
         let est = t.alloc_window("dbw estimates", &ShardMap::from_lens(vec![SLOTS * params; world]))?;
         let words = t.alloc_window("dbw words", &ShardMap::from_lens(vec![2; world]))?;
         t.barrier()?;
-        let start = setup.cfg.start_iteration();
+        let start = setup.start;
         Ok(Box::new(DbwPolicy {
             rank,
             world,

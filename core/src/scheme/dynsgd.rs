@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::staleness::Bound;
 use super::{arg, bound, Admit, Family, Kind, Parsed, Policy, Result, Setup, View};
-use crate::engine::IterRecord;
+use crate::record::IterRecord;
 
 pub(crate) const FAMILY: Family = Family { forms: "dynsgd[:<staleness>]", parse };
 
@@ -41,7 +41,7 @@ impl fmt::Display for DynSgd {
 impl Kind for DynSgd {
     fn policy(&self, setup: &Setup<'_>) -> Result<Box<dyn Policy>> {
         let bound = self.bound.map_or(Bound::Asp, Bound::Ssp);
-        Ok(Box::new(Damped { bound, steal: setup.steal(), pulled: 0 }))
+        Ok(Box::new(Damped { bound, steal: setup.steal, pulled: 0 }))
     }
 }
 

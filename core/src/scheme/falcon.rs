@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use super::staleness::Bound;
 use super::{arg, best_queued, bound, Family, Kind, Parsed, Policy, Result, Setup, Share, Take, View};
-use crate::engine::IterRecord;
+use crate::record::IterRecord;
 use crate::words::Queue;
 
 pub(crate) const FAMILY: Family = Family { forms: "falcon[:enforced|:slack[:<staleness>]]", parse };

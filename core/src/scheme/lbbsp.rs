@@ -31,8 +31,8 @@ use peregrine_transport::{ShardMap, Window};
 use super::narx::Narx;
 use super::staleness::Bound;
 use super::{Family, Kind, Parsed, Policy, Result, Setup, View};
-use crate::engine::{IterRecord, RankTotals};
 use crate::plan::Plan;
+use crate::record::{IterRecord, RankTotals};
 
 pub(crate) const FAMILY: Family = Family { forms: "lb-bsp[:arx|:ma|:narx]", parse };
 

@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use peregrine_transport::Transport;
 
-use crate::engine::{Config, IterRecord, RankTotals};
 use crate::plan::Plan;
+use crate::record::{IterRecord, RankTotals};
 use crate::words::{self, Progress, Queue};
 
 mod backup;
@@ -97,8 +97,10 @@ pub(crate) trait Kind: fmt::Debug + fmt::Display + Send + Sync {
 pub(crate) struct Setup<'a> {
     /// The world.
     pub t: &'a Transport,
-    /// The run's configuration.
-    pub cfg: &'a Config,
+    /// Whether the user asked for chunks to be taken over (`bsp+steal`, ...).
+    pub steal: bool,
+    /// The iteration the run starts at (0, or the checkpoint's when resumed).
+    pub start: u64,
     /// The run's batches and chunks.
     pub plan: &'a Plan,
     /// Whether the world is simulated ([`crate::sim`]): the node this process runs on is not the
@@ -106,13 +108,6 @@ pub(crate) struct Setup<'a> {
     pub simulated: bool,
     /// The model's parameters (a replicated policy's windows hold copies of them).
     pub params: usize,
-}
-
-impl Setup<'_> {
-    /// Whether the user asked for chunks to be taken over.
-    pub fn steal(&self) -> bool {
-        self.cfg.scheme.steal
-    }
 }
 
 /// Errors of scheme names and of schemes that cannot run in a world.
@@ -296,28 +291,7 @@ impl FromStr for SchemeSpec {
     }
 }
 
-/// Serialized as their names (configuration files, `config.toml`, results): a name that does not
-/// parse is an error at its place in the file.
-macro_rules! serde_as_name {
-    ($($t:ty),*) => {$(
-        impl serde::Serialize for $t {
-            fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-                s.collect_str(self)
-            }
-        }
-
-        impl<'de> serde::Deserialize<'de> for $t {
-            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-                let s = String::deserialize(d)?;
-                s.parse().map_err(serde::de::Error::custom)
-            }
-        }
-    )*};
-}
-
-pub(crate) use serde_as_name;
-
-serde_as_name!(Scheme, SchemeSpec);
+crate::serde_as_name!(Scheme, SchemeSpec);
 
 /// The world as a policy sees it: every rank's words, read when a decision needs them.
 pub(crate) trait View {

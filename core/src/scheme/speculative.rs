@@ -56,7 +56,7 @@ impl Kind for Speculative {
         Ok(Box::new(Copies {
             claims: Claims::new(setup.t, most)?,
             cloning: Mutex::new(Vec::new()),
-            steal: setup.steal(),
+            steal: setup.steal,
             tag: 0,
             fastest: 0.0,
         }))

@@ -83,7 +83,7 @@ impl Kind for Bound {
     }
 
     fn policy(&self, setup: &Setup<'_>) -> Result<Box<dyn Policy>> {
-        Ok(Box::new(Staleness { bound: *self, steal: setup.steal() }))
+        Ok(Box::new(Staleness { bound: *self, steal: setup.steal }))
     }
 }
 

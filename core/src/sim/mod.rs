@@ -242,7 +242,8 @@ pub fn simulate<'a>(
     for t in &world {
         policies.push(s.cfg.scheme.scheme.policy(&Setup {
             t,
-            cfg: &s.cfg,
+            steal: s.cfg.scheme.steal,
+            start: s.cfg.start_iteration(),
             plan: &plan,
             simulated: true,
             params: 0,
