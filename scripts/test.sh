@@ -18,6 +18,9 @@ fetch_lda_reference
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "no import circles between source files (scripts/circles.py)"
+python3 scripts/circles.py
+
 step "build and test, default features (local backend only, no native libraries)"
 cargo test --locked --workspace
 
