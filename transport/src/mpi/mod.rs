@@ -10,7 +10,8 @@
 //!   be shared ([`crate::Transport::alloc_shared_window`]) from `MPI_Win_allocate_shared` where
 //!   every process is on one node and the one-sided component offers it, read whole in place
 //!   where `MPI_Win_shared_query` finds the shards back to back;
-//! - `get` = `MPI_Get` + `MPI_Win_flush_local`; `put`/`accumulate` = `MPI_Put`/`MPI_Accumulate`
+//! - `get` = `MPI_Get` + `MPI_Win_flush_local` (under MPICH `MPI_Rget` + `MPI_Wait`: a flush
+//!   there once returned before a get's data had arrived); `put`/`accumulate` = `MPI_Put`/`MPI_Accumulate`
 //!   followed by `MPI_Win_flush_local` (the origin buffer is free on return, the target sees the
 //!   data after `flush`), or without it inside a write scope, which completes with one
 //!   `MPI_Win_flush` per target at its end; `fetch_add` = `MPI_Fetch_and_op(MPI_SUM)`;
@@ -748,6 +749,10 @@ impl<T: Elem> MpiWindow<T> {
         mut touched: Touched,
         mut f: impl FnMut(c_int, ffi::MPI_Aint, usize, c_int) -> Result<()>,
     ) -> Result<Touched> {
+        // No elements: no operation, only the bounds check.
+        if len == 0 {
+            return if start <= self.map.total() { Ok(touched) } else { Err(self.out_of_range(start, len)) };
+        }
         // Fast path: the range lies inside one shard (the common case, and every atomic).
         if let Some((rank, offset)) = self.locate(start, len) {
             f(rank as c_int, self.disp(rank, offset), 0, len as c_int)?;
@@ -790,7 +795,8 @@ impl<T: Elem> MpiWindow<T> {
         if batch.end - batch.start <= MAX_COUNT {
             if let Some((owner, offset)) = self.map.locate(batch.start, batch.end - batch.start) {
                 let (lo, lead) = (batch.start - offset, self.lead_at(owner));
-                for r in batch.ranges {
+                // Empty ranges are not issued (see below).
+                for r in batch.ranges.iter().filter(|r| r.start < r.end) {
                     let len = r.end - r.start;
                     let pos = if batch.positioned { r.start } else { at };
                     f(pos, owner as c_int, (r.start - lo + lead) as ffi::MPI_Aint, len as c_int)?;
@@ -802,7 +808,8 @@ impl<T: Elem> MpiWindow<T> {
         // The shard of the last range that fitted in one: rank, global bounds and lead. Empty at
         // first (`lo > hi`: no range passes the test below).
         let (mut rank, mut lo, mut hi, mut lead) = (0, 1, 0, 0);
-        for r in batch.ranges {
+        // An empty range is no operation.
+        for r in batch.ranges.iter().filter(|r| r.start < r.end) {
             let len = r.end - r.start;
             let pos = if batch.positioned { r.start } else { at };
             if lo <= r.start && r.end <= hi && len <= MAX_COUNT {
@@ -958,8 +965,56 @@ impl<T: Elem> MpiWindow<T> {
             }
             return Ok(());
         }
+        if !library_is_open_mpi() {
+            let mut pieces = Vec::new();
+            self.for_pieces(start, out.len(), Touched::NONE, |target, disp, pos, n| {
+                pieces.push((pos, target, disp, n));
+                Ok(())
+            })?;
+            // SAFETY: the pieces tile `0..out.len()`, `out` borrowed mutably for the whole call.
+            return unsafe { self.rget_all(out.as_mut_ptr(), &pieces) };
+        }
         let touched = self.issue_get(start, out, Touched::NONE)?;
         self.complete_local(touched)
+    }
+
+    /// MPICH: every piece `(position, target, displacement, count)` read into `base + position`
+    /// by `MPI_Rget`, then every request waited for. Under MPICH 4.0 (ch4, srun across two nodes
+    /// over TCP) gets completed by a flush came back without their data about 1 run in 7 of the
+    /// conformance case `positioned-batches-of-many-ranges` (`MPI_Win_flush_local_all` and
+    /// `MPI_Win_flush_all` alike, gets to a rank on the same node as well as across, with the
+    /// one-sided operations of libfabric or MPICH's active messages); with a request per get, 0
+    /// in 60. A get's own request completes when its data is in place.
+    ///
+    /// # Safety
+    /// Each piece's `base + position .. + count` must be writable and borrowed for the call; its
+    /// displacement and count must lie inside the target's shard.
+    unsafe fn rget_all(&self, base: *mut T, pieces: &[(usize, c_int, ffi::MPI_Aint, c_int)]) -> Result<()> {
+        let h = self.handles();
+        // SAFETY: a constant handle exported by rsmpi's shim, never written.
+        let mut reqs = vec![unsafe { ffi::RSMPI_REQUEST_NULL }; pieces.len()];
+        let mut issued = Ok(());
+        for (&(pos, target, disp, n), req) in pieces.iter().zip(&mut reqs) {
+            // SAFETY: the caller's contract; a live window in its lock_all epoch; `req` is an
+            // out-pointer into `reqs`, which outlives the waits below.
+            let rc =
+                unsafe { ffi::MPI_Rget(base.add(pos).cast(), n, h.dt, target, disp, n, h.dt, h.win, req) };
+            issued = self.check("MPI_Rget", rc);
+            if issued.is_err() {
+                break;
+            }
+        }
+        // Every request issued is waited for, even after a failed issue (the buffer is then
+        // handed back); unissued ones are null, which MPI_Wait returns at once.
+        let mut waited = Ok(());
+        for req in &mut reqs {
+            // SAFETY: a request from MPI_Rget above, or the null request.
+            let rc = unsafe { ffi::MPI_Wait(req, ffi::RSMPI_STATUS_IGNORE) };
+            if waited.is_ok() {
+                waited = self.check("MPI_Wait", rc);
+            }
+        }
+        issued.and(waited)
     }
 
     pub(crate) fn get_batch(&self, batch: Batch<'_>, out: &mut [T]) -> Result<()> {
@@ -976,6 +1031,16 @@ impl<T: Elem> MpiWindow<T> {
                 }
             }
             return Ok(());
+        }
+        if !library_is_open_mpi() {
+            let mut pieces = Vec::with_capacity(batch.ranges.len());
+            self.for_batch(batch, Touched::NONE, |pos, target, disp, n| {
+                pieces.push((pos, target, disp, n));
+                Ok(())
+            })?;
+            // SAFETY: every piece lies inside `out` (the batch was checked against it), which is
+            // borrowed mutably for the call.
+            return unsafe { self.rget_all(out.as_mut_ptr(), &pieces) };
         }
         let (base, len, h) = (out.as_mut_ptr(), out.len(), self.handles());
         if !Blocks::worth(batch) {
@@ -1448,11 +1513,11 @@ struct Blocks {
     lens: Vec<c_int>,
 }
 
-/// Whether gets and puts of indexed datatypes are used: under Open MPI (its conformance passed
-/// over `osc/sm` and `osc/ucx`, on one node and between nodes), not under MPICH, whose gets of an
-/// indexed datatype between two nodes (ch4 over TCP, under srun) once returned a range unwritten
-/// (`positioned-batches-of-many-ranges`, one CI run in two): there a batch is a call a range.
-fn typed_rma_trusted() -> bool {
+/// Whether the MPI library is Open MPI. Gets and puts of indexed datatypes are used under Open MPI
+/// only (its conformance passed over `osc/sm` and `osc/ucx`, on one node and between nodes; under
+/// MPICH a batch is a call a range), and gets complete by a flush there only (under MPICH by
+/// their requests: `rget_all`).
+fn library_is_open_mpi() -> bool {
     static OPEN_MPI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OPEN_MPI.get_or_init(|| crate::mpi_library_version().is_some_and(|v| v.starts_with("Open MPI")))
 }
@@ -1470,7 +1535,7 @@ impl Blocks {
     fn worth(batch: Batch<'_>) -> bool {
         batch.ranges.len() >= Self::TYPED
             && batch.ranges.windows(2).all(|w| w[0].end <= w[1].start)
-            && typed_rma_trusted()
+            && library_is_open_mpi()
     }
 
     fn new(cap: usize) -> Self {
