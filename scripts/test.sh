@@ -21,6 +21,13 @@ cargo fmt --all -- --check
 step "no import circles between source files (scripts/circles.py)"
 python3 scripts/circles.py
 
+# The book (docs/book) rendered into target/book (never into the source tree), after every relative
+# link and anchor of README.md and docs/ is checked.
+step "documentation: links and anchors (scripts/doc-links.py), and the book (mdbook)"
+python3 scripts/doc-links.py
+command -v mdbook >/dev/null || cargo install --locked mdbook --version ^0.4
+mdbook build docs/book --dest-dir "$PWD/target/book"
+
 step "build and test, default features (local backend only, no native libraries)"
 cargo test --locked --workspace
 
