@@ -781,7 +781,11 @@ impl Dataset {
                 }
                 let values = &s.values[lo as usize..hi as usize];
                 if let Some(i) = first_bad(values, f32::is_finite) {
-                    return Err(bad(format!("value {} is not finite", lo as usize + i)));
+                    // The row holding value `lo + i`: the last whose start is at or before it.
+                    let at = lo + i as u64;
+                    let r = first + row_ptr.partition_point(|&p| p <= at) - 1;
+                    let feature = s.indices[at as usize];
+                    return Err(bad(format!("row {r}: feature {feature} is {} (not finite)", values[i])));
                 }
             }
             Kind::Dense => {

@@ -361,6 +361,18 @@ fn rows_are_checked_by_range_and_the_checksum_by_parts() {
     let e = ds.check_rows(2..4).expect_err("row 2 uses feature 4");
     assert!(e.to_string().contains("row 2: index 4 beyond 2 features"), "{e}");
 
+    // A value that is not a number (the rows above: values 1 1 3 1 2): named by its row and
+    // feature, in the rows that hold it only.
+    let header: format::Header = bytemuck::pod_read_unaligned(&good[..format::HEADER_BYTES]);
+    let [off, _] = header.sections[2];
+    let mut nan = good.clone();
+    nan[off as usize + 8..off as usize + 12].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(d.join("nan.pgd"), &nan).expect("write");
+    let ds = Dataset::open(&d.join("nan.pgd")).expect("open");
+    ds.check_rows(0..1).expect("row 0 holds values 0 and 1");
+    let e = ds.check_rows(0..4).expect_err("value 2 is NaN");
+    assert!(e.to_string().contains("row 1: feature 1 is NaN (not finite)"), "{e}");
+
     // A flipped index byte: only the range holding its row is refused; the checksum of the
     // parts no longer matches.
     let mut bad = std::fs::read(d.join("g.pgd")).expect("read");
