@@ -4,7 +4,7 @@
 //! - `clocks`: one `u64` per rank, the number of iterations whose update the rank has pushed and
 //!   flushed. BSP waits for every clock to reach `t + 1` before reading for `t + 1`; SSP(s) waits
 //!   until the slowest is at least `t + 1 - s`; ASP never waits.
-//! - `progress`: one [`Progress`] word per rank for its current iteration (tag = iteration mod
+//! - `progress`: one [`ProgressWord`] word per rank for its current iteration (tag = iteration mod
 //!   2^16): how many of its chunks exist and how many are computed, by it or by whoever took them
 //!   over. Lining up (BSP with taking over) pushes only once every rank's chunks of `t` are done:
 //!   a rank taking over chunks reads the parameters of `t` after others finished computing, and
@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use peregrine_transport::{Result, ShardMap, Transport, Window};
 
 use crate::tree::Tree;
-use crate::words::{self, Progress};
+use crate::words::{self, ProgressWord};
 
 /// The bit of a clock word set while its rank passes its tick up the clock tree.
 pub const PASSING: u64 = 1 << 63;
@@ -98,7 +98,7 @@ impl Clocks {
             rank: t.rank(),
             world,
         };
-        c.progress.swap(c.rank, Progress::NONE)?;
+        c.progress.swap(c.rank, ProgressWord::NONE)?;
         if let (Some(v), 0) = (&c.version, c.rank) {
             // The sum of the clocks a resumed run starts from.
             v.swap(0, world as u64 * start)?;
@@ -191,7 +191,7 @@ impl Clocks {
     /// they are all done at once).
     pub fn start(&self, it: u64, chunks: u32) -> Result<()> {
         let tag = words::tag(it);
-        self.progress.swap(self.rank, Progress { tag, total: chunks, done: 0 }.pack())?;
+        self.progress.swap(self.rank, ProgressWord { tag, total: chunks, done: 0 }.pack())?;
         match &self.finished {
             Some(tree) if chunks == 0 => tree.arrive(self.rank, it).map(drop),
             _ => Ok(()),
@@ -201,7 +201,7 @@ impl Clocks {
     /// Records `n` more of `rank`'s chunks done, of its iteration within 2^15 of `near`; the add
     /// that counts the last of them arrives for `rank` at the done tree.
     pub fn done(&self, rank: usize, n: u32, near: u64) -> Result<()> {
-        let was = Progress::unpack(self.progress.fetch_add(rank, u64::from(n))?);
+        let was = ProgressWord::unpack(self.progress.fetch_add(rank, u64::from(n))?);
         match &self.finished {
             Some(tree) if was.done < was.total && was.done + n >= was.total => {
                 tree.arrive(rank, words::untag(was.tag, near)).map(drop)
@@ -237,8 +237,8 @@ impl Clocks {
     }
 
     /// `rank`'s current iteration: its tag, chunks and chunks done.
-    pub fn progress(&self, rank: usize) -> Result<Progress> {
-        Ok(Progress::unpack(self.progress.load(rank)?))
+    pub fn progress(&self, rank: usize) -> Result<ProgressWord> {
+        Ok(ProgressWord::unpack(self.progress.load(rank)?))
     }
 
     /// Whether every rank has started iteration `it` and all its chunks are done: one load of
@@ -256,7 +256,7 @@ impl Clocks {
         let tag = words::tag(it);
         let mut words = vec![0; self.world];
         self.progress.load_range(0, &mut words)?;
-        Ok(words.into_iter().map(Progress::unpack).position(|p| p.tag != tag || p.done < p.total))
+        Ok(words.into_iter().map(ProgressWord::unpack).position(|p| p.tag != tag || p.done < p.total))
     }
 
     /// Collective: frees the windows.
@@ -358,7 +358,7 @@ mod tests {
                 t.barrier()?;
                 c.done(t.rank(), mine - 3, 9)?;
                 t.barrier()?;
-                assert_eq!(c.progress(t.rank())?, Progress { tag: 9, total: mine, done: mine });
+                assert_eq!(c.progress(t.rank())?, ProgressWord { tag: 9, total: mine, done: mine });
                 assert!(c.all_done(9)?);
                 assert_eq!(c.first_not_done(9)?, None);
                 // Rank 2 takes over two of rank 0's chunks: held by it until they are done.

@@ -236,7 +236,7 @@ impl RankPool {
         let env = std::env::var(PIN_ENV).ok();
         let target = match unpinned_reason(pinning, env.as_deref()) {
             Some(reason) => Err(reason),
-            None => Target::discover(max_threads, slot),
+            None => Binding::discover(max_threads, slot),
         };
 
         let shared = Arc::new(Shared {
@@ -507,7 +507,7 @@ type Core = Vec<usize>;
 
 /// The cpus of one slot's workers.
 #[derive(Debug, PartialEq, Eq)]
-struct Plan {
+struct CpuPlan {
     /// One cpu per worker.
     cpus: Vec<usize>,
     /// Distinct cores the workers are on.
@@ -522,7 +522,7 @@ struct Plan {
     split_pus: bool,
 }
 
-impl Plan {
+impl CpuPlan {
     /// The cpus of `max_threads` workers of `slot`, from the process's `cores` in locality order.
     fn new(cores: &[Core], slot: Slot, max_threads: usize) -> Option<Self> {
         // What is split among the ranks: cores, or single PUs if there are fewer cores than ranks
@@ -626,18 +626,18 @@ fn split(units: usize, slot: Slot) -> (Vec<usize>, bool) {
 // Discovery and binding: hwloc or sched_*affinity.
 
 /// What pinning will be attempted.
-struct Target {
+struct Binding {
     binder: Binder,
-    plan: Plan,
+    plan: CpuPlan,
     /// All cpus the process may use: where threads go back to if pinning fails.
     process_cpus: Vec<usize>,
     numa_node: Option<usize>,
     mechanism: String,
-    /// What `Plan`'s units are: "core" (hwloc) or "cpu" (no topology).
+    /// What `CpuPlan`'s units are: "core" (hwloc) or "cpu" (no topology).
     unit_name: &'static str,
 }
 
-impl Target {
+impl Binding {
     /// The pinning plan for `slot`, or why the pool cannot be pinned.
     fn discover(max_threads: usize, slot: Slot) -> Result<Self, String> {
         #[cfg(feature = "hwloc")]
@@ -650,7 +650,7 @@ impl Target {
 
         let process_cpus = sched::allowed_cpus().map_err(|e| format!("unpinned: {fallback_note}{e}"))?;
         let cores: Vec<Core> = process_cpus.iter().map(|&c| vec![c]).collect();
-        let plan = Plan::new(&cores, slot, max_threads)
+        let plan = CpuPlan::new(&cores, slot, max_threads)
             .ok_or_else(|| format!("unpinned: {fallback_note}no cpus in the affinity mask"))?;
         Ok(Self {
             binder: Binder::Sched,
@@ -778,7 +778,7 @@ mod hwloc {
     use hwlocality::object::TopologyObject;
     use hwlocality::Topology;
 
-    use super::{Binder, Core, Plan, Slot, Target};
+    use super::{Binder, Binding, Core, CpuPlan, Slot};
 
     /// The machine's topology, shared by the pool's threads (hwlocality's `Topology` is
     /// `Send + Sync`).
@@ -818,11 +818,11 @@ mod hwloc {
             Ok((cores, all))
         }
 
-        pub(super) fn target(self, max_threads: usize, slot: Slot) -> Result<Target, String> {
+        pub(super) fn target(self, max_threads: usize, slot: Slot) -> Result<Binding, String> {
             let (cores, process_cpus) = self.cores()?;
-            let plan = Plan::new(&cores, slot, max_threads).ok_or("it found no allowed PUs")?;
+            let plan = CpuPlan::new(&cores, slot, max_threads).ok_or("it found no allowed PUs")?;
             let numa_node = self.numa_node(&plan.cpus);
-            Ok(Target {
+            Ok(Binding {
                 binder: Binder::Hwloc(std::sync::Arc::new(self)),
                 plan,
                 process_cpus,
@@ -1139,14 +1139,14 @@ mod tests {
     fn plan_prefers_distinct_cores_then_hyperthreads() {
         // 2 cores with 2 hyperthreads each, Linux-style numbering (siblings n apart).
         let cores = vec![vec![0, 2], vec![1, 3]];
-        let p = Plan::new(&cores, Slot::WHOLE, 2).expect("plan");
+        let p = CpuPlan::new(&cores, Slot::WHOLE, 2).expect("plan");
         assert_eq!(p.cpus, [0, 1]);
         assert!(!p.smt && !p.oversubscribed && p.shared.is_none());
-        let p = Plan::new(&cores, Slot::WHOLE, 4).expect("plan");
+        let p = CpuPlan::new(&cores, Slot::WHOLE, 4).expect("plan");
         assert_eq!(p.cpus, [0, 1, 2, 3]);
         assert!(p.smt && !p.oversubscribed);
         assert!(p.describe("hwloc", "core", Slot::WHOLE).contains("hyperthreads"));
-        let p = Plan::new(&cores, Slot::WHOLE, 6).expect("plan");
+        let p = CpuPlan::new(&cores, Slot::WHOLE, 6).expect("plan");
         assert_eq!(p.cpus, [0, 1, 2, 3, 0, 1]);
         assert!(p.oversubscribed);
         let how = p.describe("hwloc", "core", Slot::WHOLE);
@@ -1157,23 +1157,23 @@ mod tests {
     fn plan_splits_cores_then_hyperthreads_then_shares() {
         let cores = vec![vec![0, 2], vec![1, 3]];
         // 2 ranks: one core each, both its hyperthreads.
-        let p = Plan::new(&cores, Slot { index: 1, of: 2 }, 2).expect("plan");
+        let p = CpuPlan::new(&cores, Slot { index: 1, of: 2 }, 2).expect("plan");
         assert_eq!(p.cpus, [1, 3]);
         assert!(p.smt && p.shared.is_none());
         // 4 ranks on 2 cores: one hyperthread each, not shared.
         let cpus: Vec<Vec<usize>> =
-            (0..4).map(|r| Plan::new(&cores, Slot { index: r, of: 4 }, 1).expect("plan").cpus).collect();
+            (0..4).map(|r| CpuPlan::new(&cores, Slot { index: r, of: 4 }, 1).expect("plan").cpus).collect();
         assert_eq!(cpus, [[0], [2], [1], [3]]);
-        let p = Plan::new(&cores, Slot { index: 3, of: 4 }, 1).expect("plan");
+        let p = CpuPlan::new(&cores, Slot { index: 3, of: 4 }, 1).expect("plan");
         assert!(p.split_pus && p.shared.is_none());
         // 6 ranks on 4 PUs: round-robin, shared.
-        let p = Plan::new(&cores, Slot { index: 5, of: 6 }, 1).expect("plan");
+        let p = CpuPlan::new(&cores, Slot { index: 5, of: 6 }, 1).expect("plan");
         assert_eq!(p.cpus, [2]);
         assert_eq!(p.shared, Some((4, 6)));
         let how = p.describe("hwloc", "core", Slot { index: 5, of: 6 });
         assert!(how.contains("shared with other ranks: 4 cpus for 6 ranks"), "{how}");
         // No cores: nothing to pin to.
-        assert_eq!(Plan::new(&[], Slot::WHOLE, 1), None);
+        assert_eq!(CpuPlan::new(&[], Slot::WHOLE, 1), None);
     }
 
     proptest! {
@@ -1202,8 +1202,8 @@ mod tests {
             n_cores in 1usize..12, smt in 1usize..4, of in 1usize..6, threads in 1usize..20,
         ) {
             let cores: Vec<Core> = (0..n_cores).map(|c| (0..smt).map(|t| t * n_cores + c).collect()).collect();
-            let plans: Vec<Plan> =
-                (0..of).map(|index| Plan::new(&cores, Slot { index, of }, threads).expect("plan")).collect();
+            let plans: Vec<CpuPlan> =
+                (0..of).map(|index| CpuPlan::new(&cores, Slot { index, of }, threads).expect("plan")).collect();
             for p in &plans {
                 prop_assert_eq!(p.cpus.len(), threads);
                 // Distinct cores first: the first workers, one per core used, are on distinct cores.

@@ -36,18 +36,6 @@ pub struct IterRecord {
     pub delay: f64,
     /// Whether an injected disruptor was burning the rank's cores at the iteration's end.
     pub disrupted: bool,
-    /// DynSGD: model versions (N updates each) pushed between this rank's pull and push (its
-    /// update was scaled by `1 / (1 + staleness)`).
-    pub staleness: u64,
-    /// Backup workers: `b` of this iteration.
-    pub backups: usize,
-    /// Backup workers: this rank's update came too late and was dropped.
-    pub dropped: bool,
-    /// LB-BSP: this rank's predicted speed (rows per second) for its next iteration.
-    pub predicted: f64,
-    /// LB-BSP: this rank's measured speed in this iteration (rows per second of its threads'
-    /// chunk time, times its threads; 0 when it had no rows).
-    pub speed: f64,
     /// FlexRR: chunks taken over by rapid reassignment, before this rank's own were done.
     pub reassigned: u64,
     /// Speculative execution: chunks of late ranks this rank computed a copy of and applied
@@ -64,6 +52,66 @@ pub struct IterRecord {
     /// Chunks taken over from each rank: `[victim, chunks]` pairs.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub taken_from: Vec<(usize, u64)>,
+    /// The scheme's own figures of the iteration, written by its policy and flattened into the
+    /// line (each scheme file documents its own: DynSGD's `staleness`, backup workers' `backups`
+    /// and `dropped`, LB-BSP's `speed` and `predicted`, ...).
+    #[serde(flatten)]
+    pub scheme: SchemeFigures,
+}
+
+/// A scheme's own figures of one iteration, by name, in the order first set. Serialized as the
+/// entries of a map (flattened into the record's JSON line); a scheme that sets none adds
+/// nothing.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SchemeFigures(Vec<(&'static str, Figure)>);
+
+/// One figure of a scheme: a count, a value or a flag (written as a JSON number or boolean).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Figure {
+    /// A count (iterations, ranks, chunks).
+    Count(u64),
+    /// A measured or predicted value.
+    Value(f64),
+    /// Whether something happened.
+    Flag(bool),
+}
+
+impl SchemeFigures {
+    /// Sets figure `name` (replacing an earlier value of the iteration).
+    pub fn set(&mut self, name: &'static str, figure: Figure) {
+        match self.0.iter_mut().find(|(n, _)| *n == name) {
+            Some(slot) => slot.1 = figure,
+            None => self.0.push((name, figure)),
+        }
+    }
+
+    /// Figure `name`, if the scheme set it.
+    pub fn get(&self, name: &str) -> Option<Figure> {
+        self.0.iter().find(|(n, _)| *n == name).map(|&(_, f)| f)
+    }
+
+    /// Count `name`, 0 if unset (or not a count).
+    pub fn count(&self, name: &str) -> u64 {
+        match self.get(name) {
+            Some(Figure::Count(c)) => c,
+            _ => 0,
+        }
+    }
+}
+
+impl Serialize for SchemeFigures {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (name, figure) in &self.0 {
+            match *figure {
+                Figure::Count(c) => m.serialize_entry(name, &c)?,
+                Figure::Value(v) => m.serialize_entry(name, &v)?,
+                Figure::Flag(b) => m.serialize_entry(name, &b)?,
+            }
+        }
+        m.end()
+    }
 }
 
 impl IterRecord {

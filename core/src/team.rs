@@ -11,7 +11,7 @@
 //! The team's leader (worker 0) runs the engine's usual loop over chunks (its own, taken over,
 //! copies) and posts each run of rows it computes on the [`Team`]'s board; the other members wait
 //! there, compute their part of each posted run into the gradient the leader names
-//! ([`Target`]), and meet the leader at a barrier once their part is written. Members spin for a
+//! ([`SharedGrad`]), and meet the leader at a barrier once their part is written. Members spin for a
 //! short while, then yield, then sleep in short slices while no run is posted (an injected delay,
 //! the leader's wait for a chunk to take over). A member that panics marks the team failed, and
 //! every member waiting on it panics in turn instead of waiting for good; the pool passes the
@@ -38,20 +38,20 @@ struct Line<T>(T);
 /// The gradient a run of rows is computed into: the leader's buffer, which every member writes in
 /// its own ranges ([`Model::units`](crate::model::Model::units)).
 #[derive(Clone, Copy, Debug)]
-pub struct Target {
+pub struct SharedGrad {
     grad: *mut f32,
     len: usize,
     /// The buffer holds old values, not zeros: the run writes its ranges instead of adding.
     pub fresh: bool,
 }
 
-// SAFETY: a `Target` is a pointer into the leader's buffer, which outlives every run posted with
+// SAFETY: a `SharedGrad` is a pointer into the leader's buffer, which outlives every run posted with
 // it (the leader waits for every member at the run's end); members write disjoint ranges.
-unsafe impl Send for Target {}
+unsafe impl Send for SharedGrad {}
 // SAFETY: as for `Send`.
-unsafe impl Sync for Target {}
+unsafe impl Sync for SharedGrad {}
 
-impl Target {
+impl SharedGrad {
     /// A target writing into `grad` (`fresh`: its values are old, to be overwritten).
     pub fn new(grad: &mut [f32], fresh: bool) -> Self {
         Self { grad: grad.as_mut_ptr(), len: grad.len(), fresh }
@@ -80,7 +80,7 @@ pub struct Part<'a> {
     /// Members in the run.
     pub of: usize,
     /// Where the gradient goes.
-    pub target: Target,
+    pub target: SharedGrad,
     /// Rows of a pass the team probably computes next: a member may ask for them in cache
     /// meanwhile ([`Model::ahead`](crate::model::Model::ahead)).
     pub ahead: Option<PassRows>,
@@ -116,7 +116,7 @@ struct Post {
     rows: Range<usize>,
     ahead: Option<PassRows>,
     params: (*const f32, usize),
-    target: Target,
+    target: SharedGrad,
     of: usize,
 }
 
@@ -175,7 +175,7 @@ impl Team {
         (epoch, rows): PassRows,
         ahead: Option<PassRows>,
         params: &[f32],
-        target: Target,
+        target: SharedGrad,
         of: usize,
         own: impl FnOnce(&Part<'_>) -> R,
     ) -> R {
@@ -342,7 +342,7 @@ mod tests {
     fn members_compute_every_posted_run_and_sum_in_every_order() {
         let team = Team::new(3);
         let mut grad = vec![0.0f32; 9];
-        let target = Target::new(&mut grad, true);
+        let target = SharedGrad::new(&mut grad, true);
         let params = [1.0f32, 2.0, 3.0];
         let start = team.posted();
         std::thread::scope(|s| {
@@ -388,7 +388,7 @@ mod tests {
         for leader_fails in [false, true] {
             let team = Team::new(2);
             let mut grad = vec![0.0f32; 2];
-            let target = Target::new(&mut grad, false);
+            let target = SharedGrad::new(&mut grad, false);
             let start = team.posted();
             let (leader, member) = std::thread::scope(|s| {
                 let team = &team;

@@ -4,7 +4,7 @@
 //! | word | layout (high to low bits) | owner / who changes it |
 //! |---|---|---|
 //! | [`Queue`] | tag 16, head 24, tail 24 | a rank's chunk queue: owner takes from the head, thieves lower the tail |
-//! | [`Progress`] | tag 16, total 24, done 24 | a rank's current iteration: chunks announced and done (by anyone) |
+//! | [`ProgressWord`] | tag 16, total 24, done 24 | a rank's current iteration: chunks announced and done (by anyone) |
 //! | [`ClaimWord`] | tag 16, 48 claim bits | speculative execution: one bit per chunk, set by the copy that finishes first |
 //! | [`Arrivals`] | tag 24, k 16, count 24 | backup workers: an iteration slot on rank 0, updates wanted and counted |
 //!
@@ -61,7 +61,7 @@ impl Queue {
 
 /// A progress word: the rank's current iteration (by tag), its chunks, and how many are done.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Progress {
+pub struct ProgressWord {
     /// The iteration's tag.
     pub tag: u16,
     /// Chunks the rank owns in the iteration.
@@ -70,7 +70,7 @@ pub struct Progress {
     pub done: u32,
 }
 
-impl Progress {
+impl ProgressWord {
     /// The word (`done` in the low bits, so that adding `n` counts `n` more chunks done).
     pub fn pack(self) -> u64 {
         debug_assert!(self.total <= MAX_CHUNKS && self.done <= MAX_CHUNKS);
@@ -86,7 +86,7 @@ impl Progress {
     /// would read as "iteration 0: all of its 0 chunks done").
     pub const NONE: u64 = (u16::MAX as u64) << 48;
 
-    /// Progress in iterations, seen from a rank in iteration `near`: the iteration this word is
+    /// ProgressWord in iterations, seen from a rank in iteration `near`: the iteration this word is
     /// about plus the fraction of its chunks done (a rank with no chunks counts as done).
     pub fn position(self, near: u64) -> f64 {
         untag(self.tag, near) as f64
@@ -163,10 +163,10 @@ mod tests {
 
         #[test]
         fn progress_words_round_trip_and_count(tag: u16, total in 0..MAX_CHUNKS, done in 0..MAX_CHUNKS) {
-            let p = Progress { tag, total, done };
-            prop_assert_eq!(Progress::unpack(p.pack()), p);
+            let p = ProgressWord { tag, total, done };
+            prop_assert_eq!(ProgressWord::unpack(p.pack()), p);
             // What `Clocks::done` relies on: adding to the word adds to `done` alone.
-            prop_assert_eq!(Progress::unpack(p.pack() + 1), Progress { done: done + 1, ..p });
+            prop_assert_eq!(ProgressWord::unpack(p.pack() + 1), ProgressWord { done: done + 1, ..p });
         }
 
         #[test]
@@ -191,7 +191,7 @@ mod tests {
 
     #[test]
     fn the_no_iteration_word_is_not_iteration_zero() {
-        let p = Progress::unpack(Progress::NONE);
+        let p = ProgressWord::unpack(ProgressWord::NONE);
         assert_eq!((p.tag, p.total, p.done), (u16::MAX, 0, 0));
         assert_ne!(p.tag, tag(0));
     }

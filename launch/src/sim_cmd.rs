@@ -7,7 +7,7 @@ use clap::Args;
 use peregrine_core::engine::{Config, Elastic};
 use peregrine_core::inject::Injection;
 use peregrine_core::sim::{self, ComputeModel, Measured, Network, Preset, Replay, SimConfig, SimReport};
-use peregrine_core::SchemeSpec;
+use peregrine_core::{Scheme, SchemeSpec};
 use serde_json::Value;
 
 use crate::error::AppError;
@@ -33,9 +33,8 @@ pub struct SimArgs {
     #[arg(long, value_name = "RUN_DIR")]
     replay: Option<PathBuf>,
     /// Schemes to compare, `name[+steal]` (repeat the flag); each is run next to Ideal (BSP, no
-    /// straggler). Default: bsp, bsp+steal, ssp:3+steal, backup-dynamic, lb-bsp, flexrr, falcon,
-    /// falcon:slack:2.
-    #[arg(long, value_name = "SCHEME")]
+    /// straggler). The default is each scheme family's usual forms.
+    #[arg(long, value_name = "SCHEME", default_values_t = compared_by_default())]
     scheme: Vec<SchemeSpec>,
     /// Ranks.
     #[arg(long, default_value_t = 64, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
@@ -115,13 +114,15 @@ pub struct SimArgs {
     json: Option<PathBuf>,
 }
 
+/// The schemes compared when no `--scheme` is given: the registry's (each scheme file names its
+/// own).
+fn compared_by_default() -> Vec<SchemeSpec> {
+    Scheme::compared_by_default().map(|s| s.parse().expect("the registry's names parse")).collect()
+}
+
 fn usage(s: impl std::fmt::Display) -> AppError {
     AppError::Usage(s.to_string())
 }
-
-/// The schemes compared by default.
-pub(crate) const DEFAULT_SCHEMES: [&str; 8] =
-    ["bsp", "bsp+steal", "ssp:3+steal", "backup-dynamic", "lb-bsp", "flexrr", "falcon", "falcon:slack:2"];
 
 pub fn run(a: SimArgs) -> Result<(), AppError> {
     if let Some(json) = &a.json {
@@ -131,11 +132,7 @@ pub fn run(a: SimArgs) -> Result<(), AppError> {
         return replay_cmd(dir, a.json.as_deref());
     }
     let base = forward(&a)?;
-    let schemes = if a.scheme.is_empty() {
-        DEFAULT_SCHEMES.iter().map(|s| s.parse().map_err(usage)).collect::<Result<Vec<SchemeSpec>, _>>()?
-    } else {
-        a.scheme.clone()
-    };
+    let schemes = a.scheme.clone();
     for s in &schemes {
         s.scheme.validate(a.ranks).map_err(usage)?;
     }

@@ -1209,13 +1209,13 @@ fn rank_in(
             }
             .and_then(|m| scaled(m.with_l2(r.l2), &r.scaling, LogReg::standardized))
             .map_err(data_err)?;
-            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
+            train_model(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
         ModelKind::Softmax => {
             let m = Softmax::new(&r.data, r.eval.as_deref(), r.lr)
                 .and_then(|m| scaled(m.with_l2(r.l2), &r.scaling, Softmax::standardized))
                 .map_err(data_err)?;
-            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
+            train_model(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
         ModelKind::Mf => {
             let m = Mf::new(&r.data, r.eval.as_deref(), r.k, r.lr, r.l2)
@@ -1223,23 +1223,23 @@ fn rank_in(
                 .with_biases(r.intercept)
                 .with_adaptive(matches!(r.optimizer, Optimizer::AdaGrad { .. }))
                 .with_strata(r.batch, r.chunk);
-            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
+            train_model(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
         ModelKind::Mlp => {
             let m = Mlp::new(&r.data, r.eval.as_deref(), &r.hidden, r.lr)
                 .and_then(|m| scaled(m.with_l2(r.l2), &r.scaling, Mlp::standardized))
                 .map_err(data_err)?;
             let m = if r.split == Split::Units { m.split_units().map_err(data_err)? } else { m };
-            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
+            train_model(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
         ModelKind::Lda => {
             let m = Lda::new(&r.data, r.eval.as_deref(), r.k, r.alpha, r.eta).map_err(data_err)?;
-            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
+            train_model(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
         ModelKind::Synthetic => {
             let cost = Duration::from_secs_f64(r.chunk_cost);
             let m = Synthetic::new(&r.data, r.params, cost, r.chunk).map_err(data_err)?;
-            go(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
+            train_model(t, ctx, a, &mut r, epochs, scheme, inject, &pool, dir, &m, checked)
         }
     }
 }
@@ -1398,7 +1398,7 @@ fn io(what: String) -> impl FnOnce(std::io::Error) -> AppError {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn go<M: Export>(
+fn train_model<M: Export>(
     t: &Transport,
     ctx: &RunContext,
     a: &RunOpts,

@@ -1017,7 +1017,7 @@ fn lda_trains_runs_its_config_again_and_refuses_bad_settings() {
     assert_eq!(rows.len(), 5, "a header and one row per document: {rows:?}");
     assert!(rows[0].contains("topic0,topic1,topic2"), "{}", rows[0]);
     for (args, code, says) in [
-        (&["--scheme", "ssp:2"][..], 2, "bsp, lb-bsp, speculative or falcon"),
+        (&["--scheme", "ssp:2"][..], 2, "bsp, lb-bsp, lb-bsp:ma, lb-bsp:narx, speculative, falcon"),
         (&["--lr", "0.1"][..], 2, "no learning rate"),
         (&["--k", "1"][..], 2, "at least 2 topics"),
         (&["--alpha", "nan"][..], 2, "--alpha must be a positive number"),

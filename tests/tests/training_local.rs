@@ -833,7 +833,8 @@ fn lda_counts_stay_the_counts_of_the_topics_under_every_scheme() {
                 Err(e) if !cfg.scheme.scheme.pulls_every_update() => {
                     let e = e.to_string();
                     assert!(
-                        e.contains("bsp, lb-bsp, speculative or falcon") && e.contains(name),
+                        e.contains("bsp, lb-bsp, lb-bsp:ma, lb-bsp:narx, speculative, falcon")
+                            && e.contains(name),
                         "{name}: {e}"
                     );
                     return Ok(0);

@@ -410,12 +410,15 @@ pub fn check_scheme_for_rows(
     needs_current_rows: bool,
 ) -> Result<(), TrainError> {
     if needs_current_rows && !scheme.pulls_every_update() {
+        let fit: Vec<&str> =
+            Scheme::names().filter(|n| n.parse::<Scheme>().is_ok_and(|s| s.pulls_every_update())).collect();
         return Err(TrainError::Setting {
             setting: "the scheme",
             accepted: format!(
                 "one whose every pull follows every earlier update for {model} (its rows' own state, the topic \
                  of each token, is updated by deltas against what was read, and a stale read would corrupt \
-                 it): bsp, lb-bsp, speculative or falcon"
+                 it): {}",
+                fit.join(", ")
             ),
             got: scheme.to_string(),
         });

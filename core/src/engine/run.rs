@@ -846,7 +846,10 @@ impl<'a, M: Model> Run<'a, M> {
                 "push",
                 "comm",
                 pushing,
-                if rec.staleness > 0 { args.int("staleness", rec.staleness) } else { args },
+                match rec.scheme.count("staleness") {
+                    0 => args,
+                    s => args.int("staleness", s),
+                },
             );
             if !admit.apply {
                 t.instant("update dropped", "scheme", Args::default().int("iter", it));
@@ -1080,7 +1083,7 @@ impl View for Live<'_> {
     fn queue(&self, rank: usize) -> crate::scheme::Result<words::Queue> {
         self.queues.peek(rank)
     }
-    fn progress(&self, rank: usize) -> crate::scheme::Result<words::Progress> {
+    fn progress(&self, rank: usize) -> crate::scheme::Result<words::ProgressWord> {
         self.clocks.progress(rank)
     }
     fn rate(&self, rank: usize) -> crate::scheme::Result<f64> {

@@ -10,7 +10,7 @@ use std::path::Path;
 use peregrine_kernels::data::{Dataset, DenseRows, Kind};
 use peregrine_kernels::mlp::{self, Matmul, Op, Weights};
 
-use crate::team::Target;
+use crate::team::SharedGrad;
 
 use super::{
     Baseline, Block, Built, Delta, EvalSums, Export, KeySet, Layout, Metric, Model, ModelError, Sets,
@@ -264,7 +264,7 @@ impl Mlp {
         params: &[f32],
         s: Scratch<'_>,
         blocks: Range<usize>,
-        target: Target,
+        target: SharedGrad,
         lead: bool,
         sum: impl FnOnce(&[f32], &mut [f32]),
     ) -> f64 {
@@ -347,7 +347,7 @@ fn in_part(n: usize, u: &Range<usize>, first: usize) -> Range<usize> {
 }
 
 /// A [`Work`]'s buffers for a pass of split units, without its gradient (written through a
-/// [`Target`]).
+/// [`SharedGrad`]).
 struct Scratch<'a> {
     acts: &'a mut [Vec<f32>],
     grads: &'a mut [Vec<f32>],
@@ -543,9 +543,9 @@ impl Model for Mlp {
         Some(r)
     }
 
-    fn team_target(&self, work: &mut Work) -> Target {
+    fn team_target(&self, work: &mut Work) -> SharedGrad {
         let fresh = std::mem::take(&mut work.stale);
-        Target::new(&mut work.grad, fresh)
+        SharedGrad::new(&mut work.grad, fresh)
     }
 
     /// Member `part`'s hidden units for all of `rows`: their activations, its share of the
@@ -684,7 +684,7 @@ impl Export for Mlp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::team::{Target, Team};
+    use crate::team::{SharedGrad, Team};
     use peregrine_kernels::data::gen::{self, DenseSpec};
 
     /// Rows `rows`' gradient and loss computed by a team of `parts` (into a buffer of old values
@@ -745,7 +745,7 @@ mod tests {
         for (i, (g, w)) in lead.grad.iter().zip(&whole.grad).enumerate() {
             assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "{parts} members, param {i}: {g} vs {w}");
         }
-        let _ = Target::new(&mut [], false);
+        let _ = SharedGrad::new(&mut [], false);
     }
 
     #[test]

@@ -701,7 +701,7 @@ pub trait Model: Send + Sync {
     /// The leader's gradient for a run of rows computed by a team: `work`'s buffer, which every
     /// member writes in its [`units`](Self::units) (its old values overwritten where `work`
     /// says so). Only for a model that splits its units.
-    fn team_target(&self, work: &mut Self::Work) -> crate::team::Target {
+    fn team_target(&self, work: &mut Self::Work) -> crate::team::SharedGrad {
         let _ = work;
         panic!("{} does not split its units", self.name())
     }

@@ -20,11 +20,16 @@ use std::time::Duration;
 
 use peregrine_transport::{ShardMap, Transport, Window};
 
-use super::{arg, Admit, Family, Kind, Parsed, Policy, Result, SchemeError, Setup, View};
-use crate::record::IterRecord;
+use super::{arg, Admit, Family, Parsed, Policy, Result, SchemeError, SchemeKind, Setup, View};
+use crate::record::{Figure, IterRecord};
 use crate::words::{Arrivals, ARRIVAL_TAG_MASK, MAX_ARRIVALS};
 
-pub(crate) const FAMILY: Family = Family { forms: "backup:<b>, backup-dynamic", parse };
+pub(crate) const FAMILY: Family = Family {
+    forms: "backup:<b>, backup-dynamic",
+    names: &["backup:1", "backup-dynamic"],
+    compared: &["backup-dynamic"],
+    parse,
+};
 
 fn parse(s: &str) -> Option<Parsed> {
     let b = match s {
@@ -38,7 +43,7 @@ fn parse(s: &str) -> Option<Parsed> {
             )
         }),
     };
-    Some(b.map(|b| Arc::new(b) as Arc<dyn Kind>))
+    Some(b.map(|b| Arc::new(b) as Arc<dyn SchemeKind>))
 }
 
 /// Backup workers per iteration: `Some(b)` always, `None` chosen per iteration.
@@ -56,7 +61,7 @@ impl fmt::Display for Backups {
     }
 }
 
-impl Kind for Backups {
+impl SchemeKind for Backups {
     fn validate(&self, ranks: usize) -> std::result::Result<(), SchemeError> {
         let world = |accepted: String| SchemeError::World { scheme: self.to_string(), ranks, accepted };
         if ranks as u64 > MAX_ARRIVALS {
@@ -95,12 +100,11 @@ impl Policy for BackupPolicy {
 
     fn admit(&mut self, _view: &dyn View, it: u64, compute: Duration, rec: &mut IterRecord) -> Result<Admit> {
         self.counters.record(compute)?;
-        rec.backups = self.counters.backups(it)?;
-        Ok(match self.counters.arrive(it)? {
-            Arrival::Late => {
-                rec.dropped = true;
-                Admit { apply: false, scale: 1.0 }
-            }
+        rec.scheme.set("backups", Figure::Count(self.counters.backups(it)? as u64));
+        let arrival = self.counters.arrive(it)?;
+        rec.scheme.set("dropped", Figure::Flag(arrival == Arrival::Late));
+        Ok(match arrival {
+            Arrival::Late => Admit { apply: false, scale: 1.0 },
             // The first k updates stand for all N: each is scaled to N / k.
             Arrival::InTime { k } => Admit { apply: true, scale: in_time_scale(self.counters.world, k) },
         })

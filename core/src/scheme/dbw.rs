@@ -8,7 +8,7 @@
 //! exchanged with kept by each of the two (so each iteration's matrix is symmetric and doubly
 //! stochastic: the replicas' average moves exactly by the average of the updates).
 //!
-//! The engine keeps the replicas ([`Kind::replicated`]); this policy owns the exchange:
+//! The engine keeps the replicas ([`SchemeKind::replicated`]); this policy owns the exchange:
 //! - **estimates** (a window, `5 P` values per rank for `P` parameters): three slots for the
 //!   published `y` (by iteration mod 3) and two for the current `x` behind a version word (a
 //!   sequence lock: read, check that the version did not move);
@@ -46,14 +46,15 @@ use std::time::Duration;
 
 use peregrine_transport::{ShardMap, Window};
 
-use super::{arg, Admit, Family, Kind, Parsed, Policy, Result, SchemeError, Setup, View};
-use crate::record::IterRecord;
+use super::{arg, Admit, Family, Parsed, Policy, Result, SchemeError, SchemeKind, Setup, View};
+use crate::record::{Figure, IterRecord};
 
-pub(crate) const FAMILY: Family = Family { forms: "dbw[:ring|:torus|:complete|:regular-<k>][:<b>]", parse };
+pub(crate) const FAMILY: Family =
+    Family { forms: "dbw[:ring|:torus|:complete|:regular-<k>][:<b>]", names: &["dbw"], compared: &[], parse };
 
 fn parse(s: &str) -> Option<Parsed> {
     let rest = if s == "dbw" { None } else { Some(arg(s, "dbw")?) };
-    Some(parse_args(s, rest).map(|d| Arc::new(d) as Arc<dyn Kind>))
+    Some(parse_args(s, rest).map(|d| Arc::new(d) as Arc<dyn SchemeKind>))
 }
 
 fn parse_args(s: &str, rest: Option<&str>) -> std::result::Result<Dbw, SchemeError> {
@@ -228,7 +229,7 @@ impl fmt::Display for Dbw {
     }
 }
 
-impl Kind for Dbw {
+impl SchemeKind for Dbw {
     fn validate(&self, ranks: usize) -> std::result::Result<(), SchemeError> {
         let world = |accepted: String| SchemeError::World { scheme: self.to_string(), ranks, accepted };
         let graph = self.graph.build(ranks).map_err(world)?;
@@ -529,7 +530,7 @@ impl Policy for DbwPolicy {
         };
         st.round = it;
         st.k = k;
-        rec.backups = d - k;
+        rec.scheme.set("backups", Figure::Count((d - k) as u64));
         // Each replica steps with its own rows' mean gradient: the engine scales updates to the
         // whole batch, of which a rank computes a `1 / N` share.
         Ok(Admit { apply: true, scale: self.world as f32 })
@@ -600,7 +601,7 @@ impl Policy for DbwPolicy {
                 }
             }
         }
-        rec.dropped = active.is_empty() && !self.nbrs.is_empty();
+        rec.scheme.set("dropped", Figure::Flag(active.is_empty() && !self.nbrs.is_empty()));
         for &i in &active {
             let n = self.nbrs[i];
             let (_, ack) = self.mine(n.rank);

@@ -10,17 +10,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::staleness::Bound;
-use super::{arg, bound, Admit, Family, Kind, Parsed, Policy, Result, Setup, View};
-use crate::record::IterRecord;
+use super::{arg, bound, Admit, Family, Parsed, Policy, Result, SchemeKind, Setup, View};
+use crate::record::{Figure, IterRecord};
 
-pub(crate) const FAMILY: Family = Family { forms: "dynsgd[:<staleness>]", parse };
+pub(crate) const FAMILY: Family =
+    Family { forms: "dynsgd[:<staleness>]", names: &["dynsgd"], compared: &[], parse };
 
 fn parse(s: &str) -> Option<Parsed> {
     let d = match s {
         "dynsgd" => Ok(DynSgd { bound: None }),
         _ => bound(s, arg(s, "dynsgd")?, "dynsgd:2").map(|b| DynSgd { bound: Some(b) }),
     };
-    Some(d.map(|d| Arc::new(d) as Arc<dyn Kind>))
+    Some(d.map(|d| Arc::new(d) as Arc<dyn SchemeKind>))
 }
 
 /// DynSGD's staleness bound (`None`: asynchronous).
@@ -38,7 +39,7 @@ impl fmt::Display for DynSgd {
     }
 }
 
-impl Kind for DynSgd {
+impl SchemeKind for DynSgd {
     fn policy(&self, setup: &Setup<'_>) -> Result<Box<dyn Policy>> {
         let bound = self.bound.map_or(Bound::Asp, Bound::Ssp);
         Ok(Box::new(Damped { bound, steal: setup.steal, pulled: 0 }))
@@ -78,7 +79,7 @@ impl Policy for Damped {
         rec: &mut IterRecord,
     ) -> Result<Admit> {
         let (staleness, scale) = damping(self.pulled, view.version()?, view.world());
-        rec.staleness = staleness;
+        rec.scheme.set("staleness", Figure::Count(staleness));
         Ok(Admit { apply: true, scale })
     }
 
@@ -121,6 +122,6 @@ mod tests {
         v.clocks = vec![9, 3];
         let mut rec = IterRecord::default();
         let a = p.admit(&v, 3, Duration::ZERO, &mut rec).expect("view");
-        assert_eq!((rec.staleness, a), (2, Admit { apply: true, scale: 1.0 / 3.0 }));
+        assert_eq!((rec.scheme.count("staleness"), a), (2, Admit { apply: true, scale: 1.0 / 3.0 }));
     }
 }

@@ -18,11 +18,16 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::staleness::Bound;
-use super::{arg, best_queued, bound, Family, Kind, Parsed, Policy, Result, Setup, Share, Take, View};
+use super::{arg, best_queued, bound, Family, Parsed, Policy, Result, SchemeKind, Setup, Share, Take, View};
 use crate::record::IterRecord;
 use crate::words::Queue;
 
-pub(crate) const FAMILY: Family = Family { forms: "falcon[:enforced|:slack[:<staleness>]]", parse };
+pub(crate) const FAMILY: Family = Family {
+    forms: "falcon[:enforced|:slack[:<staleness>]]",
+    names: &["falcon", "falcon:slack"],
+    compared: &["falcon", "falcon:slack:2"],
+    parse,
+};
 
 /// The slack mode's staleness bound when none is given.
 const DEFAULT_SLACK: u64 = 2;
@@ -39,7 +44,7 @@ fn parse(s: &str) -> Option<Parsed> {
         "falcon:slack" => Ok(Falcon { slack: Some(DEFAULT_SLACK) }),
         _ => bound(s, arg(s, "falcon:slack")?, "falcon:slack:2").map(|b| Falcon { slack: Some(b) }),
     };
-    Some(f.map(|f| Arc::new(f) as Arc<dyn Kind>))
+    Some(f.map(|f| Arc::new(f) as Arc<dyn SchemeKind>))
 }
 
 /// Falcon in enforced mode (`slack: None`) or slack mode with its staleness bound.
@@ -57,7 +62,7 @@ impl fmt::Display for Falcon {
     }
 }
 
-impl Kind for Falcon {
+impl SchemeKind for Falcon {
     fn pulls_every_update(&self) -> bool {
         self.slack.is_none()
     }

@@ -11,9 +11,10 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::staleness::Bound;
-use super::{arg, best_queued, bound, Family, Kind, Parsed, Policy, Result, Setup, Share, Take, View};
+use super::{arg, best_queued, bound, Family, Parsed, Policy, Result, SchemeKind, Setup, Share, Take, View};
 
-pub(crate) const FAMILY: Family = Family { forms: "flexrr[:<staleness>]", parse };
+pub(crate) const FAMILY: Family =
+    Family { forms: "flexrr[:<staleness>]", names: &["flexrr"], compared: &["flexrr"], parse };
 
 /// FlexRR's staleness bound when none is given.
 const DEFAULT_BOUND: u64 = 3;
@@ -27,7 +28,7 @@ fn parse(s: &str) -> Option<Parsed> {
         "flexrr" => Ok(DEFAULT_BOUND),
         _ => bound(s, arg(s, "flexrr")?, "flexrr:2"),
     };
-    Some(b.map(|bound| Arc::new(FlexRr { bound }) as Arc<dyn Kind>))
+    Some(b.map(|bound| Arc::new(FlexRr { bound }) as Arc<dyn SchemeKind>))
 }
 
 /// FlexRR with its staleness bound.
@@ -42,7 +43,7 @@ impl fmt::Display for FlexRr {
     }
 }
 
-impl Kind for FlexRr {
+impl SchemeKind for FlexRr {
     fn policy(&self, _setup: &Setup<'_>) -> Result<Box<dyn Policy>> {
         Ok(Box::new(Reassign { bound: Bound::Ssp(self.bound) }))
     }
@@ -110,7 +111,7 @@ impl Policy for Reassign {
 mod tests {
     use super::*;
     use crate::scheme::Snapshot;
-    use crate::words::{self, Progress, Queue};
+    use crate::words::{self, ProgressWord, Queue};
 
     #[test]
     fn the_helped_ranks_are_the_ones_helps_names() {
@@ -143,7 +144,7 @@ mod tests {
         // however far behind.
         let t = words::tag(10);
         let mut v = Snapshot::new(5, 6);
-        let at = |done| Progress { tag: t, total: 8, done };
+        let at = |done| ProgressWord { tag: t, total: 8, done };
         v.progress = vec![at(0), at(8), at(8), at(5), at(1), at(6)];
         v.queues = v.progress.iter().map(|p| Queue { tag: t, head: p.done, tail: 8 }).collect();
         let p = Reassign { bound: Bound::Ssp(2) };
@@ -155,7 +156,7 @@ mod tests {
         };
         assert_eq!(reassigned(&v), vec![4]);
         // A member a whole iteration behind (still in 9, half done: 9.5) is 1.25 behind.
-        v.progress[3] = Progress { tag: words::tag(9), total: 8, done: 4 };
+        v.progress[3] = ProgressWord { tag: words::tag(9), total: 8, done: 4 };
         assert_eq!(reassigned(&v), vec![3, 4]);
         // Nothing queued, nothing to reassign (its chunks are all running).
         v.queues[4].head = 8;

@@ -30,11 +30,16 @@ use peregrine_transport::{ShardMap, Window};
 
 use super::narx::Narx;
 use super::staleness::Bound;
-use super::{Family, Kind, Parsed, Policy, Result, Setup, View};
+use super::{Family, Parsed, Policy, Result, SchemeKind, Setup, View};
 use crate::plan::Plan;
-use crate::record::{IterRecord, RankTotals};
+use crate::record::{Figure, IterRecord, RankTotals};
 
-pub(crate) const FAMILY: Family = Family { forms: "lb-bsp[:arx|:ma|:narx]", parse };
+pub(crate) const FAMILY: Family = Family {
+    forms: "lb-bsp[:arx|:ma|:narx]",
+    names: &["lb-bsp", "lb-bsp:ma", "lb-bsp:narx"],
+    compared: &["lb-bsp"],
+    parse,
+};
 
 fn parse(s: &str) -> Option<Parsed> {
     let p = match s {
@@ -61,7 +66,7 @@ impl fmt::Display for LbBsp {
     }
 }
 
-impl Kind for LbBsp {
+impl SchemeKind for LbBsp {
     fn pulls_every_update(&self) -> bool {
         true
     }
@@ -192,9 +197,9 @@ impl Policy for Balanced {
         // Publish the prediction before the tick: after the BSP wait everyone reads it. A rank
         // given no rows (all its chunks went to others) learned nothing: its prediction stands.
         let speed = measured_speed(rec.rows, rec.threads, busy);
+        rec.scheme.set("speed", Figure::Value(speed.max(0.0)));
         if speed > 0.0 {
             let (cpu, mem) = self.loads.as_mut().map_or((0.0, 0.0), Loads::get);
-            rec.speed = speed;
             if self.last > 0.0 {
                 self.error += (self.last - speed).abs() / speed;
                 self.predictions += 1;
@@ -210,7 +215,7 @@ impl Policy for Balanced {
                 None => self.history.observe(speed, cpu, mem),
             };
         }
-        rec.predicted = self.last;
+        rec.scheme.set("predicted", Figure::Value(self.last));
         // Slot (t + 1) mod 2: a rank still starting t reads slot t mod 2, and nobody can write
         // slot t mod 2 again (for t + 2) before everyone has started t + 1.
         self.preds.swap(2 * view.rank() + ((it + 1) % 2) as usize, self.last.to_bits())?;

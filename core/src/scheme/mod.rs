@@ -25,7 +25,7 @@ use peregrine_transport::Transport;
 
 use crate::plan::Plan;
 use crate::record::{IterRecord, RankTotals};
-use crate::words::{self, Progress, Queue};
+use crate::words::{self, ProgressWord, Queue};
 
 mod backup;
 mod dbw;
@@ -58,15 +58,20 @@ const FAMILIES: &[Family] = &[
 pub(crate) struct Family {
     /// The forms it accepts, for the error that lists them (`ssp[:<staleness>]`).
     pub forms: &'static str,
+    /// A name of each of its schemes, default arguments (what lists of schemes name).
+    pub names: &'static [&'static str],
+    /// What `peregrine simulate` compares when no `--scheme` is given (with `+steal` where the
+    /// scheme is compared taking chunks over).
+    pub compared: &'static [&'static str],
     /// Parses a lower-case scheme name: `None` if the name is not this family's.
     pub parse: fn(&str) -> Option<Parsed>,
 }
 
 /// What a family makes of a name that is its own: the scheme, or why its arguments are wrong.
-pub(crate) type Parsed = std::result::Result<Arc<dyn Kind>, SchemeError>;
+pub(crate) type Parsed = std::result::Result<Arc<dyn SchemeKind>, SchemeError>;
 
 /// A scheme with its arguments, parsed: what a scheme file makes of its name.
-pub(crate) trait Kind: fmt::Debug + fmt::Display + Send + Sync {
+pub(crate) trait SchemeKind: fmt::Debug + fmt::Display + Send + Sync {
     /// Whether the scheme can run in a world of `ranks` ranks; the error names the scheme and the
     /// range it accepts.
     fn validate(&self, _ranks: usize) -> std::result::Result<(), SchemeError> {
@@ -172,7 +177,7 @@ pub(crate) fn bound(name: &str, arg: &str, example: &'static str) -> std::result
 
 /// A synchronization scheme or straggler mitigation, parsed from its name.
 #[derive(Clone, Debug)]
-pub struct Scheme(Arc<dyn Kind>);
+pub struct Scheme(Arc<dyn SchemeKind>);
 
 impl Scheme {
     /// BSP, the reference every experiment compares with.
@@ -197,6 +202,16 @@ impl Scheme {
     /// over the ranks.
     pub fn replicated(&self) -> bool {
         self.0.replicated()
+    }
+
+    /// A name of every scheme of the registry (default arguments), in registry order.
+    pub fn names() -> impl Iterator<Item = &'static str> {
+        FAMILIES.iter().flat_map(|f| f.names.iter().copied())
+    }
+
+    /// The schemes `peregrine simulate` compares by default, as [`SchemeSpec`] names.
+    pub fn compared_by_default() -> impl Iterator<Item = &'static str> {
+        FAMILIES.iter().flat_map(|f| f.compared.iter().copied())
     }
 
     /// Every accepted form, for help texts.
@@ -304,7 +319,7 @@ pub(crate) trait View {
     /// `rank`'s chunk queue.
     fn queue(&self, rank: usize) -> Result<Queue>;
     /// `rank`'s progress word (its current iteration's chunks, and how many are done).
-    fn progress(&self, rank: usize) -> Result<Progress>;
+    fn progress(&self, rank: usize) -> Result<ProgressWord>;
     /// `rank`'s published chunk rate in its current iteration (chunks per second; 0: none yet).
     fn rate(&self, rank: usize) -> Result<f64>;
 
@@ -361,7 +376,7 @@ pub(crate) struct Snapshot {
     pub rank: usize,
     pub clocks: Vec<u64>,
     pub queues: Vec<Queue>,
-    pub progress: Vec<Progress>,
+    pub progress: Vec<ProgressWord>,
     pub rates: Vec<f64>,
 }
 
@@ -373,7 +388,7 @@ impl Snapshot {
             rank,
             clocks: vec![0; world],
             queues: vec![Queue::default(); world],
-            progress: vec![Progress::default(); world],
+            progress: vec![ProgressWord::default(); world],
             rates: vec![0.0; world],
         }
     }
@@ -393,7 +408,7 @@ impl View for Snapshot {
     fn queue(&self, rank: usize) -> Result<Queue> {
         Ok(self.queues[rank])
     }
-    fn progress(&self, rank: usize) -> Result<Progress> {
+    fn progress(&self, rank: usize) -> Result<ProgressWord> {
         Ok(self.progress[rank])
     }
     fn rate(&self, rank: usize) -> Result<f64> {
@@ -669,6 +684,23 @@ pub(crate) fn arg<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_registry_lists_of_schemes_parse_and_cover_every_family() {
+        let names: Vec<&str> = Scheme::names().collect();
+        for n in &names {
+            n.parse::<Scheme>().unwrap_or_else(|e| panic!("{n}: {e}"));
+        }
+        for f in FAMILIES {
+            assert!(f.names.iter().all(|n| (f.parse)(n).is_some_and(|p| p.is_ok())), "{}", f.forms);
+            assert!(!f.names.is_empty(), "{} names no scheme", f.forms);
+        }
+        let compared: Vec<&str> = Scheme::compared_by_default().collect();
+        assert!(compared.contains(&"bsp") && compared.len() >= 4, "{compared:?}");
+        for c in compared {
+            c.parse::<SchemeSpec>().unwrap_or_else(|e| panic!("{c}: {e}"));
+        }
+    }
 
     #[test]
     fn every_scheme_parses_and_prints_its_canonical_name() {

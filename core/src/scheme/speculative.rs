@@ -19,13 +19,14 @@ use std::sync::{Arc, Mutex};
 use peregrine_transport::{ShardMap, Transport, Window};
 
 use super::staleness::Bound;
-use super::{others, Family, Kind, OwnChunks, Parsed, Policy, Result, Setup, View};
+use super::{others, Family, OwnChunks, Parsed, Policy, Result, SchemeKind, Setup, View};
 use crate::words::{self, ClaimWord, CLAIM_BITS};
 
-pub(crate) const FAMILY: Family = Family { forms: "speculative", parse };
+pub(crate) const FAMILY: Family =
+    Family { forms: "speculative", names: &["speculative"], compared: &[], parse };
 
 fn parse(s: &str) -> Option<Parsed> {
-    matches!(s, "speculative" | "clone").then(|| Ok(Arc::new(Speculative) as Arc<dyn Kind>))
+    matches!(s, "speculative" | "clone").then(|| Ok(Arc::new(Speculative) as Arc<dyn SchemeKind>))
 }
 
 /// Speculative execution copies chunks only of ranks whose chunk rate is below this fraction of
@@ -45,7 +46,7 @@ impl fmt::Display for Speculative {
     }
 }
 
-impl Kind for Speculative {
+impl SchemeKind for Speculative {
     fn pulls_every_update(&self) -> bool {
         true
     }

@@ -10,9 +10,14 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::{arg, bound, Family, Kind, Parsed, Policy, Result, Setup, View};
+use super::{arg, bound, Family, Parsed, Policy, Result, SchemeKind, Setup, View};
 
-pub(crate) const FAMILY: Family = Family { forms: "bsp, asp, ssp[:<staleness>]", parse };
+pub(crate) const FAMILY: Family = Family {
+    forms: "bsp, asp, ssp[:<staleness>]",
+    names: &["bsp", "ssp", "asp"],
+    compared: &["bsp", "bsp+steal", "ssp:3+steal"],
+    parse,
+};
 
 /// SSP's staleness bound when none is given (`ssp` is `ssp:3`).
 pub(crate) const DEFAULT_SSP_BOUND: u64 = 3;
@@ -24,7 +29,7 @@ fn parse(s: &str) -> Option<Parsed> {
         "ssp" => Ok(Bound::Ssp(DEFAULT_SSP_BOUND)),
         _ => bound(s, arg(s, "ssp")?, "ssp:3").map(Bound::Ssp),
     };
-    Some(b.map(|b| Arc::new(b) as Arc<dyn Kind>))
+    Some(b.map(|b| Arc::new(b) as Arc<dyn SchemeKind>))
 }
 
 /// How far ahead of the slowest clock a rank may run.
@@ -77,7 +82,7 @@ impl fmt::Display for Bound {
     }
 }
 
-impl Kind for Bound {
+impl SchemeKind for Bound {
     fn pulls_every_update(&self) -> bool {
         *self == Bound::Bsp
     }

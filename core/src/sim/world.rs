@@ -18,7 +18,7 @@ use crate::engine::{IterRecord, RankTotals};
 use crate::plan::Plan;
 use crate::scheme::{thread_share, OwnChunks, Policy, Take, View};
 use crate::tree::Shape;
-use crate::words::{self, Progress, Queue};
+use crate::words::{self, ProgressWord, Queue};
 
 /// Every rank's one-sided words (clocks, queues, progress, rates), with the sums the simulator
 /// keeps beside them so that global questions cost O(1): the slowest clock and how many ranks
@@ -34,7 +34,7 @@ pub(super) struct Words {
     qit: Vec<u64>,
     /// Chunks queued, per iteration (no zero entries).
     queued: BTreeMap<u64, u64>,
-    progress: Vec<Progress>,
+    progress: Vec<ProgressWord>,
     /// The iteration each progress word belongs to (`None`: none announced yet).
     pit: Vec<Option<u64>>,
     /// Per iteration, ranks whose progress word is that iteration's with every chunk done.
@@ -141,7 +141,7 @@ impl Words {
             queues: vec![Queue::default(); world],
             qit: vec![0; world],
             queued: BTreeMap::new(),
-            progress: vec![Progress::unpack(Progress::NONE); world],
+            progress: vec![ProgressWord::unpack(ProgressWord::NONE); world],
             pit: vec![None; world],
             complete: HashMap::new(),
             rates: vec![0.0; world],
@@ -187,7 +187,7 @@ impl Words {
                 *self.complete.entry(p).or_default() -= 1;
             }
         }
-        self.progress[r] = Progress { tag, total: n, done: 0 };
+        self.progress[r] = ProgressWord { tag, total: n, done: 0 };
         self.pit[r] = Some(it);
         if n == 0 {
             *self.complete.entry(it).or_default() += 1;
@@ -371,7 +371,7 @@ impl View for SimView<'_> {
         self.read();
         Ok(self.w.queues[rank])
     }
-    fn progress(&self, rank: usize) -> crate::scheme::Result<Progress> {
+    fn progress(&self, rank: usize) -> crate::scheme::Result<ProgressWord> {
         self.read();
         Ok(self.w.progress[rank])
     }
@@ -449,7 +449,7 @@ struct Thread {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
+enum RankPhase {
     Start,
     Pull,
     Compute,
@@ -467,7 +467,7 @@ enum Phase {
 struct Rank {
     it: u64,
     next: u64,
-    phase: Phase,
+    phase: RankPhase,
     active: usize,
     delay: f64,
     own_start: usize,
@@ -566,7 +566,7 @@ impl<'a> Sim<'a> {
             .map(|_| Rank {
                 it: 0,
                 next: 0,
-                phase: Phase::Start,
+                phase: RankPhase::Start,
                 active: 1,
                 delay: 0.0,
                 own_start: 0,
@@ -633,14 +633,14 @@ impl<'a> Sim<'a> {
                 Ev::Pushed(r) => self.pushed(r, t)?,
                 Ev::Ticked(r) => self.ticked(r, t)?,
                 Ev::Check(r) => {
-                    if self.ranks[r].phase == Phase::LineWait {
+                    if self.ranks[r].phase == RankPhase::LineWait {
                         self.line_up(r, t)?;
                     }
                 }
             }
         }
         let stuck: Vec<usize> =
-            (0..self.ranks.len()).filter(|&r| self.ranks[r].phase != Phase::Done).collect();
+            (0..self.ranks.len()).filter(|&r| self.ranks[r].phase != RankPhase::Done).collect();
         if let Some(&r) = stuck.first() {
             return Err(SimError::Stalled {
                 ranks: stuck.len(),
@@ -710,7 +710,7 @@ impl<'a> Sim<'a> {
         // Once the target is reached every rank stops (a real run's evaluation says so to all).
         if it >= cfg.iterations || self.to_target.is_some() {
             let rk = &mut self.ranks[r];
-            rk.phase = Phase::Done;
+            rk.phase = RankPhase::Done;
             rk.finished = t;
             return Ok(());
         }
@@ -732,7 +732,7 @@ impl<'a> Sim<'a> {
         rk.active = active;
         rk.delay = delay;
         rk.own_start = part.start;
-        rk.phase = Phase::Pull;
+        rk.phase = RankPhase::Pull;
         rk.rec = IterRecord {
             rank: r,
             iter: it,
@@ -769,7 +769,7 @@ impl<'a> Sim<'a> {
     /// The pull is done: the active threads start on the rank's chunks.
     fn compute(&mut self, r: usize, t: Nanos) -> R<()> {
         let rk = &mut self.ranks[r];
-        rk.phase = Phase::Compute;
+        rk.phase = RankPhase::Compute;
         rk.c1 = t;
         rk.iter_chunks = 0;
         rk.busy = 0;
@@ -1018,7 +1018,7 @@ impl<'a> Sim<'a> {
         for (done, after) in completed {
             self.wake_lined(done, t.saturating_add(after))?;
         }
-        let copies = matches!(self.ranks[r].phase, Phase::LineHelp { copies: true });
+        let copies = matches!(self.ranks[r].phase, RankPhase::LineHelp { copies: true });
         if !self.dispatch(r, th, t, copies)? {
             self.ranks[r].busy_threads -= 1;
             if self.ranks[r].busy_threads == 0 {
@@ -1129,22 +1129,22 @@ impl<'a> Sim<'a> {
     fn round_over(&mut self, r: usize, t: Nanos) -> R<()> {
         let rk = &mut self.ranks[r];
         match rk.phase {
-            Phase::Compute => {
+            RankPhase::Compute => {
                 rk.own_done = t - rk.c1;
                 rk.per_chunk = rk.own_done.saturating_mul(rk.active as u64) / rk.iter_chunks.max(1);
                 if self.policies[r].line_up() {
                     rk.lined_at = t;
                     rk.helped = 0;
                     rk.line_wait = 0;
-                    rk.phase = Phase::LineWait;
+                    rk.phase = RankPhase::LineWait;
                     self.line_up(r, t)
                 } else {
                     self.push(r, t)
                 }
             }
-            Phase::LineHelp { .. } => {
+            RankPhase::LineHelp { .. } => {
                 rk.helped = rk.helped.saturating_add(t - rk.help_start);
-                rk.phase = Phase::LineWait;
+                rk.phase = RankPhase::LineWait;
                 self.line_up(r, t)
             }
             _ => Ok(()),
@@ -1169,7 +1169,7 @@ impl<'a> Sim<'a> {
             // The look that found them (the engine's `stealable`).
             let t = t.saturating_add(self.charge(r, self.w.look_ops()));
             let rk = &mut self.ranks[r];
-            rk.phase = Phase::LineHelp { copies: false };
+            rk.phase = RankPhase::LineHelp { copies: false };
             rk.help_start = t;
             return self.start_threads(r, t, false);
         }
@@ -1180,7 +1180,7 @@ impl<'a> Sim<'a> {
             let view = SimView::new(&self.w, r);
             if self.policies[r].copy_due(&view, it, t >= due_at)? {
                 let rk = &mut self.ranks[r];
-                rk.phase = Phase::LineHelp { copies: true };
+                rk.phase = RankPhase::LineHelp { copies: true };
                 rk.help_start = t;
                 return self.start_threads(r, t, true);
             }
@@ -1188,7 +1188,7 @@ impl<'a> Sim<'a> {
             let poll = (rk.per_chunk / 2).max(5_000);
             self.q.push(due_at.max(t.saturating_add(poll)), Ev::Check(r));
         }
-        self.ranks[r].phase = Phase::LineWait;
+        self.ranks[r].phase = RankPhase::LineWait;
         self.lined.entry(it).or_default().push(r);
         Ok(())
     }
@@ -1197,7 +1197,7 @@ impl<'a> Sim<'a> {
     fn wake_lined(&mut self, it: u64, t: Nanos) -> R<()> {
         let Some(ranks) = self.lined.remove(&it) else { return Ok(()) };
         for r in ranks {
-            if self.ranks[r].phase == Phase::LineWait && self.ranks[r].it == it {
+            if self.ranks[r].phase == RankPhase::LineWait && self.ranks[r].it == it {
                 self.line_up(r, t)?;
             }
         }
@@ -1208,7 +1208,7 @@ impl<'a> Sim<'a> {
     fn push(&mut self, r: usize, t: Nanos) -> R<()> {
         let it = self.ranks[r].it;
         let rk = &mut self.ranks[r];
-        rk.phase = Phase::Push;
+        rk.phase = RankPhase::Push;
         let computing = t - rk.c1;
         rk.rec.compute += ((computing - rk.line_wait.min(computing)) as f64 * 1e-9).max(0.0);
         let view = SimView::new(&self.w, r);
@@ -1257,7 +1257,7 @@ impl<'a> Sim<'a> {
             self.close(r, t.saturating_add(cost));
         } else {
             let rk = &mut self.ranks[r];
-            rk.phase = Phase::Wait;
+            rk.phase = RankPhase::Wait;
             rk.wait_since = t.saturating_add(cost);
             self.waiting.entry(it).or_default().push(r);
         }
@@ -1332,7 +1332,7 @@ impl<'a> Sim<'a> {
                 }
             }
         }
-        self.ranks[r].phase = Phase::Start;
+        self.ranks[r].phase = RankPhase::Start;
         let overhead = self.overhead(r, it);
         self.q.push(at.saturating_add(overhead), Ev::Open(r));
     }
