@@ -157,6 +157,18 @@ impl RatingsSpec {
     }
 }
 
+/// Writes `n` values of 1 into section 2 (a sparse file's values: every feature present is 1).
+fn write_ones(out: &mut Writer, n: u64) -> Result<()> {
+    let ones = vec![1.0f32; 4096];
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(ones.len() as u64) as usize;
+        out.write(2, &ones[..k])?;
+        left -= k as u64;
+    }
+    Ok(())
+}
+
 fn too_big(what: &str) -> DataError {
     DataError::Invalid(format!("{what} is too large for this format (indices are 32-bit)"))
 }
@@ -198,13 +210,7 @@ pub fn sparse(spec: &SparseSpec, output: &Path) -> Result<Converted> {
         sparse_row(spec, &zipf, r, &mut row);
         out.write(1, &row)?;
     }
-    let ones = vec![1.0f32; 4096];
-    let mut left = nnz as usize;
-    while left > 0 {
-        let n = left.min(ones.len());
-        out.write(2, &ones[..n])?;
-        left -= n;
-    }
+    write_ones(&mut out, nnz)?;
     let mut labels = Vec::with_capacity(4096);
     for r in 0..spec.rows {
         sparse_row(spec, &zipf, r, &mut row);
@@ -353,13 +359,7 @@ pub fn onehot(spec: &OnehotSpec, output: &Path) -> Result<Converted> {
             ids.clear();
         }
     }
-    let ones = vec![1.0f32; 4096];
-    let mut left = 2 * spec.rows as usize;
-    while left > 0 {
-        let n = left.min(ones.len());
-        out.write(2, &ones[..n])?;
-        left -= n;
-    }
+    write_ones(&mut out, 2 * spec.rows)?;
     let mut labels = Vec::with_capacity(4096);
     for r in 0..spec.rows {
         let ([u, i], mut rng) = pair(r);
