@@ -958,8 +958,17 @@ fn dbw_replicas_come_together() {
         assert!(c.len() >= 3 && c[0] > 0.0, "{name}: consensus distance {c:?}");
         let mut later = c[c.len() / 2..].to_vec();
         later.sort_by(f64::total_cmp);
-        let judged = if name == "dbw" { later[0] } else { later[later.len() / 2] };
-        assert!(judged < c[0], "{name}: consensus distance {c:?}");
+        if name == "dbw" {
+            // Dynamic DBW leaves a late replica out of some exchanges, and how far the replicas
+            // drift first depends on the timing (the first evaluation, at iteration 5, finds them
+            // still nearly equal: 0.03; once, under the whole suite, the distance peaked at 0.21
+            // and was back to 0.076 at the end). Judged: the later half comes down to at most half
+            // its peak.
+            let peak = c.iter().copied().fold(0.0, f64::max);
+            assert!(later[0] <= 0.5 * peak, "{name}: consensus distance {c:?}");
+        } else {
+            assert!(later[later.len() / 2] < c[0], "{name}: consensus distance {c:?}");
+        }
         let (first, last) = (evals[0].loss, evals[evals.len() - 1].loss);
         assert!(last < first && last < 0.9 * std::f64::consts::LN_2, "{name}: loss {first} -> {last}");
     }
