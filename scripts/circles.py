@@ -129,12 +129,10 @@ def imports(src, f):
             base, segs = [], segs[1:]
         elif segs[0] in ("super", "self"):
             base = list(here)
-            is_dir_module = f.name in ("mod.rs", "lib.rs", "main.rs")
             while segs and segs[0] in ("super", "self"):
                 if segs[0] == "super":
                     base = base[:-1]
                 segs = segs[1:]
-            del is_dir_module
         elif segs[0] in children:
             base = list(here)
         else:
