@@ -263,6 +263,15 @@ pub struct TrainArgs {
     /// delays, thread counts and the scheme's decisions.
     #[arg(long)]
     trace: bool,
+    /// Where ranks share nodes (several nodes, some holding several ranks: the launcher's
+    /// placement, or `--ranks-per-node` locally), a synchronous scheme (bsp, lb-bsp, with or
+    /// without taking over) on a dense model gives each node one copy of the weights that its
+    /// ranks read in place, and adds the node's updates up before they cross the network: a rank
+    /// moves 1/K of the model to and from other nodes per iteration (K ranks a node) in one
+    /// operation per node, instead of all of it in one per rank. The same model up to rounding;
+    /// `off` keeps every rank's own pulls and pushes [default: auto]
+    #[arg(long, value_enum, value_name = "WHEN")]
+    node_combine: Option<crate::world::NodeCombine>,
     /// Also write the model as NumPy files, `model/<tensor>.npy` (f32, one per tensor of
     /// model.safetensors) with `model/meta.json`, in the run directory, at the end and at each
     /// checkpoint.
@@ -448,6 +457,7 @@ pub(crate) struct TrainFile {
     split: Option<Split>,
     pub(crate) straggler: Option<String>,
     standardize: Option<crate::scaling::Standardize>,
+    node_combine: Option<crate::world::NodeCombine>,
 }
 
 impl TrainFile {
@@ -496,6 +506,7 @@ impl TrainFile {
             split: top.split.or(self.split),
             straggler: top.straggler.or(self.straggler),
             standardize: top.standardize.or(self.standardize),
+            node_combine: top.node_combine.or(self.node_combine),
         }
     }
 
@@ -554,6 +565,7 @@ impl TrainArgs {
             split: self.split,
             straggler: self.straggler.clone(),
             standardize: self.standardize,
+            node_combine: self.node_combine,
         }
     }
 }
@@ -636,6 +648,7 @@ pub(crate) struct Resolved {
     /// None for the models without features.
     #[serde(skip_serializing_if = "Option::is_none")]
     standardize: Option<crate::scaling::Standardize>,
+    node_combine: crate::world::NodeCombine,
     /// The scaling the sets are read through, once measured (`--standardize`; a function of the
     /// training data, measured again on a resume).
     #[serde(skip)]
@@ -912,6 +925,7 @@ pub(crate) fn finish(f: TrainFile) -> Result<(Resolved, Option<f64>), AppError> 
         // Hashed features' ids are not columns to measure (up to 2^32 of them).
         standardize: (model.has_features() && f.hash_bits.is_none())
             .then(|| f.standardize.unwrap_or_default()),
+        node_combine: f.node_combine.unwrap_or_default(),
         scaling: None,
         off_scale: None,
     };
@@ -1485,6 +1499,7 @@ fn train_model<M: Export>(
         checkpoint_seconds: (r.checkpoint_seconds > 0.0).then_some(r.checkpoint_seconds),
         stop: Some(ctx.preemption.flag()),
         trace: a.trace.then(|| dir.join(TRACE_PARTS)),
+        node_combine: r.node_combine == crate::world::NodeCombine::Auto,
         // Off (--watchdog 0), a rank asked to stop still has STOP_GRACE without progress to reach
         // the stop's checkpoint: the signal is never swallowed by a rank that cannot get there.
         watchdog: Some(Watchdog {
@@ -1862,7 +1877,8 @@ fn resume_point(
 const IDENTITY: &str = "identity";
 
 /// Keys a run may change between its parts: how it is carried out, not what it computes.
-const OPERATIONAL: [&str; 4] = ["threads", "checkpoint-every", "checkpoint-seconds", "watchdog"];
+const OPERATIONAL: [&str; 5] =
+    ["threads", "checkpoint-every", "checkpoint-seconds", "watchdog", "node-combine"];
 
 /// How the configuration a checkpoint was taken under (`then`, with its datasets' identities)
 /// differs from this run's (`now`) in what it computes, key by key, in words. The datasets are
@@ -2014,6 +2030,13 @@ fn print_summary(r: &Report, dir: &Path, data_check_seconds: f64) {
         (Some(g), Some(s)) => println!("reached loss <= {g} after {s:.3} s"),
         (Some(g), None) => println!("did not reach loss <= {g}"),
         _ => {}
+    }
+    if let Some(nodes) = &r.node_combined {
+        println!(
+            "node-combined pulls and pushes: {} nodes, ranks per node {} (one copy of the weights and one update per node)",
+            nodes.len(),
+            peregrine_slurm::format_tasks_per_node(&nodes.iter().map(|&n| n as u32).collect::<Vec<_>>())
+        );
     }
     if let (Some(n), Some(at)) = (r.early_stop, r.stopped_early) {
         println!("early stopping: no improvement in {n} evaluations, stopped after the evaluation at iteration {at}");

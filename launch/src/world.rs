@@ -7,7 +7,9 @@ use std::sync::OnceLock;
 use crate::preempt::Preemption;
 use clap::{Args, ValueEnum};
 use peregrine_slurm::SlurmEnv;
-use peregrine_transport::{run_local, Backend, ErrorKind as TransportErrorKind, ReduceOp, Transport};
+use peregrine_transport::{
+    run_local, run_local_in_nodes, Backend, ErrorKind as TransportErrorKind, ReduceOp, Transport,
+};
 
 use crate::error::AppError;
 
@@ -22,6 +24,17 @@ pub enum BackendChoice {
     Mpi,
 }
 
+/// Whether the ranks of a node combine their pulls and pushes (`train --node-combine`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeCombine {
+    /// Where ranks share nodes (several nodes, some of several ranks) and the run can.
+    #[default]
+    Auto,
+    /// Never: every rank pulls and pushes its own.
+    Off,
+}
+
 /// How the world of ranks is formed.
 #[derive(Debug, Args)]
 pub struct WorldArgs {
@@ -32,6 +45,12 @@ pub struct WorldArgs {
     /// sets the world size (`mpirun -n N`).
     #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub ranks: Option<usize>,
+    /// Local backend: group the thread ranks into nodes of N consecutive ranks, as MPI ranks on
+    /// N-rank nodes would be (node-combined communication between the groups: see `train
+    /// --node-combine`), to try in one process what several nodes do [default: one node]. Under
+    /// MPI the launcher's placement decides (`MPI_Comm_split_type`).
+    #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    pub ranks_per_node: Option<usize>,
     /// Run directory: meta.json (ranks, hosts, CPU binding, Slurm ids) and, after a stop on a
     /// signal, checkpoint.json to resume from; a directory, made if missing (not a link). Batch
     /// scripts from `peregrine slurm sbatch` set it to runs/<job name>-<job id>.
@@ -62,6 +81,13 @@ impl WorldArgs {
         if backend == Backend::Mpi && self.ranks.is_some() {
             return Err(AppError::Usage(
                 "--ranks sets the number of local (thread) ranks; under MPI the launcher sets it (mpirun -n N)".into(),
+            ));
+        }
+        if backend == Backend::Mpi && self.ranks_per_node.is_some() {
+            return Err(AppError::Usage(
+                "--ranks-per-node groups local (thread) ranks into nodes; under MPI the launcher's placement \
+                 decides (mpirun --map-by, srun --ntasks-per-node)"
+                    .into(),
             ));
         }
         Ok(backend)
@@ -98,7 +124,11 @@ where
     let ctx = RunContext { slurm, run_dir: args.run_dir.clone(), preemption: Preemption::install()? };
     match backend {
         Backend::Local => {
-            let outcomes = run_local(args.ranks.unwrap_or(default_ranks), |t| body(&t, &ctx))?;
+            let ranks = args.ranks.unwrap_or(default_ranks);
+            let outcomes = match args.ranks_per_node {
+                Some(per_node) => run_local_in_nodes(ranks, per_node, |t| body(&t, &ctx))?,
+                None => run_local(ranks, |t| body(&t, &ctx))?,
+            };
             let mut errors: Vec<AppError> = outcomes.into_iter().filter_map(Result::err).collect();
             let root = errors
                 .iter()

@@ -360,6 +360,11 @@ mod cluster {
             &Path::new(&local).join("model.safetensors"),
         );
         assert!(f64::from(dist) <= peregrine_tests::training::BSP_TOLERANCE, "{dist:e} apart");
+        // The two nodes' ranks combined their pulls and pushes (the model is pulled whole and
+        // stepped at the owners under BSP): one copy and one update per node.
+        let summary: serde_json::Value =
+            serde_json::from_str(&read(&Path::new(&nodes).join("summary.json"))).expect("summary.json");
+        assert_eq!(summary["node_combined"], serde_json::json!([2, 2]), "{summary}");
         let meta = read(&Path::new(&nodes).join("meta.json"));
         let mut h = hosts(&meta);
         h.sort();

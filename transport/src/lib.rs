@@ -41,6 +41,7 @@ mod error;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+mod node;
 mod shard;
 
 use std::cell::Cell;
@@ -51,6 +52,7 @@ use std::str::FromStr;
 
 pub use elem::{Elem, ElemKind, ReduceOp};
 pub use error::{Error, ErrorKind, Result};
+pub use node::{NodeLayout, NodeShared};
 pub use shard::{Piece, Pieces, ShardMap, SHARD_LINE};
 
 /// Which implementation of ranks and windows to use.
@@ -195,6 +197,35 @@ impl Transport {
         dispatch!(self, t => t.broadcast(data, root))
     }
 
+    /// How the world's ranks fill nodes ([`NodeLayout`]); `None` where a node's ranks are not
+    /// consecutive world ranks (a round-robin placement).
+    pub fn node_layout(&self) -> Option<NodeLayout> {
+        match self {
+            Self::Local(t) => Some(t.node_layout()),
+            #[cfg(feature = "mpi")]
+            Self::Mpi(t) => t.node_layout(),
+        }
+    }
+
+    /// Collective over the world: `len` zeroed elements that every rank of a node maps, one
+    /// block per node ([`NodeShared`]). `None` on every rank where some node cannot have one
+    /// (no node layout; under MPI, no shared memory file could be made and mapped on some node:
+    /// the reason is on that rank's stderr); `name` appears in messages.
+    pub fn alloc_node_shared<T: Elem>(&self, name: &str, len: usize) -> Result<Option<NodeShared<T>>> {
+        match self {
+            Self::Local(t) => {
+                let _ = name;
+                let ranks = t.node_layout().local_size();
+                Ok(Some(NodeShared::new(node::NodeInner::Local(t.alloc_node_shared(len)?), ranks)))
+            }
+            #[cfg(feature = "mpi")]
+            Self::Mpi(t) => {
+                let ranks = t.node_layout().map_or(1, |l| l.local_size());
+                Ok(t.alloc_node_shared(name, len)?.map(|n| NodeShared::new(node::NodeInner::Mpi(n), ranks)))
+            }
+        }
+    }
+
     /// Collective: allocates a window laid out by `map` (one shard per rank, zero-initialised).
     /// Every rank must pass the same map and element type; a mismatch is an error on every rank.
     /// `name` appears in error messages.
@@ -318,7 +349,24 @@ where
     R: Send,
     F: Fn(Transport) -> R + Sync,
 {
-    let ranks = local::world(world_size)?;
+    run_ranks(local::world(world_size)?, f)
+}
+
+/// [`run_local`] with the ranks in nodes of `per_node` consecutive ranks
+/// ([`local::world_in_nodes`]).
+pub fn run_local_in_nodes<R, F>(world_size: usize, per_node: usize, f: F) -> Result<Vec<R>>
+where
+    R: Send,
+    F: Fn(Transport) -> R + Sync,
+{
+    run_ranks(local::world_in_nodes(world_size, per_node)?, f)
+}
+
+fn run_ranks<R, F>(ranks: Vec<local::LocalRank>, f: F) -> Result<Vec<R>>
+where
+    R: Send,
+    F: Fn(Transport) -> R + Sync,
+{
     let f = &f;
     let outcomes: Vec<std::thread::Result<R>> = std::thread::scope(|s| {
         let handles: Vec<_> = ranks

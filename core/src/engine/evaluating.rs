@@ -28,6 +28,32 @@ impl<M: Model> Run<'_, M> {
         Ok(w.saturating_sub(paused))
     }
 
+    /// [`wait_serving`](Self::wait_serving) for a wait on memory this rank's node shares (a
+    /// node barrier: [`super::node`]): `ready` is a load, polled `LOCAL_POLLS` times between
+    /// looks at the evaluation words on rank 0 (a round trip, and between nodes one that needs
+    /// rank 0's library to progress), which only a wait longer than that makes; every poll
+    /// lets the library serve the others' one-sided calls on this rank's windows.
+    pub(super) fn wait_on_node(
+        &self,
+        ev: &mut Evals,
+        mut ready: impl FnMut() -> Result<bool, TrainError>,
+    ) -> Result<(), TrainError> {
+        /// Polls of the node's memory between looks at the evaluations.
+        const LOCAL_POLLS: u32 = 256;
+        let mut polls = 0u32;
+        crate::clocks::wait_until(|| -> Result<bool, TrainError> {
+            polls += 1;
+            if polls.is_multiple_of(LOCAL_POLLS) {
+                self.serve_evals(ev)?;
+            } else {
+                // The others' one-sided calls on this rank's windows (over TCP they wait for it).
+                self.t.progress()?;
+            }
+            Ok(ready()? || ev.stopping())
+        })?;
+        Ok(())
+    }
+
     /// Joins every evaluation rank 0 has asked for and this rank has not joined yet; returns the
     /// time it took.
     pub(super) fn serve_evals(&self, ev: &mut Evals) -> Result<Duration, TrainError> {

@@ -72,6 +72,10 @@ pub struct Report {
     pub checkpoint_seconds: f64,
     /// Which ranks were slow, by how much, and the run's pattern.
     pub stragglers: crate::straggler::StragglerReport,
+    /// Where the ranks of each node combined their pulls and pushes
+    /// ([`Config::node_combine`](super::Config::node_combine)): the ranks on each node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_combined: Option<Vec<usize>>,
     /// The final parameters, if asked for ([`Config::keep_params`]).
     #[serde(skip)]
     pub params: Option<Vec<f32>>,

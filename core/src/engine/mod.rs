@@ -68,6 +68,7 @@ mod evals;
 mod evaluating;
 pub use evals::{best_point, evals_since_best, DIVERGED_ABOVE, RISEN_BY, STALL_EVALS};
 mod metrics;
+mod node;
 mod params;
 mod run;
 mod slot;
@@ -270,6 +271,10 @@ pub struct Config {
     /// With `Some(dir)`, each rank writes its timeline to `dir/rank-<r>.jsonl`, one Chrome
     /// Trace Event per line (see `trace`).
     pub trace: Option<std::path::PathBuf>,
+    /// Where ranks share nodes, a synchronous scheme's dense pulls and pushes go through one copy
+    /// of the weights per node and the node's summed update (see `node`); `false` keeps every
+    /// rank's own.
+    pub node_combine: bool,
 }
 
 impl Default for Config {
@@ -302,6 +307,7 @@ impl Default for Config {
             resume: None,
             watchdog: None,
             trace: None,
+            node_combine: true,
         }
     }
 }

@@ -20,8 +20,9 @@
 use std::ops::Range;
 use std::sync::Mutex;
 
-use peregrine_transport::{ReduceOp, ShardMap, Transport, Window};
+use peregrine_transport::{NodeLayout, ReduceOp, ShardMap, Transport, Window};
 
+use super::node::{NodeCombine, Wait};
 use super::TrainError;
 use crate::model::{Delta, KeySet, Layout, Model};
 use crate::optim::{Gradient, Optimizer, Step};
@@ -47,6 +48,18 @@ pub(super) struct Params {
     len: usize,
     /// A keyed model's chunks read the weights in place ([`Windows::Keyed`]).
     in_place: bool,
+    /// Node-combined pulls and pushes ([`super::node`]).
+    node: Option<NodeCombine>,
+}
+
+/// What a node-combined pull gave ([`Params::pull_node`]).
+pub(super) enum NodePull<'a> {
+    /// The node's copy of the weights, to read in place.
+    Copy(&'a [f32]),
+    /// Nothing: the run stops (an evaluation said so) before the node's ranks had all pulled.
+    Stopped,
+    /// Nothing: the ranks of a node do not combine here.
+    Alone,
 }
 
 /// How the parameter windows are allocated.
@@ -142,6 +155,8 @@ struct Slots {
     /// The weights' sharding.
     map: ShardMap,
     rank: usize,
+    /// Node-combined ([`super::node`]): the slots are per node, not per rank.
+    nodes: Option<NodeLayout>,
     /// The model's L2 penalty ([`Model::decay`]), its ranges within this rank's shard: the step
     /// applies it, the chunks leave it out.
     decay: Option<(f32, Vec<Range<usize>>)>,
@@ -154,13 +169,36 @@ impl Slots {
         t: &Transport,
         map: &ShardMap,
         decay: Option<(f32, Vec<Range<usize>>)>,
+        nodes: Option<NodeLayout>,
     ) -> Result<Self, TrainError> {
-        let others = t.world_size() - 1;
+        let others = nodes.as_ref().map_or(t.world_size(), NodeLayout::nodes) - 1;
         let lens = (0..t.world_size()).map(|r| map.len_of(r) * others);
         let win = t.alloc_window("gradient slots", &ShardMap::from_lens(lens))?;
         let mine = map.range(t.rank());
         let decay = decay.map(|(l2, ranges)| (l2, clipped(&ranges, mine).collect()));
-        Ok(Self { win, map: map.clone(), rank: t.rank(), decay })
+        Ok(Self { win, map: map.clone(), rank: t.rank(), nodes, decay })
+    }
+
+    /// Node-combined: puts the node's sums `sum` of `shards` (back to back, as
+    /// [`NodeCombine::combine`] made them) into this node's slot at each owner on another node,
+    /// and completes the puts.
+    fn put_node(&self, shards: &[(Range<usize>, usize)], sum: &[f32]) -> Result<(), TrainError> {
+        let layout = self.nodes.as_ref().expect("node-combined slots");
+        let from = layout.node();
+        self.win.write_scope(|s| {
+            let mut off = 0;
+            for (r, owner) in shards {
+                let to = layout.node_of(*owner);
+                if *owner != self.rank && to != from {
+                    let slot = if from < to { from } else { from - 1 };
+                    let at = self.win.map().range(*owner).start + slot * self.map.len_of(*owner);
+                    s.put(at, &sum[off..off + r.len()])?;
+                }
+                off += r.len();
+            }
+            Ok(())
+        })?;
+        Ok(())
     }
 
     /// Puts `values` (the whole vector) into this rank's slot at every other owner, starting
@@ -183,14 +221,15 @@ impl Slots {
 impl Params {
     /// Collective: allocates the windows and writes this rank's shard of `model`'s initial values
     /// (and zero state); if `replicated`, its whole replica; with [`Windows::OwnerSteps`] (the
-    /// caller checked [`owner_steps_apply`]), the gradient window too.
+    /// caller checked [`owner_steps_apply`]), the gradient window too; with `node_combine` (the
+    /// caller checked [`super::node::applies`]), the node blocks, where every node can have
+    /// them ([`node_combined`](Self::node_combined) says).
     pub(super) fn start<M: Model>(
         t: &Transport,
         model: &M,
         opt: Optimizer,
         seed: u64,
-        replicated: bool,
-        windows: Windows,
+        (replicated, windows, node_combine): (bool, Windows, bool),
     ) -> Result<Self, TrainError> {
         let owner_steps = windows == Windows::OwnerSteps;
         let layout = model.layout();
@@ -221,6 +260,7 @@ impl Params {
                 grad: None,
                 len: p,
                 in_place: false,
+                node: None,
             });
         }
         // Owner-side steps read the weights in place where the ranks share memory
@@ -249,14 +289,19 @@ impl Params {
         let mine = map.range(t.rank());
         w.put(mine.start, &stored(mine.clone()))?;
         w.flush_all()?;
-        let grad = if owner_steps { Some(Slots::alloc(t, &map, model.decay())?) } else { None };
+        let node = if node_combine { NodeCombine::start(t, &map, layout.params)? } else { None };
+        let grad = if owner_steps {
+            Some(Slots::alloc(t, &map, model.decay(), node.as_ref().map(|n| n.layout().clone()))?)
+        } else {
+            None
+        };
         // In place only on a direct window that this rank maps whole (every rank then does:
         // agreed at allocation); not the local backend's (direct, but its shards apart).
         // SAFETY: the slice is dropped at once, before anything writes the window.
         let whole = unsafe { w.whole_in_place() }?.is_some();
         let in_place =
             matches!(windows, Windows::Keyed { in_place: true }) && w.is_direct() && whole && !opt.derived();
-        Ok(Self { w, state, opt, slots, lr, exempt, own: None, grad, len: layout.params, in_place })
+        Ok(Self { w, state, opt, slots, lr, exempt, own: None, grad, len: layout.params, in_place, node })
     }
 
     /// Whether every rank keeps its own replica.
@@ -663,12 +708,30 @@ impl Params {
         split: Option<(&RankPool, &Units<'_>)>,
     ) -> Result<(), TrainError> {
         let g = self.grad.as_ref().expect("owner-side steps");
-        let (state, opt) = (self.state(), self.opt);
         let step = Step { share: 1.0, ..step };
         let mine = g.map.range(g.rank);
-        let own = pushed.map(|d| &d.values()[mine.clone()]);
         let decay = g.decay.as_ref().map(|(l2, ranges)| (*l2, &ranges[..]));
         let split = split.filter(|(pool, _)| pool.active() > 1);
+        // This rank's own part: its node's sum of its shard where the node combines, else its
+        // pushed update's.
+        let Some(node) = &self.node else {
+            return self.step_shard(step, scale, pushed.map(|d| &d.values()[mine.clone()]), split, decay);
+        };
+        node.own_sum(|sum| self.step_shard(step, scale, (!sum.is_empty()).then_some(sum), split, decay))
+    }
+
+    /// [`step_owned`](Self::step_owned) with this rank's own part `own` of its shard's gradient.
+    fn step_shard(
+        &self,
+        step: Step,
+        scale: f32,
+        own: Option<&[f32]>,
+        split: Option<(&RankPool, &Units<'_>)>,
+        decay: Option<(f32, &[Range<usize>])>,
+    ) -> Result<(), TrainError> {
+        let g = self.grad.as_ref().expect("owner-side steps");
+        let (state, opt) = (self.state(), self.opt);
+        let mine = g.map.range(g.rank);
         // SAFETY: exclusive access to the three shards, by the protocol above.
         let stepped = unsafe {
             g.win.with_own_shard(|parts| {
@@ -685,6 +748,52 @@ impl Params {
         };
         stepped???;
         Ok(())
+    }
+
+    /// The node layout where the ranks of a node combine their pulls and pushes
+    /// ([`super::node`]).
+    pub(super) fn node_combined(&self) -> Option<&NodeLayout> {
+        self.node.as_ref().map(NodeCombine::layout)
+    }
+
+    /// Node-combined: pulls this rank's shards into the node's copy of the weights; once every
+    /// rank of the node has, the whole copy, to read in place. Waits with `wait`.
+    ///
+    /// # Safety
+    /// The slice must not be used once this rank's next [`push_node`](Self::push_node) begins.
+    pub(super) unsafe fn pull_node(&self, wait: &mut Wait<'_>) -> Result<NodePull<'_>, TrainError> {
+        let Some(node) = &self.node else { return Ok(NodePull::Alone) };
+        // SAFETY: the caller's contract, passed on.
+        Ok(match unsafe { node.pull(&self.w, wait) }? {
+            Some(w) => NodePull::Copy(w),
+            None => NodePull::Stopped,
+        })
+    }
+
+    /// Node-combined: adds this rank's `update` (a dense vector of every parameter; `None`: none
+    /// to add) up with its node's and sends the sums of this rank's shards to their owners: into
+    /// the owners' gradient slots where the owners step ([`step_owned`](Self::step_owned) then
+    /// steps this rank's own shard with its node's sum), else added to the weights. Complete at
+    /// the targets on return. Every rank of the node calls it at every iteration; waits with
+    /// `wait` (nothing is sent if the run stops meanwhile).
+    pub(super) fn push_node(&self, update: Option<&[f32]>, wait: &mut Wait<'_>) -> Result<(), TrainError> {
+        let node = self.node.as_ref().expect("node-combined");
+        // The run stops: the others of the node may have left.
+        let Some(sum) = node.combine(update, wait)? else { return Ok(()) };
+        match &self.grad {
+            Some(g) => g.put_node(node.shards(), &sum),
+            None => {
+                self.w.write_scope(|s| {
+                    let mut off = 0;
+                    for (r, _) in node.shards() {
+                        s.accumulate(r.start, &sum[off..off + r.len()])?;
+                        off += r.len();
+                    }
+                    Ok(())
+                })?;
+                Ok(())
+            }
+        }
     }
 
     /// Completes this rank's writes at every target.

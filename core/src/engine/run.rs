@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use peregrine_transport::{ReduceOp, ShardMap, Transport, Window};
 
 use super::evals::Evals;
-use super::params::{keyed, owner_steps_apply, Params, PullKeys, PushBufs, Windows};
+use super::params::{keyed, owner_steps_apply, NodePull, Params, PullKeys, PushBufs, Windows};
 use super::slot::Slot;
 use super::trace::{Args, Span, Tracer};
 use super::watch::{Behind, Phase, Watch};
@@ -206,7 +206,25 @@ impl<'a, M: Model> Run<'a, M> {
         } else {
             Windows::Plain
         };
-        let params = Params::start(t, model, cfg.optimizer, cfg.seed, replicated, windows)?;
+        let puts = cfg.put_disjoint
+            && policy.synchronous()
+            && !policy.copies()
+            && !replicated
+            && !owner_steps
+            && model.lr().is_none();
+        // Ranks of a node share a copy of a dense model and combine their updates.
+        let stepless = !(model.lr().is_some() && cfg.optimizer.slots() > 0);
+        let layout = t.node_layout();
+        let node_combine = super::node::applies(
+            cfg.node_combine,
+            policy.synchronous() && !policy.copies(),
+            (replicated, keyed),
+            (stepless, owner_steps),
+            layout.as_ref(),
+        );
+        let params = Params::start(t, model, cfg.optimizer, cfg.seed, (replicated, windows, node_combine))?;
+        // A node's sum is of changes: its ranks' chunks compute changes, never new values.
+        let puts = puts && params.node_combined().is_none();
         let slots = (0..pool.max_threads())
             .map(|w| Mutex::new(Slot::new(new_work(model, cfg, &params), w as u32 + 1)))
             .collect();
@@ -256,12 +274,7 @@ impl<'a, M: Model> Run<'a, M> {
             iter_chunks: AtomicU64::new(0),
             iter_busy: AtomicU64::new(0),
             iter_start: Mutex::new(Instant::now()),
-            puts: cfg.put_disjoint
-                && policy.synchronous()
-                && !policy.copies()
-                && !replicated
-                && !owner_steps
-                && model.lr().is_none(),
+            puts,
             values: AtomicBool::new(false),
             own: Mutex::new(0..0),
             disruptor: cfg.inject.disruptor(t.rank(), &pool.placement().cpus, pool.max_threads()),
@@ -401,10 +414,27 @@ impl<'a, M: Model> Run<'a, M> {
             next = it + 1;
             let whole = Span::now();
             let mut rec = self.open(policy, &me, it)?;
+            // Where the node combines, its copy, pulled by the node's ranks together.
+            let pulling = Span::now();
+            let mut wait =
+                |ready: &mut dyn FnMut() -> Result<bool, TrainError>| self.wait_on_node(&mut me.ev, ready);
             // SAFETY: `in_place` lives through this iteration's compute only, which ends before
-            // this rank pushes (the owners step once every rank pushed), and the ranks lined up
-            // after the previous iteration's steps (or the windows' start) before this read.
-            let mut in_place = unsafe { self.params.weights_in_place() }?;
+            // this rank pushes (the node's next pull into the copy waits for this push).
+            let (mut in_place, stopped) = match unsafe { self.params.pull_node(&mut wait) }? {
+                NodePull::Copy(w) => {
+                    rec.comm += pulling.0.elapsed().as_secs_f64();
+                    self.traced("pull", "comm", pulling, Args::default().int("iter", it));
+                    (Some(w), false)
+                }
+                // The run stops: this iteration computes on the rank's own buffer as it is and
+                // pushes nothing.
+                NodePull::Stopped => (None, true),
+                // SAFETY: `in_place` lives through this iteration's compute only, which ends
+                // before this rank pushes (the owners step once every rank pushed), and the ranks
+                // lined up after the previous iteration's steps (or the windows' start) before
+                // this read.
+                NodePull::Alone => (unsafe { self.params.weights_in_place() }?, false),
+            };
             if let Some(w) =
                 in_place.filter(|_| self.params.reads_in_place() && self.copy_whole(it, &mut me.keys))
             {
@@ -415,7 +445,7 @@ impl<'a, M: Model> Run<'a, M> {
                 in_place = None;
                 rec.comm += c0.elapsed().as_secs_f64();
                 self.traced("pull", "comm", pulling, Args::default().int("iter", it));
-            } else if in_place.is_none() {
+            } else if in_place.is_none() && !stopped {
                 let Local { keys, ranges, data, replica, state, .. } = &mut me;
                 let pulling = Span::now();
                 self.pull_into(it, keys, ranges, data, (replica, state), &mut rec)?;
@@ -807,6 +837,16 @@ impl<'a, M: Model> Run<'a, M> {
             // This rank's replica steps by itself and is published for its neighbours.
             self.params.step_own(admit.apply.then_some(&me.delta), step, &mut me.mixed, &mut me.push)?;
             policy.publish(&view, it, &me.mixed)?;
+        } else if self.params.node_combined().is_some() {
+            // Every rank of the node adds to the node's update, zeros when it has none.
+            if !admit.apply {
+                me.delta.clear();
+            }
+            let update = (!me.delta.is_empty()).then(|| me.delta.values());
+            let mut wait =
+                |ready: &mut dyn FnMut() -> Result<bool, TrainError>| self.wait_on_node(&mut me.ev, ready);
+            self.params.push_node(update, &mut wait)?;
+            me.step = step.map(|s| (s, per_row));
         } else if self.params.owner_steps() {
             if !admit.apply {
                 // Nothing of it joins the step either.
@@ -1005,6 +1045,10 @@ impl<'a, M: Model> Run<'a, M> {
             best,
             best_params: (!ev.best.is_empty()).then_some(ev.best),
             stragglers: crate::straggler::report(&per_rank),
+            node_combined: self
+                .params
+                .node_combined()
+                .map(|l| (0..l.nodes()).map(|n| l.ranks(n).len()).collect()),
             per_rank,
             warnings: ev.health.warnings,
             params: self.cfg.keep_params.then_some(ev.params),

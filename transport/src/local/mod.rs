@@ -25,6 +25,7 @@
 //! the collectives that exchange data (`allreduce`, `broadcast`) are errors.
 
 use std::any::Any;
+use std::cell::UnsafeCell;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use crate::{Elem, ErrorKind, ReduceOp, Result, ShardMap};
@@ -32,10 +33,71 @@ use crate::{Elem, ErrorKind, ReduceOp, Result, ShardMap};
 mod window;
 pub use window::LocalWindow;
 
+/// A node's block of memory in the local backend, shared by the node's threads
+/// ([`crate::NodeShared`]).
+pub struct LocalNode<T: Elem> {
+    block: Arc<Block<T>>,
+    world: Arc<World>,
+    rank: usize,
+}
+
+impl<T: Elem> std::fmt::Debug for LocalNode<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalNode").field("len", &self.len()).field("rank", &self.rank).finish()
+    }
+}
+
+impl<T: Elem> LocalNode<T> {
+    pub(crate) fn len(&self) -> usize {
+        self.block.cells.len()
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut T {
+        // `UnsafeCell<T>` has the layout of `T`: the cells are a `[T]`.
+        UnsafeCell::raw_get(self.block.cells.as_ptr())
+    }
+
+    pub(crate) fn counter(&self) -> &std::sync::atomic::AtomicU64 {
+        &self.block.count
+    }
+
+    /// An error if a rank of this node left the world (the node barrier would wait for it for
+    /// good).
+    pub(crate) fn check_peers(&self) -> Result<()> {
+        let per_node = self.world.per_node;
+        let first = self.rank / per_node * per_node;
+        let s = lock(&self.world.sync);
+        match (first..(first + per_node).min(self.world.size)).find(|&r| s.left[r]) {
+            Some(peer) => Err(ErrorKind::PeerExited { rank: self.rank, peer, op: "node barrier" }.into()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A node's cells and barrier count.
+struct Block<T> {
+    cells: Box<[UnsafeCell<T>]>,
+    count: std::sync::atomic::AtomicU64,
+}
+
+// SAFETY: the cells are only reached through `NodeShared::as_ptr`, whose users order their
+// accesses by the node barrier (the type's contract); the block never moves or resizes.
+unsafe impl<T: Send> Sync for Block<T> {}
+// SAFETY: as above; the cells are plain `T`s (`Elem`: `Send`).
+unsafe impl<T: Send> Send for Block<T> {}
+
+impl<T: Elem> Block<T> {
+    fn new(len: usize) -> Self {
+        Self { cells: (0..len).map(|_| UnsafeCell::new(T::default())).collect(), count: Default::default() }
+    }
+}
+
 /// State shared by all ranks of one in-process world.
 #[derive(Debug)]
 struct World {
     size: usize,
+    /// Ranks per node ([`crate::NodeLayout::blocks`]).
+    per_node: usize,
     sync: Mutex<SyncState>,
     wake: Condvar,
     /// The collectives' mailboxes ([`World::combine`]).
@@ -95,6 +157,8 @@ type Shared<T> =
 struct SyncState {
     arrived: usize,
     generation: u64,
+    /// Every rank that left the world.
+    left: Vec<bool>,
     /// The first rank that left the world, if any.
     exited: Option<usize>,
 }
@@ -206,6 +270,7 @@ impl Drop for LocalRank {
     fn drop(&mut self) {
         let mut s = lock(&self.world.sync);
         s.exited.get_or_insert(self.rank);
+        s.left[self.rank] = true;
         self.world.wake.notify_all();
     }
 }
@@ -214,23 +279,36 @@ impl Drop for LocalRank {
 ///
 /// Each rank is meant to run on its own thread (see [`crate::run_local`]).
 pub fn world(world_size: usize) -> Result<Vec<LocalRank>> {
-    make(world_size, false)
+    make(world_size, world_size, false)
+}
+
+/// [`world`], its ranks in nodes of `per_node` consecutive ranks ([`crate::NodeLayout::blocks`]):
+/// what [`crate::Transport::node_layout`] reports and [`crate::Transport::alloc_node_shared`]
+/// shares, to run what several nodes do in one process.
+pub fn world_in_nodes(world_size: usize, per_node: usize) -> Result<Vec<LocalRank>> {
+    make(world_size, per_node.clamp(1, world_size.max(1)), false)
 }
 
 /// Creates a serial world of `world_size` ranks, all driven by the calling thread (see the module
 /// docs): barriers return at once, windows are allocated by the first rank to ask, and
 /// `allreduce` and `broadcast` are errors.
 pub fn serial_world(world_size: usize) -> Result<Vec<LocalRank>> {
-    make(world_size, true)
+    make(world_size, world_size, true)
 }
 
-fn make(world_size: usize, serial: bool) -> Result<Vec<LocalRank>> {
+fn make(world_size: usize, per_node: usize, serial: bool) -> Result<Vec<LocalRank>> {
     if world_size == 0 {
         return Err(ErrorKind::EmptyWorld(world_size).into());
     }
     let world = Arc::new(World {
         size: world_size,
-        sync: Mutex::new(SyncState { arrived: 0, generation: 0, exited: None }),
+        per_node,
+        sync: Mutex::new(SyncState {
+            arrived: 0,
+            generation: 0,
+            left: vec![false; world_size],
+            exited: None,
+        }),
         wake: Condvar::new(),
         mail: Mutex::new(Mail {
             each: if serial { Vec::new() } else { (0..world_size).map(|_| None).collect() },
@@ -267,6 +345,35 @@ impl LocalRank {
 
     pub(crate) fn barrier(&self) -> Result<()> {
         self.world.barrier(self.rank, "barrier")
+    }
+
+    /// The world's nodes as this rank sees them.
+    pub(crate) fn node_layout(&self) -> crate::NodeLayout {
+        crate::NodeLayout::blocks(self.world.size, self.world.per_node, self.rank)
+    }
+
+    /// Collective: one zeroed block of `len` elements per node, this rank's node's returned.
+    pub(crate) fn alloc_node_shared<T: Elem>(&self, len: usize) -> Result<LocalNode<T>> {
+        let per_node = self.world.per_node;
+        // Each node's block as long as its ranks ask (the same on every rank of a node).
+        let blocks = self.world.combine(self.rank, "node block", len, |lens| {
+            let lens: Option<Vec<usize>> = lens.into_iter().collect();
+            let lens = lens?;
+            let each: Vec<&[usize]> = lens.chunks(per_node).collect();
+            each.iter()
+                .all(|node| node.iter().all(|l| *l == node[0]))
+                .then(|| each.iter().map(|node| Arc::new(Block::<T>::new(node[0]))).collect::<Vec<_>>())
+        })?;
+        let Some(blocks) = blocks.as_ref() else {
+            return Err(
+                self.mismatch("node block", "ranks of a node asked for node blocks of different lengths")
+            );
+        };
+        Ok(LocalNode {
+            block: blocks[self.rank / per_node].clone(),
+            world: self.world.clone(),
+            rank: self.rank,
+        })
     }
 
     /// Nothing to do: a thread's window operations complete inside the call.

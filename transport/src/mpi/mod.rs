@@ -39,6 +39,9 @@ use mpi::Threading;
 
 use crate::{Batch, Elem, Error, ErrorKind, ReduceOp, Result, ShardMap, Targets, Touched, SHARD_LINE};
 
+mod node;
+pub use node::MpiNode;
+
 extern "C" {
     fn peregrine_mpi_no_op() -> ffi::MPI_Op;
     fn peregrine_mpi_replace() -> ffi::MPI_Op;
@@ -91,6 +94,10 @@ struct Comm {
     /// Whether every process shares this one's memory (`MPI_Comm_split_type` with
     /// `MPI_COMM_TYPE_SHARED` leaves the world whole): one node.
     one_node: bool,
+    /// The processes of this one's node (`MPI_Comm_split_type`); live until Drop.
+    node: ffi::MPI_Comm,
+    /// How the world's processes fill nodes, if each node's are consecutive ranks.
+    layout: Option<crate::NodeLayout>,
     _universe: mpi::environment::Universe,
 }
 
@@ -117,9 +124,13 @@ impl Drop for Comm {
                 ffi::MPI_Wait(&mut req, ffi::RSMPI_STATUS_IGNORE);
             }
         }
-        // SAFETY: `comm` is live (invariant), and no window of it is left: windows hold an `Arc`
-        // of this `Comm`. The error code is ignored: nothing can be done about it in Drop.
-        unsafe { ffi::MPI_Comm_free(&mut self.comm) };
+        // SAFETY: `comm` and `node` are live (invariant), and no window or node block of them is
+        // left: those hold an `Arc` of this `Comm`. The error codes are ignored: nothing can be
+        // done about them in Drop.
+        unsafe {
+            ffi::MPI_Comm_free(&mut self.node);
+            ffi::MPI_Comm_free(&mut self.comm);
+        }
     }
 }
 
@@ -189,21 +200,48 @@ impl MpiRank {
         };
         check(0, "MPI_Comm_split_type", rc)?;
         // SAFETY: written by the successful MPI_Comm_split_type above.
-        let mut node = unsafe { node.assume_init() };
+        let node = unsafe { node.assume_init() };
         let mut node_size: c_int = 0;
         // SAFETY: live communicator (ours, from the split), valid out-pointer.
         check(0, "MPI_Comm_size", unsafe { ffi::MPI_Comm_size(node, &mut node_size) })?;
-        // SAFETY: live communicator of our own, not used after this.
-        check(0, "MPI_Comm_free", unsafe { ffi::MPI_Comm_free(&mut node) })?;
+        let (rank, size) = (
+            usize::try_from(rank).expect("MPI ranks are non-negative"),
+            usize::try_from(size).expect("MPI sizes are positive"),
+        );
+        let layout = node::layout(comm, node, rank, size)?;
         let comm = Comm {
             comm,
-            rank: usize::try_from(rank).expect("MPI ranks are non-negative"),
-            size: usize::try_from(size).expect("MPI sizes are positive"),
+            rank,
+            size,
             progress: Mutex::new(None),
-            one_node: node_size == size,
+            one_node: usize::try_from(node_size).ok() == Some(size),
+            node,
+            layout,
             _universe: universe,
         };
         Ok(Self { comm: Arc::new(comm) })
+    }
+
+    /// How the world's processes fill nodes.
+    pub(crate) fn node_layout(&self) -> Option<crate::NodeLayout> {
+        self.comm.layout.clone()
+    }
+
+    /// Collective: a node block of `len` elements ([`crate::NodeShared`]), or `None` on every
+    /// rank where some node has none.
+    pub(crate) fn alloc_node_shared<T: Elem>(&self, name: &str, len: usize) -> Result<Option<MpiNode<T>>> {
+        let made = match &self.comm.layout {
+            Some(_) => node::MpiNode::alloc(&self.comm, name, len),
+            None => Ok(None),
+        };
+        let ok = u64::from(matches!(made, Ok(Some(_))));
+        let mut all = [ok];
+        self.allreduce(&mut all, ReduceOp::Min)?;
+        match made {
+            Err(e) => Err(e),
+            Ok(n) if all[0] == 1 => Ok(n),
+            Ok(_) => Ok(None),
+        }
     }
 
     /// This process's rank.
