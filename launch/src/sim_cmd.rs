@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use peregrine_core::engine::{Config, Elastic};
 use peregrine_core::inject::Injection;
-use peregrine_core::sim::{self, ComputeModel, Measured, Network, Preset, Replay, SimConfig, SimReport};
+use peregrine_core::sim::{
+    self, ComputeModel, Hierarchy, Measured, Network, Preset, Replay, SimConfig, SimReport,
+};
 use peregrine_core::{Scheme, SchemeSpec};
 use serde_json::Value;
 
@@ -85,6 +87,14 @@ pub struct SimArgs {
     /// Ranks per node (the rest of the world is reached over the inter-node link).
     #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     ranks_per_node: usize,
+    /// Hierarchical communication: `auto` lets the ranks of a node share one copy of the
+    /// parameters and combine their updates on the node before anything crosses the network
+    /// (each rank pulls and pushes only its stripe between nodes, with a barrier of the node
+    /// after the pull and before the sum), under synchronous schemes (bsp, lb-bsp, with or
+    /// without +steal) with more than one rank a node; `off`: every rank pulls from and pushes
+    /// to every shard itself.
+    #[arg(long, default_value = "auto", value_name = "auto|off")]
+    hierarchy: Hierarchy,
     /// Link within a node: local (ranks as threads), shm (MPI shared memory), ib, ethernet.
     #[arg(long, default_value = "shm", value_name = "LINK")]
     intra: Preset,
@@ -137,7 +147,7 @@ pub fn run(a: SimArgs) -> Result<(), AppError> {
         s.scheme.validate(a.ranks).map_err(usage)?;
     }
     println!(
-        "simulated: {} ranks x {} threads, {} iterations of {} chunks of {} rows, {}; {} per node, intra {}, inter {}",
+        "simulated: {} ranks x {} threads, {} iterations of {} chunks of {} rows, {}; {} per node, intra {}, inter {}, {}",
         a.ranks,
         a.threads,
         a.iterations,
@@ -146,7 +156,8 @@ pub fn run(a: SimArgs) -> Result<(), AppError> {
         a.straggler,
         a.ranks_per_node,
         a.intra,
-        a.inter
+        a.inter,
+        combine_note(&base)
     );
     let mut reports = Vec::new();
     let ideal = SimConfig {
@@ -182,6 +193,17 @@ pub fn run(a: SimArgs) -> Result<(), AppError> {
         )?;
     }
     Ok(())
+}
+
+/// Whether the ranks of a node combine on the node, as the header says it.
+fn combine_note(base: &SimConfig) -> &'static str {
+    if base.hierarchy == Hierarchy::Off {
+        "node combine off (--hierarchy off)"
+    } else if base.net.ranks_per_node.min(base.ranks) <= 1 {
+        "node combine off (1 rank a node)"
+    } else {
+        "node combine on for synchronous schemes (ideal, bsp, lb-bsp; others flat)"
+    }
 }
 
 fn print_row(name: &str, r: &SimReport, ideal: f64, bound: Option<f64>) {
@@ -336,6 +358,7 @@ pub(crate) fn forward(a: &SimArgs) -> Result<SimConfig, AppError> {
         params: a.params,
         compute,
         net,
+        hierarchy: a.hierarchy,
         overhead: a.overhead,
         target_iterations: a.target_iterations,
     };
@@ -490,6 +513,12 @@ pub(crate) fn read_run(dir: &Path) -> Result<RunDir, AppError> {
     let train = num(&summary, "train_seconds");
     let (batch, chunk, seed) = (int("batch")? as usize, int("chunk")? as usize, int("seed")?);
     let pattern = text("straggler")?.parse().map_err(|e| bad(dir, "config.toml", e))?;
+    // Whether the run combined on the node: runs from before the node combine name no
+    // `hierarchy` and did not.
+    let hierarchy = match cfg.get("hierarchy") {
+        None => Hierarchy::Off,
+        Some(_) => text("hierarchy")?.parse().map_err(|e| bad(dir, "config.toml", e))?,
+    };
     // The dataset's rows (the plan's epoch): the data path as written, or next to the run.
     let data = PathBuf::from(text("data")?);
     let rows = [data.clone(), dir.join("..").join(&data), dir.join("../..").join(&data)]
@@ -536,6 +565,7 @@ pub(crate) fn read_run(dir: &Path) -> Result<RunDir, AppError> {
         params: 0,
         compute: ComputeModel::Replay(Replay::new(per_rank)),
         net: Network { intra: Preset::Local.link(), inter: Preset::Local.link(), ranks_per_node: ranks },
+        hierarchy,
         overhead: 0.0,
         target_iterations,
     };

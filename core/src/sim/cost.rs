@@ -36,6 +36,25 @@ pub struct Network {
     pub ranks_per_node: usize,
 }
 
+/// What one rank's communication costs in an iteration when the ranks of a node share one copy
+/// of the parameters and combine their updates on the node ([`Network::combine`]). The order is
+/// pull, node barrier, compute, push copy, node barrier, push sum; each barrier holds every rank
+/// of the node until the last one arrives.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeCombine {
+    /// The rank's stripe fetched from every other node (one latency of the link between nodes,
+    /// the stripe's bytes over its bandwidth) and its own shard copied into the node's copy.
+    pub pull: Nanos,
+    /// The rank's whole update copied into its slot of the node's shared buffer.
+    pub push_copy: Nanos,
+    /// After the node barrier: the rank's stripe summed over the node's slots (the whole update's
+    /// bytes read), and the sums written to the ranks holding them on every other node.
+    pub push_sum: Nanos,
+    /// One node barrier once the last rank of the node arrived: one atomic round trip within
+    /// the node.
+    pub barrier: Nanos,
+}
+
 /// Named link figures (`--intra`, `--inter`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Preset {
@@ -138,6 +157,35 @@ impl Network {
                 + if le > 0 { bytes(le) / self.inter.bandwidth } else { 0.0 };
         }
         nanos(s)
+    }
+
+    /// Ranks on `rank`'s node, in a world of `world` (the last node may be part full).
+    fn node_ranks(&self, rank: usize, world: usize) -> usize {
+        let per_node = self.ranks_per_node.max(1).min(world.max(1));
+        let start = self.node(rank) * per_node;
+        (world.min(start + per_node) - start.min(world)).max(1)
+    }
+
+    /// What `rank`'s pull and push of `params` f32 values sharded evenly over `world` ranks cost
+    /// when the ranks of a node share one copy of the parameters and combine their updates
+    /// before anything crosses the network ([`NodeCombine`]). A node of `k` ranks fetches the
+    /// shards held elsewhere (`world - k` of them) and writes its sums of them back, each of
+    /// its ranks a `1/k` stripe of them: for full nodes, `nodes - 1` shards a rank each way,
+    /// pipelined behind one latency of the link between nodes.
+    pub fn combine(&self, rank: usize, world: usize, params: usize) -> NodeCombine {
+        let world = world.max(1);
+        let k = self.node_ranks(rank, world);
+        let bytes = params as f64 * 4.0;
+        let shard = bytes / world as f64;
+        let far = (world - k) as f64 * shard / k as f64;
+        let inter =
+            if params > 0 && world > k { self.inter.latency + far / self.inter.bandwidth } else { 0.0 };
+        NodeCombine {
+            pull: nanos(inter + shard / self.intra.bandwidth),
+            push_copy: nanos(bytes / self.intra.bandwidth),
+            push_sum: nanos(bytes / self.intra.bandwidth + inter),
+            barrier: nanos(self.intra.atomic),
+        }
     }
 
     /// One atomic operation by `from` on a word of `to`.
@@ -279,6 +327,35 @@ mod tests {
         assert_eq!(n.transfer(0, 4, 0), 0);
         // A last node that is not full: rank 4 of 5 is alone on node 2.
         assert_eq!(n.transfer(4, 5, 1_000_000), nanos(10e-6 + 0.8e6 / 1e9 + 3.2e6 / 1e8));
+    }
+
+    #[test]
+    fn a_node_combine_moves_a_stripe_between_nodes_and_the_whole_update_within() {
+        // 1M floats over 8 ranks, 4 per node: a shard is 500 KB; a rank fetches its stripe's
+        // one shard from the other node (10 us + 500 KB at 100 MB/s) and copies its own shard into
+        // the node's copy (500 KB at 1 GB/s); it copies its 4 MB update into its slot, then reads
+        // the node's 4 slots of its stripe (4 MB) and writes one shard's sum to the other node.
+        let c = net(4).combine(5, 8, 1_000_000);
+        assert_eq!(c.pull, nanos(10e-6 + 5e5 / 1e8 + 5e5 / 1e9));
+        assert_eq!(c.pull, 5_510_000);
+        assert_eq!(c.push_copy, 4_000_000);
+        assert_eq!(c.push_sum, nanos(4e6 / 1e9 + 10e-6 + 5e5 / 1e8));
+        assert_eq!(c.push_sum, 9_010_000);
+        assert_eq!(c.barrier, 2_000);
+        // The flat transfer moves 2 MB between nodes each way, the combine 500 KB.
+        assert_eq!(net(4).transfer(5, 8, 1_000_000), nanos(10e-6 + 2e6 / 1e9 + 2e6 / 1e8));
+        // 16 ranks, 4 per node: 3 shards of 250 KB from the other nodes, pipelined.
+        assert_eq!(net(4).combine(0, 16, 1_000_000).pull, nanos(10e-6 + 7.5e5 / 1e8 + 2.5e5 / 1e9));
+        // A last node that is not full (10 ranks, 400 KB a shard): ranks 8 and 9 share the 8
+        // shards held elsewhere (4 each), ranks 0-3 the 6 held on nodes 1 and 2 (1.5 each).
+        assert_eq!(net(4).combine(9, 10, 1_000_000).pull, nanos(10e-6 + 1.6e6 / 1e8 + 4e5 / 1e9));
+        assert_eq!(net(4).combine(0, 10, 1_000_000).pull, nanos(10e-6 + 6e5 / 1e8 + 4e5 / 1e9));
+        // Every rank on one node: nothing crosses the network.
+        let one = net(8).combine(3, 8, 1_000_000);
+        assert_eq!((one.pull, one.push_sum), (nanos(5e5 / 1e9), nanos(4e6 / 1e9)));
+        // Nothing to move costs nothing but the copies of nothing.
+        let none = net(4).combine(0, 8, 0);
+        assert_eq!((none.pull, none.push_copy, none.push_sum), (0, 0, 0));
     }
 
     #[test]

@@ -32,6 +32,15 @@
 //!   condition became true; a rank lining up pushes one read of the done tree's root after the
 //!   last arrival there landed, and a look for chunks to take over reads every queue in one
 //!   batch.
+//! - **Hierarchical communication** ([`Hierarchy`], on by default where it applies: a synchronous
+//!   scheme, more than one rank a node): the ranks of a node share one copy of the parameters.
+//!   A rank pulls its stripe (the shards of its local index on every other node) and copies its
+//!   own shard into the node's copy; no rank of the node computes before all have (a node
+//!   barrier). It pushes by copying its update into its slot of a node buffer; once every rank
+//!   of the node has (a second barrier: the node's slowest compute), it sums its stripe over the
+//!   slots and writes the sums to the other nodes. Between nodes, `nodes - 1` operations each
+//!   way instead of one per rank ([`Network::combine`]). Replayed costs keep their measured
+//!   communication, split the same way around the barriers.
 //! - **Fixed costs** per rank and iteration outside compute, communication and waits (opening,
 //!   closing, metrics): a constant, or replayed.
 //!
@@ -56,11 +65,12 @@ use std::time::Instant;
 use peregrine_transport::Transport;
 use serde::Serialize;
 
-pub use cost::{ComputeModel, Link, Measured, Network, Preset, Replay};
+pub use cost::{ComputeModel, Link, Measured, Network, NodeCombine, Preset, Replay};
 pub use events::{EventQueue, Nanos};
 
 use crate::engine::{Config, IterRecord, RankTotals, TrainError};
-use crate::scheme::Setup;
+use crate::plan::Plan;
+use crate::scheme::{Policy, Setup};
 
 /// A simulated run.
 #[derive(Clone, Debug)]
@@ -78,6 +88,9 @@ pub struct SimConfig {
     pub compute: ComputeModel,
     /// What communication costs.
     pub net: Network,
+    /// Whether the ranks of a node share one copy of the parameters and combine their updates
+    /// on the node where the scheme allows it ([`Hierarchy`]).
+    pub hierarchy: Hierarchy,
     /// Fixed seconds per rank and iteration outside compute, communication and waits (replayed
     /// runs use their measured ones instead).
     pub overhead: f64,
@@ -86,7 +99,51 @@ pub struct SimConfig {
     pub target_iterations: Option<u64>,
 }
 
+/// Hierarchical communication (`--hierarchy`): whether the ranks of a node share one copy of the
+/// parameters and combine their updates on the node before anything crosses the network
+/// ([`cost::NodeCombine`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Hierarchy {
+    /// Wherever it applies: a synchronous scheme (every rank's update of an iteration in before
+    /// anyone goes on: BSP and LB-BSP, with or without taking over), one model sharded over the
+    /// ranks (not replicated), more than one rank a node.
+    #[default]
+    Auto,
+    /// Never: every rank pulls from and pushes to every shard itself ([`Network::transfer`]).
+    Off,
+}
+
+impl std::fmt::Display for Hierarchy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Off => "off",
+        })
+    }
+}
+
+impl std::str::FromStr for Hierarchy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "off" => Ok(Self::Off),
+            _ => Err(format!("unknown hierarchy `{s}`: expected auto or off")),
+        }
+    }
+}
+
 impl SimConfig {
+    /// Whether the ranks of a node combine on the node under `synchronous` (the scheme's policy
+    /// is [`crate::scheme::Policy::synchronous`]): [`Hierarchy::Auto`], more than one rank on a
+    /// node, and a model sharded over the ranks (the simulator refuses replicated schemes).
+    pub fn node_combine(&self, synchronous: bool) -> bool {
+        self.hierarchy == Hierarchy::Auto
+            && synchronous
+            && !self.cfg.scheme.scheme.replicated()
+            && self.net.ranks_per_node.min(self.ranks) > 1
+    }
+
     /// Threads of every rank's pool (the most any iteration may use).
     pub fn max_threads(&self) -> usize {
         self.cfg.threads.max(1)
@@ -153,6 +210,9 @@ pub struct SimReport {
     pub scheme: String,
     /// Ranks.
     pub ranks: usize,
+    /// Whether the ranks of a node shared one copy of the parameters and combined their updates
+    /// on the node ([`SimConfig::node_combine`]).
+    pub node_combine: bool,
     /// Threads per rank (the pool's size).
     pub threads: usize,
     /// The most iterations any rank ran.
@@ -219,6 +279,31 @@ pub fn balanced_bound(s: &SimConfig, ideal: &SimReport) -> Option<f64> {
     Some(bound / iterations as f64 + overhead)
 }
 
+/// Every rank's policy, by rank.
+type Policies = Vec<Box<dyn Policy>>;
+
+/// The serial world of `s` and every rank's policy in it, built as a run builds them (the
+/// operations building them takes are not part of the run: they are dropped).
+fn build(s: &SimConfig, plan: &Plan) -> Result<(Vec<Transport>, Policies), SimError> {
+    let world: Vec<Transport> =
+        peregrine_transport::local::serial_world(s.ranks)?.into_iter().map(Transport::Local).collect();
+    let mut policies = Vec::with_capacity(s.ranks);
+    for t in &world {
+        policies.push(s.cfg.scheme.scheme.policy(&Setup {
+            t,
+            steal: s.cfg.scheme.steal,
+            start: s.cfg.start_iteration(),
+            plan,
+            simulated: true,
+            params: 0,
+        })?);
+    }
+    for t in &world {
+        t.take_ops();
+    }
+    Ok((world, policies))
+}
+
 /// Simulates `s`; `records`, if given, receives every rank's record of every iteration (as a
 /// run's metrics files hold them), in virtual-time order.
 pub fn simulate<'a>(
@@ -236,22 +321,7 @@ pub fn simulate<'a>(
         }));
     }
     let wall = Instant::now();
-    let world: Vec<Transport> =
-        peregrine_transport::local::serial_world(s.ranks)?.into_iter().map(Transport::Local).collect();
-    let mut policies = Vec::with_capacity(s.ranks);
-    for t in &world {
-        policies.push(s.cfg.scheme.scheme.policy(&Setup {
-            t,
-            steal: s.cfg.scheme.steal,
-            start: s.cfg.start_iteration(),
-            plan: &plan,
-            simulated: true,
-            params: 0,
-        })?);
-    }
-    for t in &world {
-        t.take_ops(); // building the policies is not part of the run
-    }
+    let (world, policies) = build(s, &plan)?;
     let mut sim = world::Sim::new(s, plan, world, policies, records);
     let end = sim.run()?;
     let iterations = sim.most_iterations;
@@ -259,6 +329,7 @@ pub fn simulate<'a>(
     let report = SimReport {
         scheme: s.cfg.scheme.to_string(),
         ranks: s.ranks,
+        node_combine: sim.node_combine(),
         threads: s.max_threads(),
         iterations,
         seconds,
@@ -300,6 +371,7 @@ mod tests {
                 inter: Link { latency: 5e-6, atomic: 0.0, gap: 0.0, bandwidth: 2e9 },
                 ranks_per_node: 2,
             },
+            hierarchy: Hierarchy::Off,
             overhead: 0.0,
             target_iterations: None,
         }
@@ -436,5 +508,143 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A digest of a report's figures (its time, events and every rank's totals): equal digests,
+    /// equal runs.
+    fn digest(r: &SimReport) -> u64 {
+        let text = format!("{} {} {:?}", cost::nanos(r.seconds), r.events, r.per_rank);
+        text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    }
+
+    /// Where the node combine does not apply (one rank a node, `off`, a scheme that is not
+    /// synchronous), runs are the ones before it existed: their digests were taken from the
+    /// simulator before the combine was added (8 ranks of 2 threads, rank 0 at half speed,
+    /// atomics and gaps that cost).
+    #[test]
+    fn without_the_node_combine_runs_are_unchanged() {
+        #[rustfmt::skip]
+        let before: [(usize, &str, u64, u64); 18] = [
+            (1, "bsp", 19860000, 0xc39e8b5c79f381c0),
+            (1, "bsp+steal", 16890000, 0xb66432356dec54df),
+            (1, "lb-bsp", 16482000, 0x8e395e10791ec28a),
+            (1, "ssp:3", 19850000, 0x4c69e7d0c8c41a38),
+            (1, "ssp:3+steal", 14666000, 0x77bdb0218152a9c5),
+            (1, "falcon", 17060000, 0x8b0bf6c8442b22f1),
+            (2, "bsp", 19051420, 0x83aa60d3fb2aff8b),
+            (2, "bsp+steal", 16042700, 0xfff93cecec32bfef),
+            (2, "lb-bsp", 15648260, 0xa176a53ccbfe5bf7),
+            (2, "ssp:3", 19042278, 0x2e0163f913b18456),
+            (2, "ssp:3+steal", 13817979, 0xcbad4c479d910a85),
+            (2, "falcon", 16196120, 0xbb82871c34403e54),
+            (4, "bsp", 17434280, 0x8d658f650154c5f5),
+            (4, "bsp+steal", 14058140, 0x00f5b191c69f69be),
+            (4, "lb-bsp", 13889122, 0x158002dece8fdd04),
+            (4, "ssp:3", 17426852, 0x9bfdc872ef34b752),
+            (4, "ssp:3+steal", 12164852, 0x42cfafb87b4bc944),
+            (4, "falcon", 14178420, 0xf54cd5205b519c2a),
+        ];
+        for (per_node, scheme, nanos, figures) in before {
+            let synchronous = !(scheme.starts_with("ssp") || scheme == "falcon");
+            for hierarchy in [Hierarchy::Auto, Hierarchy::Off] {
+                let mut s =
+                    config(scheme, 8, 2, Pattern::Persistent { ranks: vec![0], speed: 0.5, threads: None });
+                s.net.ranks_per_node = per_node;
+                (s.net.intra.atomic, s.net.intra.gap, s.net.inter.atomic, s.net.inter.gap) =
+                    (2e-6, 0.1e-6, 5e-6, 0.5e-6);
+                s.hierarchy = hierarchy;
+                let r = simulate(&s, None).expect("simulation");
+                let combines = hierarchy == Hierarchy::Auto && per_node > 1 && synchronous;
+                assert_eq!(r.node_combine, combines, "{scheme}, {per_node} a node, {hierarchy}");
+                if !combines {
+                    let what = format!("{scheme}, {per_node} a node, {hierarchy}");
+                    assert_eq!((cost::nanos(r.seconds), digest(&r)), (nanos, figures), "{what}");
+                }
+            }
+        }
+    }
+
+    /// 8 ranks of 2 threads, 4 a node, 100,000 parameters (a 50 KB shard), a slow link between
+    /// nodes (100 MB/s): the combine's iteration by hand, and against the flat one.
+    #[test]
+    fn the_node_combine_is_a_stripe_between_nodes_and_two_node_barriers() {
+        let world = |scheme: &str, pattern: Pattern, hierarchy: Hierarchy| {
+            let mut s = config(scheme, 8, 2, pattern);
+            s.net.ranks_per_node = 4;
+            s.net.inter.bandwidth = 1e8;
+            s.hierarchy = hierarchy;
+            s
+        };
+        let ideal = simulate(&world("bsp", Pattern::Ideal, Hierarchy::Auto), None).expect("combined");
+        assert!(ideal.node_combine);
+        // Pull: 5 us + one 50 KB shard from the other node at 100 MB/s (500 us) + the own shard
+        // into the node's copy at 10 GB/s (5 us) = 510 us; compute: 3 chunks of 100 us; push:
+        // the 400 KB update into the slot (40 us), the stripe's 400 KB summed (40 us) and one
+        // shard's sum written to the other node (505 us). Atomics cost nothing here.
+        let per_iteration = 510_000 + 300_000 + 40_000 + 545_000;
+        assert_eq!(cost::nanos(ideal.seconds), 20 * per_iteration, "{ideal:?}");
+        for t in &ideal.per_rank {
+            assert_eq!(cost::nanos(t.comm), 20 * (510_000 + 40_000 + 545_000));
+            assert_eq!(t.wait, 0.0);
+        }
+        // Flat: every rank moves 200 KB within the node and 200 KB to the other one each way
+        // (5 us + 20 us + 2,000 us).
+        let flat = simulate(&world("bsp", Pattern::Ideal, Hierarchy::Off), None).expect("flat");
+        assert!(!flat.node_combine);
+        assert_eq!(cost::nanos(flat.seconds), 20 * (300_000 + 2 * 2_025_000));
+        assert!(ideal.seconds < flat.seconds / 3.0);
+        // Rank 0 at half speed: its node's ranks wait for it at the push barrier (300 us), the
+        // other node's at BSP's wait for every clock; the iteration is its 600 us of compute
+        // between the same communication.
+        let slow = Pattern::Persistent { ranks: vec![0], speed: 0.5, threads: None };
+        let r = simulate(&world("bsp", slow, Hierarchy::Auto), None).expect("a slow rank");
+        assert_eq!(cost::nanos(r.seconds), 20 * (per_iteration + 300_000));
+        assert_eq!(r.per_rank[0].wait, 0.0);
+        for rank in [1, 4] {
+            assert_eq!(cost::nanos(r.per_rank[rank].wait), 20 * 300_000, "rank {rank}");
+            assert_eq!(cost::nanos(r.per_rank[rank].compute), 20 * 300_000, "rank {rank}");
+        }
+    }
+
+    /// An asynchronous scheme (bounded staleness) never combines on the node: `auto` leaves it
+    /// as `off` does, however many ranks a node holds.
+    #[test]
+    fn an_asynchronous_scheme_is_flat_under_auto() {
+        for scheme in ["ssp:3", "ssp:3+steal", "asp", "falcon", "flexrr"] {
+            let mut s =
+                config(scheme, 8, 2, Pattern::Persistent { ranks: vec![0], speed: 0.5, threads: None });
+            s.net.ranks_per_node = 4;
+            let off = simulate(&s, None).expect("off");
+            s.hierarchy = Hierarchy::Auto;
+            let auto = simulate(&s, None).expect("auto");
+            assert!(!auto.node_combine, "{scheme}");
+            assert_eq!((auto.seconds, digest(&auto)), (off.seconds, digest(&off)), "{scheme}");
+        }
+    }
+
+    /// Replayed costs keep the measured communication, and the node barriers still hold: 2 ranks
+    /// on a node, rank 0 computing 1 ms a chunk and pulling and pushing in 1 ms, rank 1 computing
+    /// 0.1 ms a chunk and communicating in 3 ms.
+    #[test]
+    fn a_replay_keeps_its_measured_communication_between_node_barriers() {
+        let measured = |chunk: f64, comm: f64| vec![Some(Measured { chunk, comm, overhead: 0.0 }); 20];
+        let mut s = config("bsp", 2, 1, Pattern::Ideal);
+        s.compute = ComputeModel::Replay(Replay::new(vec![measured(1e-3, 1e-3), measured(0.1e-3, 3e-3)]));
+        s.net.ranks_per_node = 2;
+        // Flat: rank 0 is the slower, 0.5 + 3 + 0.5 ms.
+        let flat = simulate(&s, None).expect("flat");
+        assert_eq!(cost::nanos(flat.seconds), 20 * 4_000_000);
+        // Combined: both compute from rank 1's pull (1.5 ms) on; both sum after rank 0's compute
+        // (at 4.5 ms), rank 1's writes end at 6 ms.
+        s.hierarchy = Hierarchy::Auto;
+        let r = simulate(&s, None).expect("combined");
+        assert!(r.node_combine);
+        assert_eq!(cost::nanos(r.seconds), 20 * 6_000_000);
+        assert_eq!(cost::nanos(r.per_rank[0].comm), 20 * 1_000_000);
+        assert_eq!(cost::nanos(r.per_rank[1].comm), 20 * 3_000_000);
+        // Rank 0 waits 1 ms at the pull barrier and 1 ms for rank 1's tick; rank 1 2.7 ms at the
+        // push barrier.
+        assert_eq!(cost::nanos(r.per_rank[0].wait), 20 * 2_000_000);
+        assert_eq!(cost::nanos(r.per_rank[1].wait), 20 * 2_700_000);
     }
 }

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Range;
 use std::time::Duration;
 
-use super::cost::{nanos, ComputeModel};
+use super::cost::{nanos, ComputeModel, NodeCombine};
 use super::events::{EventQueue, Nanos};
 use super::{SimConfig, SimError};
 use peregrine_transport::{Ops, Transport};
@@ -417,6 +417,23 @@ impl View for SimView<'_> {
     }
 }
 
+/// Where the ranks of a node wait for each other under the node combine
+/// ([`super::cost::NodeCombine`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Stage {
+    /// Pulled: no rank of the node computes before every one has its stripe in the node's copy.
+    Pull,
+    /// Copied its update into its slot: no rank sums its stripe before every slot is filled.
+    Push,
+}
+
+/// The ranks of a node arrived at one of its barriers, with when each arrived.
+#[derive(Debug, Default)]
+struct Barrier {
+    arrived: Vec<(usize, Nanos)>,
+    latest: Nanos,
+}
+
 /// What a thread is computing.
 #[derive(Clone, Debug)]
 enum Item {
@@ -535,6 +552,12 @@ pub(super) struct Sim<'a> {
     copying: HashMap<(usize, u32), Vec<(usize, usize)>>,
     /// The batches of the last few iterations: `(iteration, start, end)` at `iteration % 4`.
     batches: [Cell<(u64, usize, usize)>; 4],
+    /// Whether the ranks of a node combine on the node ([`SimConfig::node_combine`]).
+    combine: bool,
+    /// Node barriers not yet released, by `(node, stage, iteration)`.
+    barriers: BTreeMap<(usize, Stage, u64), Barrier>,
+    /// Per node, its ranks that are done (no barrier waits for them).
+    node_done: Vec<usize>,
     /// Seconds of one read of a word of a random rank.
     read_cost: f64,
     /// Seconds of one more read pipelined behind another (a batch reading every rank's word).
@@ -562,6 +585,7 @@ impl<'a> Sim<'a> {
         let trees = policies.first().filter(|p| p.staleness().is_some()).map(|p| p.line_up());
         let version_kept = policies.first().is_some_and(|p| p.reads_version());
         let drained = trees.is_some() && steal;
+        let combine = s.node_combine(policies.first().is_some_and(|p| p.synchronous()));
         let ranks = (0..n)
             .map(|_| Rank {
                 it: 0,
@@ -606,6 +630,9 @@ impl<'a> Sim<'a> {
             steal,
             rates,
             copies,
+            combine,
+            barriers: BTreeMap::new(),
+            node_done: vec![0; n.div_ceil(s.net.ranks_per_node.max(1))],
             waiting: BTreeMap::new(),
             lined: HashMap::new(),
             copying: HashMap::new(),
@@ -652,6 +679,11 @@ impl<'a> Sim<'a> {
         Ok(self.ranks.iter().map(|r| r.finished).max().unwrap_or(0))
     }
 
+    /// Whether the ranks of a node combine on the node.
+    pub(super) fn node_combine(&self) -> bool {
+        self.combine
+    }
+
     /// Events processed.
     pub(super) fn events(&self) -> u64 {
         self.q.popped()
@@ -693,6 +725,73 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// `r`'s costs under the node combine in `it`. Replayed: the measured communication, half
+    /// the pull and half the push after the barrier, and the barriers' own atomics in it.
+    fn combine_cost(&self, r: usize, it: u64) -> NodeCombine {
+        match &self.s.compute {
+            ComputeModel::Replay(m) => {
+                let half = nanos(m.get(r, it).comm / 2.0);
+                NodeCombine { pull: half, push_copy: 0, push_sum: half, barrier: 0 }
+            }
+            _ => self.s.net.combine(r, self.s.ranks, self.s.params),
+        }
+    }
+
+    /// `r` reaches its node's barrier `stage` of its iteration at `at` (now or later): the
+    /// barrier is released once every rank of the node still running has arrived.
+    fn arrive(&mut self, r: usize, stage: Stage, at: Nanos) -> R<()> {
+        let key = (self.s.net.node(r), stage, self.ranks[r].it);
+        let b = self.barriers.entry(key).or_default();
+        b.arrived.push((r, at));
+        b.latest = b.latest.max(at);
+        self.release(key, at)
+    }
+
+    /// Ranks of `node`: the full count, the last node's possibly fewer.
+    fn node_size(&self, node: usize) -> usize {
+        let per_node = self.s.net.ranks_per_node.max(1);
+        self.s.ranks.min((node + 1) * per_node) - (node * per_node).min(self.s.ranks)
+    }
+
+    /// If every rank of the node still running has arrived at barrier `key`, releases it, not
+    /// before `now`: each rank waited from its arrival to the last one, pays the barrier's
+    /// atomic, then goes on (computes after the pull, or sums its stripe and writes it after the
+    /// copy of its update).
+    fn release(&mut self, key: (usize, Stage, u64), now: Nanos) -> R<()> {
+        let (node, stage, it) = key;
+        let running = self.node_size(node) - self.node_done[node];
+        let Some(b) = self.barriers.get(&key).filter(|b| b.arrived.len() >= running) else { return Ok(()) };
+        let last = b.latest.max(now);
+        let Some(b) = self.barriers.remove(&key) else { return Ok(()) };
+        for (r, at) in b.arrived {
+            let c = self.combine_cost(r, it);
+            let after = match stage {
+                Stage::Pull => c.barrier,
+                Stage::Push => c.barrier.saturating_add(c.push_sum),
+            };
+            let rec = &mut self.ranks[r].rec;
+            rec.wait += (last - at) as f64 * 1e-9;
+            rec.comm += after as f64 * 1e-9;
+            let ev = match stage {
+                Stage::Pull => Ev::Compute(r),
+                Stage::Push => Ev::Pushed(r),
+            };
+            self.q.push(last.saturating_add(after), ev);
+        }
+        Ok(())
+    }
+
+    /// `r` is done at `t`: its node's barriers no longer wait for it.
+    fn leave(&mut self, r: usize, t: Nanos) -> R<()> {
+        let node = self.s.net.node(r);
+        self.node_done[node] += 1;
+        let pending: Vec<_> = self.barriers.range((node, Stage::Pull, 0)..).map(|(k, _)| *k).collect();
+        for key in pending.into_iter().take_while(|k| k.0 == node) {
+            self.release(key, t)?;
+        }
+        Ok(())
+    }
+
     fn overhead(&self, r: usize, it: u64) -> Nanos {
         match &self.s.compute {
             ComputeModel::Replay(m) => nanos(m.get(r, it).overhead),
@@ -710,9 +809,11 @@ impl<'a> Sim<'a> {
         // Once the target is reached every rank stops (a real run's evaluation says so to all).
         if it >= cfg.iterations || self.to_target.is_some() {
             let rk = &mut self.ranks[r];
+            // A rank closed twice as the target is reached opens twice: it leaves once.
+            let leaves = self.combine && rk.phase != RankPhase::Done;
             rk.phase = RankPhase::Done;
             rk.finished = t;
-            return Ok(());
+            return if leaves { self.leave(r, t) } else { Ok(()) };
         }
         let planned = cfg.elastic.threads(r, it, cfg.inject.threads(r, cfg.threads));
         let active = self.policies[r].threads(planned).clamp(1, self.s.max_threads());
@@ -742,17 +843,16 @@ impl<'a> Sim<'a> {
             ..Default::default()
         };
         // Announcing and filling the queue: two atomics on the rank's own words.
-        let cost = [
-            self.charge(r, reads),
-            self.s.net.atomic(r, r),
-            self.s.net.atomic(r, r),
-            drain,
-            self.transfer_cost(r, it),
-        ]
-        .into_iter()
-        .fold(0, Nanos::saturating_add);
+        let pull = if self.combine { self.combine_cost(r, it).pull } else { self.transfer_cost(r, it) };
+        let cost = [self.charge(r, reads), self.s.net.atomic(r, r), self.s.net.atomic(r, r), drain, pull]
+            .into_iter()
+            .fold(0, Nanos::saturating_add);
         self.ranks[r].rec.comm += cost as f64 * 1e-9;
-        self.q.push(t.saturating_add(cost), Ev::Compute(r));
+        if self.combine {
+            self.arrive(r, Stage::Pull, t.saturating_add(cost))?;
+        } else {
+            self.q.push(t.saturating_add(cost), Ev::Compute(r));
+        }
         if n > 0 && self.steal {
             self.wake_lined(it, t)?;
         }
@@ -1204,7 +1304,9 @@ impl<'a> Sim<'a> {
         Ok(())
     }
 
-    /// Hook `admit`, then the push (if applied) and its flush.
+    /// Hook `admit`, then the push (if applied) and its flush. Under the node combine: the copy
+    /// of the update into the rank's slot (if it has one), the node barrier, then the sum of its
+    /// stripe and its writes to the other nodes ([`Sim::release`]).
     fn push(&mut self, r: usize, t: Nanos) -> R<()> {
         let it = self.ranks[r].it;
         let rk = &mut self.ranks[r];
@@ -1215,11 +1317,17 @@ impl<'a> Sim<'a> {
         let admit =
             self.policies[r].admit(&view, it, Duration::from_nanos(computing), &mut self.ranks[r].rec)?;
         let mut cost = self.charge(r, view.ops());
-        if admit.apply && self.ranks[r].rec.rows > 0 {
-            cost = cost.saturating_add(self.transfer_cost(r, it));
+        let pushes = admit.apply && self.ranks[r].rec.rows > 0;
+        if pushes {
+            let push =
+                if self.combine { self.combine_cost(r, it).push_copy } else { self.transfer_cost(r, it) };
+            cost = cost.saturating_add(push);
         }
         self.ranks[r].applied = admit.apply;
         self.ranks[r].rec.comm += cost as f64 * 1e-9;
+        if self.combine {
+            return self.arrive(r, Stage::Push, t.saturating_add(cost));
+        }
         self.q.push(t.saturating_add(cost), Ev::Pushed(r));
         Ok(())
     }
@@ -1335,5 +1443,48 @@ impl<'a> Sim<'a> {
         self.ranks[r].phase = RankPhase::Start;
         let overhead = self.overhead(r, it);
         self.q.push(at.saturating_add(overhead), Ev::Open(r));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inject::Pattern;
+    use crate::sim::tests::config;
+    use crate::sim::Hierarchy;
+
+    /// The `Compute` events in `sim`'s queue, every other event handled (`Open`) or dropped.
+    fn computing(sim: &mut Sim<'_>, skip: usize) -> R<Vec<usize>> {
+        let mut ranks = Vec::new();
+        while let Some((t, ev)) = sim.q.pop() {
+            match ev {
+                Ev::Open(r) if r != skip => sim.open(r, t)?,
+                Ev::Compute(r) => ranks.push(r),
+                _ => {}
+            }
+        }
+        Ok(ranks)
+    }
+
+    /// A rank that is done (it stopped before an iteration its node-mates have begun) no longer
+    /// holds its node's barrier: the others go on without it.
+    #[test]
+    fn a_rank_that_is_done_releases_its_node_barriers() -> R<()> {
+        let mut s = config("bsp", 8, 2, Pattern::Ideal);
+        s.net.ranks_per_node = 4;
+        s.hierarchy = Hierarchy::Auto;
+        let plan = crate::engine::check(&s.cfg, s.ranks, s.rows)?;
+        let (world, policies) = super::super::build(&s, &plan)?;
+        let mut sim = Sim::new(&s, plan, world, policies, None);
+        assert!(sim.combine);
+        // Every rank but 0 opens iteration 0: node 1's ranks pull and compute, node 0's wait
+        // for rank 0 at their pull barrier.
+        assert_eq!(computing(&mut sim, 0)?, [4, 5, 6, 7]);
+        // Rank 0 stops there (as every rank does at the target): ranks 1-3 go on.
+        sim.ranks[0].next = s.cfg.iterations;
+        sim.open(0, 0)?;
+        assert_eq!(sim.ranks[0].phase, RankPhase::Done);
+        assert_eq!(computing(&mut sim, 0)?, [1, 2, 3]);
+        sim.free()
     }
 }
