@@ -647,4 +647,22 @@ mod tests {
         assert_eq!(cost::nanos(r.per_rank[0].wait), 20 * 2_000_000);
         assert_eq!(cost::nanos(r.per_rank[1].wait), 20 * 2_700_000);
     }
+
+    /// Rank 0 reaching the target while it waits for the others closes its iteration once:
+    /// every rank's records are its iterations in order, each once.
+    #[test]
+    fn reaching_the_target_closes_each_iteration_once() {
+        for scheme in ["bsp", "ssp:2"] {
+            let mut s =
+                config(scheme, 4, 2, Pattern::Persistent { ranks: vec![3], speed: 0.5, threads: None });
+            s.target_iterations = Some(5);
+            let mut its = vec![Vec::new(); 4];
+            let mut f = |r: &IterRecord| its[r.rank].push(r.iter);
+            simulate(&s, Some(&mut f)).expect("simulation");
+            assert_eq!(its[0], [0, 1, 2, 3, 4], "{scheme}");
+            for (r, its) in its.iter().enumerate() {
+                assert!(its.iter().enumerate().all(|(i, &it)| i as u64 == it), "{scheme}, rank {r}: {its:?}");
+            }
+        }
+    }
 }

@@ -809,11 +809,9 @@ impl<'a> Sim<'a> {
         // Once the target is reached every rank stops (a real run's evaluation says so to all).
         if it >= cfg.iterations || self.to_target.is_some() {
             let rk = &mut self.ranks[r];
-            // A rank closed twice as the target is reached opens twice: it leaves once.
-            let leaves = self.combine && rk.phase != RankPhase::Done;
             rk.phase = RankPhase::Done;
             rk.finished = t;
-            return if leaves { self.leave(r, t) } else { Ok(()) };
+            return if self.combine { self.leave(r, t) } else { Ok(()) };
         }
         let planned = cfg.elastic.threads(r, it, cfg.inject.threads(r, cfg.threads));
         let active = self.policies[r].threads(planned).clamp(1, self.s.max_threads());
@@ -1433,7 +1431,8 @@ impl<'a> Sim<'a> {
                 }
             }
             for (_, group) in std::mem::take(&mut self.waiting) {
-                for w in group {
+                // `r` itself, if it was waiting, is being closed here.
+                for w in group.into_iter().filter(|&w| w != r) {
                     let rk = &mut self.ranks[w];
                     rk.rec.wait += at.saturating_sub(rk.wait_since) as f64 * 1e-9;
                     self.close(w, at.max(self.ranks[w].wait_since));
