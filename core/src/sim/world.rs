@@ -427,6 +427,41 @@ enum Stage {
     Push,
 }
 
+impl Stage {
+    /// The event that takes the rank on past the barrier.
+    fn event(self, r: usize) -> Ev {
+        match self {
+            Self::Pull => Ev::Compute(r),
+            Self::Push => Ev::Pushed(r),
+        }
+    }
+
+    /// What the rank pays past the barrier: its atomic, and after the push's, the sum of the
+    /// rank's stripe and its writes.
+    fn after(self, c: &NodeCombine) -> Nanos {
+        match self {
+            Self::Pull => c.barrier,
+            Self::Push => c.barrier.saturating_add(c.push_sum),
+        }
+    }
+}
+
+/// Where a rank stands with its node's barrier. A rank arriving schedules its event past the
+/// barrier as if it were the last to arrive; if it was not, the event, popped early, waits for
+/// the release and is scheduled again then. (So a node whose ranks arrive together schedules no
+/// more events than a flat run, in the same order: the event queue's slots are reused as they
+/// are there.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Gate {
+    /// Not at a barrier, or through it: the rank's events go on.
+    Through,
+    /// At a barrier not yet released; `parked`: its event past it came and waits for the
+    /// release.
+    Held { parked: bool },
+    /// Released: the rank goes on at this time.
+    Released(Nanos),
+}
+
 /// The ranks of a node arrived at one of its barriers, with when each arrived.
 #[derive(Debug, Default)]
 struct Barrier {
@@ -504,6 +539,8 @@ struct Rank {
     rec: IterRecord,
     totals: RankTotals,
     finished: Nanos,
+    /// Under the node combine: the rank and its node's barrier.
+    gate: Gate,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -610,6 +647,7 @@ impl<'a> Sim<'a> {
                 rec: IterRecord::default(),
                 totals: RankTotals::default(),
                 finished: 0,
+                gate: Gate::Through,
             })
             .collect();
         let mut q = EventQueue::default();
@@ -651,13 +689,21 @@ impl<'a> Sim<'a> {
             }
             match ev {
                 Ev::Open(r) => self.open(r, t)?,
-                Ev::Compute(r) => self.compute(r, t)?,
+                Ev::Compute(r) => {
+                    if self.through(r, Stage::Pull, t) {
+                        self.compute(r, t)?;
+                    }
+                }
                 Ev::Thread(r, th, gen) => {
                     if self.ranks[r].threads[th].gen == gen {
                         self.thread_done(r, th, t)?;
                     }
                 }
-                Ev::Pushed(r) => self.pushed(r, t)?,
+                Ev::Pushed(r) => {
+                    if self.through(r, Stage::Push, t) {
+                        self.pushed(r, t)?;
+                    }
+                }
                 Ev::Ticked(r) => self.ticked(r, t)?,
                 Ev::Check(r) => {
                     if self.ranks[r].phase == RankPhase::LineWait {
@@ -740,7 +786,11 @@ impl<'a> Sim<'a> {
     /// `r` reaches its node's barrier `stage` of its iteration at `at` (now or later): the
     /// barrier is released once every rank of the node still running has arrived.
     fn arrive(&mut self, r: usize, stage: Stage, at: Nanos) -> R<()> {
-        let key = (self.s.net.node(r), stage, self.ranks[r].it);
+        let it = self.ranks[r].it;
+        let after = stage.after(&self.combine_cost(r, it));
+        self.ranks[r].gate = Gate::Held { parked: false };
+        self.q.push(at.saturating_add(after), stage.event(r));
+        let key = (self.s.net.node(r), stage, it);
         let b = self.barriers.entry(key).or_default();
         b.arrived.push((r, at));
         b.latest = b.latest.max(at);
@@ -764,21 +814,40 @@ impl<'a> Sim<'a> {
         let last = b.latest.max(now);
         let Some(b) = self.barriers.remove(&key) else { return Ok(()) };
         for (r, at) in b.arrived {
-            let c = self.combine_cost(r, it);
-            let after = match stage {
-                Stage::Pull => c.barrier,
-                Stage::Push => c.barrier.saturating_add(c.push_sum),
-            };
-            let rec = &mut self.ranks[r].rec;
-            rec.wait += (last - at) as f64 * 1e-9;
-            rec.comm += after as f64 * 1e-9;
-            let ev = match stage {
-                Stage::Pull => Ev::Compute(r),
-                Stage::Push => Ev::Pushed(r),
-            };
-            self.q.push(last.saturating_add(after), ev);
+            let after = stage.after(&self.combine_cost(r, it));
+            let go = last.saturating_add(after);
+            let rk = &mut self.ranks[r];
+            rk.rec.wait += (last - at) as f64 * 1e-9;
+            rk.rec.comm += after as f64 * 1e-9;
+            if rk.gate == (Gate::Held { parked: true }) {
+                rk.gate = Gate::Through;
+                self.q.push(go, stage.event(r));
+            } else {
+                rk.gate = Gate::Released(go);
+            }
         }
         Ok(())
+    }
+
+    /// `r`'s event past its node's barrier `stage` came at `t`: whether it goes on now (else it
+    /// waits for the release, or comes again at the release's time).
+    fn through(&mut self, r: usize, stage: Stage, t: Nanos) -> bool {
+        let rk = &mut self.ranks[r];
+        match rk.gate {
+            Gate::Through => true,
+            Gate::Held { .. } => {
+                rk.gate = Gate::Held { parked: true };
+                false
+            }
+            Gate::Released(go) if go > t => {
+                self.q.push(go, stage.event(r));
+                false
+            }
+            Gate::Released(_) => {
+                rk.gate = Gate::Through;
+                true
+            }
+        }
     }
 
     /// `r` is done at `t`: its node's barriers no longer wait for it.
@@ -1452,13 +1521,14 @@ mod tests {
     use crate::sim::tests::config;
     use crate::sim::Hierarchy;
 
-    /// The `Compute` events in `sim`'s queue, every other event handled (`Open`) or dropped.
+    /// The ranks whose `Compute` event comes past their node's barrier as `sim`'s queue runs out,
+    /// every `Open` but `skip`'s handled, every other event dropped.
     fn computing(sim: &mut Sim<'_>, skip: usize) -> R<Vec<usize>> {
         let mut ranks = Vec::new();
         while let Some((t, ev)) = sim.q.pop() {
             match ev {
                 Ev::Open(r) if r != skip => sim.open(r, t)?,
-                Ev::Compute(r) => ranks.push(r),
+                Ev::Compute(r) if sim.through(r, Stage::Pull, t) => ranks.push(r),
                 _ => {}
             }
         }
