@@ -87,13 +87,14 @@ pub struct SimArgs {
     /// Ranks per node (the rest of the world is reached over the inter-node link).
     #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     ranks_per_node: usize,
-    /// Hierarchical communication: `auto` lets the ranks of a node share one copy of the
-    /// parameters and combine their updates on the node before anything crosses the network
-    /// (each rank pulls and pushes only its stripe between nodes, with a barrier of the node
-    /// after the pull and before the sum), under synchronous schemes (bsp, lb-bsp, with or
-    /// without +steal) with more than one rank a node; `off`: every rank pulls from and pushes
-    /// to every shard itself.
-    #[arg(long, default_value = "auto", value_name = "auto|off")]
+    /// Node-combined communication, as `train --node-combine`: `auto` lets the ranks of a node
+    /// share one copy of the parameters and combine their updates on the node before anything
+    /// crosses the network (each rank pulls and pushes only its stripe between nodes, with a
+    /// barrier of the node after the pull and before the sum), under synchronous schemes (bsp,
+    /// lb-bsp, with or without +steal) with more than one rank a node and more than one node;
+    /// `off`: every rank pulls from and pushes to every shard itself. Between nodes the ranks of
+    /// a node share its link's bandwidth either way.
+    #[arg(long = "node-combine", default_value = "auto", value_name = "auto|off")]
     hierarchy: Hierarchy,
     /// Link within a node: local (ranks as threads), shm (MPI shared memory), ib, ethernet.
     #[arg(long, default_value = "shm", value_name = "LINK")]
@@ -198,9 +199,11 @@ pub fn run(a: SimArgs) -> Result<(), AppError> {
 /// Whether the ranks of a node combine on the node, as the header says it.
 fn combine_note(base: &SimConfig) -> &'static str {
     if base.hierarchy == Hierarchy::Off {
-        "node combine off (--hierarchy off)"
+        "node combine off (--node-combine off)"
     } else if base.net.ranks_per_node.min(base.ranks) <= 1 {
         "node combine off (1 rank a node)"
+    } else if base.ranks <= base.net.ranks_per_node {
+        "node combine off (one node)"
     } else {
         "node combine on for synchronous schemes (ideal, bsp, lb-bsp; others flat)"
     }
@@ -513,11 +516,18 @@ pub(crate) fn read_run(dir: &Path) -> Result<RunDir, AppError> {
     let train = num(&summary, "train_seconds");
     let (batch, chunk, seed) = (int("batch")? as usize, int("chunk")? as usize, int("seed")?);
     let pattern = text("straggler")?.parse().map_err(|e| bad(dir, "config.toml", e))?;
-    // Whether the run combined on the node: runs from before the node combine name no
-    // `hierarchy` and did not.
-    let hierarchy = match cfg.get("hierarchy") {
-        None => Hierarchy::Off,
-        Some(_) => text("hierarchy")?.parse().map_err(|e| bad(dir, "config.toml", e))?,
+    // Whether the run combined on the node, and its ranks per node (summary.json's
+    // `node_combined`; runs from before it, or that did not combine, name none): replayed
+    // with the same barriers, its nodes all as large as its first.
+    let nodes: Option<usize> = summary
+        .get("node_combined")
+        .and_then(Value::as_array)
+        .and_then(|n| n.first())
+        .and_then(Value::as_u64)
+        .map(|k| k as usize);
+    let (hierarchy, per_node) = match nodes {
+        Some(k) if k > 1 => (Hierarchy::Auto, k),
+        _ => (Hierarchy::Off, ranks),
     };
     // The dataset's rows (the plan's epoch): the data path as written, or next to the run.
     let data = PathBuf::from(text("data")?);
@@ -564,7 +574,7 @@ pub(crate) fn read_run(dir: &Path) -> Result<RunDir, AppError> {
         rows: rows.unwrap_or(batch.saturating_mul(iterations.max(1) as usize)),
         params: 0,
         compute: ComputeModel::Replay(Replay::new(per_rank)),
-        net: Network { intra: Preset::Local.link(), inter: Preset::Local.link(), ranks_per_node: ranks },
+        net: Network { intra: Preset::Local.link(), inter: Preset::Local.link(), ranks_per_node: per_node },
         hierarchy,
         overhead: 0.0,
         target_iterations,

@@ -1,4 +1,4 @@
-//! `peregrine simulate --hierarchy`: the node combine (the ranks of a node share one copy of the
+//! `peregrine simulate --node-combine`: the node combine (the ranks of a node share one copy of the
 //! parameters and combine their updates before anything crosses the network) as a user sees it:
 //! the header, the JSON report, and bad values.
 
@@ -67,8 +67,8 @@ fn synchronous_schemes_combine_on_the_node_unless_told_not_to() {
     let names: Vec<_> = auto.iter().map(|(n, c, _)| (n.as_str(), *c)).collect();
     assert_eq!(names, [("ideal", true), ("bsp", true), ("ssp:3", false)]);
 
-    let (header, off) = simulate(tmp.path(), &["--ranks-per-node", "16", "--hierarchy", "off"]);
-    assert!(header.contains("16 per node, intra shm, inter ethernet, node combine off (--hierarchy off)"));
+    let (header, off) = simulate(tmp.path(), &["--ranks-per-node", "16", "--node-combine", "off"]);
+    assert!(header.contains("16 per node, intra shm, inter ethernet, node combine off (--node-combine off)"));
     assert!(off.iter().all(|(_, c, _)| !c), "{off:?}");
     // Over 25 GbE, 4 nodes: a stripe between nodes instead of 48 ranks' shards, each way.
     assert!(auto[0].2 < 0.9 * off[0].2, "ideal: combined {} s, flat {} s", auto[0].2, off[0].2);
@@ -83,10 +83,10 @@ fn synchronous_schemes_combine_on_the_node_unless_told_not_to() {
 #[test]
 fn a_hierarchy_that_is_not_auto_or_off_is_a_usage_error() {
     for bad in ["on", "", "Auto"] {
-        let out = peregrine(&["simulate", "--ranks", "8", "--hierarchy", bad]);
+        let out = peregrine(&["simulate", "--ranks", "8", "--node-combine", bad]);
         let (stdout, stderr) = text(&out);
         assert_eq!(out.status.code(), Some(2), "{bad:?}: {stdout}\n{stderr}");
-        assert!(stderr.contains("--hierarchy") && stderr.contains("expected auto or off"), "{stderr}");
+        assert!(stderr.contains("--node-combine") && stderr.contains("expected auto or off"), "{stderr}");
         assert!(stdout.is_empty(), "refused before anything is printed: {stdout}");
     }
 }

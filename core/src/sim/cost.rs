@@ -21,7 +21,10 @@ pub struct Link {
     /// completion (LogP's gap: a batch reading a word of every rank costs `atomic + (n - 1) *
     /// gap`, not `n * atomic`).
     pub gap: f64,
-    /// Bytes per second of one rank's transfers over the link.
+    /// Bytes per second over the link. Between nodes it is the node's network card's, shared
+    /// by the node's ranks (under a synchronous scheme they all pull and push at about the same
+    /// time): each of `k` ranks on a node moves its bytes at `bandwidth / k`. Within a node,
+    /// one rank's.
     pub bandwidth: f64,
 }
 
@@ -141,22 +144,26 @@ impl Network {
 
     /// One pipelined transfer of `params` f32 values sharded evenly over `world` ranks, by
     /// `rank` from or to every shard (a dense pull, or a push and its flush): one latency of the
-    /// slowest link used, plus each link's bytes over its bandwidth.
+    /// slowest link used, plus each link's bytes over its bandwidth (between nodes the node's
+    /// ranks share it).
     pub fn transfer(&self, rank: usize, world: usize, params: usize) -> Nanos {
         let world = world.max(1);
-        let per_node = self.ranks_per_node.max(1).min(world);
         // Shards on this rank's node (its own included) and elsewhere.
-        let node_start = self.node(rank) * per_node;
-        let local_ranks = (world.min(node_start + per_node) - node_start.min(world)).max(1);
+        let local_ranks = self.node_ranks(rank, world);
         let bytes = |ranks: usize| (params as f64 * 4.0) * ranks as f64 / world as f64;
         let (li, le) = (local_ranks, world - local_ranks);
         let mut s = 0.0;
         if params > 0 {
             s += if le > 0 { self.inter.latency } else { self.intra.latency };
             s += bytes(li) / self.intra.bandwidth
-                + if le > 0 { bytes(le) / self.inter.bandwidth } else { 0.0 };
+                + if le > 0 { bytes(le) / self.shared_inter(local_ranks) } else { 0.0 };
         }
         nanos(s)
+    }
+
+    /// Bytes per second of each of `k` ranks of a node moving data between nodes at once.
+    fn shared_inter(&self, k: usize) -> f64 {
+        self.inter.bandwidth / k.max(1) as f64
     }
 
     /// Ranks on `rank`'s node, in a world of `world` (the last node may be part full).
@@ -179,7 +186,7 @@ impl Network {
         let shard = bytes / world as f64;
         let far = (world - k) as f64 * shard / k as f64;
         let inter =
-            if params > 0 && world > k { self.inter.latency + far / self.inter.bandwidth } else { 0.0 };
+            if params > 0 && world > k { self.inter.latency + far / self.shared_inter(k) } else { 0.0 };
         NodeCombine {
             pull: nanos(inter + shard / self.intra.bandwidth),
             push_copy: nanos(bytes / self.intra.bandwidth),
@@ -317,39 +324,42 @@ mod tests {
 
     #[test]
     fn a_transfer_is_one_latency_plus_bytes_over_bandwidth() {
-        // 1M floats over 4 ranks, 2 per node: rank 0 has 2 shards (2 MB) near and 2 MB far.
+        // 1M floats over 4 ranks, 2 per node: rank 0 has 2 shards (2 MB) near and 2 MB far, at
+        // half the card's 100 MB/s (the node's other rank moves as much at once).
         let n = net(2);
-        let s = 10e-6 + 2e6 / 1e9 + 2e6 / 1e8;
+        let s = 10e-6 + 2e6 / 1e9 + 2e6 / 5e7;
         assert_eq!(n.transfer(0, 4, 1_000_000), nanos(s));
         // All on one node: the near link only.
         assert_eq!(net(4).transfer(3, 4, 1_000_000), nanos(1e-6 + 4e6 / 1e9));
         // Nothing to move costs nothing.
         assert_eq!(n.transfer(0, 4, 0), 0);
-        // A last node that is not full: rank 4 of 5 is alone on node 2.
+        // A last node that is not full: rank 4 of 5 is alone on node 2 (the whole card).
         assert_eq!(n.transfer(4, 5, 1_000_000), nanos(10e-6 + 0.8e6 / 1e9 + 3.2e6 / 1e8));
     }
 
     #[test]
     fn a_node_combine_moves_a_stripe_between_nodes_and_the_whole_update_within() {
         // 1M floats over 8 ranks, 4 per node: a shard is 500 KB; a rank fetches its stripe's
-        // one shard from the other node (10 us + 500 KB at 100 MB/s) and copies its own shard into
-        // the node's copy (500 KB at 1 GB/s); it copies its 4 MB update into its slot, then reads
-        // the node's 4 slots of its stripe (4 MB) and writes one shard's sum to the other node.
+        // one shard from the other node (10 us + 500 KB at a quarter of the card's 100 MB/s: the
+        // node's 4 ranks fetch at once) and copies its own shard into the node's copy (500 KB at
+        // 1 GB/s); it copies its 4 MB update into its slot, then reads the node's 4 slots of its
+        // stripe (4 MB) and writes one shard's sum to the other node.
         let c = net(4).combine(5, 8, 1_000_000);
-        assert_eq!(c.pull, nanos(10e-6 + 5e5 / 1e8 + 5e5 / 1e9));
-        assert_eq!(c.pull, 5_510_000);
+        assert_eq!(c.pull, nanos(10e-6 + 5e5 / 2.5e7 + 5e5 / 1e9));
+        assert_eq!(c.pull, 20_510_000);
         assert_eq!(c.push_copy, 4_000_000);
-        assert_eq!(c.push_sum, nanos(4e6 / 1e9 + 10e-6 + 5e5 / 1e8));
-        assert_eq!(c.push_sum, 9_010_000);
+        assert_eq!(c.push_sum, nanos(4e6 / 1e9 + 10e-6 + 5e5 / 2.5e7));
+        assert_eq!(c.push_sum, 24_010_000);
         assert_eq!(c.barrier, 2_000);
-        // The flat transfer moves 2 MB between nodes each way, the combine 500 KB.
-        assert_eq!(net(4).transfer(5, 8, 1_000_000), nanos(10e-6 + 2e6 / 1e9 + 2e6 / 1e8));
+        // The flat transfer moves 2 MB between nodes each way (80 ms), the combine 500 KB.
+        assert_eq!(net(4).transfer(5, 8, 1_000_000), nanos(10e-6 + 2e6 / 1e9 + 2e6 / 2.5e7));
         // 16 ranks, 4 per node: 3 shards of 250 KB from the other nodes, pipelined.
-        assert_eq!(net(4).combine(0, 16, 1_000_000).pull, nanos(10e-6 + 7.5e5 / 1e8 + 2.5e5 / 1e9));
+        assert_eq!(net(4).combine(0, 16, 1_000_000).pull, nanos(10e-6 + 7.5e5 / 2.5e7 + 2.5e5 / 1e9));
         // A last node that is not full (10 ranks, 400 KB a shard): ranks 8 and 9 share the 8
-        // shards held elsewhere (4 each), ranks 0-3 the 6 held on nodes 1 and 2 (1.5 each).
-        assert_eq!(net(4).combine(9, 10, 1_000_000).pull, nanos(10e-6 + 1.6e6 / 1e8 + 4e5 / 1e9));
-        assert_eq!(net(4).combine(0, 10, 1_000_000).pull, nanos(10e-6 + 6e5 / 1e8 + 4e5 / 1e9));
+        // shards held elsewhere (4 each, at half the card), ranks 0-3 the 6 held on nodes 1 and
+        // 2 (1.5 each, at a quarter).
+        assert_eq!(net(4).combine(9, 10, 1_000_000).pull, nanos(10e-6 + 1.6e6 / 5e7 + 4e5 / 1e9));
+        assert_eq!(net(4).combine(0, 10, 1_000_000).pull, nanos(10e-6 + 6e5 / 2.5e7 + 4e5 / 1e9));
         // Every rank on one node: nothing crosses the network.
         let one = net(8).combine(3, 8, 1_000_000);
         assert_eq!((one.pull, one.push_sum), (nanos(5e5 / 1e9), nanos(4e6 / 1e9)));

@@ -99,7 +99,7 @@ pub struct SimConfig {
     pub target_iterations: Option<u64>,
 }
 
-/// Hierarchical communication (`--hierarchy`): whether the ranks of a node share one copy of the
+/// Node-combined communication (`--node-combine`, as `peregrine train`'s): whether the ranks of a node share one copy of the
 /// parameters and combine their updates on the node before anything crosses the network
 /// ([`cost::NodeCombine`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -128,7 +128,7 @@ impl std::str::FromStr for Hierarchy {
         match s {
             "auto" => Ok(Self::Auto),
             "off" => Ok(Self::Off),
-            _ => Err(format!("unknown hierarchy `{s}`: expected auto or off")),
+            _ => Err(format!("unknown node combine `{s}`: expected auto or off")),
         }
     }
 }
@@ -136,12 +136,14 @@ impl std::str::FromStr for Hierarchy {
 impl SimConfig {
     /// Whether the ranks of a node combine on the node under `synchronous` (the scheme's policy
     /// is [`crate::scheme::Policy::synchronous`]): [`Hierarchy::Auto`], more than one rank on a
-    /// node, and a model sharded over the ranks (the simulator refuses replicated schemes).
+    /// node, more than one node (as the engine: one node has nothing to combine across), and a
+    /// model sharded over the ranks (the simulator refuses replicated schemes).
     pub fn node_combine(&self, synchronous: bool) -> bool {
         self.hierarchy == Hierarchy::Auto
             && synchronous
             && !self.cfg.scheme.scheme.replicated()
             && self.net.ranks_per_node.min(self.ranks) > 1
+            && self.ranks > self.net.ranks_per_node
     }
 
     /// Threads of every rank's pool (the most any iteration may use).
@@ -382,9 +384,10 @@ mod tests {
         let s = config("bsp", 4, 2, Pattern::Ideal);
         let r = simulate(&s, None).expect("simulation");
         // Each thread computes 3 chunks of 100 us; the pull and the push each move 400 KB, 200 KB
-        // of it over the node's link and 200 KB to the other node.
+        // of it over the node's link and 200 KB to the other node, at half the card's 2 GB/s
+        // (the node's other rank moves as much at once).
         let transfer = s.net.transfer(0, 4, 100_000);
-        assert_eq!(transfer, cost::nanos(5e-6 + 200e3 / 10e9 + 200e3 / 2e9));
+        assert_eq!(transfer, cost::nanos(5e-6 + 200e3 / 10e9 + 200e3 / 1e9));
         let per_iteration = 3 * 100_000 + 2 * transfer;
         assert_eq!(r.iterations, 20);
         assert_eq!(cost::nanos(r.seconds), 20 * per_iteration, "{r:?}");
@@ -556,7 +559,8 @@ mod tests {
                 let r = simulate(&s, None).expect("simulation");
                 let combines = hierarchy == Hierarchy::Auto && per_node > 1 && synchronous;
                 assert_eq!(r.node_combine, combines, "{scheme}, {per_node} a node, {hierarchy}");
-                if !combines {
+                // With several ranks a node they now share its card between nodes, flat too.
+                if per_node == 1 {
                     let what = format!("{scheme}, {per_node} a node, {hierarchy}");
                     assert_eq!((cost::nanos(r.seconds), digest(&r)), (nanos, figures), "{what}");
                 }
@@ -577,21 +581,22 @@ mod tests {
         };
         let ideal = simulate(&world("bsp", Pattern::Ideal, Hierarchy::Auto), None).expect("combined");
         assert!(ideal.node_combine);
-        // Pull: 5 us + one 50 KB shard from the other node at 100 MB/s (500 us) + the own shard
-        // into the node's copy at 10 GB/s (5 us) = 510 us; compute: 3 chunks of 100 us; push:
-        // the 400 KB update into the slot (40 us), the stripe's 400 KB summed (40 us) and one
-        // shard's sum written to the other node (505 us). Atomics cost nothing here.
-        let per_iteration = 510_000 + 300_000 + 40_000 + 545_000;
+        // Pull: 5 us + one 50 KB shard from the other node at a quarter of the card's 100 MB/s
+        // (the node's 4 ranks at once: 2,000 us) + the own shard into the node's copy at 10 GB/s
+        // (5 us) = 2,010 us; compute: 3 chunks of 100 us; push: the 400 KB update into the slot
+        // (40 us), the stripe's 400 KB summed (40 us) and one shard's sum written to the other
+        // node (2,005 us). Atomics cost nothing here.
+        let per_iteration = 2_010_000 + 300_000 + 40_000 + 2_045_000;
         assert_eq!(cost::nanos(ideal.seconds), 20 * per_iteration, "{ideal:?}");
         for t in &ideal.per_rank {
-            assert_eq!(cost::nanos(t.comm), 20 * (510_000 + 40_000 + 545_000));
+            assert_eq!(cost::nanos(t.comm), 20 * (2_010_000 + 40_000 + 2_045_000));
             assert_eq!(t.wait, 0.0);
         }
         // Flat: every rank moves 200 KB within the node and 200 KB to the other one each way
-        // (5 us + 20 us + 2,000 us).
+        // (5 us + 20 us + 8,000 us: the 4 ranks' 800 KB through the card).
         let flat = simulate(&world("bsp", Pattern::Ideal, Hierarchy::Off), None).expect("flat");
         assert!(!flat.node_combine);
-        assert_eq!(cost::nanos(flat.seconds), 20 * (300_000 + 2 * 2_025_000));
+        assert_eq!(cost::nanos(flat.seconds), 20 * (300_000 + 2 * 8_025_000));
         assert!(ideal.seconds < flat.seconds / 3.0);
         // Rank 0 at half speed: its node's ranks wait for it at the push barrier (300 us), the
         // other node's at BSP's wait for every clock; the iteration is its 600 us of compute
@@ -622,13 +627,14 @@ mod tests {
         }
     }
 
-    /// Replayed costs keep the measured communication, and the node barriers still hold: 2 ranks
-    /// on a node, rank 0 computing 1 ms a chunk and pulling and pushing in 1 ms, rank 1 computing
-    /// 0.1 ms a chunk and communicating in 3 ms.
+    /// Replayed costs keep the measured communication, and the node barriers still hold: 2 nodes
+    /// of 2 ranks alike, rank 0 (and 2) computing 1 ms a chunk and pulling and pushing in 1 ms,
+    /// rank 1 (and 3: a replay's ranks past its own repeat them) computing 0.1 ms a chunk and
+    /// communicating in 3 ms.
     #[test]
     fn a_replay_keeps_its_measured_communication_between_node_barriers() {
         let measured = |chunk: f64, comm: f64| vec![Some(Measured { chunk, comm, overhead: 0.0 }); 20];
-        let mut s = config("bsp", 2, 1, Pattern::Ideal);
+        let mut s = config("bsp", 4, 1, Pattern::Ideal);
         s.compute = ComputeModel::Replay(Replay::new(vec![measured(1e-3, 1e-3), measured(0.1e-3, 3e-3)]));
         s.net.ranks_per_node = 2;
         // Flat: rank 0 is the slower, 0.5 + 3 + 0.5 ms.
