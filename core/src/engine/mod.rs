@@ -61,14 +61,17 @@ use crate::plan::{Plan, PlanError};
 use crate::pool::RankPool;
 use crate::scheme::{Scheme, SchemeError, SchemeSpec};
 
+mod checkpoint;
 mod comm;
 mod compute;
 pub use compute::thread_cpu_time;
 mod evals;
 mod evaluating;
 pub use evals::{best_point, evals_since_best, DIVERGED_ABOVE, RISEN_BY, STALL_EVALS};
+mod live;
 mod metrics;
 mod node;
+mod owner;
 mod params;
 mod run;
 mod slot;

@@ -8,7 +8,7 @@
 //!
 //! Under a synchronous scheme (BSP) a dense model's optimizer steps at the owners instead
 //! ([`Params::owner_steps`]): ranks `put` their share of the iteration's mean gradient into
-//! their own slots at the owners ([`Slots`]), and once every rank's share has landed each rank
+//! their own slots at the owners ([`super::owner::Slots`]), and once every rank's share has landed each rank
 //! sums them and steps its own shard of the weights with its own shard of the state, in place in
 //! the windows' local memory ([`Params::step_owned`]). The state then never travels: a rank's
 //! pull reads the weights only and its push writes the gradient only, half the bytes of pulling
@@ -23,6 +23,7 @@ use std::sync::Mutex;
 use peregrine_transport::{NodeLayout, ReduceOp, ShardMap, Transport, Window};
 
 use super::node::{NodeCombine, Wait};
+use super::owner::{step_split, Slots, Units};
 use super::TrainError;
 use crate::model::{Delta, KeySet, Layout, Model};
 use crate::optim::{Gradient, Optimizer, Step};
@@ -90,138 +91,10 @@ pub(super) struct PushBufs {
     z: Vec<f32>,
 }
 
-/// The parts of `ranges` within `to`, relative to its start (empty parts left out).
-fn clipped(ranges: &[Range<usize>], to: Range<usize>) -> impl Iterator<Item = Range<usize>> + '_ {
-    ranges
-        .iter()
-        .map(move |r| r.start.max(to.start)..r.end.min(to.end))
-        .filter(|r| !r.is_empty())
-        .map(move |r| r.start - to.start..r.end - to.start)
-}
-
-/// The parameters each of a rank's threads steps, by `(thread, threads)` (global ranges).
-pub(super) type Units<'a> = dyn Fn(usize, usize) -> Vec<Range<usize>> + Sync + 'a;
-
-/// [`Params::step_owned`] by the threads of `pool`: thread `i` steps `units(i, threads)` within the
-/// shard `mine` (`w`, the state `st` and the gradient `g` are the shard's; `g` has at most one
-/// other rank's part).
-fn step_split(
-    opt: Optimizer,
-    step: Step,
-    (w, st, g): (&mut [f32], &mut [f32], &Gradient<'_>),
-    (pool, units): (&RankPool, &Units<'_>),
-    mine: Range<usize>,
-) {
-    /// The shard's weights and state, shared by the threads, each stepping ranges of its own.
-    struct Shard(*mut f32, *mut f32);
-    // SAFETY: the threads write disjoint ranges ([`Model::units`] covers each parameter once).
-    unsafe impl Sync for Shard {}
-    let (n, k) = (w.len(), opt.slots());
-    assert_eq!(st.len(), n * k, "step_split: the state is not {k} values per parameter");
-    let shard = Shard(w.as_mut_ptr(), st.as_mut_ptr());
-    let threads = pool.active();
-    pool.run(|i| {
-        let shard = &shard;
-        let mut decayed = Vec::new();
-        for Range { start: lo, end: hi } in clipped(&units(i, threads), mine.clone()) {
-            // SAFETY: within the shard (clipped to it); this thread's own range (above).
-            let (w, st) = unsafe {
-                (
-                    std::slice::from_raw_parts_mut(shard.0.add(lo), hi - lo),
-                    std::slice::from_raw_parts_mut(shard.1.add(lo * k), (hi - lo) * k),
-                )
-            };
-            let decay = g.decay.map(|(l2, ranges)| {
-                decayed.clear();
-                decayed.extend(clipped(ranges, lo..hi));
-                (l2, &decayed[..])
-            });
-            let parts = if g.parts.is_empty() { g.parts } else { &g.parts[lo..hi] };
-            let own = g.own.map(|o| &o[lo..hi]);
-            opt.step_in_place(step, w, st, &Gradient { parts, own, scale: g.scale, decay });
-        }
-    });
-}
-
-/// The gradient of owner-side steps ([`Params::owner_steps`]): at each owner `r`, one slot as
-/// long as `r`'s shard of the weights for every other rank, in rank order, where that rank `put`s
-/// its contribution to the iteration's gradient of the shard. Each slot has one writer, so a
-/// push is a plain put (an RDMA write where the network does it; no accumulate with its
-/// target-side sum and lock), the owner never clears them (the next put overwrites), and it sums
-/// them in rank order, the same sum whatever order the pushes landed in. A rank holds `world - 1`
-/// slots of its shard: about one model's worth, beside its replica and its update.
-struct Slots {
-    win: Window<f32>,
-    /// The weights' sharding.
-    map: ShardMap,
-    rank: usize,
-    /// Node-combined ([`super::node`]): the slots are per node, not per rank.
-    nodes: Option<NodeLayout>,
-    /// The model's L2 penalty ([`Model::decay`]), its ranges within this rank's shard: the step
-    /// applies it, the chunks leave it out.
-    decay: Option<(f32, Vec<Range<usize>>)>,
-}
-
-impl Slots {
-    /// Collective: allocates the slots for weights sharded as `map`; the step applies `decay`
-    /// (global ranges).
-    fn alloc(
-        t: &Transport,
-        map: &ShardMap,
-        decay: Option<(f32, Vec<Range<usize>>)>,
-        nodes: Option<NodeLayout>,
-    ) -> Result<Self, TrainError> {
-        let others = nodes.as_ref().map_or(t.world_size(), NodeLayout::nodes) - 1;
-        let lens = (0..t.world_size()).map(|r| map.len_of(r) * others);
-        let win = t.alloc_window("gradient slots", &ShardMap::from_lens(lens))?;
-        let mine = map.range(t.rank());
-        let decay = decay.map(|(l2, ranges)| (l2, clipped(&ranges, mine).collect()));
-        Ok(Self { win, map: map.clone(), rank: t.rank(), nodes, decay })
-    }
-
-    /// Node-combined: puts the node's sums `sum` of `shards` (back to back, as
-    /// [`NodeCombine::combine`] made them) into this node's slot at each owner on another node,
-    /// and completes the puts.
-    fn put_node(&self, shards: &[(Range<usize>, usize)], sum: &[f32]) -> Result<(), TrainError> {
-        let layout = self.nodes.as_ref().expect("node-combined slots");
-        let from = layout.node();
-        self.win.write_scope(|s| {
-            let mut off = 0;
-            for (r, owner) in shards {
-                let to = layout.node_of(*owner);
-                if *owner != self.rank && to != from {
-                    let slot = if from < to { from } else { from - 1 };
-                    let at = self.win.map().range(*owner).start + slot * self.map.len_of(*owner);
-                    s.put(at, &sum[off..off + r.len()])?;
-                }
-                off += r.len();
-            }
-            Ok(())
-        })?;
-        Ok(())
-    }
-
-    /// Puts `values` (the whole vector) into this rank's slot at every other owner, starting
-    /// with the owner after this rank (ranks that push at once start at different owners), and
-    /// completes the puts.
-    fn put(&self, values: &[f32]) -> Result<(), TrainError> {
-        let world = self.map.parts();
-        self.win.write_scope(|s| {
-            for owner in (1..world).map(|i| (self.rank + i) % world).filter(|&r| self.map.len_of(r) > 0) {
-                let slot = if self.rank < owner { self.rank } else { self.rank - 1 };
-                let at = self.win.map().range(owner).start + slot * self.map.len_of(owner);
-                s.put(at, &values[self.map.range(owner)])?;
-            }
-            Ok(())
-        })?;
-        Ok(())
-    }
-}
-
 impl Params {
     /// Collective: allocates the windows and writes this rank's shard of `model`'s initial values
     /// (and zero state); if `replicated`, its whole replica; with [`Windows::OwnerSteps`] (the
-    /// caller checked [`owner_steps_apply`]), the gradient window too; with `node_combine` (the
+    /// caller checked [`super::owner::owner_steps_apply`]), the gradient window too; with `node_combine` (the
     /// caller checked [`super::node::applies`]), the node blocks, where every node can have
     /// them ([`node_combined`](Self::node_combined) says).
     pub(super) fn start<M: Model>(
@@ -823,20 +696,6 @@ impl Params {
     fn state(&self) -> &Window<f32> {
         self.state.as_ref().expect("an optimizer with state has a state window")
     }
-}
-
-/// Whether the optimizer steps at the owners ([`Params::owner_steps`]): under a synchronous
-/// scheme, for a model pulled whole (not `replicated`, not `keyed`) that steps with a learning
-/// rate, with an optimizer that keeps state and stores the weights themselves (FTRL derives them
-/// from its state on every read: its ranks step with their shares).
-pub(super) fn owner_steps_apply(
-    synchronous: bool,
-    replicated: bool,
-    keyed: bool,
-    stepped: bool,
-    opt: Optimizer,
-) -> bool {
-    synchronous && !replicated && !keyed && stepped && opt.slots() > 0 && !opt.derived()
 }
 
 /// Writes `delta` into window `w` straight from its values (no gathering copy), completed at the

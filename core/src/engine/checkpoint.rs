@@ -1,0 +1,174 @@
+//! The stop and checkpoint protocol (see the module doc of `engine`): publishing the iteration a
+//! rank would begin next when a stop or a timed checkpoint is asked, agreeing on the checkpoint's
+//! iteration, and the checkpoint itself (every rank's arrival, rank 0's snapshot of the windows
+//! and the schemes' state).
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use peregrine_transport::ReduceOp;
+
+use super::run::{Local, Run};
+use super::trace::{Args, Span};
+use super::watch::{Behind, Phase};
+use super::TrainError;
+use crate::model::Model;
+use crate::scheme::Policy;
+
+impl<M: Model> Run<'_, M> {
+    /// Publishes the next iteration this rank would begin for a checkpoint request: its own (a
+    /// stop flag, or rank 0's timed checkpoint) or another rank's (`published`: how many
+    /// publications the control window counts); at most once per request.
+    pub(super) fn publish_stop(&self, published: u64) -> Result<(), TrainError> {
+        let mine = self.published.load(Ordering::Relaxed);
+        let opened = published > mine * self.world as u64;
+        let own = !self.request_open()
+            && (self.cfg.stop.as_ref().is_some_and(|f| f.load(Ordering::Relaxed))
+                || self.timed.load(Ordering::Relaxed));
+        if !(opened || own) {
+            return Ok(());
+        }
+        self.published.store(mine + 1, Ordering::Relaxed);
+        self.stops.swap(self.rank, self.current.load(Ordering::Relaxed) + 1)?;
+        self.control.fetch_add(2, 1)?;
+        Ok(())
+    }
+
+    /// Whether this rank published for a request whose checkpoint it has not taken yet.
+    pub(super) fn request_open(&self) -> bool {
+        self.published.load(Ordering::Relaxed) > self.settled.load(Ordering::Relaxed)
+    }
+
+    /// The open request's iteration, once every rank has published for it (joining evaluations
+    /// meanwhile): the largest published, which no rank has begun. `None` if an evaluation
+    /// reached the target meanwhile.
+    pub(super) fn stop_iteration(&self, me: &mut Local) -> Result<Option<u64>, TrainError> {
+        let want = self.published.load(Ordering::Relaxed) * self.world as u64;
+        crate::clocks::wait_until(|| -> Result<bool, TrainError> {
+            self.serve_evals(&mut me.ev)?;
+            Ok(me.ev.stopping() || self.control.load(2)? >= want)
+        })?;
+        if me.ev.stopping() {
+            return Ok(None);
+        }
+        let mut all = vec![0u64; self.world];
+        self.stops.load_range(0, &mut all)?;
+        Ok(all.into_iter().max().map(|d| d.saturating_sub(1)))
+    }
+
+    /// Collective: the checkpoint of iteration `at` (see the module doc of `engine`). Returns
+    /// the interval to the next one (rank 0's, stretched to keep within the budget) and whether
+    /// any rank was asked to stop (every rank then stops here), or `None`, without a checkpoint,
+    /// if an evaluation joined meanwhile reached the target (the others stop without arriving).
+    pub(super) fn checkpoint(
+        &self,
+        me: &mut Local,
+        policy: &dyn Policy,
+        at: u64,
+        sink: &mut dyn FnMut(&super::Snapshot) -> Result<(), String>,
+    ) -> Result<Option<(u64, bool)>, TrainError> {
+        let c0 = Instant::now();
+        self.watch.mark(Phase::Checkpointing, at);
+        let checkpointing = Span(c0);
+        me.checkpoints += 1;
+        self.arrivals.swap(self.rank, me.checkpoints)?;
+        let mut arrived = vec![0u64; self.world];
+        crate::clocks::wait_until(|| -> Result<bool, TrainError> {
+            self.serve_evals(&mut me.ev)?;
+            if me.ev.stopping() {
+                return Ok(true);
+            }
+            self.arrivals.load_range(0, &mut arrived)?;
+            match arrived.iter().position(|&a| a < me.checkpoints) {
+                None => Ok(true),
+                Some(rank) => {
+                    self.watch.saw(Behind::Arrival { rank });
+                    Ok(false)
+                }
+            }
+        })?;
+        if me.ev.stopping() {
+            return Ok(None);
+        }
+        // Every rank has arrived: no evaluation can be asked any more; join the ones asked
+        // before, in order, then read the model.
+        self.serve_evals(&mut me.ev)?;
+        self.t.barrier()?;
+        let scheme = self.gather_scheme_state(policy)?;
+        // Replicated: the replicas' average is the checkpoint's model (a resumed run starts every
+        // replica from it).
+        let mut average = (Vec::new(), Vec::new());
+        self.params.average_raw(self.t, &mut average.0, &mut average.1)?;
+        // [failed, the next interval, asked to stop]: rank 0's interval, the others' zero.
+        let stop = self.cfg.stop.as_ref().is_some_and(|f| f.load(Ordering::Relaxed));
+        let mut agreed = [0u64, 0, u64::from(stop)];
+        let mut why = String::new();
+        if self.rank == 0 {
+            let mut s = super::Snapshot {
+                iteration: at,
+                evals: me.ev.points.clone(),
+                // Lent to the snapshot, not copied (given back below).
+                best: std::mem::take(&mut me.ev.best),
+                train_seconds: me.ev.train_time(),
+                scheme,
+                ..Default::default()
+            };
+            if self.params.replicated() {
+                (s.params, s.state) = std::mem::take(&mut average);
+            } else {
+                self.params.get_raw(&mut s.params, &mut s.state)?;
+            }
+            s.weights = self.params.weights_of(&s.params, &s.state);
+            if let Err(e) = sink(&s) {
+                (agreed[0], why) = (1, e);
+            }
+            me.ev.best = std::mem::take(&mut s.best);
+            // The interval that keeps this checkpoint's cost within the budget of the training
+            // time since the previous one.
+            let (every, cost) = (self.cfg.checkpoint_every, c0.elapsed().as_secs_f64());
+            let (since_time, since_iters) =
+                (s.train_seconds - me.last_checkpoint.1, at - me.last_checkpoint.0);
+            agreed[1] = match self.cfg.checkpoint_budget {
+                Some(f) if since_time > 0.0 && cost > f * since_time => {
+                    let need = (since_iters as f64 * cost / (f * since_time)).ceil() as u64;
+                    need.div_ceil(every).max(1) * every
+                }
+                _ => every,
+            };
+            me.last_checkpoint = (at, s.train_seconds);
+        }
+        self.t.allreduce(&mut agreed, ReduceOp::Max)?;
+        self.watch.beat();
+        self.traced("checkpoint", "checkpoint", checkpointing, Args::default().int("iter", at));
+        me.checkpoint_time += c0.elapsed();
+        if agreed[0] != 0 {
+            return Err(TrainError::Checkpoint(if self.rank == 0 {
+                why
+            } else {
+                "rank 0 could not write it".into()
+            }));
+        }
+        Ok(Some((agreed[1].max(1), agreed[2] != 0)))
+    }
+
+    /// Collective: every rank's policy state, as [`super::Snapshot::scheme`] holds it (on rank
+    /// 0; empty elsewhere, and when no policy has any).
+    pub(super) fn gather_scheme_state(&self, policy: &dyn Policy) -> Result<Vec<f64>, TrainError> {
+        let mine = policy.state();
+        let mut longest = [mine.len() as u64];
+        self.t.allreduce(&mut longest, ReduceOp::Max)?;
+        if longest[0] == 0 {
+            return Ok(Vec::new());
+        }
+        let stride = longest[0] as usize + 1;
+        let mut all = vec![0.0f64; 2 + self.world * stride];
+        if self.rank == 0 {
+            (all[0], all[1]) = (self.world as f64, stride as f64);
+        }
+        let at = 2 + self.rank * stride;
+        all[at] = mine.len() as f64;
+        all[at + 1..at + 1 + mine.len()].copy_from_slice(&mine);
+        self.t.allreduce(&mut all, ReduceOp::Sum)?;
+        Ok(if self.rank == 0 { all } else { Vec::new() })
+    }
+}
