@@ -31,8 +31,10 @@ mdbook build docs/book --dest-dir "$PWD/target/book"
 step "build and test, default features (local backend only, no native libraries)"
 cargo test --locked --workspace
 
-step "clippy, all features"
+step "clippy and the API docs, all features"
 cargo clippy --locked --workspace --all-targets --all-features -- -D warnings
+# The API docs build without a warning (broken or private links included).
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --workspace --all-features
 
 step "a single-node Slurm on loopback, and a 4-node one in network namespaces, for the Slurm tests"
 # Their state under target/, not /tmp: the suite leaves nothing behind outside the tree.

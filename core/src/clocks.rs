@@ -23,7 +23,7 @@
 //! the add that fills the progress word says so, exactly once) arrives for it at the done tree's
 //! slot `t`. A wait then polls one word, the root's; an arrival costs one atomic, up to
 //! `levels` for the last arriver of each node. Every word is still there to read, when a wait
-//! has lasted long enough that the watchdog wants a name ([`Clocks::clocks`],
+//! has lasted long enough that the watchdog wants a name (`Clocks::clocks`,
 //! [`Clocks::first_not_done`]). A clock word carries [`PASSING`] while its rank passes its
 //! arrival up the tree, so that a rank stopped mid-tree is named too.
 //!

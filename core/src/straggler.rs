@@ -12,7 +12,7 @@
 //!
 //! The pattern: **persistent** when flagged ranks are steadily slow (slow all the time, not now
 //! and then: their iterations no more uneven than the healthy ranks', their individual scores
-//! within [`NOISE`] of the healthy ranks' typical one, or of [`THRESHOLD`]); **periodic** when
+//! within `NOISE` of the healthy ranks' typical one, or of [`THRESHOLD`]); **periodic** when
 //! slow episodes (runs of iterations under [`THRESHOLD`] of the rank's own best) start at whole
 //! multiples of one period, at least three times; **transient** when the ranks' slow iterations
 //! average `SLOW_SHARE` (10 %) or more without either; **none** otherwise. The pattern is a

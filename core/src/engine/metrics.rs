@@ -76,7 +76,7 @@ pub struct Report {
     /// ([`Config::node_combine`](super::Config::node_combine)): the ranks on each node.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_combined: Option<Vec<usize>>,
-    /// The final parameters, if asked for ([`Config::keep_params`]).
+    /// The final parameters, if asked for ([`super::Config::keep_params`]).
     #[serde(skip)]
     pub params: Option<Vec<f32>>,
     /// Rank 0, with [`Config::keep_best`](super::Config::keep_best): the weights of the `best`

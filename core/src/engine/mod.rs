@@ -4,25 +4,25 @@
 //! scheme's [`Policy`](crate::scheme), asked at named hooks (`crate::scheme`'s README lists them
 //! in order).
 //!
-//! One iteration `t` of rank `r` ([`run`]):
+//! One iteration `t` of rank `r` (`run`):
 //! 1. **open**: its active threads and chunks of `t` (hooks `begin`, `threads`, `chunks`,
 //!    `open`), announced ([`Clocks::start`](crate::clocks::Clocks::start)) and queued;
-//! 2. **pull** ([`comm`]): `get` the whole model (dense) or only the keys its chunks read
+//! 2. **pull** (`comm`): `get` the whole model (dense) or only the keys its chunks read
 //!    (sparse) into the rank's replica;
-//! 3. **compute** ([`compute`]): the pool's active threads take chunks from the rank's queue (the
+//! 3. **compute** (`compute`): the pool's active threads take chunks from the rank's queue (the
 //!    same window word thieves use) as the policy says (`own_chunks`, `after_own_chunk`) and, when
 //!    it is empty, take over chunks from other ranks (`victim`), reading their parameters
 //!    themselves (dense models use the replica, sparse ones pull the chunk's keys into a
 //!    per-thread buffer); if the policy lines up (`line_up`), the rank then waits until every
 //!    rank's chunks of `t` are done, helping with queued ones or copying running ones (`copy`),
 //!    so that nobody reads `t`'s parameters after someone changed them;
-//! 4. **push** ([`comm`]): the threads' updates are summed, scaled as the policy admits
+//! 4. **push** (`comm`): the threads' updates are summed, scaled as the policy admits
 //!    (`admit`) and `accumulate`d into the owning shards, then flushed; the clock ticks
 //!    (`before_tick`, `after_tick`);
 //! 5. **wait** until the policy is `ready`; 6. **close**: the record (`end`), metrics,
 //!    evaluations.
 //!
-//! Evaluation pauses the world without lining the ranks up by iteration ([`evals`]): at the first
+//! Evaluation pauses the world without lining the ranks up by iteration (`evals`): at the first
 //! of its iterations at or past each multiple of `eval_every` (once for several multiples, when it
 //! skipped ahead past them) rank 0 raises a request counter (a word in a window); every rank
 //! checks it at the end of each iteration and in every wait, and then all ranks evaluate the model
@@ -100,7 +100,7 @@ pub struct Snapshot {
     pub best: Vec<f32>,
     /// Training seconds so far (evaluations excluded).
     pub train_seconds: f64,
-    /// What the ranks' policies learned ([`crate::scheme::Policy::state`]): empty, or the world
+    /// What the ranks' policies learned (`crate::scheme::Policy::state`): empty, or the world
     /// size, a stride, then per rank (one stride each) the length of its state and the state.
     /// A run resumed on as many ranks starts from it; on another number, afresh.
     pub scheme: Vec<f64>,
@@ -207,7 +207,7 @@ pub struct Config {
     /// Rows per chunk.
     pub chunk: usize,
     /// Chunks a thread takes from its own queue at a time (a model that joins chunks computes
-    /// them in one call: [`Model::joins_chunks`](crate::model::Model::joins_chunks)).
+    /// them in one call: [`Model::joins_chunks`]).
     pub grain: u32,
     /// Iterations to run (at most).
     pub iterations: u64,

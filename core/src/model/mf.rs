@@ -15,7 +15,7 @@
 //! updates add up.
 //!
 //! With [`Mf::with_strata`] (what `peregrine train` sets) training visits the ratings in strata
-//! of a grid, libmf's schedule laid out along the engine's batches ([`Grid`]): the chunks of one
+//! of a grid, libmf's schedule laid out along the engine's batches (`Grid`): the chunks of one
 //! batch take their ratings from blocks that share no user and no item, so their updates add up
 //! exactly as if run one after the other, and each chunk touches a few hundred rows (the copies
 //! it takes and settles shrink by that much) rather than one or two per rating.
@@ -421,7 +421,7 @@ impl Mf {
         Self { adaptive, ..self }
     }
 
-    /// Training in strata for batches of `batch` rows cut in chunks of `chunk` ([`Grid`]), the
+    /// Training in strata for batches of `batch` rows cut in chunks of `chunk` (`Grid`), the
     /// plan the engine runs; without it, ratings are visited in dataset order. Also in dataset
     /// order when the grid's `C x C` blocks (`C = batch / chunk`) would hold less than a chunk
     /// each on average: then no block fills a piece (and the grid would only cost memory).
@@ -629,7 +629,7 @@ impl Model for Mf {
         self.compute_in(1, rows, params, work)
     }
 
-    /// See [`Mf::chunk`].
+    /// See `Mf::chunk`.
     fn compute_in(&self, epoch: u64, rows: Range<usize>, params: &[f32], work: &mut Copies) -> f64 {
         self.chunk(epoch, rows, params, work, false)
     }

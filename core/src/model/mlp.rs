@@ -1,7 +1,7 @@
 //! A multilayer perceptron over dense rows: `cols -> hidden... -> classes`, ReLU between layers,
 //! softmax cross-entropy on top. Parameters: per layer `W^T` (`in x out`, a row per input: the
 //! order in which the products read it as stored, [`Weights::InOut`]) then `b` (`out`). Model
-//! files hold each `W` as PyTorch does, `out x in` ([`Block::transposed`]); checkpoints hold the
+//! files hold each `W` as PyTorch does, `out x in` (`Block::transposed`); checkpoints hold the
 //! parameter vector as it is, and say so ([`Export::param_order`]).
 
 use std::ops::Range;

@@ -1,19 +1,19 @@
 //! Synchronization schemes and straggler mitigations as **policies**: the engine
 //! ([`crate::engine`]) is the mechanism (windows, queues, the pool, pulls and pushes, waits) and
-//! asks a [`Policy`] at named points of every iteration what to do; each scheme is one file that
+//! asks a `Policy` at named points of every iteration what to do; each scheme is one file that
 //! owns its state and windows. `README.md` in this folder lists the hooks in the order an
 //! iteration calls them, and which scheme uses which.
 //!
 //! A scheme is named on the command line and in configuration files as `name[:arguments]`
 //! (`ssp:3`, `backup:1`, `falcon:slack:2`); [`Scheme`] is that name parsed once, by the
-//! [registry](FAMILIES) of scheme files, and checked against the world it is to run in
+//! registry of scheme files, and checked against the world it is to run in
 //! ([`Scheme::validate`]) before anything is written. [`SchemeSpec`] adds whether ranks take over
 //! each other's chunks (`bsp+steal` in an experiment's list).
 //!
-//! Policies decide from a [`View`] of the world: the ranks' clocks, queue words, progress words
+//! Policies decide from a `View` of the world: the ranks' clocks, queue words, progress words
 //! and published chunk rates. In a run the view reads the windows one-sidedly as a decision needs
-//! them; in tests it is a hand-made [`Snapshot`], so that every decision rule is a deterministic
-//! unit test.
+//! them; in tests it is a hand-made one (`Snapshot`, test-only), so that every decision rule is
+//! a deterministic unit test.
 
 use std::fmt;
 use std::ops::Range;

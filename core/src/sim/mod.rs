@@ -135,7 +135,7 @@ impl std::str::FromStr for Hierarchy {
 
 impl SimConfig {
     /// Whether the ranks of a node combine on the node under `synchronous` (the scheme's policy
-    /// is [`crate::scheme::Policy::synchronous`]): [`Hierarchy::Auto`], more than one rank on a
+    /// is `crate::scheme::Policy::synchronous`): [`Hierarchy::Auto`], more than one rank on a
     /// node, more than one node (as the engine: one node has nothing to combine across), and a
     /// model sharded over the ranks (the simulator refuses replicated schemes).
     pub fn node_combine(&self, synchronous: bool) -> bool {

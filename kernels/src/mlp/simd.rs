@@ -308,7 +308,7 @@ fn warm_bytes() -> usize {
 /// Lines a [`Matmul`](super::Matmul)'s next products ask for in L2, one per turn of their
 /// micro-kernels' loops (those with no panel of their own to ask for ahead): the rows a
 /// caller will read next, fetched from memory while it computes on what is in cache. Kept as
-/// addresses (see [`prefetch_line`]): a stream outliving its rows only asks for lines nobody
+/// addresses (see `prefetch_line`): a stream outliving its rows only asks for lines nobody
 /// reads.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Warm {
@@ -317,7 +317,7 @@ pub struct Warm {
 }
 
 impl Warm {
-    /// The lines of `rows`, up to a quarter of the core's L2 ([`warm_bytes`]).
+    /// The lines of `rows`, up to a quarter of the core's L2 (`warm_bytes`).
     pub fn new(rows: &[f32]) -> Self {
         let at = rows.as_ptr() as usize;
         let end = at + std::mem::size_of_val(rows).min(warm_bytes());

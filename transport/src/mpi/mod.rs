@@ -3,7 +3,7 @@
 //! rsmpi initialises MPI (`MPI_THREAD_MULTIPLE`); everything else goes through its raw `mpi::ffi`,
 //! because rsmpi has no safe one-sided API:
 //! - our own duplicate of `MPI_COMM_WORLD`, with `MPI_ERRORS_RETURN`, so that a failing call comes
-//!   back as [`Error::Mpi`] naming the call instead of aborting the job;
+//!   back as [`crate::ErrorKind::Mpi`] naming the call instead of aborting the job;
 //! - windows from `MPI_Win_allocate` (not `MPI_Win_create`: ~35x slower for small operations on one
 //!   node, as the memory cannot be shared), also `MPI_ERRORS_RETURN`, opened once with
 //!   `MPI_Win_lock_all(MPI_MODE_NOCHECK)` for their whole life (passive target); windows asked to
@@ -21,7 +21,7 @@
 //! Constants that the bindings lack (`MPI_NO_OP`, `MPI_REPLACE`, `MPI_MODE_NOCHECK`,
 //! `MPI_IN_PLACE`) come from `shim.c`, compiled with `mpicc` (or `$MPICC`).
 //!
-//! Dropping a window without [`MpiWindow::free`] completes its operations (`MPI_Win_unlock_all`)
+//! Dropping a window without `MpiWindow::free` completes its operations (`MPI_Win_unlock_all`)
 //! but does not free it: `MPI_Win_free` is collective, and a rank unwinding after an error must
 //! not block in it while its peers wait elsewhere. MPI releases such windows at `MPI_Finalize`.
 //!
