@@ -43,7 +43,7 @@ use crate::output;
 use crate::plots::{self, Series};
 use crate::preempt::write_atomically;
 use crate::sim_cmd;
-use crate::train_cmd::{self, read_toml, RunOpts, TrainFile};
+use crate::train::{self, read_toml, RunOpts, TrainFile};
 use crate::world::{run_world, RunContext, WorldArgs};
 
 /// `peregrine experiment` flags.
@@ -287,7 +287,7 @@ pub fn run(a: ExperimentArgs) -> Result<(), AppError> {
     run_world(&a.world, ranks.unwrap_or(2), |t, ctx| {
         // The default directory is never one an earlier experiment wrote: rank 0 picks a free
         // name (runs/experiment-<name>, -2, -3, ...) and tells the others.
-        let out = if a.out.is_some() { out.clone() } else { train_cmd::agree_fresh_dir(t, &out)? };
+        let out = if a.out.is_some() { out.clone() } else { train::agree_fresh_dir(t, &out)? };
         let rows = rank(t, ctx, &a, &f, &base, &out, runs)?;
         if t.rank() == 0 {
             write_results(&out, &rows, !a.no_plots)?;
@@ -478,7 +478,7 @@ fn rank(
         // mapped dataset and warming caches, and it would otherwise be the Ideal reference.
         let file =
             w.clone().rebase(base).overlay(TrainFile::only(&SchemeSpec::reference(), "ideal", f.seeds[0]));
-        let (resolved, epochs) = train_cmd::finish(file)?;
+        let (resolved, epochs) = train::finish(file)?;
         let opts = RunOpts {
             quiet: true,
             no_pin: a.no_pin,
@@ -487,7 +487,7 @@ fn rank(
             trace: false,
             huge_pages: Default::default(),
         };
-        train_cmd::rank(t, ctx, &opts, resolved, epochs, 0)?;
+        train::rank(t, ctx, &opts, resolved, epochs, 0)?;
         // Seeds outermost: each seed is a full sweep, so that the machine's drift over a long
         // experiment affects every scheme alike rather than the ones that happen to run last.
         for &seed in &f.seeds {
@@ -495,7 +495,7 @@ fn rank(
                 for scheme in &f.schemes {
                     k += 1;
                     let file = w.clone().rebase(base).overlay(TrainFile::only(scheme, pattern, seed));
-                    let (resolved, epochs) = train_cmd::finish(file)?;
+                    let (resolved, epochs) = train::finish(file)?;
                     if let Some(why) = resolved.unsuited_scheme() {
                         if t.rank() == 0 {
                             println!(
@@ -519,7 +519,7 @@ fn rank(
                         trace: a.trace,
                         huge_pages: Default::default(),
                     };
-                    let report = train_cmd::rank(t, ctx, &opts, resolved, epochs, 0)?;
+                    let report = train::rank(t, ctx, &opts, resolved, epochs, 0)?;
                     let row = Row::new(wname, pattern, scheme, seed, &report, threads);
                     if t.rank() == 0 {
                         println!(

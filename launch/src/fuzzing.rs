@@ -18,7 +18,7 @@ fn parse(argv: &[&str]) -> Result<Command, String> {
 pub fn train_config(path: &Path) -> Result<(), String> {
     let path = path.to_str().ok_or("a UTF-8 path")?;
     match parse(&["peregrine", "train", "--config", path])? {
-        Command::Train(a) => crate::train_cmd::check(&a).map_err(|e| e.to_string()),
+        Command::Train(a) => crate::train::check(&a).map_err(|e| e.to_string()),
         _ => unreachable!("parsed as train"),
     }
 }

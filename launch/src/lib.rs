@@ -26,7 +26,7 @@ mod run_dir;
 mod scaling;
 mod sim_cmd;
 mod slurm_cmd;
-mod train_cmd;
+mod train;
 mod world;
 
 use std::process::ExitCode;
@@ -72,7 +72,7 @@ enum Command {
     ///
     /// Parameters are sharded over all ranks in one-sided windows; each rank computes its part of
     /// every mini-batch on its own pinned threads and takes over chunks from slower ranks.
-    Train(Box<train_cmd::TrainArgs>),
+    Train(Box<train::TrainArgs>),
     /// Apply a trained model (model.safetensors from `peregrine train`) to a dataset: predictions
     /// as CSV, and the loss and accuracy/RMSE when the rows have labels (see `peregrine predict
     /// --help`).
@@ -245,7 +245,7 @@ pub fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let result = match cli.command {
-        Command::Train(a) => train_cmd::run(*a),
+        Command::Train(a) => train::run(*a),
         Command::Experiment(a) => experiment::run(*a),
         Command::Predict(a) => predict_cmd::run(a),
         Command::Simulate(a) => sim_cmd::run(*a),

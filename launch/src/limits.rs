@@ -1,6 +1,6 @@
 //! What the machine can give a command: the memory available to this process, from the
 //! kernel's estimate and the limits set on the process, before anything large is allocated.
-//! A training run's own estimate is `train_cmd::footprint`.
+//! A training run's own estimate is `train::footprint`.
 
 use std::path::Path;
 

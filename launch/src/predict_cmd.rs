@@ -21,7 +21,7 @@ use peregrine_kernels::data::Dataset;
 use crate::error::AppError;
 use crate::model_file::Saved;
 use crate::output::{self, AtomicFile};
-use crate::train_cmd::ModelKind;
+use crate::train::ModelKind;
 
 /// `peregrine predict` flags.
 #[derive(Debug, Args)]

@@ -263,7 +263,7 @@ fn a_task_killed_under_srun_ends_the_step_and_the_rerun_resumes() {
     assert!(!out.status.success(), "{all}");
     // Under PMIx, Slurm's plugin ends the step at once. Under PMI-2, --kill-on-bad-exit sends the
     // survivor SIGTERM, which it takes for a stop it cannot reach: its watchdog ends it within the
-    // stop's grace (15 s, STOP_GRACE in train_cmd.rs). Both well before Slurm's SIGKILL, 30 s
+    // stop's grace (15 s, STOP_GRACE in train/run.rs). Both well before Slurm's SIGKILL, 30 s
     // (KillWait) after SIGTERM, so the step did not merely wait to be killed.
     assert!(ended <= Duration::from_secs(25), "the step ended {ended:?} after task 1 was killed:\n{all}");
     // srun names the task and the signal ("srun: error: <node>: task 1: Killed"); Slurm's PMIx

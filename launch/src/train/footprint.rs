@@ -19,7 +19,8 @@ use peregrine_kernels::data::format::Header;
 use peregrine_kernels::data::{Dataset, Kind};
 use peregrine_transport::{ReduceOp, Transport};
 
-use super::{ModelKind, Resolved};
+use super::args::ModelKind;
+use super::resolve::Resolved;
 use crate::error::AppError;
 use crate::limits::{available, size};
 
@@ -288,7 +289,7 @@ pub(super) fn check(t: &Transport, r: &Resolved, here: usize) -> Result<(), AppE
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::train_cmd::{finish, TrainFile};
+    use crate::train::{finish, TrainFile};
 
     /// The configuration of `model` with the keys `f` sets.
     fn resolved(model: ModelKind, f: impl FnOnce(&mut TrainFile)) -> Resolved {
