@@ -7,7 +7,7 @@
 //! local transport: its windows are real windows, all driven by this thread), and the simulator
 //! asks it at the same hooks as the engine, in the same order; the mechanism around them (chunk
 //! queues, progress words, clocks, threads taking chunks, taking over, lining up, copies, pushes,
-//! waits) is mirrored phase by phase from `crate::engine` (see `world.rs`).
+//! waits) is mirrored phase by phase from `crate::engine` (see `world.rs` and `world/`).
 //!
 //! ## What is modelled
 //! - **Compute**: a thread computes a chunk in a time from a [`ComputeModel`] (constant, drawn
