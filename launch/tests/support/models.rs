@@ -32,6 +32,7 @@ pub fn safetensors_f32(path: &Path) -> std::collections::BTreeMap<String, Vec<f3
 
 /// Largest difference between two model files' parameters, relative to each tensor's largest
 /// magnitude.
+#[allow(dead_code)]
 pub fn model_distance(a: &Path, b: &Path) -> f32 {
     let (a, b) = (safetensors_f32(a), safetensors_f32(b));
     assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>(), "different tensors");
