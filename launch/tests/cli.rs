@@ -309,7 +309,7 @@ mod mpi {
         Path::new(env!("CARGO_BIN_EXE_peregrine"))
     }
 
-    /// [`super::long_run`] under `mpirun -n 2`.
+    /// `long_run` (support/cli_common.rs) under `mpirun -n 2`.
     fn long_run(d: &Path) -> (std::path::PathBuf, std::process::Child) {
         let data = d.join("big.pgd");
         let s = data.to_str().expect("utf-8");
