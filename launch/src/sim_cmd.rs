@@ -7,7 +7,7 @@ use clap::Args;
 use peregrine_core::engine::{Config, Elastic};
 use peregrine_core::inject::Injection;
 use peregrine_core::sim::{
-    self, ComputeModel, Hierarchy, Measured, Network, Preset, Replay, SimConfig, SimReport,
+    self, ComputeModel, Measured, Network, NodeCombine, Preset, Replay, SimConfig, SimReport,
 };
 use peregrine_core::{Scheme, SchemeSpec};
 use serde_json::Value;
@@ -94,8 +94,8 @@ pub struct SimArgs {
     /// lb-bsp, with or without +steal) with more than one rank a node and more than one node;
     /// `off`: every rank pulls from and pushes to every shard itself. Between nodes the ranks of
     /// a node share its link's bandwidth either way.
-    #[arg(long = "node-combine", default_value = "auto", value_name = "auto|off")]
-    hierarchy: Hierarchy,
+    #[arg(long, default_value = "auto", value_name = "auto|off")]
+    node_combine: NodeCombine,
     /// Link within a node: local (ranks as threads), shm (MPI shared memory), ib, ethernet.
     #[arg(long, default_value = "shm", value_name = "LINK")]
     intra: Preset,
@@ -198,7 +198,7 @@ pub fn run(a: SimArgs) -> Result<(), AppError> {
 
 /// Whether the ranks of a node combine on the node, as the header says it.
 fn combine_note(base: &SimConfig) -> &'static str {
-    if base.hierarchy == Hierarchy::Off {
+    if base.node_combine == NodeCombine::Off {
         "node combine off (--node-combine off)"
     } else if base.net.ranks_per_node.min(base.ranks) <= 1 {
         "node combine off (1 rank a node)"
@@ -361,7 +361,7 @@ pub(crate) fn forward(a: &SimArgs) -> Result<SimConfig, AppError> {
         params: a.params,
         compute,
         net,
-        hierarchy: a.hierarchy,
+        node_combine: a.node_combine,
         overhead: a.overhead,
         target_iterations: a.target_iterations,
     };
@@ -525,9 +525,9 @@ pub(crate) fn read_run(dir: &Path) -> Result<RunDir, AppError> {
         .and_then(|n| n.first())
         .and_then(Value::as_u64)
         .map(|k| k as usize);
-    let (hierarchy, per_node) = match nodes {
-        Some(k) if k > 1 => (Hierarchy::Auto, k),
-        _ => (Hierarchy::Off, ranks),
+    let (node_combine, per_node) = match nodes {
+        Some(k) if k > 1 => (NodeCombine::Auto, k),
+        _ => (NodeCombine::Off, ranks),
     };
     // The dataset's rows (the plan's epoch): the data path as written, or next to the run.
     let data = PathBuf::from(text("data")?);
@@ -575,7 +575,7 @@ pub(crate) fn read_run(dir: &Path) -> Result<RunDir, AppError> {
         params: 0,
         compute: ComputeModel::Replay(Replay::new(per_rank)),
         net: Network { intra: Preset::Local.link(), inter: Preset::Local.link(), ranks_per_node: per_node },
-        hierarchy,
+        node_combine,
         overhead: 0.0,
         target_iterations,
     };

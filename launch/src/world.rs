@@ -24,17 +24,6 @@ pub enum BackendChoice {
     Mpi,
 }
 
-/// Whether the ranks of a node combine their pulls and pushes (`train --node-combine`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum NodeCombine {
-    /// Where ranks share nodes (several nodes, some of several ranks) and the run can.
-    #[default]
-    Auto,
-    /// Never: every rank pulls and pushes its own.
-    Off,
-}
-
 /// How the world of ranks is formed.
 #[derive(Debug, Args)]
 pub struct WorldArgs {

@@ -82,7 +82,7 @@ fn synchronous_schemes_combine_on_the_node_unless_told_not_to() {
 }
 
 #[test]
-fn a_hierarchy_that_is_not_auto_or_off_is_a_usage_error() {
+fn a_node_combine_that_is_not_auto_or_off_is_a_usage_error() {
     for bad in ["on", "", "Auto"] {
         let out = peregrine(&["simulate", "--ranks", "8", "--node-combine", bad]);
         let (stdout, stderr) = text(&out);

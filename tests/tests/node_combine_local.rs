@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use peregrine_core::engine::{self, Config, Report};
+use peregrine_core::engine::{self, Config, NodeCombine, Report};
 use peregrine_core::model::{mlp::Mlp, softmax::Softmax, Model};
 use peregrine_core::optim::Optimizer;
 use peregrine_core::pool::{Pinning, RankPool};
@@ -36,7 +36,7 @@ fn config(t: &Transport, spec: SchemeSpec, optimizer: Optimizer, combine: bool) 
         keep_params: true,
         seed: 5,
         optimizer,
-        node_combine: combine,
+        node_combine: if combine { NodeCombine::Auto } else { NodeCombine::Off },
         ..Config::default()
     }
 }

@@ -33,7 +33,7 @@ impl<M: Model> Run<'_, M> {
     /// looks at the evaluation words on rank 0 (a round trip, and between nodes one that needs
     /// rank 0's library to progress), which only a wait longer than that makes; every poll
     /// lets the library serve the others' one-sided calls on this rank's windows.
-    pub(super) fn wait_on_node(
+    fn wait_on_node(
         &self,
         ev: &mut Evals,
         mut ready: impl FnMut() -> Result<bool, TrainError>,
@@ -52,6 +52,15 @@ impl<M: Model> Run<'_, M> {
             Ok(ready()? || ev.stopping())
         })?;
         Ok(())
+    }
+
+    /// How this rank waits at its node's barriers ([`super::node::Wait`]):
+    /// [`wait_on_node`](Self::wait_on_node), joining evaluations with `ev`.
+    pub(super) fn node_wait<'s>(
+        &'s self,
+        ev: &'s mut Evals,
+    ) -> impl FnMut(&mut dyn FnMut() -> Result<bool, TrainError>) -> Result<(), TrainError> + 's {
+        move |ready| self.wait_on_node(ev, ready)
     }
 
     /// Joins every evaluation rank 0 has asked for and this rank has not joined yet; returns the

@@ -275,9 +275,9 @@ pub struct Config {
     /// Trace Event per line (see `trace`).
     pub trace: Option<std::path::PathBuf>,
     /// Where ranks share nodes, a synchronous scheme's dense pulls and pushes go through one copy
-    /// of the weights per node and the node's summed update (see `node`); `false` keeps every
+    /// of the weights per node and the node's summed update (see `node`); `Off` keeps every
     /// rank's own.
-    pub node_combine: bool,
+    pub node_combine: NodeCombine,
 }
 
 impl Default for Config {
@@ -310,7 +310,7 @@ impl Default for Config {
             resume: None,
             watchdog: None,
             trace: None,
-            node_combine: true,
+            node_combine: NodeCombine::Auto,
         }
     }
 }
@@ -319,6 +319,41 @@ impl Config {
     /// The first iteration to run: 0, or the resumed checkpoint's.
     pub fn start_iteration(&self) -> u64 {
         self.resume.as_ref().map_or(0, |s| s.iteration)
+    }
+}
+
+/// Whether the ranks of a node combine their pulls and pushes (`--node-combine` of `train` and
+/// `simulate`; see `node`): where ranks share nodes, a synchronous scheme's dense pulls and pushes
+/// go through one copy of the weights per node and the node's summed update.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeCombine {
+    /// Wherever it applies: a synchronous scheme (every rank's update of an iteration in before
+    /// anyone goes on: BSP and LB-BSP, with or without taking over), one model sharded over the
+    /// ranks (not replicated), more than one node, some of more than one rank.
+    #[default]
+    Auto,
+    /// Never: every rank pulls from and pushes to every shard itself.
+    Off,
+}
+
+impl std::fmt::Display for NodeCombine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Off => "off",
+        })
+    }
+}
+
+impl std::str::FromStr for NodeCombine {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "off" => Ok(Self::Off),
+            _ => Err(format!("unknown node combine `{s}`: expected auto or off")),
+        }
     }
 }
 

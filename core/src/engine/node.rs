@@ -73,7 +73,7 @@ fn barrier(block: &NodeShared<f32>, wait: &mut Wait<'_>) -> Result<bool, TrainEr
 }
 
 /// A rank's part in its node's combined communication.
-pub(super) struct NodeCombine {
+pub(super) struct Combiner {
     layout: NodeLayout,
     /// The node's copy of the weights.
     copy: NodeShared<f32>,
@@ -89,7 +89,7 @@ pub(super) struct NodeCombine {
     rank: usize,
 }
 
-impl NodeCombine {
+impl Combiner {
     /// Collective: the node blocks for a model of `params` values sharded as `map`; `None` on
     /// every rank where some node has none (see [`Transport::alloc_node_shared`]).
     pub(super) fn start(t: &Transport, map: &ShardMap, params: usize) -> Result<Option<Self>, TrainError> {

@@ -100,7 +100,7 @@ impl Slots {
     }
 
     /// Node-combined: puts the node's sums `sum` of `shards` (back to back, as
-    /// [`super::node::NodeCombine::combine`] made them) into this node's slot at each owner on another node,
+    /// [`super::node::Combiner::combine`] made them) into this node's slot at each owner on another node,
     /// and completes the puts.
     pub(super) fn put_node(&self, shards: &[(Range<usize>, usize)], sum: &[f32]) -> Result<(), TrainError> {
         let layout = self.nodes.as_ref().expect("node-combined slots");
@@ -108,8 +108,9 @@ impl Slots {
         self.win.write_scope(|s| {
             let mut off = 0;
             for (r, owner) in shards {
+                // Of this node's shards a rank combines only its own, which it steps itself.
                 let to = layout.node_of(*owner);
-                if *owner != self.rank && to != from {
+                if to != from {
                     let slot = if from < to { from } else { from - 1 };
                     let at = self.win.map().range(*owner).start + slot * self.map.len_of(*owner);
                     s.put(at, &sum[off..off + r.len()])?;

@@ -22,7 +22,7 @@ use std::sync::Mutex;
 
 use peregrine_transport::{NodeLayout, ReduceOp, ShardMap, Transport, Window};
 
-use super::node::{NodeCombine, Wait};
+use super::node::{Combiner, Wait};
 use super::owner::{step_split, Slots, Units};
 use super::TrainError;
 use crate::model::{Delta, KeySet, Layout, Model};
@@ -50,7 +50,7 @@ pub(super) struct Params {
     /// A keyed model's chunks read the weights in place ([`Windows::Keyed`]).
     in_place: bool,
     /// Node-combined pulls and pushes ([`super::node`]).
-    node: Option<NodeCombine>,
+    node: Option<Combiner>,
 }
 
 /// What a node-combined pull gave ([`Params::pull_node`]).
@@ -162,7 +162,7 @@ impl Params {
         let mine = map.range(t.rank());
         w.put(mine.start, &stored(mine.clone()))?;
         w.flush_all()?;
-        let node = if node_combine { NodeCombine::start(t, &map, layout.params)? } else { None };
+        let node = if node_combine { Combiner::start(t, &map, layout.params)? } else { None };
         let grad = if owner_steps {
             Some(Slots::alloc(t, &map, model.decay(), node.as_ref().map(|n| n.layout().clone()))?)
         } else {
@@ -626,7 +626,7 @@ impl Params {
     /// The node layout where the ranks of a node combine their pulls and pushes
     /// ([`super::node`]).
     pub(super) fn node_combined(&self) -> Option<&NodeLayout> {
-        self.node.as_ref().map(NodeCombine::layout)
+        self.node.as_ref().map(Combiner::layout)
     }
 
     /// Node-combined: pulls this rank's shards into the node's copy of the weights; once every

@@ -217,7 +217,7 @@ impl<'a, M: Model> Run<'a, M> {
         let stepless = !(model.lr().is_some() && cfg.optimizer.slots() > 0);
         let layout = t.node_layout();
         let node_combine = super::node::applies(
-            cfg.node_combine,
+            cfg.node_combine == super::NodeCombine::Auto,
             policy.synchronous() && !policy.copies(),
             (replicated, keyed),
             (stepless, owner_steps),
@@ -417,25 +417,24 @@ impl<'a, M: Model> Run<'a, M> {
             let mut rec = self.open(policy, &me, it)?;
             // Where the node combines, its copy, pulled by the node's ranks together.
             let pulling = Span::now();
-            let mut wait =
-                |ready: &mut dyn FnMut() -> Result<bool, TrainError>| self.wait_on_node(&mut me.ev, ready);
             // SAFETY: `in_place` lives through this iteration's compute only, which ends before
             // this rank pushes (the node's next pull into the copy waits for this push).
-            let (mut in_place, stopped) = match unsafe { self.params.pull_node(&mut wait) }? {
-                NodePull::Copy(w) => {
-                    rec.comm += pulling.0.elapsed().as_secs_f64();
-                    self.traced("pull", "comm", pulling, Args::default().int("iter", it));
-                    (Some(w), false)
-                }
-                // The run stops: this iteration computes on the rank's own buffer as it is and
-                // pushes nothing.
-                NodePull::Stopped => (None, true),
-                // SAFETY: `in_place` lives through this iteration's compute only, which ends
-                // before this rank pushes (the owners step once every rank pushed), and the ranks
-                // lined up after the previous iteration's steps (or the windows' start) before
-                // this read.
-                NodePull::Alone => (unsafe { self.params.weights_in_place() }?, false),
-            };
+            let (mut in_place, stopped) =
+                match unsafe { self.params.pull_node(&mut self.node_wait(&mut me.ev)) }? {
+                    NodePull::Copy(w) => {
+                        rec.comm += pulling.0.elapsed().as_secs_f64();
+                        self.traced("pull", "comm", pulling, Args::default().int("iter", it));
+                        (Some(w), false)
+                    }
+                    // The run stops: this iteration computes on the rank's own buffer as it is and
+                    // pushes nothing.
+                    NodePull::Stopped => (None, true),
+                    // SAFETY: `in_place` lives through this iteration's compute only, which ends
+                    // before this rank pushes (the owners step once every rank pushed), and the ranks
+                    // lined up after the previous iteration's steps (or the windows' start) before
+                    // this read.
+                    NodePull::Alone => (unsafe { self.params.weights_in_place() }?, false),
+                };
             if let Some(w) =
                 in_place.filter(|_| self.params.reads_in_place() && self.copy_whole(it, &mut me.keys))
             {
@@ -688,9 +687,7 @@ impl<'a, M: Model> Run<'a, M> {
                 me.delta.clear();
             }
             let update = (!me.delta.is_empty()).then(|| me.delta.values());
-            let mut wait =
-                |ready: &mut dyn FnMut() -> Result<bool, TrainError>| self.wait_on_node(&mut me.ev, ready);
-            self.params.push_node(update, &mut wait)?;
+            self.params.push_node(update, &mut self.node_wait(&mut me.ev))?;
             me.step = step.map(|s| (s, per_row));
         } else if self.params.owner_steps() {
             if !admit.apply {

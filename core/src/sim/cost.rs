@@ -44,7 +44,7 @@ pub struct Network {
 /// pull, node barrier, compute, push copy, node barrier, push sum; each barrier holds every rank
 /// of the node until the last one arrives.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NodeCombine {
+pub struct CombineCosts {
     /// The rank's stripe fetched from every other node (one latency of the link between nodes,
     /// the stripe's bytes over its bandwidth) and its own shard copied into the node's copy.
     pub pull: Nanos,
@@ -175,11 +175,11 @@ impl Network {
 
     /// What `rank`'s pull and push of `params` f32 values sharded evenly over `world` ranks cost
     /// when the ranks of a node share one copy of the parameters and combine their updates
-    /// before anything crosses the network ([`NodeCombine`]). A node of `k` ranks fetches the
+    /// before anything crosses the network ([`CombineCosts`]). A node of `k` ranks fetches the
     /// shards held elsewhere (`world - k` of them) and writes its sums of them back, each of
     /// its ranks a `1/k` stripe of them: for full nodes, `nodes - 1` shards a rank each way,
     /// pipelined behind one latency of the link between nodes.
-    pub fn combine(&self, rank: usize, world: usize, params: usize) -> NodeCombine {
+    pub fn combine(&self, rank: usize, world: usize, params: usize) -> CombineCosts {
         let world = world.max(1);
         let k = self.node_ranks(rank, world);
         let bytes = params as f64 * 4.0;
@@ -187,7 +187,7 @@ impl Network {
         let far = (world - k) as f64 * shard / k as f64;
         let inter =
             if params > 0 && world > k { self.inter.latency + far / self.shared_inter(k) } else { 0.0 };
-        NodeCombine {
+        CombineCosts {
             pull: nanos(inter + shard / self.intra.bandwidth),
             push_copy: nanos(bytes / self.intra.bandwidth),
             push_sum: nanos(bytes / self.intra.bandwidth + inter),

@@ -32,8 +32,8 @@
 //!   condition became true; a rank lining up pushes one read of the done tree's root after the
 //!   last arrival there landed, and a look for chunks to take over reads every queue in one
 //!   batch.
-//! - **Hierarchical communication** ([`Hierarchy`], on by default where it applies: a synchronous
-//!   scheme, more than one rank a node): the ranks of a node share one copy of the parameters.
+//! - **Node-combined communication** ([`NodeCombine`], on by default where it applies: a synchronous
+//!   scheme, more than one node, some of several ranks): the ranks of a node share one copy of the parameters.
 //!   A rank pulls its stripe (the shards of its local index on every other node) and copies its
 //!   own shard into the node's copy; no rank of the node computes before all have (a node
 //!   barrier). It pushes by copying its update into its slot of a node buffer; once every rank
@@ -65,7 +65,8 @@ use std::time::Instant;
 use peregrine_transport::Transport;
 use serde::Serialize;
 
-pub use cost::{ComputeModel, Link, Measured, Network, NodeCombine, Preset, Replay};
+pub use crate::engine::NodeCombine;
+pub use cost::{CombineCosts, ComputeModel, Link, Measured, Network, Preset, Replay};
 pub use events::{EventQueue, Nanos};
 
 use crate::engine::{Config, IterRecord, RankTotals, TrainError};
@@ -89,8 +90,8 @@ pub struct SimConfig {
     /// What communication costs.
     pub net: Network,
     /// Whether the ranks of a node share one copy of the parameters and combine their updates
-    /// on the node where the scheme allows it ([`Hierarchy`]).
-    pub hierarchy: Hierarchy,
+    /// on the node where the scheme allows it ([`NodeCombine`]).
+    pub node_combine: NodeCombine,
     /// Fixed seconds per rank and iteration outside compute, communication and waits (replayed
     /// runs use their measured ones instead).
     pub overhead: f64,
@@ -99,47 +100,13 @@ pub struct SimConfig {
     pub target_iterations: Option<u64>,
 }
 
-/// Node-combined communication (`--node-combine`, as `peregrine train`'s): whether the ranks of a node share one copy of the
-/// parameters and combine their updates on the node before anything crosses the network
-/// ([`cost::NodeCombine`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Hierarchy {
-    /// Wherever it applies: a synchronous scheme (every rank's update of an iteration in before
-    /// anyone goes on: BSP and LB-BSP, with or without taking over), one model sharded over the
-    /// ranks (not replicated), more than one rank a node.
-    #[default]
-    Auto,
-    /// Never: every rank pulls from and pushes to every shard itself ([`Network::transfer`]).
-    Off,
-}
-
-impl std::fmt::Display for Hierarchy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Auto => "auto",
-            Self::Off => "off",
-        })
-    }
-}
-
-impl std::str::FromStr for Hierarchy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "off" => Ok(Self::Off),
-            _ => Err(format!("unknown node combine `{s}`: expected auto or off")),
-        }
-    }
-}
-
 impl SimConfig {
     /// Whether the ranks of a node combine on the node under `synchronous` (the scheme's policy
-    /// is `crate::scheme::Policy::synchronous`): [`Hierarchy::Auto`], more than one rank on a
+    /// is `crate::scheme::Policy::synchronous`): [`NodeCombine::Auto`], more than one rank on a
     /// node, more than one node (as the engine: one node has nothing to combine across), and a
     /// model sharded over the ranks (the simulator refuses replicated schemes).
     pub fn node_combine(&self, synchronous: bool) -> bool {
-        self.hierarchy == Hierarchy::Auto
+        self.node_combine == NodeCombine::Auto
             && synchronous
             && !self.cfg.scheme.scheme.replicated()
             && self.net.ranks_per_node.min(self.ranks) > 1
@@ -373,7 +340,7 @@ mod tests {
                 inter: Link { latency: 5e-6, atomic: 0.0, gap: 0.0, bandwidth: 2e9 },
                 ranks_per_node: 2,
             },
-            hierarchy: Hierarchy::Off,
+            node_combine: NodeCombine::Off,
             overhead: 0.0,
             target_iterations: None,
         }
@@ -549,19 +516,19 @@ mod tests {
         ];
         for (per_node, scheme, nanos, figures) in before {
             let synchronous = !(scheme.starts_with("ssp") || scheme == "falcon");
-            for hierarchy in [Hierarchy::Auto, Hierarchy::Off] {
+            for node_combine in [NodeCombine::Auto, NodeCombine::Off] {
                 let mut s =
                     config(scheme, 8, 2, Pattern::Persistent { ranks: vec![0], speed: 0.5, threads: None });
                 s.net.ranks_per_node = per_node;
                 (s.net.intra.atomic, s.net.intra.gap, s.net.inter.atomic, s.net.inter.gap) =
                     (2e-6, 0.1e-6, 5e-6, 0.5e-6);
-                s.hierarchy = hierarchy;
+                s.node_combine = node_combine;
                 let r = simulate(&s, None).expect("simulation");
-                let combines = hierarchy == Hierarchy::Auto && per_node > 1 && synchronous;
-                assert_eq!(r.node_combine, combines, "{scheme}, {per_node} a node, {hierarchy}");
+                let combines = node_combine == NodeCombine::Auto && per_node > 1 && synchronous;
+                assert_eq!(r.node_combine, combines, "{scheme}, {per_node} a node, {node_combine}");
                 // With several ranks a node they now share its card between nodes, flat too.
                 if per_node == 1 {
-                    let what = format!("{scheme}, {per_node} a node, {hierarchy}");
+                    let what = format!("{scheme}, {per_node} a node, {node_combine}");
                     assert_eq!((cost::nanos(r.seconds), digest(&r)), (nanos, figures), "{what}");
                 }
             }
@@ -572,14 +539,14 @@ mod tests {
     /// nodes (100 MB/s): the combine's iteration by hand, and against the flat one.
     #[test]
     fn the_node_combine_is_a_stripe_between_nodes_and_two_node_barriers() {
-        let world = |scheme: &str, pattern: Pattern, hierarchy: Hierarchy| {
+        let world = |scheme: &str, pattern: Pattern, node_combine: NodeCombine| {
             let mut s = config(scheme, 8, 2, pattern);
             s.net.ranks_per_node = 4;
             s.net.inter.bandwidth = 1e8;
-            s.hierarchy = hierarchy;
+            s.node_combine = node_combine;
             s
         };
-        let ideal = simulate(&world("bsp", Pattern::Ideal, Hierarchy::Auto), None).expect("combined");
+        let ideal = simulate(&world("bsp", Pattern::Ideal, NodeCombine::Auto), None).expect("combined");
         assert!(ideal.node_combine);
         // Pull: 5 us + one 50 KB shard from the other node at a quarter of the card's 100 MB/s
         // (the node's 4 ranks at once: 2,000 us) + the own shard into the node's copy at 10 GB/s
@@ -594,7 +561,7 @@ mod tests {
         }
         // Flat: every rank moves 200 KB within the node and 200 KB to the other one each way
         // (5 us + 20 us + 8,000 us: the 4 ranks' 800 KB through the card).
-        let flat = simulate(&world("bsp", Pattern::Ideal, Hierarchy::Off), None).expect("flat");
+        let flat = simulate(&world("bsp", Pattern::Ideal, NodeCombine::Off), None).expect("flat");
         assert!(!flat.node_combine);
         assert_eq!(cost::nanos(flat.seconds), 20 * (300_000 + 2 * 8_025_000));
         assert!(ideal.seconds < flat.seconds / 3.0);
@@ -602,7 +569,7 @@ mod tests {
         // other node's at BSP's wait for every clock; the iteration is its 600 us of compute
         // between the same communication.
         let slow = Pattern::Persistent { ranks: vec![0], speed: 0.5, threads: None };
-        let r = simulate(&world("bsp", slow, Hierarchy::Auto), None).expect("a slow rank");
+        let r = simulate(&world("bsp", slow, NodeCombine::Auto), None).expect("a slow rank");
         assert_eq!(cost::nanos(r.seconds), 20 * (per_iteration + 300_000));
         assert_eq!(r.per_rank[0].wait, 0.0);
         for rank in [1, 4] {
@@ -620,7 +587,7 @@ mod tests {
                 config(scheme, 8, 2, Pattern::Persistent { ranks: vec![0], speed: 0.5, threads: None });
             s.net.ranks_per_node = 4;
             let off = simulate(&s, None).expect("off");
-            s.hierarchy = Hierarchy::Auto;
+            s.node_combine = NodeCombine::Auto;
             let auto = simulate(&s, None).expect("auto");
             assert!(!auto.node_combine, "{scheme}");
             assert_eq!((auto.seconds, digest(&auto)), (off.seconds, digest(&off)), "{scheme}");
@@ -642,7 +609,7 @@ mod tests {
         assert_eq!(cost::nanos(flat.seconds), 20 * 4_000_000);
         // Combined: both compute from rank 1's pull (1.5 ms) on; both sum after rank 0's compute
         // (at 4.5 ms), rank 1's writes end at 6 ms.
-        s.hierarchy = Hierarchy::Auto;
+        s.node_combine = NodeCombine::Auto;
         let r = simulate(&s, None).expect("combined");
         assert!(r.node_combine);
         assert_eq!(cost::nanos(r.seconds), 20 * 6_000_000);

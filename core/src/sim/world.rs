@@ -22,7 +22,7 @@ use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Range;
 
-use super::cost::{nanos, ComputeModel, NodeCombine};
+use super::cost::{nanos, CombineCosts, ComputeModel};
 use super::events::{EventQueue, Nanos};
 use super::{SimConfig, SimError};
 use peregrine_transport::{Ops, Transport};
@@ -338,11 +338,11 @@ impl<'a> Sim<'a> {
 
     /// `r`'s costs under the node combine in `it`. Replayed: the measured communication, half
     /// the pull and half the push after the barrier, and the barriers' own atomics in it.
-    fn combine_cost(&self, r: usize, it: u64) -> NodeCombine {
+    fn combine_cost(&self, r: usize, it: u64) -> CombineCosts {
         match &self.s.compute {
             ComputeModel::Replay(m) => {
                 let half = nanos(m.get(r, it).comm / 2.0);
-                NodeCombine { pull: half, push_copy: 0, push_sum: half, barrier: 0 }
+                CombineCosts { pull: half, push_copy: 0, push_sum: half, barrier: 0 }
             }
             _ => self.s.net.combine(r, self.s.ranks, self.s.params),
         }

@@ -203,8 +203,8 @@ pub struct TrainArgs {
     /// moves 1/K of the model to and from other nodes per iteration (K ranks a node) in one
     /// operation per node, instead of all of it in one per rank. The same model up to rounding;
     /// `off` keeps every rank's own pulls and pushes [default: auto]
-    #[arg(long, value_enum, value_name = "WHEN")]
-    node_combine: Option<crate::world::NodeCombine>,
+    #[arg(long, value_name = "auto|off")]
+    node_combine: Option<peregrine_core::engine::NodeCombine>,
     /// Also write the model as NumPy files, `model/<tensor>.npy` (f32, one per tensor of
     /// model.safetensors) with `model/meta.json`, in the run directory, at the end and at each
     /// checkpoint.
@@ -378,7 +378,7 @@ pub(crate) struct TrainFile {
     pub(super) split: Option<Split>,
     pub(crate) straggler: Option<String>,
     pub(super) standardize: Option<crate::scaling::Standardize>,
-    pub(super) node_combine: Option<crate::world::NodeCombine>,
+    pub(super) node_combine: Option<peregrine_core::engine::NodeCombine>,
 }
 
 impl TrainFile {

@@ -154,7 +154,7 @@ pub(crate) struct Resolved {
     /// None for the models without features.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) standardize: Option<crate::scaling::Standardize>,
-    pub(super) node_combine: crate::world::NodeCombine,
+    pub(super) node_combine: peregrine_core::engine::NodeCombine,
     /// The scaling the sets are read through, once measured (`--standardize`; a function of the
     /// training data, measured again on a resume).
     #[serde(skip)]

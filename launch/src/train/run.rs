@@ -436,7 +436,7 @@ fn train_model<M: Export>(
         checkpoint_seconds: (r.checkpoint_seconds > 0.0).then_some(r.checkpoint_seconds),
         stop: Some(ctx.preemption.flag()),
         trace: a.trace.then(|| dir.join(TRACE_PARTS)),
-        node_combine: r.node_combine == crate::world::NodeCombine::Auto,
+        node_combine: r.node_combine,
         // Off (--watchdog 0), a rank asked to stop still has STOP_GRACE without progress to reach
         // the stop's checkpoint: the signal is never swallowed by a rank that cannot get there.
         watchdog: Some(Watchdog {

@@ -64,10 +64,9 @@ impl<T: Elem> LocalNode<T> {
     /// An error if a rank of this node left the world (the node barrier would wait for it for
     /// good).
     pub(crate) fn check_peers(&self) -> Result<()> {
-        let per_node = self.world.per_node;
-        let first = self.rank / per_node * per_node;
+        let layout = crate::NodeLayout::blocks(self.world.size, self.world.per_node, self.rank);
         let s = lock(&self.world.sync);
-        match (first..(first + per_node).min(self.world.size)).find(|&r| s.left[r]) {
+        match layout.ranks(layout.node()).find(|&r| s.left[r]) {
             Some(peer) => Err(ErrorKind::PeerExited { rank: self.rank, peer, op: "node barrier" }.into()),
             None => Ok(()),
         }

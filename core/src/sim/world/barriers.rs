@@ -1,12 +1,12 @@
-//! The node barriers under the node combine ([`crate::sim::cost::NodeCombine`]): where the ranks
+//! The node barriers under the node combine ([`crate::sim::cost::CombineCosts`]): where the ranks
 //! of a node wait for each other after the pull and after copying their update, and how a rank
 //! goes on past them.
 
 use super::{Ev, Sim, R};
-use crate::sim::{Nanos, NodeCombine};
+use crate::sim::{CombineCosts, Nanos};
 
 /// Where the ranks of a node wait for each other under the node combine
-/// ([`super::cost::NodeCombine`]).
+/// ([`super::cost::CombineCosts`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Stage {
     /// Pulled: no rank of the node computes before every one has its stripe in the node's copy.
@@ -26,7 +26,7 @@ impl Stage {
 
     /// What the rank pays past the barrier: its atomic, and after the push's, the sum of the
     /// rank's stripe and its writes.
-    fn after(self, c: &NodeCombine) -> Nanos {
+    fn after(self, c: &CombineCosts) -> Nanos {
         match self {
             Self::Pull => c.barrier,
             Self::Push => c.barrier.saturating_add(c.push_sum),
@@ -143,7 +143,7 @@ mod tests {
     use super::*;
     use crate::inject::Pattern;
     use crate::sim::tests::config;
-    use crate::sim::Hierarchy;
+    use crate::sim::NodeCombine;
 
     /// The ranks whose `Compute` event comes past their node's barrier as `sim`'s queue runs out,
     /// every `Open` but `skip`'s handled, every other event dropped.
@@ -165,7 +165,7 @@ mod tests {
     fn a_rank_that_is_done_releases_its_node_barriers() -> R<()> {
         let mut s = config("bsp", 8, 2, Pattern::Ideal);
         s.net.ranks_per_node = 4;
-        s.hierarchy = Hierarchy::Auto;
+        s.node_combine = NodeCombine::Auto;
         let plan = crate::engine::check(&s.cfg, s.ranks, s.rows)?;
         let (world, policies) = crate::sim::build(&s, &plan)?;
         let mut sim = Sim::new(&s, plan, world, policies, None);
