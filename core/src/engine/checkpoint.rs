@@ -42,13 +42,13 @@ impl<M: Model> Run<'_, M> {
     /// The open request's iteration, once every rank has published for it (joining evaluations
     /// meanwhile): the largest published, which no rank has begun. `None` if an evaluation
     /// reached the target meanwhile.
-    pub(super) fn stop_iteration(&self, me: &mut Local) -> Result<Option<u64>, TrainError> {
+    pub(super) fn stop_iteration(&self, local: &mut Local) -> Result<Option<u64>, TrainError> {
         let want = self.published.load(Ordering::Relaxed) * self.world as u64;
         crate::clocks::wait_until(|| -> Result<bool, TrainError> {
-            self.serve_evals(&mut me.ev)?;
-            Ok(me.ev.stopping() || self.control.load(2)? >= want)
+            self.serve_evals(&mut local.evals)?;
+            Ok(local.evals.stopping() || self.control.load(2)? >= want)
         })?;
-        if me.ev.stopping() {
+        if local.evals.stopping() {
             return Ok(None);
         }
         let mut all = vec![0u64; self.world];
@@ -62,24 +62,24 @@ impl<M: Model> Run<'_, M> {
     /// if an evaluation joined meanwhile reached the target (the others stop without arriving).
     pub(super) fn checkpoint(
         &self,
-        me: &mut Local,
+        local: &mut Local,
         policy: &dyn Policy,
         at: u64,
         sink: &mut dyn FnMut(&super::Snapshot) -> Result<(), String>,
     ) -> Result<Option<(u64, bool)>, TrainError> {
-        let c0 = Instant::now();
+        let started = Instant::now();
         self.watch.mark(Phase::Checkpointing, at);
-        let checkpointing = Span(c0);
-        me.checkpoints += 1;
-        self.arrivals.swap(self.rank, me.checkpoints)?;
+        let checkpointing = Span(started);
+        local.checkpoints += 1;
+        self.arrivals.swap(self.rank, local.checkpoints)?;
         let mut arrived = vec![0u64; self.world];
         crate::clocks::wait_until(|| -> Result<bool, TrainError> {
-            self.serve_evals(&mut me.ev)?;
-            if me.ev.stopping() {
+            self.serve_evals(&mut local.evals)?;
+            if local.evals.stopping() {
                 return Ok(true);
             }
             self.arrivals.load_range(0, &mut arrived)?;
-            match arrived.iter().position(|&a| a < me.checkpoints) {
+            match arrived.iter().position(|&a| a < local.checkpoints) {
                 None => Ok(true),
                 Some(rank) => {
                     self.watch.saw(Behind::Arrival { rank });
@@ -87,12 +87,12 @@ impl<M: Model> Run<'_, M> {
                 }
             }
         })?;
-        if me.ev.stopping() {
+        if local.evals.stopping() {
             return Ok(None);
         }
         // Every rank has arrived: no evaluation can be asked any more; join the ones asked
         // before, in order, then read the model.
-        self.serve_evals(&mut me.ev)?;
+        self.serve_evals(&mut local.evals)?;
         self.t.barrier()?;
         let scheme = self.gather_scheme_state(policy)?;
         // Replicated: the replicas' average is the checkpoint's model (a resumed run starts every
@@ -106,10 +106,10 @@ impl<M: Model> Run<'_, M> {
         if self.rank == 0 {
             let mut s = super::Snapshot {
                 iteration: at,
-                evals: me.ev.points.clone(),
+                evals: local.evals.points.clone(),
                 // Lent to the snapshot, not copied (given back below).
-                best: std::mem::take(&mut me.ev.best),
-                train_seconds: me.ev.train_time(),
+                best: std::mem::take(&mut local.evals.best),
+                train_seconds: local.evals.train_time(),
                 scheme,
                 ..Default::default()
             };
@@ -122,12 +122,12 @@ impl<M: Model> Run<'_, M> {
             if let Err(e) = sink(&s) {
                 (agreed[0], why) = (1, e);
             }
-            me.ev.best = std::mem::take(&mut s.best);
+            local.evals.best = std::mem::take(&mut s.best);
             // The interval that keeps this checkpoint's cost within the budget of the training
             // time since the previous one.
-            let (every, cost) = (self.cfg.checkpoint_every, c0.elapsed().as_secs_f64());
+            let (every, cost) = (self.cfg.checkpoint_every, started.elapsed().as_secs_f64());
             let (since_time, since_iters) =
-                (s.train_seconds - me.last_checkpoint.1, at - me.last_checkpoint.0);
+                (s.train_seconds - local.last_checkpoint.1, at - local.last_checkpoint.0);
             agreed[1] = match self.cfg.checkpoint_budget {
                 Some(f) if since_time > 0.0 && cost > f * since_time => {
                     let need = (since_iters as f64 * cost / (f * since_time)).ceil() as u64;
@@ -135,12 +135,12 @@ impl<M: Model> Run<'_, M> {
                 }
                 _ => every,
             };
-            me.last_checkpoint = (at, s.train_seconds);
+            local.last_checkpoint = (at, s.train_seconds);
         }
         self.t.allreduce(&mut agreed, ReduceOp::Max)?;
         self.watch.beat();
         self.traced("checkpoint", "checkpoint", checkpointing, Args::default().int("iter", at));
-        me.checkpoint_time += c0.elapsed();
+        local.checkpoint_time += started.elapsed();
         if agreed[0] != 0 {
             return Err(TrainError::Checkpoint(if self.rank == 0 {
                 why

@@ -28,7 +28,7 @@ impl<M: Model> Run<'_, M> {
         (replica, state): (&mut [f32], &mut Vec<f32>),
         rec: &mut IterRecord,
     ) -> Result<(), TrainError> {
-        let c0 = Instant::now();
+        let started = Instant::now();
         // An iteration whose chunks put new values (MF's rounds of block pieces, each chunk's
         // rows its own) always reads just its keys, whatever the other iterations found: they
         // are the few kept with each slot of the layout, a rank's share of the rows (in runs,
@@ -51,7 +51,7 @@ impl<M: Model> Run<'_, M> {
                 keys.saw(whole);
             }
         }
-        rec.comm += c0.elapsed().as_secs_f64();
+        rec.comm += started.elapsed().as_secs_f64();
         Ok(())
     }
 

@@ -461,13 +461,13 @@ impl<M: Model> Run<'_, M> {
         (work, scratch): (&mut M::Work, &mut Option<M::Work>),
         cancel: &dyn Fn() -> bool,
     ) -> (f64, Span) {
-        let c0 = Instant::now();
+        let started = Instant::now();
         self.watch.chunk_started();
         let delay = f64::from_bits(self.delay.load(Ordering::Relaxed));
         // What the delay is scaled from: the thread's CPU time, or the wall time of a model that
         // sleeps instead of computing.
         let slept = self.model.slept();
-        let spent = || if slept { c0.elapsed() } else { thread_cpu_time() };
+        let spent = || if slept { started.elapsed() } else { thread_cpu_time() };
         let cpu0 = (delay > 0.0).then(spent);
         let epoch = self.plan.epoch(it);
         let loss = if self.values.load(Ordering::Relaxed) {
@@ -493,7 +493,7 @@ impl<M: Model> Run<'_, M> {
             // the others').
             self.injected_sleep(spent().saturating_sub(cpu0).mul_f64(delay), cancel);
         }
-        self.iter_busy.fetch_add(c0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.iter_busy.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         self.watch.chunk_done();
         let n = self.iter_chunks.fetch_add(u64::from(chunks), Ordering::Relaxed) + u64::from(chunks);
         if self.publish_rates {

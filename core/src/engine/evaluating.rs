@@ -17,13 +17,13 @@ impl<M: Model> Run<'_, M> {
     /// asks for meanwhile; returns the time waited, evaluations excluded.
     pub(super) fn wait_serving(
         &self,
-        ev: &mut Evals,
+        evals: &mut Evals,
         mut ready: impl FnMut() -> Result<bool, TrainError>,
     ) -> Result<Duration, TrainError> {
         let mut paused = Duration::ZERO;
         let w = crate::clocks::wait_until(|| -> Result<bool, TrainError> {
-            paused += self.serve_evals(ev)?;
-            Ok(ev.stopping() || ready()?)
+            paused += self.serve_evals(evals)?;
+            Ok(evals.stopping() || ready()?)
         })?;
         Ok(w.saturating_sub(paused))
     }
@@ -35,7 +35,7 @@ impl<M: Model> Run<'_, M> {
     /// lets the library serve the others' one-sided calls on this rank's windows.
     fn wait_on_node(
         &self,
-        ev: &mut Evals,
+        evals: &mut Evals,
         mut ready: impl FnMut() -> Result<bool, TrainError>,
     ) -> Result<(), TrainError> {
         /// Polls of the node's memory between looks at the evaluations.
@@ -44,28 +44,28 @@ impl<M: Model> Run<'_, M> {
         crate::clocks::wait_until(|| -> Result<bool, TrainError> {
             polls += 1;
             if polls.is_multiple_of(LOCAL_POLLS) {
-                self.serve_evals(ev)?;
+                self.serve_evals(evals)?;
             } else {
                 // The others' one-sided calls on this rank's windows (over TCP they wait for it).
                 self.t.progress()?;
             }
-            Ok(ready()? || ev.stopping())
+            Ok(ready()? || evals.stopping())
         })?;
         Ok(())
     }
 
     /// How this rank waits at its node's barriers ([`super::node::Wait`]):
-    /// [`wait_on_node`](Self::wait_on_node), joining evaluations with `ev`.
+    /// [`wait_on_node`](Self::wait_on_node), joining evaluations with `evals`.
     pub(super) fn node_wait<'s>(
         &'s self,
-        ev: &'s mut Evals,
+        evals: &'s mut Evals,
     ) -> impl FnMut(&mut dyn FnMut() -> Result<bool, TrainError>) -> Result<(), TrainError> + 's {
-        move |ready| self.wait_on_node(ev, ready)
+        move |ready| self.wait_on_node(evals, ready)
     }
 
     /// Joins every evaluation rank 0 has asked for and this rank has not joined yet; returns the
     /// time it took.
-    pub(super) fn serve_evals(&self, ev: &mut Evals) -> Result<Duration, TrainError> {
+    pub(super) fn serve_evals(&self, evals: &mut Evals) -> Result<Duration, TrainError> {
         // Every wait comes here. The others' one-sided calls on this rank's windows first, while
         // it holds none of its own locks: rank 0 waiting on the control words in its own shard
         // would otherwise serve them only inside its own reads, holding its accumulate lock, and
@@ -76,42 +76,42 @@ impl<M: Model> Run<'_, M> {
         let mut words = [0u64; 3];
         self.control.load_range(0, &mut words)?;
         self.publish_stop(words[2])?;
-        let t0 = Instant::now();
+        let started = Instant::now();
         let asked = words[0];
-        while ev.joined < asked {
-            ev.joined += 1;
-            self.watch.mark(super::watch::Phase::Evaluating, ev.iters);
+        while evals.joined < asked {
+            evals.joined += 1;
+            self.watch.mark(super::watch::Phase::Evaluating, evals.iters);
             let evaluating = super::trace::Span::now();
             // Everyone's pushes so far have landed (flushed before the barrier).
             self.t.barrier()?;
-            self.evaluate(ev)?;
+            self.evaluate(evals)?;
             self.watch.beat();
             self.traced(
                 "evaluate",
                 "evaluate",
                 evaluating,
-                super::trace::Args::default().int("iter", ev.iters),
+                super::trace::Args::default().int("iter", evals.iters),
             );
         }
-        Ok(if asked > 0 { t0.elapsed() } else { Duration::ZERO })
+        Ok(if asked > 0 { started.elapsed() } else { Duration::ZERO })
     }
 
     /// Evaluates the current global model (collective): every rank pulls all of it and evaluates
     /// its share of the evaluation rows with its threads; the sums are added up over ranks, and
     /// the point is labelled with rank 0's iteration count and training time.
-    pub(super) fn evaluate(&self, ev: &mut Evals) -> Result<(), TrainError> {
+    pub(super) fn evaluate(&self, evals: &mut Evals) -> Result<(), TrainError> {
         let e0 = Instant::now();
-        let train_time = ev.train_time();
+        let train_time = evals.train_time();
         let consensus = if self.params.replicated() {
-            Some(self.params.average(self.t, &mut ev.params, &mut ev.own)?)
+            Some(self.params.average(self.t, &mut evals.params, &mut evals.own)?)
         } else {
-            self.params.get_all(&mut ev.params)?;
+            self.params.get_all(&mut evals.params)?;
             None
         };
         let mine = split(self.model.eval_rows(), self.rank, self.world);
         let threads = self.pool.active();
         let sums = Mutex::new([0.0f64; 3]);
-        let replica = &ev.params[..];
+        let replica = &evals.params[..];
         self.pool.run(|w| {
             let part = split(mine.len(), w, threads);
             let s = self.model.evaluate(replica, mine.start + part.start..mine.start + part.end);
@@ -121,27 +121,27 @@ impl<M: Model> Run<'_, M> {
             }
         });
         let s = sums.into_inner().expect("eval sums");
-        let (iter, time) = if self.rank == 0 { (ev.iters as f64, train_time) } else { (0.0, 0.0) };
-        let mut all = [s[0], s[1], s[2], iter, time, ev.train_loss, ev.train_rows];
+        let (iter, time) = if self.rank == 0 { (evals.iters as f64, train_time) } else { (0.0, 0.0) };
+        let mut all = [s[0], s[1], s[2], iter, time, evals.train_loss, evals.train_rows];
         self.t.allreduce(&mut all, ReduceOp::Sum)?;
-        (ev.train_loss, ev.train_rows) = (0.0, 0.0);
+        (evals.train_loss, evals.train_rows) = (0.0, 0.0);
         let loss = all[0] / all[2].max(1.0);
         let metric = metric_value(self.model.metric(), [all[0], all[1], all[2]]);
         let (iter, time) = (all[3] as u64, all[4]);
         let train_loss = (all[6] > 0.0).then(|| all[5] / all[6]);
-        ev.time += e0.elapsed();
-        ev.points.push(EvalPoint { iter, time, loss, metric, train_loss, consensus });
+        evals.time += e0.elapsed();
+        evals.points.push(EvalPoint { iter, time, loss, metric, train_loss, consensus });
         // Every rank judges the same reduced figures: all stop together, or none. (No evaluation
         // rows, nothing to judge.)
         if all[2] > 0.0 {
-            ev.health.check(&ev.points, self.cfg.stop_on_stall)?;
-            if self.rank == 0 && self.cfg.keep_best && evals_since_best(&ev.points) == Some(0) {
-                ev.best.clone_from(&ev.params);
+            evals.health.check(&evals.points, self.cfg.stop_on_stall)?;
+            if self.rank == 0 && self.cfg.keep_best && evals_since_best(&evals.points) == Some(0) {
+                evals.best.clone_from(&evals.params);
             }
-            ev.judge_early_stop(self.cfg.early_stop);
+            evals.judge_early_stop(self.cfg.early_stop);
         }
-        if ev.to_target.is_none() && self.cfg.target_loss.is_some_and(|g| loss <= g) {
-            ev.to_target = Some(time);
+        if evals.to_target.is_none() && self.cfg.target_loss.is_some_and(|g| loss <= g) {
+            evals.to_target = Some(time);
         }
         Ok(())
     }

@@ -120,7 +120,7 @@ pub(super) struct Local {
     mixed: Vec<f32>,
     totals: RankTotals,
     samples: u64,
-    pub(super) ev: Evals,
+    pub(super) evals: Evals,
     /// Checkpoints taken, and their time.
     pub(super) checkpoints: u64,
     pub(super) checkpoint_time: Duration,
@@ -351,11 +351,11 @@ impl<'a, M: Model> Run<'a, M> {
         progress: &mut dyn FnMut(&Progress),
         checkpoint: &mut dyn FnMut(&super::Snapshot) -> Result<(), String>,
     ) -> Result<Report, TrainError> {
-        let mut me = Local::new(self);
+        let mut local = Local::new(self);
         let every = self.cfg.checkpoint_every;
         let mut next = self.cfg.start_iteration();
         if let Some(s) = &self.cfg.resume {
-            me.ev.resume(s, self.cfg.keep_best && self.rank == 0, self.cfg.early_stop);
+            local.evals.resume(s, self.cfg.keep_best && self.rank == 0, self.cfg.early_stop);
         }
         let mut due = next.checked_div(every).map_or(u64::MAX, |k| (k + 1) * every);
         // The iteration of the open checkpoint request, once every rank published for it.
@@ -366,7 +366,7 @@ impl<'a, M: Model> Run<'a, M> {
             if asked_at.is_none() {
                 if self.rank == 0 {
                     if let Some(s) = self.cfg.checkpoint_seconds {
-                        if me.ev.train_time() - me.last_checkpoint.1 >= s {
+                        if local.evals.train_time() - local.last_checkpoint.1 >= s {
                             self.timed.store(true, Ordering::Relaxed);
                         }
                     }
@@ -375,7 +375,7 @@ impl<'a, M: Model> Run<'a, M> {
                 // closed the previous iteration, or by any wait).
                 self.publish_stop(0)?;
                 if self.request_open() {
-                    let Some(d) = self.stop_iteration(&mut me)? else { break };
+                    let Some(d) = self.stop_iteration(&mut local)? else { break };
                     asked_at = Some(d);
                     due = due.min(d);
                 }
@@ -391,7 +391,7 @@ impl<'a, M: Model> Run<'a, M> {
                 if let Some((w, path)) = metrics.as_mut() {
                     w.flush().map_err(|source| TrainError::Metrics { path: path.to_string(), source })?;
                 }
-                let Some((interval, stop)) = self.checkpoint(&mut me, &*policy, at, checkpoint)? else {
+                let Some((interval, stop)) = self.checkpoint(&mut local, &*policy, at, checkpoint)? else {
                     break;
                 };
                 if stop {
@@ -404,7 +404,7 @@ impl<'a, M: Model> Run<'a, M> {
                 }
                 if asked_at.is_none() && self.request_open() {
                     // A request published during the checkpoint's wait.
-                    let Some(d) = self.stop_iteration(&mut me)? else { break };
+                    let Some(d) = self.stop_iteration(&mut local)? else { break };
                     asked_at = Some(d);
                 }
                 let every = if every > 0 { interval } else { u64::MAX };
@@ -414,13 +414,13 @@ impl<'a, M: Model> Run<'a, M> {
             }
             next = it + 1;
             let whole = Span::now();
-            let mut rec = self.open(policy, &me, it)?;
+            let mut rec = self.open(policy, &local, it)?;
             // Where the node combines, its copy, pulled by the node's ranks together.
             let pulling = Span::now();
             // SAFETY: `in_place` lives through this iteration's compute only, which ends before
             // this rank pushes (the node's next pull into the copy waits for this push).
             let (mut in_place, stopped) =
-                match unsafe { self.params.pull_node(&mut self.node_wait(&mut me.ev)) }? {
+                match unsafe { self.params.pull_node(&mut self.node_wait(&mut local.evals)) }? {
                     NodePull::Copy(w) => {
                         rec.comm += pulling.0.elapsed().as_secs_f64();
                         self.traced("pull", "comm", pulling, Args::default().int("iter", it));
@@ -436,29 +436,29 @@ impl<'a, M: Model> Run<'a, M> {
                     NodePull::Alone => (unsafe { self.params.weights_in_place() }?, false),
                 };
             if let Some(w) =
-                in_place.filter(|_| self.params.reads_in_place() && self.copy_whole(it, &mut me.keys))
+                in_place.filter(|_| self.params.reads_in_place() && self.copy_whole(it, &mut local.keys))
             {
                 // A copy as the chunks would read them in place (nothing writes them before this
                 // iteration's line-up): a streaming copy, not a load per element.
-                let (c0, pulling) = (Instant::now(), Span::now());
-                me.replica.copy_from_slice(w);
+                let (started, pulling) = (Instant::now(), Span::now());
+                local.replica.copy_from_slice(w);
                 in_place = None;
-                rec.comm += c0.elapsed().as_secs_f64();
+                rec.comm += started.elapsed().as_secs_f64();
                 self.traced("pull", "comm", pulling, Args::default().int("iter", it));
             } else if in_place.is_none() && !stopped {
-                let Local { keys, ranges, data, replica, state, .. } = &mut me;
+                let Local { keys, ranges, data, replica, state, .. } = &mut local;
                 let pulling = Span::now();
                 self.pull_into(it, keys, ranges, data, (replica, state), &mut rec)?;
                 self.traced("pull", "comm", pulling, Args::default().int("iter", it));
             }
-            let weights = in_place.unwrap_or(&me.replica);
-            let computing = self.compute_phase(policy, &mut me.ev, weights, it, &mut rec)?;
-            self.push(policy, &mut me, it, computing, &mut rec)?;
+            let weights = in_place.unwrap_or(&local.replica);
+            let computing = self.compute_phase(policy, &mut local.evals, weights, it, &mut rec)?;
+            self.push(policy, &mut local, it, computing, &mut rec)?;
             if !policy.ready(&self.view(), it)? {
                 self.watch.mark(Phase::Waiting, it);
                 let waiting = Span::now();
                 rec.wait += self
-                    .wait_serving(&mut me.ev, || {
+                    .wait_serving(&mut local.evals, || {
                         let view = self.view();
                         if self.naming.due(waiting.0) {
                             // Who is behind, for the watchdog: every clock, once the wait is long.
@@ -477,11 +477,11 @@ impl<'a, M: Model> Run<'a, M> {
             }
             // Once an evaluation says stop, every rank leaves after this iteration without
             // stepping it (some ranks leave before pushing it).
-            if self.params.owner_steps() && !me.ev.stopping() {
+            if self.params.owner_steps() && !local.evals.stopping() {
                 let stepping = Instant::now();
                 self.watch.mark(Phase::Pushing, it);
-                if let Some((step, scale)) = me.step.take() {
-                    let pushed = (!me.delta.is_empty()).then_some(&me.delta);
+                if let Some((step, scale)) = local.step.take() {
+                    let pushed = (!local.delta.is_empty()).then_some(&local.delta);
                     let units = |i: usize, of: usize| self.model.units(i, of).unwrap_or_default();
                     let split = self.team.as_ref().map(|_| (self.pool, &units as &super::owner::Units<'_>));
                     self.params.step_owned(step, scale, pushed, split)?;
@@ -491,25 +491,25 @@ impl<'a, M: Model> Run<'a, M> {
                 rec.comm += stepping.elapsed().as_secs_f64();
                 self.traced("owner step", "comm", Span(stepping), Args::default().int("iter", it));
             }
-            if self.params.replicated() && !me.ev.stopping() {
+            if self.params.replicated() && !local.evals.stopping() {
                 let mixing = Instant::now();
-                policy.mix(&self.view(), it, &mut me.mixed, &mut rec)?;
-                self.params.set_own(self.t, &me.mixed)?;
+                policy.mix(&self.view(), it, &mut local.mixed, &mut rec)?;
+                self.params.set_own(self.t, &local.mixed)?;
                 rec.comm += mixing.elapsed().as_secs_f64();
                 self.traced("mix", "comm", Span(mixing), Args::default().int("iter", it));
             }
-            self.close(policy, &mut me, rec, &mut metrics, progress)?;
+            self.close(policy, &mut local, rec, &mut metrics, progress)?;
             self.traced("iteration", "iteration", whole, Args::default().int("iter", it));
-            if me.ev.stopping() {
+            if local.evals.stopping() {
                 break;
             }
         }
-        self.finish(policy, me)
+        self.finish(policy, local)
     }
 
     /// Opens iteration `it`: active threads, the injected delay, this rank's chunks, announced and
     /// queued. Returns the iteration's record.
-    fn open(&self, policy: &mut dyn Policy, me: &Local, it: u64) -> Result<IterRecord, TrainError> {
+    fn open(&self, policy: &mut dyn Policy, local: &Local, it: u64) -> Result<IterRecord, TrainError> {
         // Any wait from here on is inside `it`: the next iteration this rank would begin is the
         // one after.
         self.current.store(it + 1, Ordering::Relaxed);
@@ -522,7 +522,7 @@ impl<'a, M: Model> Run<'a, M> {
         let mut rec = IterRecord {
             rank: self.rank,
             iter: it,
-            start: me.ev.train_time(),
+            start: local.evals.train_time(),
             threads: self.pool.active(),
             delay,
             ..Default::default()
@@ -561,21 +561,21 @@ impl<'a, M: Model> Run<'a, M> {
     fn compute_phase(
         &self,
         policy: &dyn Policy,
-        ev: &mut Evals,
+        evals: &mut Evals,
         replica: &[f32],
         it: u64,
         rec: &mut IterRecord,
     ) -> Result<Instant, TrainError> {
-        let c1 = Instant::now();
+        let compute_start = Instant::now();
         self.watch.mark(Phase::Computing, it);
         self.iter_chunks.store(0, Ordering::Relaxed);
         self.iter_busy.store(0, Ordering::Relaxed);
-        *self.iter_start.lock().expect("iteration start") = c1;
+        *self.iter_start.lock().expect("iteration start") = compute_start;
         self.compute(policy, it, replica, true)?;
-        self.traced("compute", "compute", Span(c1), Args::default().int("iter", it));
+        self.traced("compute", "compute", Span(compute_start), Args::default().int("iter", it));
         // How long one chunk takes a thread of this rank (a copy of a late rank's chunk is made
         // only after waiting that long for it).
-        let own_done = c1.elapsed();
+        let own_done = compute_start.elapsed();
         let per_chunk =
             own_done.mul_f64(self.lanes() as f64) / self.iter_chunks.load(Ordering::Relaxed).max(1) as u32;
         let (mut helped, mut paused) = (Duration::ZERO, Duration::ZERO);
@@ -585,9 +585,9 @@ impl<'a, M: Model> Run<'a, M> {
             let lining = Span::now();
             let mut held = None;
             let w = crate::clocks::wait_until(|| -> Result<bool, TrainError> {
-                paused += self.serve_evals(ev)?;
+                paused += self.serve_evals(evals)?;
                 // Once an evaluation says stop, nobody waits for anyone any more.
-                if ev.stopping() || self.clocks.all_done(it)? {
+                if evals.stopping() || self.clocks.all_done(it)? {
                     return Ok(true);
                 }
                 // Who is behind, for the watchdog: every progress word, once the wait is long.
@@ -603,7 +603,7 @@ impl<'a, M: Model> Run<'a, M> {
                 } else if policy.copy_due(
                     &self.view(),
                     it,
-                    c1.elapsed() >= own_done + helped + paused + per_chunk,
+                    compute_start.elapsed() >= own_done + helped + paused + per_chunk,
                 )? {
                     self.clone_chunks(policy, it, replica)?;
                 } else {
@@ -616,8 +616,8 @@ impl<'a, M: Model> Run<'a, M> {
             rec.waited_for = self.clocks.last_done(it)?.or(self.watch.behind_in(it));
             self.traced("line up", "wait", lining, self.waited(it, rec.waited_for, "chunks"));
         }
-        rec.compute += (c1.elapsed().saturating_sub(paused).as_secs_f64() - rec.wait).max(0.0);
-        Ok(c1)
+        rec.compute += (compute_start.elapsed().saturating_sub(paused).as_secs_f64() - rec.wait).max(0.0);
+        Ok(compute_start)
     }
 
     /// While lining up since `since` for `owner`'s chunks: the rank computing some of them,
@@ -645,14 +645,14 @@ impl<'a, M: Model> Run<'a, M> {
     fn push(
         &self,
         policy: &mut dyn Policy,
-        me: &mut Local,
+        local: &mut Local,
         it: u64,
         computing: Instant,
         rec: &mut IterRecord,
     ) -> Result<(), TrainError> {
-        let c2 = Instant::now();
+        let push_start = Instant::now();
         self.watch.mark(Phase::Pushing, it);
-        let pushing = Span(c2);
+        let pushing = Span(push_start);
         let view = self.view();
         let admit = policy.admit(&view, it, computing.elapsed(), rec)?;
         let batch_rows = self.plan.batch_rows(it).len();
@@ -665,12 +665,12 @@ impl<'a, M: Model> Run<'a, M> {
                 // policy admits every update whole, so all scale alike), scaled there as they
                 // are summed, without a pass over the vector here.
                 let owners = self.params.owner_steps();
-                self.drain(if owners { 1.0 } else { per_row }, &mut me.delta, rec);
+                self.drain(if owners { 1.0 } else { per_row }, &mut local.delta, rec);
                 let share = per_row * rec.rows as f32;
                 Some(Step { lr: lr * self.schedule(it), share, t: it + 1 })
             }
             _ => {
-                self.drain(self.update_scale(it) * admit.scale, &mut me.delta, rec);
+                self.drain(self.update_scale(it) * admit.scale, &mut local.delta, rec);
                 None
             }
         };
@@ -679,35 +679,40 @@ impl<'a, M: Model> Run<'a, M> {
         debug_assert!(!values || admit.scale == 1.0, "new values scaled by {}", admit.scale);
         if self.params.replicated() {
             // This rank's replica steps by itself and is published for its neighbours.
-            self.params.step_own(admit.apply.then_some(&me.delta), step, &mut me.mixed, &mut me.push)?;
-            policy.publish(&view, it, &me.mixed)?;
+            self.params.step_own(
+                admit.apply.then_some(&local.delta),
+                step,
+                &mut local.mixed,
+                &mut local.push,
+            )?;
+            policy.publish(&view, it, &local.mixed)?;
         } else if self.params.node_combined().is_some() {
             // Every rank of the node adds to the node's update, zeros when it has none.
             if !admit.apply {
-                me.delta.clear();
+                local.delta.clear();
             }
-            let update = (!me.delta.is_empty()).then(|| me.delta.values());
-            self.params.push_node(update, &mut self.node_wait(&mut me.ev))?;
-            me.step = step.map(|s| (s, per_row));
+            let update = (!local.delta.is_empty()).then(|| local.delta.values());
+            self.params.push_node(update, &mut self.node_wait(&mut local.evals))?;
+            local.step = step.map(|s| (s, per_row));
         } else if self.params.owner_steps() {
             if !admit.apply {
                 // Nothing of it joins the step either.
-                me.delta.clear();
+                local.delta.clear();
             }
             // Zeros when there is nothing to add: the slots hold what was put last.
-            self.params.push_gradient(&me.delta)?;
-            me.step = step.map(|s| (s, per_row));
-        } else if self.params.reads_in_place() && me.ev.stopping() {
+            self.params.push_gradient(&local.delta)?;
+            local.step = step.map(|s| (s, per_row));
+        } else if self.params.reads_in_place() && local.evals.stopping() {
             // Left the line-up early (an evaluation said stop): others may still read the
             // weights in place, and the run ends after this iteration unstepped anyway.
-            me.delta.clear();
+            local.delta.clear();
         } else if values && admit.apply {
-            self.params.put_values(&mut me.delta, &mut me.push)?;
-        } else if admit.apply && !me.delta.is_empty() && step.is_none_or(|s| s.share > 0.0) {
+            self.params.put_values(&mut local.delta, &mut local.push)?;
+        } else if admit.apply && !local.delta.is_empty() && step.is_none_or(|s| s.share > 0.0) {
             // A model pulled whole stepped with the state read with it.
             let pulled =
-                (!self.keyed() && self.params.stateful()).then_some((&me.replica[..], &me.state[..]));
-            self.params.push(&mut me.delta, step, pulled, &mut me.push)?;
+                (!self.keyed() && self.params.stateful()).then_some((&local.replica[..], &local.state[..]));
+            self.params.push(&mut local.delta, step, pulled, &mut local.push)?;
         }
         self.params.flush_all()?;
         let busy = Duration::from_nanos(self.iter_busy.load(Ordering::Relaxed));
@@ -717,8 +722,8 @@ impl<'a, M: Model> Run<'a, M> {
         policy.before_tick(&view, it, busy, rec)?;
         self.clocks.tick()?;
         policy.after_tick(it, admit.apply)?;
-        rec.comm += c2.elapsed().as_secs_f64();
-        me.samples += batch_rows as u64;
+        rec.comm += push_start.elapsed().as_secs_f64();
+        local.samples += batch_rows as u64;
         if let Some(t) = &self.trace {
             let mut args = Args::default().int("iter", it).num("scale", f64::from(admit.scale));
             if values {
@@ -757,27 +762,27 @@ impl<'a, M: Model> Run<'a, M> {
     fn close(
         &self,
         policy: &mut dyn Policy,
-        me: &mut Local,
+        local: &mut Local,
         mut rec: IterRecord,
         metrics: &mut Option<(&mut dyn Write, &str)>,
         progress: &mut dyn FnMut(&Progress),
     ) -> Result<(), TrainError> {
-        me.ev.train_loss += rec.loss;
-        me.ev.train_rows += rec.rows as f64;
+        local.evals.train_loss += rec.loss;
+        local.evals.train_rows += rec.rows as f64;
         rec.loss /= rec.rows.max(1) as f64;
         rec.disrupted = self.disruptor.as_ref().is_some_and(Disruptor::active);
         policy.end(&rec);
-        rec.add_to(&mut me.totals);
+        rec.add_to(&mut local.totals);
         if let Some(r) = rec.waited_for.filter(|&r| r != self.rank) {
-            me.waited_for[r] += rec.wait;
+            local.waited_for[r] += rec.wait;
         }
-        if rec.rows > 0 && rec.busy > 0.0 && rec.iter.is_multiple_of(me.rate_stride) {
-            if me.rates.len() == MAX_RATE_SAMPLES {
+        if rec.rows > 0 && rec.busy > 0.0 && rec.iter.is_multiple_of(local.rate_stride) {
+            if local.rates.len() == MAX_RATE_SAMPLES {
                 // Keep every other one, and from now on every other iteration's.
-                let kept: Vec<_> = me.rates.iter().step_by(2).copied().collect();
-                (me.rates, me.rate_stride) = (kept, me.rate_stride * 2);
+                let kept: Vec<_> = local.rates.iter().step_by(2).copied().collect();
+                (local.rates, local.rate_stride) = (kept, local.rate_stride * 2);
             }
-            me.rates.push((rec.start as f32, (rec.rows as f64 / rec.busy) as f32));
+            local.rates.push((rec.start as f32, (rec.rows as f64 / rec.busy) as f32));
         }
         if rec.disrupted {
             if let Some(t) = &self.trace {
@@ -788,7 +793,7 @@ impl<'a, M: Model> Run<'a, M> {
             rec.write(*w, path)?;
         }
         let done = rec.iter + 1;
-        let before = std::mem::replace(&mut me.ev.iters, done);
+        let before = std::mem::replace(&mut local.evals.iters, done);
         // Evaluate when rank 0 asks (the last evaluation comes after the loop, once every push has
         // landed): at the first of its iterations at or past each multiple of `eval_every`. A rank
         // that skips ahead (the slow rank under backup workers and dynamic DBW) asks once for the
@@ -798,16 +803,16 @@ impl<'a, M: Model> Run<'a, M> {
         if self.rank == 0 && crossed && done < cfg.iterations {
             self.control.fetch_add(0, 1)?;
         }
-        self.serve_evals(&mut me.ev)?;
+        self.serve_evals(&mut local.evals)?;
         self.write_trace()?;
         if self.rank == 0 {
             progress(&Progress {
                 iter: done,
                 iterations: cfg.iterations,
-                samples: me.samples,
-                seconds: me.ev.train_time(),
+                samples: local.samples,
+                seconds: local.evals.train_time(),
                 batch_loss: rec.loss,
-                eval: me.ev.points.last().copied(),
+                eval: local.evals.points.last().copied(),
             });
         }
         Ok(())
@@ -827,13 +832,13 @@ impl<'a, M: Model> Run<'a, M> {
     /// Done: keeps joining the evaluations rank 0 asks for until every rank is done (rank 0 asks
     /// for none after it is; a stop asked now names an iteration past the last), then evaluates the final model once every push has landed (each
     /// rank flushed before the barrier), and reports.
-    fn finish(&self, policy: &dyn Policy, mut me: Local) -> Result<Report, TrainError> {
+    fn finish(&self, policy: &dyn Policy, mut local: Local) -> Result<Report, TrainError> {
         self.current.store(self.cfg.iterations, Ordering::Relaxed);
-        self.watch.mark(Phase::Finishing, me.ev.iters);
+        self.watch.mark(Phase::Finishing, local.evals.iters);
         self.control.fetch_add(1, 1)?;
         let since = Instant::now();
         crate::clocks::wait_until(|| -> Result<bool, TrainError> {
-            self.serve_evals(&mut me.ev)?;
+            self.serve_evals(&mut local.evals)?;
             let done = self.control.load(1)?;
             if done < self.world as u64 && self.naming.due(since) {
                 // Who is behind (a run ends at different clocks under SSP/ASP, or on a target).
@@ -841,27 +846,27 @@ impl<'a, M: Model> Run<'a, M> {
             }
             Ok(done == self.world as u64)
         })?;
-        self.serve_evals(&mut me.ev)?;
+        self.serve_evals(&mut local.evals)?;
         self.t.barrier()?;
         let evaluating = Span::now();
-        self.evaluate(&mut me.ev)?;
-        self.traced("evaluate", "evaluate", evaluating, Args::default().int("iter", me.ev.iters));
+        self.evaluate(&mut local.evals)?;
+        self.traced("evaluate", "evaluate", evaluating, Args::default().int("iter", local.evals.iters));
         // The slowest rank's times; the most iterations any rank ran (ranks differ under SSP/ASP
         // and when a target stops them).
-        let ev = me.ev;
-        let best = self.cfg.keep_best.then(|| super::evals::best_point(&ev.points)).flatten();
-        let (checkpoints, checkpoint_seconds) = (me.checkpoints, me.checkpoint_time.as_secs_f64());
-        let stats = crate::straggler::rate_stats(&me.rates);
-        (me.totals.best_rate, me.totals.median_rate, me.totals.slow_share) =
+        let evals = local.evals;
+        let best = self.cfg.keep_best.then(|| super::evals::best_point(&evals.points)).flatten();
+        let (checkpoints, checkpoint_seconds) = (local.checkpoints, local.checkpoint_time.as_secs_f64());
+        let stats = crate::straggler::rate_stats(&local.rates);
+        (local.totals.best_rate, local.totals.median_rate, local.totals.slow_share) =
             (stats.best, stats.median, stats.slow_share);
-        (me.totals.episodes, me.totals.periodic) = (stats.episodes, stats.periodic);
-        let mut waited_for = std::mem::take(&mut me.waited_for);
+        (local.totals.episodes, local.totals.periodic) = (stats.episodes, stats.periodic);
+        let mut waited_for = std::mem::take(&mut local.waited_for);
         self.t.allreduce(&mut waited_for, ReduceOp::Sum)?;
-        let mut most = [ev.train_time(), ev.time.as_secs_f64(), ev.iters as f64];
+        let mut most = [evals.train_time(), evals.time.as_secs_f64(), evals.iters as f64];
         self.t.allreduce(&mut most, ReduceOp::Max)?;
-        policy.totals(&mut me.totals);
+        policy.totals(&mut local.totals);
         let mut all = vec![0.0f64; self.world * TOTALS];
-        all[self.rank * TOTALS..(self.rank + 1) * TOTALS].copy_from_slice(&me.totals.to_array());
+        all[self.rank * TOTALS..(self.rank + 1) * TOTALS].copy_from_slice(&local.totals.to_array());
         self.t.allreduce(&mut all, ReduceOp::Sum)?;
         let mut per_rank: Vec<RankTotals> = all.chunks(TOTALS).map(RankTotals::from_array).collect();
         for (r, w) in per_rank.iter_mut().zip(waited_for) {
@@ -878,22 +883,22 @@ impl<'a, M: Model> Run<'a, M> {
             samples: per_rank.iter().map(|r| r.rows).sum(),
             train_seconds: most[0],
             eval_seconds: most[1],
-            evals: ev.points,
+            evals: evals.points,
             metric: self.model.metric().name().into(),
             target_loss: self.cfg.target_loss,
-            time_to_target: ev.to_target,
+            time_to_target: evals.to_target,
             early_stop: self.cfg.early_stop,
-            stopped_early: ev.stopped_early,
+            stopped_early: evals.stopped_early,
             best,
-            best_params: (!ev.best.is_empty()).then_some(ev.best),
+            best_params: (!evals.best.is_empty()).then_some(evals.best),
             stragglers: crate::straggler::report(&per_rank),
             node_combined: self
                 .params
                 .node_combined()
                 .map(|l| (0..l.nodes()).map(|n| l.ranks(n).len()).collect()),
             per_rank,
-            warnings: ev.health.warnings,
-            params: self.cfg.keep_params.then_some(ev.params),
+            warnings: evals.health.warnings,
+            params: self.cfg.keep_params.then_some(evals.params),
             checkpoints,
             checkpoint_seconds,
         })
@@ -931,7 +936,7 @@ impl Local {
             mixed: Vec::new(),
             totals: RankTotals::default(),
             samples: 0,
-            ev: Evals::new(layout.params, run.model.baseline(), run.model.metric()),
+            evals: Evals::new(layout.params, run.model.baseline(), run.model.metric()),
             checkpoints: 0,
             checkpoint_time: Duration::ZERO,
             last_checkpoint: (
