@@ -68,6 +68,11 @@ bash scripts/experiment.sh small --out target/experiment/small-ci --force
 test -s target/experiment/small-ci/summary.csv
 test -s target/experiment/small-ci/plots/mlp-persistent_rank_0_speed_0_5-loss.png
 
+# The README's main job (the first command of its quick start), as a user runs it: MPI build,
+# Fashion-MNIST, every scheme with a straggler next to Ideal.
+step "the main job (scripts/main-job.sh)"
+bash scripts/main-job.sh
+
 # Every parser of outside input fuzzed for 30 s (scripts/fuzz.sh; nightly and cargo-fuzz are
 # installed by it).
 step "fuzzing, 30 s per target"
