@@ -17,7 +17,8 @@
 #   scripts/bench-peers.sh [--reps N] [--only roofline,fmnist,mf,lr,scale] [--big] [--peer-timeout S]
 # A peer's run that takes over S seconds (default 300) counts as hung: it is killed, run again (up
 # to 3 tries) and listed under the table (libmf 0.9.2's scheduler was seen to deadlock).
-# Results: target/bench-peers/table.md (the README's table), results.json (every run).
+# Results: target/bench-peers/table.md (the README's table), results.json (every run), roofline.png
+# and roofline.svg (the machine's roof and every workload on it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/common.sh
@@ -59,15 +60,19 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import libmf, vowpalw
 fi
 export PEREGRINE_LIBMF_CFLAGS="with $libmf_cflags"
 
+# PEREGRINE_BIN: another build to measure (e.g. an earlier commit's, for a before/after): used as
+# it is; this tree's build still makes the datasets and draws the roofline. PEREGRINE_BENCH_OUT:
+# where the table, results and plot go (default: beside the data, target/bench-peers).
 step "cargo build --release --features mpi"
 cargo build --release --locked -p peregrine --features mpi
-P=target/release/peregrine
+P=${PEREGRINE_BIN:-target/release/peregrine}
+[ -x "$P" ] || { echo "bench-peers.sh: PEREGRINE_BIN=$P is not an executable" >&2; exit 2; }
 d=target/bench-peers
-bench_datasets "$P" "$d"
+bench_datasets target/release/peregrine "$d"
 case ,$only, in *,scale,*)
-    [ -f "$d/sparse-2m.pgd" ] || "$P" data gen sparse "$d/sparse-2m.pgd" --rows 2000000 --features 100000 --nnz-per-row 20
+    [ -f "$d/sparse-2m.pgd" ] || target/release/peregrine data gen sparse "$d/sparse-2m.pgd" --rows 2000000 --features 100000 --nnz-per-row 20
     if [ "$big" = 1 ] && [ ! -f "$d/sparse-10m.pgd" ]; then
-        "$P" data gen sparse "$d/sparse-10m.pgd" --rows 10000000 --features 1000000 --nnz-per-row 20
+        target/release/peregrine data gen sparse "$d/sparse-10m.pgd" --rows 10000000 --features 1000000 --nnz-per-row 20
     fi ;;
 esac
 
@@ -79,5 +84,6 @@ grep -m1 'model name' /proc/cpuinfo
 
 step "benchmarks ($reps repetitions, alternating)"
 "$venv/bin/python" scripts/bench_peers.py --peregrine "$P" --data "$d" --reps "$reps" --only "$only" \
-    --peer-timeout "$peer_timeout" \
+    --peer-timeout "$peer_timeout" --out "${PEREGRINE_BENCH_OUT:-$d}" \
+    --plot-with target/release/peregrine \
     --launcher "mpirun -n 2" $([ "$big" = 1 ] && echo --big)

@@ -23,6 +23,7 @@ import pgd  # noqa: E402
 
 # Multiply-adds of the MLP 784-128-10 per sample, forward and backward (weight gradients of both
 # layers and the hidden layer's input gradient), 2 flops each.
+SOFTMAX_FLOPS = 4 * 784 * 10
 MLP_FLOPS = 2 * (784 * 128 + 128 * 10) + 2 * (128 * 10 + 128 * 10 + 784 * 128)
 
 
@@ -204,6 +205,8 @@ def main():
     p.add_argument("--peer-timeout", type=float, default=300,
                    help="seconds before a peer's run counts as hung, is killed and run again (default 300)")
     p.add_argument("--out", default=None, help="where table.md and results.json go (default: --data)")
+    p.add_argument("--plot-with", default=None,
+                   help="the peregrine that draws roofline.png/.svg (default: --peregrine)")
     a = p.parse_args()
     out = a.out or a.data
     parts = set(a.only.split(","))
@@ -211,6 +214,8 @@ def main():
     fm = os.path.join(a.data, "fm-train.pgd")
     rows = []
     roof = None
+    # The roofline plot's points: (label, FLOP per byte moved, GFLOP/s achieved).
+    points = []
 
     if "roofline" in parts:
         print("== roofline: FMA peak and STREAM triad, 2 threads", flush=True)
@@ -233,6 +238,9 @@ def main():
                                                 ("1 rank x 2 threads, units split", f"{key}-units",
                                                  f"{key}-units-peak")):
                         g = b.median(runs) * MLP_FLOPS / 1e9
+                        if runs.endswith("peregrine"):
+                            # Per sample its 3136 bytes of features (the weights stay in cache).
+                            points.append((f"MLP batch {batch}", MLP_FLOPS / 3136, g))
                         # Each run against the peak measured just before it; the median of those.
                         peaks = b.results[peak_key]
                         each = [100 * s * MLP_FLOPS / 1e9 / p for s, p in zip(b.results[runs], peaks)]
@@ -246,6 +254,9 @@ def main():
                                      f"of each run's own (runs: {', '.join(f'{e:.1f}' for e in each)} %{line}){also}"))
                 if model == "softmax" and roof:
                     gbs = sps * 784 * 4 / 1e9
+                    # Per sample: the forward products and the gradient's outer product, 2 FLOP per
+                    # weight each, over 3136 bytes of features.
+                    points.append(("softmax batch 128", SOFTMAX_FLOPS / 3136, sps * SOFTMAX_FLOPS / 1e9))
                     rows.append(("softmax features read, GB/s (3136 B per sample)", f"{gbs:.1f}",
                                  f"triad {roof['triad_gbs']:.1f}", f"{100 * gbs / roof['triad_gbs']:.0f} % of triad"))
             target = 0.40
@@ -309,6 +320,8 @@ def main():
             n, _ = pgd_shape(tr)
             per = 12 + 2 * 2 * 4 * (40 + 2)
             gbs = n * per / (ms / 1000) / 1e9
+            # Per rating: the dot product (2k) and each of the two rows' gradient and step (4k each).
+            points.append(("MF k=40", 10 * 40 / per, n * 10 * 40 / (ms / 1000) / 1e9))
             rows.append((f"MF bytes touched, GB/s ({per} B per rating: the rating, and its user's and item's "
                          f"rows read and written)", f"{gbs:.1f}", f"triad {roof['triad_gbs']:.1f}",
                          f"{100 * gbs / roof['triad_gbs']:.0f} % of triad (the rows are mostly cache hits: "
@@ -345,6 +358,8 @@ def main():
             per = (8 * nnz + 12 * n) / n
             sps = statistics.median(s["samples"] / s["train_seconds"] for s in b.results["lr-peregrine"])
             gbs = sps * per / 1e9
+            # Per nonzero: the dot product's and the gradient's multiply-add, 4 FLOP.
+            points.append(("LR Adult", 4 * nnz / n / per, sps * 4 * nnz / n / 1e9))
             rows.append((f"LR Adult features read, GB/s ({per:.0f} B per row)", f"{gbs:.1f}",
                          f"triad {roof['triad_gbs']:.1f}", f"{100 * gbs / roof['triad_gbs']:.0f} % of triad"))
 
@@ -389,6 +404,13 @@ def main():
                      f"{roof['handoff_read_gbs']:.1f} GB/s ({roof['handoff_local_gbs']:.1f} from the own cache), "
                      f"copied into lines the other read at {roof['handoff_copy_gbs']:.1f} GB/s")
         text += ".\n"
+        if points:
+            os.makedirs(out, exist_ok=True)
+            stem = os.path.join(out, "roofline")
+            run([a.plot_with or a.peregrine, "bench", "roofline", "--roof", f"{roof['fma_gflops']},{roof['triad_gbs']}",
+                 "--plot", stem] + [f"--point={l}={i:.4g},{g:.4g}" for l, i, g in points])
+            b.results["roofline_points"] = points
+            text += "\nThe roofline of this run, each workload on it: `roofline.png`, `roofline.svg`.\n"
     if b.hung:
         text += (f"\nPeer runs that hung, were killed after {a.peer_timeout:.0f} s and ran again "
                  f"({len(b.hung)}):\n" + "\n".join(f"- {h}" for h in b.hung) + "\n")

@@ -29,6 +29,7 @@ mod slurm_cmd;
 mod train;
 mod world;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
@@ -139,6 +140,43 @@ struct RooflineArgs {
     /// One JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Also draw the roofline into FILE.png and FILE.svg (a trailing .png or .svg is dropped):
+    /// the FMA peak and the triad as the roof, each --point on it.
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
+    /// A workload on the plot: its label, arithmetic intensity (FLOP per byte moved) and achieved
+    /// GFLOP/s, e.g. `softmax=10,16.4` (repeatable; needs --plot).
+    #[arg(long, value_name = "LABEL=FLOP_PER_BYTE,GFLOPS", value_parser = roof_point, requires = "plot")]
+    point: Vec<plots::RoofPoint>,
+    /// The roof as measured before (FMA peak GFLOP/s, triad GB/s), e.g. from an earlier `--json`
+    /// of the same run: nothing is measured, only the plot drawn (needs --plot).
+    #[arg(long, value_name = "GFLOPS,GBS", value_parser = roof_pair, requires = "plot")]
+    roof: Option<(f64, f64)>,
+}
+
+/// A positive finite number, or why not.
+fn positive(what: &str, s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("{what} `{s}` is not a positive number")),
+    }
+}
+
+/// `LABEL=INTENSITY,GFLOPS`.
+fn roof_point(s: &str) -> Result<plots::RoofPoint, String> {
+    let (label, rest) = s.rsplit_once('=').ok_or("expected LABEL=FLOP_PER_BYTE,GFLOPS")?;
+    let (i, g) = rest.split_once(',').ok_or("expected LABEL=FLOP_PER_BYTE,GFLOPS")?;
+    if label.trim().is_empty() {
+        return Err("the label is empty".into());
+    }
+    let (intensity, gflops) = (positive("intensity", i)?, positive("GFLOP/s", g)?);
+    Ok(plots::RoofPoint { label: label.trim().to_owned(), intensity, gflops })
+}
+
+/// `GFLOPS,GBS`.
+fn roof_pair(s: &str) -> Result<(f64, f64), String> {
+    let (p, b) = s.split_once(',').ok_or("expected GFLOPS,GBS")?;
+    Ok((positive("FMA peak", p)?, positive("bandwidth", b)?))
 }
 
 /// A number of seconds in (0, 60].
@@ -256,10 +294,7 @@ pub fn main() -> ExitCode {
             predictors_cmd(&a);
             Ok(())
         }
-        Command::Bench(BenchCommand::Roofline(a)) => {
-            roofline_cmd(&a);
-            Ok(())
-        }
+        Command::Bench(BenchCommand::Roofline(a)) => roofline_cmd(&a),
         Command::Slurm(c) => slurm_cmd::run(c),
         Command::Data(c) => data_cmd::run(c),
     };
@@ -387,8 +422,27 @@ fn conformance_rank(
 
 /// Prints the predictors' table: one row per trace, the mean relative error of each predictor
 /// over the seeds, the best in bold; then microseconds per observation.
-/// `peregrine bench roofline`.
-fn roofline_cmd(a: &RooflineArgs) {
+/// `peregrine bench roofline`: measures (unless `--roof` gives the figures), then draws the plot
+/// if asked.
+fn roofline_cmd(a: &RooflineArgs) -> Result<(), AppError> {
+    let (peak, triad) = match a.roof {
+        Some(roof) => roof,
+        None => measure_roofline(a),
+    };
+    let Some(plot) = &a.plot else { return Ok(()) };
+    let stem = match plot.extension().and_then(|e| e.to_str()) {
+        Some("png" | "svg") => plot.with_extension(""),
+        _ => plot.clone(),
+    };
+    let title = format!("Roofline: FMA peak {peak:.1} GFLOP/s, triad {triad:.1} GB/s");
+    plots::roofline(&stem, &title, peak, triad, &a.point)?;
+    say(format_args!("wrote {0}.png and {0}.svg ({1} workloads)", stem.display(), a.point.len()));
+    Ok(())
+}
+
+/// The figures of `peregrine bench roofline`, printed (text or `--json`); the FMA peak on every
+/// thread and the triad, for the plot.
+fn measure_roofline(a: &RooflineArgs) -> (f64, f64) {
     use peregrine_kernels::{cpu, roofline};
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let each = std::time::Duration::from_secs_f64(a.seconds);
@@ -458,7 +512,7 @@ fn roofline_cmd(a: &RooflineArgs) {
             vector(isa),
             a.elems
         );
-        return;
+        return (all, triad);
     }
     println!("instruction set   {simd}");
     println!("FMA probe         {}", vector(isa));
@@ -487,6 +541,7 @@ fn roofline_cmd(a: &RooflineArgs) {
         }
         None => println!("line round trip   not measured: this process may run on one CPU only"),
     }
+    (all, triad)
 }
 
 fn predictors_cmd(a: &PredictorArgs) {

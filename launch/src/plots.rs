@@ -335,3 +335,100 @@ where
     root.present()?;
     Ok(())
 }
+
+/// One workload on a roofline: its label, arithmetic intensity (FLOP per byte moved) and achieved
+/// GFLOP/s.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoofPoint {
+    pub label: String,
+    pub intensity: f64,
+    pub gflops: f64,
+}
+
+/// Writes `<stem>.png` and `<stem>.svg`: the roofline of a machine whose FMA peak is `peak`
+/// GFLOP/s and whose memory bandwidth is `bandwidth` GB/s (`min(peak, bandwidth x intensity)`),
+/// on logarithmic axes, with each point labelled.
+pub fn roofline(
+    stem: &Path,
+    title: &str,
+    peak: f64,
+    bandwidth: f64,
+    points: &[RoofPoint],
+) -> Result<(), AppError> {
+    both(
+        stem,
+        |root| draw_roofline(root, title, peak, bandwidth, points),
+        |root| draw_roofline(root, title, peak, bandwidth, points),
+    )
+}
+
+fn draw_roofline<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    title: &str,
+    peak: f64,
+    bandwidth: f64,
+    points: &[RoofPoint],
+) -> Drawn
+where
+    DB::ErrorType: 'static,
+{
+    let ridge = peak / bandwidth;
+    // Whole decades around the ridge and every point.
+    let decade = |v: f64, up: bool| 10f64.powf(if up { v.log10().ceil() } else { v.log10().floor() });
+    let xs = points.iter().map(|p| p.intensity).chain([ridge]);
+    let x_lo = decade(xs.clone().fold(f64::INFINITY, f64::min) / 2.0, false);
+    let x_hi = decade(xs.fold(0.0, f64::max) * 2.0, true);
+    let y_lo = decade(
+        points.iter().map(|p| p.gflops).chain([bandwidth * x_lo]).fold(f64::INFINITY, f64::min) / 2.0,
+        false,
+    );
+    let y_hi = decade(peak * 2.0, true);
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(16)
+        .x_label_area_size(50)
+        .y_label_area_size(70)
+        .build_cartesian_2d((x_lo..x_hi).log_scale(), (y_lo..y_hi).log_scale())?;
+    chart
+        .configure_mesh()
+        .x_desc("arithmetic intensity (FLOP per byte moved)")
+        .y_desc("GFLOP/s")
+        .label_style(("sans-serif", 13))
+        .x_label_formatter(&|v| tick(*v))
+        .y_label_formatter(&|v| tick(*v))
+        .draw()?;
+    let roof = RGBColor(60, 60, 60);
+    let line = [(x_lo, bandwidth * x_lo), (ridge, peak), (x_hi, peak)];
+    chart.draw_series(LineSeries::new(line, roof.stroke_width(3)))?;
+    chart.draw_series([
+        Text::new(format!("FMA peak {peak:.1} GFLOP/s"), (ridge * 1.1, peak * 1.6), ("sans-serif", 14)),
+        Text::new(
+            format!("memory {bandwidth:.1} GB/s"),
+            // Under the slope, a decade left of the ridge.
+            (ridge / 10.0, bandwidth * ridge / 10.0 / 2.5),
+            ("sans-serif", 14),
+        ),
+    ])?;
+    for (i, p) in points.iter().enumerate() {
+        let color = Palette99::pick(i);
+        let bound = peak.min(bandwidth * p.intensity);
+        chart.draw_series([Circle::new((p.intensity, p.gflops), 6, color.filled())])?;
+        chart.draw_series([Text::new(
+            format!("{} ({:.0} % of roof)", p.label, 100.0 * p.gflops / bound),
+            (p.intensity * 1.12, p.gflops * 0.97),
+            ("sans-serif", 13),
+        )])?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// A logarithmic axis's tick: whole numbers from 1, else up to six decimals without trailing zeros.
+fn tick(v: f64) -> String {
+    if v >= 1.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{}", (v * 1e6).round() / 1e6)
+    }
+}

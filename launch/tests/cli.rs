@@ -8,10 +8,8 @@ use std::process::Command;
 #[path = "support/cli_common.rs"]
 mod common;
 #[cfg(feature = "mpi")]
-use common::{
-    finish_within, lr_train, scratch, scribble_indices, section, signal, train_data, wait_for_file,
-};
-use common::{ok, peregrine, text};
+use common::{finish_within, lr_train, scribble_indices, section, signal, train_data, wait_for_file};
+use common::{ok, peregrine, scratch, text};
 
 #[cfg(feature = "mpi")]
 #[path = "support/models.rs"]
@@ -526,6 +524,67 @@ fn bench_roofline_measures_the_fma_peak_and_the_triad() {
     assert!(shown.contains("FMA peak") && shown.contains("STREAM triad"), "{shown}");
     for bad in [["--seconds", "0"], ["--elems", "5"], ["--threads", "0"]] {
         let out = peregrine(&[&["bench", "roofline"][..], &bad[..]].concat());
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", text(&out).1);
+    }
+}
+
+#[test]
+fn bench_roofline_plots_the_roof_and_each_workload_and_refuses_bad_points() {
+    let t = scratch("roofline");
+    let stem = t.path().join("roof");
+    let stem_s = stem.to_string_lossy().into_owned();
+    // The roof as given (nothing measured), two workloads on it; a trailing .png is dropped.
+    let png = format!("{stem_s}.png");
+    let (_, err) = ok(&[
+        "bench",
+        "roofline",
+        "--roof",
+        "300,25",
+        "--plot",
+        &png,
+        "--point",
+        "softmax=10,16.4",
+        "--point=MF k=40=0.58,2.1",
+    ]);
+    assert!(err.contains("2 workloads"), "{err}");
+    for ext in ["png", "svg"] {
+        let f = t.path().join(format!("roof.{ext}"));
+        assert!(std::fs::metadata(&f).is_ok_and(|m| m.len() > 1000), "{} missing or empty", f.display());
+    }
+    let svg = std::fs::read_to_string(t.path().join("roof.svg")).expect("svg");
+    // Each point labelled with its share of its roof: softmax at 10 FLOP/B is under the 250 GFLOP/s
+    // of memory (16.4 is 7 %), MF at 0.58 under 14.5 (2.1 is 14 %).
+    assert!(
+        svg.contains("softmax (7 % of roof)") && svg.contains("MF k=40 (14 % of roof)"),
+        "labels: {svg:.400}"
+    );
+    assert!(svg.contains("FMA peak 300.0 GFLOP/s"), "roof label");
+    // Without --roof the roof is measured first, then drawn.
+    let (shown, _) = ok(&[
+        "bench",
+        "roofline",
+        "--threads",
+        "1",
+        "--seconds",
+        "0.02",
+        "--elems",
+        "4096",
+        "--reps",
+        "1",
+        "--plot",
+        &stem_s,
+    ]);
+    assert!(shown.contains("FMA peak"), "{shown}");
+    for bad in [
+        &["--plot", &stem_s, "--point", "x=0,1"][..],
+        &["--plot", &stem_s, "--point", "x=1,-2"],
+        &["--plot", &stem_s, "--point", "=1,2"],
+        &["--plot", &stem_s, "--point", "x=1"],
+        &["--plot", &stem_s, "--roof", "300"],
+        &["--plot", &stem_s, "--roof", "300,nan"],
+        &["--point", "x=1,2"],
+    ] {
+        let out = peregrine(&[&["bench", "roofline"][..], bad].concat());
         assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", text(&out).1);
     }
 }
