@@ -168,20 +168,34 @@ pub fn run(a: SimArgs) -> Result<(), AppError> {
     let r = sim::simulate(&ideal, None).map_err(|e| sim_err("", e))?;
     // What no scheme can beat under this straggler pattern.
     let bound = sim::balanced_bound(&base, &r);
-    if let Some(b) = bound {
+    let chunks = sim::chunk_bound(&base, &r);
+    if let (Some(b), Some(c)) = (bound, chunks) {
         println!("balanced bound: {b:.6} s/iteration (the batch spread over every rank's speed, plus Ideal's communication)");
+        println!(
+            "whole-chunk bound: {c:.6} s/iteration (each chunk whole on the thread that finishes it first; \
+             no scheme that ends each iteration before the next does better)"
+        );
     }
     println!(
-        "{:<24} {:>12} {:>9} {:>7} {:>10} {:>11} {:>9} {:>10} {:>9}",
-        "scheme", "s/iteration", "vs ideal", "wait %", "taken", "to target s", "wall s", "events", "vs bound"
+        "{:<24} {:>12} {:>9} {:>7} {:>10} {:>11} {:>9} {:>10} {:>9} {:>9}",
+        "scheme",
+        "s/iteration",
+        "vs ideal",
+        "wait %",
+        "taken",
+        "to target s",
+        "wall s",
+        "events",
+        "vs bound",
+        "vs chunks"
     );
     let ideal_s = r.per_iteration;
-    print_row("ideal (bsp, no straggler)", &r, ideal_s, None);
+    print_row("ideal (bsp, no straggler)", &r, ideal_s, None, None);
     reports.push(("ideal".to_string(), r));
     for s in schemes {
         let c = SimConfig { cfg: Config { scheme: s.clone(), ..base.cfg.clone() }, ..base.clone() };
         let r = sim::simulate(&c, None).map_err(|e| sim_err(format!("{s}: "), e))?;
-        print_row(&s.to_string(), &r, ideal_s, bound);
+        print_row(&s.to_string(), &r, ideal_s, bound, chunks);
         reports.push((s.to_string(), r));
     }
     if let Some(path) = &a.json {
@@ -209,9 +223,12 @@ fn combine_note(base: &SimConfig) -> &'static str {
     }
 }
 
-fn print_row(name: &str, r: &SimReport, ideal: f64, bound: Option<f64>) {
+fn print_row(name: &str, r: &SimReport, ideal: f64, bound: Option<f64>, chunks: Option<f64>) {
+    let against = |b: Option<f64>| {
+        b.filter(|&b| b > 0.0).map_or("-".into(), |b| format!("{:.2}x", r.per_iteration / b))
+    };
     println!(
-        "{:<24} {:>12.6} {:>8.2}x {:>6.1}% {:>10} {:>11} {:>9.2} {:>10} {:>9}",
+        "{:<24} {:>12.6} {:>8.2}x {:>6.1}% {:>10} {:>11} {:>9.2} {:>10} {:>9} {:>9}",
         name,
         r.per_iteration,
         if ideal > 0.0 { r.per_iteration / ideal } else { 0.0 },
@@ -220,7 +237,8 @@ fn print_row(name: &str, r: &SimReport, ideal: f64, bound: Option<f64>) {
         r.time_to_target.map_or("-".into(), |t| format!("{t:.3}")),
         r.wall_seconds,
         r.events,
-        bound.filter(|&b| b > 0.0).map_or("-".into(), |b| format!("{:.2}x", r.per_iteration / b))
+        against(bound),
+        against(chunks)
     );
 }
 

@@ -317,9 +317,12 @@ fn simulate_compares_schemes_at_scale() {
     assert!(bsp > 1.5 * ideal && steal < bsp, "{stdout}");
     // The balanced bound, and the schemes that compute every chunk at or above it.
     assert!(stdout.contains("balanced bound: "), "{stdout}");
+    // The whole-chunk bound is above it, so each of them is nearer to it.
+    assert!(stdout.contains("whole-chunk bound: "), "{stdout}");
     for name in ["bsp ", "bsp+steal"] {
         let vs: f64 = row(name)[8].trim_end_matches('x').parse().expect("vs bound");
-        assert!(vs >= 1.0, "{name}: {vs}\n{stdout}");
+        let chunks: f64 = row(name)[9].trim_end_matches('x').parse().expect("vs chunks");
+        assert!(vs >= 1.0 && chunks >= 1.0 && chunks <= vs, "{name}: {vs} {chunks}\n{stdout}");
     }
     for bad in [
         &["simulate", "--ranks", "0"][..],

@@ -224,9 +224,29 @@ impl SimReport {
 /// fluid, plus what Ideal spends outside compute (communication, coordination). No scheme that
 /// computes every chunk can do better on average (backup workers and DBW, which drop late
 /// updates, can); one that moves work in whole chunks may not reach it (a chunk in flight on a
-/// slow rank is not shared). Disruptors' slowdowns are not counted (a looser bound there); `None`
-/// for replayed costs.
+/// slow rank is not shared: [`chunk_bound`]). Disruptors' slowdowns are not counted (a looser
+/// bound there); `None` for replayed costs.
 pub fn balanced_bound(s: &SimConfig, ideal: &SimReport) -> Option<f64> {
+    bound(s, ideal, |chunks, groups| {
+        chunks as f64 / groups.iter().map(|&(c, n)| n / c).sum::<f64>().max(1e-12)
+    })
+}
+
+/// The whole-chunk bound of `s` in seconds an iteration, given `ideal`: each iteration's chunks
+/// moved whole, each to the thread that would finish it first (at the threads' injected speeds),
+/// from the iteration's start, plus what Ideal spends outside its own compute. A scheme that ends
+/// every iteration before the next begins (BSP, LB-BSP, enforced Falcon, speculation) cannot do
+/// better; it is above the balanced bound by what a chunk on a slow thread costs beyond a share
+/// of a fluid. Schemes that let iterations overlap (SSP, FlexRR, ASP, slack Falcon) can: a slow
+/// rank's chunk then runs on past the iteration's end. `None` where [`balanced_bound`] is.
+pub fn chunk_bound(s: &SimConfig, ideal: &SimReport) -> Option<f64> {
+    bound(s, ideal, whole_chunk_makespan)
+}
+
+/// A bound per iteration: `compute(chunks, groups)` of each iteration's chunks on threads
+/// grouped by speed (`(seconds a chunk, threads)`), averaged over Ideal's iterations, plus
+/// Ideal's time beyond the same bound of its own world (every thread at full speed).
+fn bound(s: &SimConfig, ideal: &SimReport, compute: impl Fn(usize, &[(f64, f64)]) -> f64) -> Option<f64> {
     let chunk = match &s.compute {
         ComputeModel::Constant(c) => *c,
         ComputeModel::Samples(v) if !v.is_empty() => v.iter().sum::<f64>() / v.len() as f64,
@@ -236,16 +256,53 @@ pub fn balanced_bound(s: &SimConfig, ideal: &SimReport) -> Option<f64> {
     let iterations = ideal.iterations.max(1);
     let threads = s.max_threads();
     let (mut bound, mut flat) = (0.0, 0.0);
+    let mut groups: Vec<(f64, f64)> = Vec::new();
     for it in 0..iterations {
-        let work = plan.batch_chunks(it) as f64 * chunk;
-        let capacity: f64 = (0..s.ranks)
-            .map(|r| s.cfg.inject.threads(r, threads) as f64 / (1.0 + s.cfg.inject.delay(r, it)))
-            .sum();
-        bound += work / capacity.max(1e-12);
-        flat += work / (s.ranks * threads) as f64;
+        let chunks = plan.batch_chunks(it);
+        groups.clear();
+        for r in 0..s.ranks {
+            let (c, n) = (chunk * (1.0 + s.cfg.inject.delay(r, it)), s.cfg.inject.threads(r, threads) as f64);
+            match groups.iter_mut().find(|g| g.0 == c) {
+                Some(g) => g.1 += n,
+                None => groups.push((c, n)),
+            }
+        }
+        bound += compute(chunks, &groups);
+        flat += compute(chunks, &[(chunk, (s.ranks * threads) as f64)]);
     }
     let overhead = (ideal.per_iteration - flat / iterations as f64).max(0.0);
     Some(bound / iterations as f64 + overhead)
+}
+
+/// The least time by which threads of the given speeds (`(seconds a chunk, threads)`) finish
+/// `chunks` whole chunks, each thread one chunk after another: the least `t` with
+/// `sum threads x floor(t / seconds) >= chunks`, which is a multiple of some group's seconds.
+fn whole_chunk_makespan(chunks: usize, groups: &[(f64, f64)]) -> f64 {
+    let done = |t: f64| groups.iter().map(|&(c, n)| n * (t / c).floor()).sum::<f64>();
+    let need = chunks as f64;
+    // Every candidate is k x seconds of a group, for k up to what that group alone would need.
+    let mut best = f64::INFINITY;
+    for &(c, n) in groups.iter().filter(|g| g.1 > 0.0 && g.0 > 0.0) {
+        // The least k for this group with done(k c) >= need, by bisection on k.
+        let (mut lo, mut hi) = (0u64, (need / n).ceil() as u64);
+        if done(hi as f64 * c * (1.0 + 1e-12)) < need {
+            continue;
+        }
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if done(mid as f64 * c * (1.0 + 1e-12)) >= need {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        best = best.min(lo as f64 * c);
+    }
+    if best.is_finite() {
+        best
+    } else {
+        0.0
+    }
 }
 
 /// Every rank's policy, by rank.
@@ -433,6 +490,31 @@ mod tests {
             let r = simulate(&c, None).expect("simulation");
             assert!(r.per_iteration >= bound * (1.0 - 1e-9), "{scheme}: {} < {bound}", r.per_iteration);
         }
+    }
+
+    #[test]
+    fn the_whole_chunk_bound_moves_chunks_whole_to_the_thread_that_finishes_first() {
+        // 8 ranks of 2 threads, 3 chunks of 100 us a thread (48 chunks); rank 0 at half speed:
+        // by 300 us the fast threads finish 42 and rank 0's 2 (one each), 44 < 48; by 400 us the
+        // fast ones alone finish 56. The fluid bound is 320 us.
+        let ideal_cfg = config("bsp", 8, 2, Pattern::Ideal);
+        let ideal = simulate(&ideal_cfg, None).expect("ideal");
+        let slow = config("bsp", 8, 2, Pattern::Persistent { ranks: vec![0], speed: 0.5, threads: None });
+        let bound = chunk_bound(&slow, &ideal).expect("a bound");
+        let overhead = ideal.per_iteration - 300e-6;
+        assert!((bound - (400e-6 + overhead)).abs() < 1e-9, "{bound}");
+        assert!(bound > balanced_bound(&slow, &ideal).expect("a bound"));
+        assert!((chunk_bound(&ideal_cfg, &ideal).expect("a bound") - ideal.per_iteration).abs() < 1e-12);
+        // The schemes that end each iteration before the next at or above it.
+        for scheme in ["bsp", "bsp+steal", "falcon"] {
+            let c = config(scheme, 8, 2, Pattern::Persistent { ranks: vec![0], speed: 0.5, threads: None });
+            let r = simulate(&c, None).expect("simulation");
+            assert!(r.per_iteration >= bound * (1.0 - 1e-9), "{scheme}: {} < {bound}", r.per_iteration);
+        }
+        // Makespans: 10 chunks on 4 threads of 1 s and 1 of 3 s: by 2 s, 8 + 0; by 3 s, 12 + 1.
+        assert_eq!(whole_chunk_makespan(10, &[(1.0, 4.0), (3.0, 1.0)]), 3.0);
+        assert_eq!(whole_chunk_makespan(9, &[(1.0, 4.0), (2.0, 2.0)]), 2.0);
+        assert_eq!(whole_chunk_makespan(0, &[(1.0, 4.0)]), 0.0);
     }
 
     fn s_transfer() -> f64 {
