@@ -3,10 +3,10 @@
 //! iteration, and the checkpoint itself (every rank's arrival, rank 0's snapshot of the windows
 //! and the schemes' state).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use peregrine_transport::ReduceOp;
+use peregrine_transport::{ReduceOp, ShardMap, Transport, Window};
 
 use super::run::{Local, Run};
 use super::trace::{Args, Span};
@@ -15,35 +15,77 @@ use super::TrainError;
 use crate::model::Model;
 use crate::scheme::Policy;
 
+/// The protocol's words and counters, one set per rank.
+pub(super) struct Protocol {
+    /// Every rank's count of checkpoints it has arrived at (one word per rank, so that a rank
+    /// that never arrives can be named).
+    pub arrivals: Window<u64>,
+    /// Every rank's published iteration plus one for the current checkpoint request.
+    pub stops: Window<u64>,
+    /// The iteration this rank would begin next if it left its current wait.
+    pub current: AtomicU64,
+    /// Checkpoint requests (stops and timed checkpoints) this rank has published its iteration
+    /// for: request `k` is open on every rank once any rank published for it (the control word
+    /// counts past `(k - 1) * world`).
+    pub published: AtomicU64,
+    /// Requests whose checkpoint this rank has taken.
+    pub settled: AtomicU64,
+    /// Rank 0: a timed checkpoint is due ([`Config::checkpoint_seconds`](super::Config::checkpoint_seconds)).
+    pub timed: AtomicBool,
+}
+
+impl Protocol {
+    /// The protocol's windows (collective: every rank allocates them at the same point) and
+    /// counters, for a run starting at iteration `start`.
+    pub(super) fn new(t: &Transport, start: u64) -> Result<Self, TrainError> {
+        let one_word_each = ShardMap::from_lens(vec![1; t.world_size()]);
+        Ok(Self {
+            arrivals: t.alloc_window("checkpoint arrivals", &one_word_each)?,
+            stops: t.alloc_window("stop iterations", &one_word_each)?,
+            current: AtomicU64::new(start),
+            published: AtomicU64::new(0),
+            settled: AtomicU64::new(0),
+            timed: AtomicBool::new(false),
+        })
+    }
+
+    /// Frees the protocol's windows (collective).
+    pub(super) fn free(self) -> Result<(), TrainError> {
+        self.arrivals.free()?;
+        self.stops.free()?;
+        Ok(())
+    }
+}
+
 impl<M: Model> Run<'_, M> {
     /// Publishes the next iteration this rank would begin for a checkpoint request: its own (a
     /// stop flag, or rank 0's timed checkpoint) or another rank's (`published`: how many
     /// publications the control window counts); at most once per request.
     pub(super) fn publish_stop(&self, published: u64) -> Result<(), TrainError> {
-        let mine = self.published.load(Ordering::Relaxed);
+        let mine = self.protocol.published.load(Ordering::Relaxed);
         let opened = published > mine * self.world as u64;
         let own = !self.request_open()
             && (self.cfg.stop.as_ref().is_some_and(|f| f.load(Ordering::Relaxed))
-                || self.timed.load(Ordering::Relaxed));
+                || self.protocol.timed.load(Ordering::Relaxed));
         if !(opened || own) {
             return Ok(());
         }
-        self.published.store(mine + 1, Ordering::Relaxed);
-        self.stops.swap(self.rank, self.current.load(Ordering::Relaxed) + 1)?;
+        self.protocol.published.store(mine + 1, Ordering::Relaxed);
+        self.protocol.stops.swap(self.rank, self.protocol.current.load(Ordering::Relaxed) + 1)?;
         self.control.fetch_add(2, 1)?;
         Ok(())
     }
 
     /// Whether this rank published for a request whose checkpoint it has not taken yet.
     pub(super) fn request_open(&self) -> bool {
-        self.published.load(Ordering::Relaxed) > self.settled.load(Ordering::Relaxed)
+        self.protocol.published.load(Ordering::Relaxed) > self.protocol.settled.load(Ordering::Relaxed)
     }
 
     /// The open request's iteration, once every rank has published for it (joining evaluations
     /// meanwhile): the largest published, which no rank has begun. `None` if an evaluation
     /// reached the target meanwhile.
     pub(super) fn stop_iteration(&self, local: &mut Local) -> Result<Option<u64>, TrainError> {
-        let want = self.published.load(Ordering::Relaxed) * self.world as u64;
+        let want = self.protocol.published.load(Ordering::Relaxed) * self.world as u64;
         crate::clocks::wait_until(|| -> Result<bool, TrainError> {
             self.serve_evals(&mut local.evals)?;
             Ok(local.evals.stopping() || self.control.load(2)? >= want)
@@ -52,7 +94,7 @@ impl<M: Model> Run<'_, M> {
             return Ok(None);
         }
         let mut all = vec![0u64; self.world];
-        self.stops.load_range(0, &mut all)?;
+        self.protocol.stops.load_range(0, &mut all)?;
         Ok(all.into_iter().max().map(|d| d.saturating_sub(1)))
     }
 
@@ -71,14 +113,14 @@ impl<M: Model> Run<'_, M> {
         self.watch.mark(Phase::Checkpointing, at);
         let checkpointing = Span(started);
         local.checkpoints += 1;
-        self.arrivals.swap(self.rank, local.checkpoints)?;
+        self.protocol.arrivals.swap(self.rank, local.checkpoints)?;
         let mut arrived = vec![0u64; self.world];
         crate::clocks::wait_until(|| -> Result<bool, TrainError> {
             self.serve_evals(&mut local.evals)?;
             if local.evals.stopping() {
                 return Ok(true);
             }
-            self.arrivals.load_range(0, &mut arrived)?;
+            self.protocol.arrivals.load_range(0, &mut arrived)?;
             match arrived.iter().position(|&a| a < local.checkpoints) {
                 None => Ok(true),
                 Some(rank) => {

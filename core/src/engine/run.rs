@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use peregrine_transport::{ReduceOp, ShardMap, Transport, Window};
 
+use super::checkpoint::Protocol;
 use super::evals::Evals;
 pub(super) use super::live::Live;
 use super::owner::owner_steps_apply;
@@ -42,9 +43,8 @@ pub(super) struct Run<'a, M: Model> {
     /// On rank 0: `[evaluations requested, ranks finished, publications for checkpoint
     /// requests]`.
     pub control: Window<u64>,
-    /// Every rank's count of checkpoints it has arrived at (one word per rank, so that a rank
-    /// that never arrives can be named).
-    pub arrivals: Window<u64>,
+    /// The stop and checkpoint protocol's words and counters ([`Protocol`]).
+    pub protocol: Protocol,
     pub slots: Vec<Mutex<Slot<M::Work>>>,
     pub rank: usize,
     pub world: usize,
@@ -75,18 +75,6 @@ pub(super) struct Run<'a, M: Model> {
     /// This rank's chunks of the current iteration (global chunk numbers).
     pub own: Mutex<Range<usize>>,
     pub disruptor: Option<Disruptor>,
-    /// Every rank's published iteration plus one for the current checkpoint request.
-    pub stops: Window<u64>,
-    /// The iteration this rank would begin next if it left its current wait.
-    pub current: AtomicU64,
-    /// Checkpoint requests (stops and timed checkpoints) this rank has published its iteration
-    /// for: request `k` is open on every rank once any rank published for it (the control word
-    /// counts past `(k - 1) * world`).
-    pub published: AtomicU64,
-    /// Requests whose checkpoint this rank has taken.
-    pub settled: AtomicU64,
-    /// Rank 0: a timed checkpoint is due ([`Config::checkpoint_seconds`]).
-    pub timed: AtomicBool,
     /// This rank's progress marks, for the watchdog.
     pub watch: &'a Watch,
     /// This rank's timeline, when traced.
@@ -264,7 +252,7 @@ impl<'a, M: Model> Run<'a, M> {
                 "control",
                 &ShardMap::from_lens((0..t.world_size()).map(|r| if r == 0 { 3 } else { 0 })),
             )?,
-            arrivals: t.alloc_window("checkpoint arrivals", &ShardMap::from_lens(vec![1; t.world_size()]))?,
+            protocol: Protocol::new(t, cfg.start_iteration())?,
             slots,
             rank: t.rank(),
             world: t.world_size(),
@@ -279,11 +267,6 @@ impl<'a, M: Model> Run<'a, M> {
             values: AtomicBool::new(false),
             own: Mutex::new(0..0),
             disruptor: cfg.inject.disruptor(t.rank(), &pool.placement().cpus, pool.max_threads()),
-            stops: t.alloc_window("stop iterations", &ShardMap::from_lens(vec![1; t.world_size()]))?,
-            current: AtomicU64::new(cfg.start_iteration()),
-            published: AtomicU64::new(0),
-            settled: AtomicU64::new(0),
-            timed: AtomicBool::new(false),
             watch,
             trace,
             traced_split: AtomicU64::new(u64::MAX),
@@ -361,13 +344,13 @@ impl<'a, M: Model> Run<'a, M> {
         // The iteration of the open checkpoint request, once every rank published for it.
         let mut asked_at = None;
         while next < self.cfg.iterations {
-            self.current.store(next, Ordering::Relaxed);
+            self.protocol.current.store(next, Ordering::Relaxed);
             self.watch.mark(Phase::Waiting, next);
             if asked_at.is_none() {
                 if self.rank == 0 {
                     if let Some(s) = self.cfg.checkpoint_seconds {
                         if local.evals.train_time() - local.last_checkpoint.1 >= s {
-                            self.timed.store(true, Ordering::Relaxed);
+                            self.protocol.timed.store(true, Ordering::Relaxed);
                         }
                     }
                 }
@@ -399,8 +382,8 @@ impl<'a, M: Model> Run<'a, M> {
                 }
                 if asked_at == Some(at) {
                     asked_at = None;
-                    self.settled.fetch_add(1, Ordering::Relaxed);
-                    self.timed.store(false, Ordering::Relaxed);
+                    self.protocol.settled.fetch_add(1, Ordering::Relaxed);
+                    self.protocol.timed.store(false, Ordering::Relaxed);
                 }
                 if asked_at.is_none() && self.request_open() {
                     // A request published during the checkpoint's wait.
@@ -512,7 +495,7 @@ impl<'a, M: Model> Run<'a, M> {
     fn open(&self, policy: &mut dyn Policy, local: &Local, it: u64) -> Result<IterRecord, TrainError> {
         // Any wait from here on is inside `it`: the next iteration this rank would begin is the
         // one after.
-        self.current.store(it + 1, Ordering::Relaxed);
+        self.protocol.current.store(it + 1, Ordering::Relaxed);
         self.watch.mark(Phase::Pulling, it);
         let cfg = self.cfg;
         let planned = cfg.elastic.threads(self.rank, it, cfg.inject.threads(self.rank, cfg.threads));
@@ -833,7 +816,7 @@ impl<'a, M: Model> Run<'a, M> {
     /// for none after it is; a stop asked now names an iteration past the last), then evaluates the final model once every push has landed (each
     /// rank flushed before the barrier), and reports.
     fn finish(&self, policy: &dyn Policy, mut local: Local) -> Result<Report, TrainError> {
-        self.current.store(self.cfg.iterations, Ordering::Relaxed);
+        self.protocol.current.store(self.cfg.iterations, Ordering::Relaxed);
         self.watch.mark(Phase::Finishing, local.evals.iters);
         self.control.fetch_add(1, 1)?;
         let since = Instant::now();
@@ -911,8 +894,7 @@ impl<'a, M: Model> Run<'a, M> {
         self.queues.free()?;
         self.clocks.free()?;
         self.control.free()?;
-        self.arrivals.free()?;
-        self.stops.free()?;
+        self.protocol.free()?;
         self.rates.free()?;
         policy.free()?;
         Ok(())
