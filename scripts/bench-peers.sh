@@ -11,7 +11,7 @@
 #     buckets with --big): communication
 #     against computation per rank;
 #   and the roofline figures of this machine in the same run (peregrine bench roofline).
-# Peregrine runs as 2 MPI ranks (OpenMPI), the peers on the same 2 cores; each workload 3 times,
+# Peregrine runs as 2 MPI ranks (OpenMPI), the peers on the same 2 cores; each workload 5 times,
 # alternating, medians and ratios. The peers go into a virtual environment under target/peers.
 #
 #   scripts/bench-peers.sh [--reps N] [--only roofline,fmnist,mf,lr,scale] [--big] [--peer-timeout S]
@@ -23,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/common.sh
 
-reps=3 only=roofline,fmnist,mf,lr,scale big=0 peer_timeout=300
+reps=5 only=roofline,fmnist,mf,lr,scale big=0 peer_timeout=300
 while [ $# -gt 0 ]; do
     case $1 in
     --reps | --only | --peer-timeout)

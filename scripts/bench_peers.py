@@ -4,7 +4,7 @@ prepares the data and the peers and calls this). Each workload runs `--reps` tim
 its peers alternating (which goes first alternates too); the table gives medians and ratios, and
 the roofline figures (FMA peak, STREAM triad) measured in the same run.
 
-    bench_peers.py --peregrine target/release/peregrine --data target/bench-peers --reps 3
+    bench_peers.py --peregrine target/release/peregrine --data target/bench-peers --reps 5
 """
 import argparse
 import json
@@ -142,6 +142,22 @@ def lines(ns):
     return ", ".join("-" if v is None else f"{v:.0f}" for v in ns) + " ns"
 
 
+def spread(fractions):
+    """Per-run fractions of a roof (percent) as `median % of each run's own (runs: a, b, c %;
+    spread lo-hi)`."""
+    return (f"{statistics.median(fractions):.0f} % of each run's own (runs: "
+            f"{', '.join(f'{f:.1f}' for f in fractions)} %; spread {min(fractions):.0f}-{max(fractions):.0f})")
+
+
+def triad_before(b, key):
+    """The STREAM triad right before one of Peregrine's runs, recorded under `key`'s `-triad`
+    (and the FMA peak under `-peak`): a noisy host's bandwidth moves between minutes of one run."""
+    roof = roofline(b)
+    b.record(f"{key}-triad", roof["triad_gbs"])
+    b.record(f"{key}-peak", roof["fma_gflops"])
+    return roof
+
+
 def throughput(b, fm, model, batch, rows, peak_each=False):
     """Samples per second of `model` at a global `batch` over 2 epochs, Peregrine against PyTorch
     DDP and single-process PyTorch, alternated; appends the table row; Peregrine's median. With
@@ -157,8 +173,7 @@ def throughput(b, fm, model, batch, rows, peak_each=False):
 
     def ours():
         if peak_each:
-            roof = roofline(b)
-            b.record(f"{key}-peak", roof["fma_gflops"])
+            roof = triad_before(b, key)
             # How far apart the host has put the two CPUs right now (it moves them: 50-85 ns
             # between neighbours, 340-420 ns between distant cores, seen within one hour).
             b.record(f"{key}-line", roof.get("line_round_trip_ns"))
@@ -198,7 +213,7 @@ def main():
                    help="how one Peregrine rank of 2 threads starts (the MLP split by units)")
     p.add_argument("--python", default=sys.executable, help="the peers' Python")
     p.add_argument("--data", required=True, help="directory of the prepared datasets")
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=5)
     p.add_argument("--only", default="roofline,fmnist,mf,lr,scale",
                    help="parts to run: roofline, fmnist, mf, lr, scale (comma-separated)")
     p.add_argument("--big", action="store_true", help="also the 10M x 1M sparse set (sparse-10m.pgd)")
@@ -227,7 +242,7 @@ def main():
         for model in ("softmax", "mlp"):
             # The MLP also at batch 512: the issue's FMA-peak target is for batches of 128 and up.
             for batch in (128, 512) if model == "mlp" else (128,):
-                sps = throughput(b, fm, model, batch, rows, peak_each=model == "mlp" and roof is not None)
+                sps = throughput(b, fm, model, batch, rows, peak_each=roof is not None)
                 if model == "mlp" and roof:
                     key = sps_key(model, batch)
                     # The peak of the products' own instructions (AVX-512 where the CPU has it); on
@@ -254,11 +269,17 @@ def main():
                                      f"of each run's own (runs: {', '.join(f'{e:.1f}' for e in each)} %{line}){also}"))
                 if model == "softmax" and roof:
                     gbs = sps * 784 * 4 / 1e9
+                    each = [100 * x * 784 * 4 / 1e9 / t
+                            for x, t in zip(b.results[f"{sps_key(model, batch)}-peregrine"],
+                                            b.results[f"{sps_key(model, batch)}-triad"])]
                     # Per sample: the forward products and the gradient's outer product, 2 FLOP per
                     # weight each, over 3136 bytes of features.
                     points.append(("softmax batch 128", SOFTMAX_FLOPS / 3136, sps * SOFTMAX_FLOPS / 1e9))
+                    triads = b.results[f"{sps_key(model, batch)}-triad"]
                     rows.append(("softmax features read, GB/s (3136 B per sample)", f"{gbs:.1f}",
-                                 f"triad {roof['triad_gbs']:.1f}", f"{100 * gbs / roof['triad_gbs']:.0f} % of triad"))
+                                 f"triad {roof['triad_gbs']:.1f} at the start; {min(triads):.1f}-{max(triads):.1f} "
+                                 f"before each run", f"{100 * gbs / roof['triad_gbs']:.0f} % of the first; "
+                                 f"{spread(each)}"))
             target = 0.40
             # Evaluations every ~15,000 samples on every side: 117 iterations of 128 (the peers, and
             # Peregrine's MLP), 59 of 256 (Peregrine's softmax, its default batch).
@@ -293,6 +314,8 @@ def main():
             def one(n):
                 return b.peregrine(f"mf-{n}", ["--model", "mf", "--k", "40", "--data", tr, "--eval", te,
                                                "--epochs", str(n), "--eval-every", "1000000", "--no-intercept"])
+            if roof:
+                triad_before(b, "mf")
             s1, s = one(1), one(epochs)
             s["epoch_seconds"] = (s["train_seconds"] - s1["train_seconds"]) / (epochs - 1)
             b.record("mf-peregrine", s)
@@ -320,21 +343,23 @@ def main():
             n, _ = pgd_shape(tr)
             per = 12 + 2 * 2 * 4 * (40 + 2)
             gbs = n * per / (ms / 1000) / 1e9
+            each = [100 * n * per / r["epoch_seconds"] / 1e9 / t
+                    for r, t in zip(b.results["mf-peregrine"], b.results["mf-triad"])]
             # Per rating: the dot product (2k) and each of the two rows' gradient and step (4k each).
             points.append(("MF k=40", 10 * 40 / per, n * 10 * 40 / (ms / 1000) / 1e9))
             rows.append((f"MF bytes touched, GB/s ({per} B per rating: the rating, and its user's and item's "
-                         f"rows read and written)", f"{gbs:.1f}", f"triad {roof['triad_gbs']:.1f}",
-                         f"{100 * gbs / roof['triad_gbs']:.0f} % of triad (the rows are mostly cache hits: "
-                         f"the model is 441 KB)"))
+                         f"rows read and written)", f"{gbs:.1f}", f"triad {roof['triad_gbs']:.1f} at the start",
+                         f"{100 * gbs / roof['triad_gbs']:.0f} % of the first; {spread(each)} (the rows are "
+                         f"mostly cache hits: the model is 441 KB)"))
 
     if "lr" in parts:
         target = 0.345
         print(f"== LR, Adult: time to training log-loss {target}", flush=True)
         ad = os.path.join(a.data, "adult.pgd")
         b.alternate([
-            ("peregrine", lambda: b.record("lr-peregrine", b.peregrine(
+            ("peregrine", lambda: (roof and triad_before(b, "lr"), b.record("lr-peregrine", b.peregrine(
                 "lr", ["--model", "lr", "--data", ad, "--epochs", "30", "--eval-every", "5",
-                       "--target-loss", str(target)]))),
+                       "--target-loss", str(target)])))),
             ("vw, scikit-learn", lambda: b.record("lr-peers", b.peer("lr_sparse.py", [
                 "--data", ad, "--target", str(target), "--work", os.path.join(a.data, "vw")]))),
         ])
@@ -358,10 +383,13 @@ def main():
             per = (8 * nnz + 12 * n) / n
             sps = statistics.median(s["samples"] / s["train_seconds"] for s in b.results["lr-peregrine"])
             gbs = sps * per / 1e9
+            each = [100 * r["samples"] / r["train_seconds"] * per / 1e9 / t
+                    for r, t in zip(b.results["lr-peregrine"], b.results["lr-triad"])]
             # Per nonzero: the dot product's and the gradient's multiply-add, 4 FLOP.
             points.append(("LR Adult", 4 * nnz / n / per, sps * 4 * nnz / n / 1e9))
             rows.append((f"LR Adult features read, GB/s ({per:.0f} B per row)", f"{gbs:.1f}",
-                         f"triad {roof['triad_gbs']:.1f}", f"{100 * gbs / roof['triad_gbs']:.0f} % of triad"))
+                         f"triad {roof['triad_gbs']:.1f} at the start", f"{100 * gbs / roof['triad_gbs']:.0f} % of "
+                         f"the first; {spread(each)}"))
 
     if "scale" in parts:
         # The 10M-row set also hashed into 2^24 buckets (--hash-bits: pulls and pushes by key).
@@ -407,7 +435,10 @@ def main():
         if points:
             os.makedirs(out, exist_ok=True)
             stem = os.path.join(out, "roofline")
-            run([a.plot_with or a.peregrine, "bench", "roofline", "--roof", f"{roof['fma_gflops']},{roof['triad_gbs']}",
+            # The roof: the highest FMA peak of the run (the one at its start and those measured
+            # before each MLP run: a busy host's first figure was seen at 63 % of the later ones).
+            peak = max([roof["fma_gflops"]] + [p for k, v in b.results.items() if k.endswith("-peak") for p in v])
+            run([a.plot_with or a.peregrine, "bench", "roofline", "--roof", f"{peak},{roof['triad_gbs']}",
                  "--plot", stem] + [f"--point={l}={i:.4g},{g:.4g}" for l, i, g in points])
             b.results["roofline_points"] = points
             text += "\nThe roofline of this run, each workload on it: `roofline.png`, `roofline.svg`.\n"

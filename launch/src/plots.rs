@@ -347,7 +347,7 @@ pub struct RoofPoint {
 
 /// Writes `<stem>.png` and `<stem>.svg`: the roofline of a machine whose FMA peak is `peak`
 /// GFLOP/s and whose memory bandwidth is `bandwidth` GB/s (`min(peak, bandwidth x intensity)`),
-/// on logarithmic axes, with each point labelled.
+/// on logarithmic axes, with each point labelled (the title names the peak and the bandwidth).
 pub fn roofline(
     stem: &Path,
     title: &str,
@@ -401,15 +401,13 @@ where
     let roof = RGBColor(60, 60, 60);
     let line = [(x_lo, bandwidth * x_lo), (ridge, peak), (x_hi, peak)];
     chart.draw_series(LineSeries::new(line, roof.stroke_width(3)))?;
-    chart.draw_series([
-        Text::new(format!("FMA peak {peak:.1} GFLOP/s"), (ridge * 1.1, peak * 1.6), ("sans-serif", 14)),
-        Text::new(
-            format!("memory {bandwidth:.1} GB/s"),
-            // Under the slope, a decade left of the ridge.
-            (ridge / 10.0, bandwidth * ridge / 10.0 / 2.5),
-            ("sans-serif", 14),
-        ),
-    ])?;
+    // The slope's bandwidth is in the title: a label beside it would sit among the points of
+    // memory-bound workloads.
+    chart.draw_series([Text::new(
+        format!("FMA peak {peak:.1} GFLOP/s"),
+        (ridge * 1.1, peak * 1.6),
+        ("sans-serif", 14),
+    )])?;
     for (i, p) in points.iter().enumerate() {
         let color = Palette99::pick(i);
         let bound = peak.min(bandwidth * p.intensity);
