@@ -73,6 +73,7 @@ mod metrics;
 mod node;
 mod owner;
 mod params;
+mod protocol;
 mod run;
 mod slot;
 mod trace;

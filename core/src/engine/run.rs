@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 
 use peregrine_transport::{ReduceOp, ShardMap, Transport, Window};
 
-use super::checkpoint::Protocol;
 use super::evals::Evals;
 pub(super) use super::live::Live;
 use super::owner::owner_steps_apply;
 use super::params::{keyed, NodePull, Params, PullKeys, PushBufs, Windows};
+use super::protocol::Protocol;
 use super::slot::Slot;
 use super::trace::{Args, Span, Tracer};
 use super::watch::{Behind, Phase, Watch};
