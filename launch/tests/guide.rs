@@ -6,7 +6,8 @@
 //!
 //! Tags after `quick-path`: `mpi` blocks run in the MPI build only (`--features mpi`, where
 //! `mpirun` is there); `ci` blocks are commands of `scripts/` that the test script runs itself
-//! (checked here to appear in `scripts/test.sh`, not run again).
+//! (checked here to appear in `scripts/test.sh`, not run again; `scripts/test.sh` is the test
+//! script itself).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
