@@ -21,9 +21,11 @@ PEERS = os.path.join(HERE, "peers")
 sys.path.insert(0, PEERS)
 import pgd  # noqa: E402
 
+# Flops of softmax 784x10 per sample: the forward products and the gradient's outer product, a
+# multiply-add (2 flops) per weight each.
+SOFTMAX_FLOPS = 4 * 784 * 10
 # Multiply-adds of the MLP 784-128-10 per sample, forward and backward (weight gradients of both
 # layers and the hidden layer's input gradient), 2 flops each.
-SOFTMAX_FLOPS = 4 * 784 * 10
 MLP_FLOPS = 2 * (784 * 128 + 128 * 10) + 2 * (128 * 10 + 128 * 10 + 784 * 128)
 
 
@@ -142,9 +144,10 @@ def lines(ns):
     return ", ".join("-" if v is None else f"{v:.0f}" for v in ns) + " ns"
 
 
-def spread(fractions):
-    """Per-run fractions of a roof (percent) as `median % of each run's own (runs: a, b, c %;
-    spread lo-hi)`."""
+def spread(achieved, roofs):
+    """Each run's achieved figure against the roof measured right before it, as `median % of each
+    run's own (runs: a, b, c %; spread lo-hi)`."""
+    fractions = [100 * x / r for x, r in zip(achieved, roofs)]
     return (f"{statistics.median(fractions):.0f} % of each run's own (runs: "
             f"{', '.join(f'{f:.1f}' for f in fractions)} %; spread {min(fractions):.0f}-{max(fractions):.0f})")
 
@@ -161,8 +164,8 @@ def triad_before(b, key):
 def throughput(b, fm, model, batch, rows, peak_each=False):
     """Samples per second of `model` at a global `batch` over 2 epochs, Peregrine against PyTorch
     DDP and single-process PyTorch, alternated; appends the table row; Peregrine's median. With
-    `peak_each`, the FMA peak is measured right before each of Peregrine's runs (recorded under
-    the key's `-peak`): the machine's peak moves between minutes of one run as much as the
+    `peak_each`, the FMA peak and the triad are measured right before each of Peregrine's runs
+    (recorded under the key's `-peak` and `-triad`): the machine's peak moves between minutes of one run as much as the
     throughput does, so a fraction of peak pairs figures taken seconds apart. The MLP runs twice
     on Peregrine's side: 2 ranks of one thread, and one rank of 2 threads splitting the hidden
     units (`--split units`, under the key's `-units`); the row gives both."""
@@ -268,18 +271,15 @@ def main():
                                      f"{100 * g / roof['fma_gflops']:.0f} % of the first; {statistics.median(each):.0f} % "
                                      f"of each run's own (runs: {', '.join(f'{e:.1f}' for e in each)} %{line}){also}"))
                 if model == "softmax" and roof:
+                    key = sps_key(model, batch)
                     gbs = sps * 784 * 4 / 1e9
-                    each = [100 * x * 784 * 4 / 1e9 / t
-                            for x, t in zip(b.results[f"{sps_key(model, batch)}-peregrine"],
-                                            b.results[f"{sps_key(model, batch)}-triad"])]
-                    # Per sample: the forward products and the gradient's outer product, 2 FLOP per
-                    # weight each, over 3136 bytes of features.
+                    # Per sample its flops over the 3136 bytes of its features.
                     points.append(("softmax batch 128", SOFTMAX_FLOPS / 3136, sps * SOFTMAX_FLOPS / 1e9))
-                    triads = b.results[f"{sps_key(model, batch)}-triad"]
+                    triads = b.results[f"{key}-triad"]
+                    each = spread([x * 784 * 4 / 1e9 for x in b.results[f"{key}-peregrine"]], triads)
                     rows.append(("softmax features read, GB/s (3136 B per sample)", f"{gbs:.1f}",
                                  f"triad {roof['triad_gbs']:.1f} at the start; {min(triads):.1f}-{max(triads):.1f} "
-                                 f"before each run", f"{100 * gbs / roof['triad_gbs']:.0f} % of the first; "
-                                 f"{spread(each)}"))
+                                 f"before each run", f"{100 * gbs / roof['triad_gbs']:.0f} % of the first; {each}"))
             target = 0.40
             # Evaluations every ~15,000 samples on every side: 117 iterations of 128 (the peers, and
             # Peregrine's MLP), 59 of 256 (Peregrine's softmax, its default batch).
@@ -343,23 +343,28 @@ def main():
             n, _ = pgd_shape(tr)
             per = 12 + 2 * 2 * 4 * (40 + 2)
             gbs = n * per / (ms / 1000) / 1e9
-            each = [100 * n * per / r["epoch_seconds"] / 1e9 / t
-                    for r, t in zip(b.results["mf-peregrine"], b.results["mf-triad"])]
+            each = spread([n * per / r["epoch_seconds"] / 1e9 for r in b.results["mf-peregrine"]],
+                          b.results["mf-triad"])
             # Per rating: the dot product (2k) and each of the two rows' gradient and step (4k each).
             points.append(("MF k=40", 10 * 40 / per, n * 10 * 40 / (ms / 1000) / 1e9))
             rows.append((f"MF bytes touched, GB/s ({per} B per rating: the rating, and its user's and item's "
                          f"rows read and written)", f"{gbs:.1f}", f"triad {roof['triad_gbs']:.1f} at the start",
-                         f"{100 * gbs / roof['triad_gbs']:.0f} % of the first; {spread(each)} (the rows are "
+                         f"{100 * gbs / roof['triad_gbs']:.0f} % of the first; {each} (the rows are "
                          f"mostly cache hits: the model is 441 KB)"))
 
     if "lr" in parts:
         target = 0.345
         print(f"== LR, Adult: time to training log-loss {target}", flush=True)
         ad = os.path.join(a.data, "adult.pgd")
+
+        def lr_peregrine():
+            if roof:
+                triad_before(b, "lr")
+            b.record("lr-peregrine", b.peregrine("lr", ["--model", "lr", "--data", ad, "--epochs", "30",
+                                                       "--eval-every", "5", "--target-loss", str(target)]))
+
         b.alternate([
-            ("peregrine", lambda: (roof and triad_before(b, "lr"), b.record("lr-peregrine", b.peregrine(
-                "lr", ["--model", "lr", "--data", ad, "--epochs", "30", "--eval-every", "5",
-                       "--target-loss", str(target)])))),
+            ("peregrine", lr_peregrine),
             ("vw, scikit-learn", lambda: b.record("lr-peers", b.peer("lr_sparse.py", [
                 "--data", ad, "--target", str(target), "--work", os.path.join(a.data, "vw")]))),
         ])
@@ -383,13 +388,13 @@ def main():
             per = (8 * nnz + 12 * n) / n
             sps = statistics.median(s["samples"] / s["train_seconds"] for s in b.results["lr-peregrine"])
             gbs = sps * per / 1e9
-            each = [100 * r["samples"] / r["train_seconds"] * per / 1e9 / t
-                    for r, t in zip(b.results["lr-peregrine"], b.results["lr-triad"])]
+            each = spread([r["samples"] / r["train_seconds"] * per / 1e9 for r in b.results["lr-peregrine"]],
+                          b.results["lr-triad"])
             # Per nonzero: the dot product's and the gradient's multiply-add, 4 FLOP.
             points.append(("LR Adult", 4 * nnz / n / per, sps * 4 * nnz / n / 1e9))
             rows.append((f"LR Adult features read, GB/s ({per:.0f} B per row)", f"{gbs:.1f}",
                          f"triad {roof['triad_gbs']:.1f} at the start", f"{100 * gbs / roof['triad_gbs']:.0f} % of "
-                         f"the first; {spread(each)}"))
+                         f"the first; {each}"))
 
     if "scale" in parts:
         # The 10M-row set also hashed into 2^24 buckets (--hash-bits: pulls and pushes by key).
@@ -436,7 +441,8 @@ def main():
             os.makedirs(out, exist_ok=True)
             stem = os.path.join(out, "roofline")
             # The roof: the highest FMA peak of the run (the one at its start and those measured
-            # before each MLP run: a busy host's first figure was seen at 63 % of the later ones).
+            # before each of Peregrine's runs: a busy host's single figures were seen at half the
+            # others).
             peak = max([roof["fma_gflops"]] + [p for k, v in b.results.items() if k.endswith("-peak") for p in v])
             run([a.plot_with or a.peregrine, "bench", "roofline", "--roof", f"{peak},{roof['triad_gbs']}",
                  "--plot", stem] + [f"--point={l}={i:.4g},{g:.4g}" for l, i, g in points])

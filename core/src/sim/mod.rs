@@ -278,19 +278,20 @@ fn bound(s: &SimConfig, ideal: &SimReport, compute: impl Fn(usize, &[(f64, f64)]
 /// `chunks` whole chunks, each thread one chunk after another: the least `t` with
 /// `sum threads x floor(t / seconds) >= chunks`, which is a multiple of some group's seconds.
 fn whole_chunk_makespan(chunks: usize, groups: &[(f64, f64)]) -> f64 {
-    let done = |t: f64| groups.iter().map(|&(c, n)| n * (t / c).floor()).sum::<f64>();
+    // Chunks done by `t`; a chunk ending at `t` to rounding counts (3 x 0.1 / 0.1 is 2.99...).
+    let done = |t: f64| groups.iter().map(|&(c, n)| n * (t * (1.0 + 1e-12) / c).floor()).sum::<f64>();
     let need = chunks as f64;
     // Every candidate is k x seconds of a group, for k up to what that group alone would need.
     let mut best = f64::INFINITY;
     for &(c, n) in groups.iter().filter(|g| g.1 > 0.0 && g.0 > 0.0) {
         // The least k for this group with done(k c) >= need, by bisection on k.
         let (mut lo, mut hi) = (0u64, (need / n).ceil() as u64);
-        if done(hi as f64 * c * (1.0 + 1e-12)) < need {
+        if done(hi as f64 * c) < need {
             continue;
         }
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            if done(mid as f64 * c * (1.0 + 1e-12)) >= need {
+            if done(mid as f64 * c) >= need {
                 hi = mid;
             } else {
                 lo = mid + 1;
