@@ -420,24 +420,45 @@ fn conformance_rank(
     Ok(())
 }
 
-/// Prints the predictors' table: one row per trace, the mean relative error of each predictor
-/// over the seeds, the best in bold; then microseconds per observation.
 /// `peregrine bench roofline`: measures (unless `--roof` gives the figures), then draws the plot
 /// if asked.
 fn roofline_cmd(a: &RooflineArgs) -> Result<(), AppError> {
+    // The plot's files are checked before seconds of measuring.
+    let stem = a.plot.as_deref().map(plot_stem).transpose()?;
     let (peak, triad) = match a.roof {
         Some(roof) => roof,
         None => measure_roofline(a),
     };
-    let Some(plot) = &a.plot else { return Ok(()) };
-    let stem = match plot.extension().and_then(|e| e.to_str()) {
-        Some("png" | "svg") => plot.with_extension(""),
-        _ => plot.clone(),
-    };
+    let Some(stem) = stem else { return Ok(()) };
     let title = format!("Roofline: FMA peak {peak:.1} GFLOP/s, triad {triad:.1} GB/s");
     plots::roofline(&stem, &title, peak, triad, &a.point)?;
-    say(format_args!("wrote {0}.png and {0}.svg ({1} workloads)", stem.display(), a.point.len()));
+    let n = a.point.len();
+    say(format_args!(
+        "wrote {0}.png and {0}.svg ({n} workload{1})",
+        stem.display(),
+        if n == 1 { "" } else { "s" }
+    ));
     Ok(())
+}
+
+/// The stem of `--plot FILE` (a trailing .png or .svg dropped), once both files it names may be
+/// written: in an existing folder, each absent or a regular file (not a link, a folder, a FIFO).
+fn plot_stem(plot: &std::path::Path) -> Result<PathBuf, AppError> {
+    let stem = match plot.extension().and_then(|e| e.to_str()) {
+        Some("png" | "svg") => plot.with_extension(""),
+        _ => plot.to_owned(),
+    };
+    let usage = |why: String| AppError::Usage(format!("--plot {}: {why}", plot.display()));
+    if stem.file_name().is_none() || plot.to_string_lossy().ends_with('/') {
+        return Err(usage("names no file (give a file's path; .png and .svg are added)".into()));
+    }
+    if let Some(dir) = stem.parent().filter(|d| !d.as_os_str().is_empty() && !d.is_dir()) {
+        return Err(usage(format!("the folder {} does not exist", dir.display())));
+    }
+    for file in plots::files(&stem) {
+        output::check("--plot", &file, &[])?;
+    }
+    Ok(stem)
 }
 
 /// The figures of `peregrine bench roofline`, printed (text or `--json`); the FMA peak on every
@@ -544,6 +565,8 @@ fn measure_roofline(a: &RooflineArgs) -> (f64, f64) {
     (all, triad)
 }
 
+/// Prints the predictors' table: one row per trace, the mean relative error of each predictor
+/// over the seeds, the best in bold; then microseconds per observation.
 fn predictors_cmd(a: &PredictorArgs) {
     use peregrine_core::scheme::lbbsp::Predictor;
     use peregrine_core::scheme::traces;

@@ -55,8 +55,14 @@ pub struct Series {
 
 type Drawn = Result<(), Box<dyn std::error::Error>>;
 
+/// `<stem>.png` and `<stem>.svg` (appended, not `with_extension`: a stem may contain dots).
+pub fn files(stem: &Path) -> [PathBuf; 2] {
+    ["png", "svg"].map(|ext| PathBuf::from(format!("{}.{ext}", stem.display())))
+}
+
 /// Draws with `f` into `<stem>.png` and `<stem>.svg`, 960 x 540; each drawn into a temporary
-/// file then renamed into place (see [`AtomicFile`]).
+/// file then renamed into place (see [`AtomicFile`]). Both targets are checked (and their
+/// temporary files made) before either is drawn, so that a refused SVG leaves no new PNG.
 fn both(
     stem: &Path,
     f: impl Fn(DrawingArea<BitMapBackend<'_>, Shift>) -> Drawn,
@@ -64,12 +70,11 @@ fn both(
 ) -> Result<(), AppError> {
     font()?;
     let size = (960, 540);
-    // Appended, not `with_extension`: a stem may contain dots.
-    let png = AtomicFile::create(&PathBuf::from(format!("{}.png", stem.display())))?;
+    let [png, svg] = files(stem);
+    let (png, svg) = (AtomicFile::create(&png)?, AtomicFile::create(&svg)?);
     f(BitMapBackend::new(png.temp_path(), size).into_drawing_area()).map_err(|e| plot_err(stem, "png", e))?;
-    png.commit()?;
-    let svg = AtomicFile::create(&PathBuf::from(format!("{}.svg", stem.display())))?;
     g(SVGBackend::new(svg.temp_path(), size).into_drawing_area()).map_err(|e| plot_err(stem, "svg", e))?;
+    png.commit()?;
     svg.commit()
 }
 

@@ -575,6 +575,22 @@ fn bench_roofline_plots_the_roof_and_each_workload_and_refuses_bad_points() {
         &stem_s,
     ]);
     assert!(shown.contains("FMA peak"), "{shown}");
+    // A plot whose SVG cannot be written leaves no PNG either; a path naming no file, or in a
+    // folder that does not exist, is refused before anything is measured.
+    let fifo = t.path().join("pipe");
+    assert!(Command::new("mkfifo").arg(t.path().join("pipe.svg")).status().expect("mkfifo").success());
+    let fifo_s = fifo.to_string_lossy().into_owned();
+    let out = peregrine(&["bench", "roofline", "--roof", "300,25", "--plot", &fifo_s]);
+    assert_eq!(out.status.code(), Some(2), "{:?}", text(&out));
+    assert!(text(&out).1.contains("--plot") && text(&out).1.contains("FIFO"), "{:?}", text(&out));
+    assert!(!t.path().join("pipe.png").exists());
+    let dir_only = format!("{}/", t.path().display());
+    let missing = t.path().join("no/such/roof").to_string_lossy().into_owned();
+    for (plot, why) in [(dir_only.as_str(), "names no file"), (missing.as_str(), "does not exist")] {
+        let out = peregrine(&["bench", "roofline", "--plot", plot]);
+        assert_eq!(out.status.code(), Some(2), "{plot}: {:?}", text(&out));
+        assert!(text(&out).1.contains(why), "{plot}: {:?}", text(&out));
+    }
     for bad in [
         &["--plot", &stem_s, "--point", "x=0,1"][..],
         &["--plot", &stem_s, "--point", "x=1,-2"],

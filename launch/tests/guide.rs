@@ -9,6 +9,7 @@
 //! (checked here to appear in `scripts/test.sh`, not run again; `scripts/test.sh` is the test
 //! script itself).
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -126,6 +127,8 @@ fn run(block: &Block) -> Result<(), String> {
         .stdin(Stdio::null())
         .stdout(out.try_clone().expect("log"))
         .stderr(out)
+        // Its own process group, so that a block past its limit ends with every process it started.
+        .process_group(0)
         .spawn()
         .expect("bash");
     let start = Instant::now();
@@ -134,7 +137,7 @@ fn run(block: &Block) -> Result<(), String> {
             break Some(status);
         }
         if start.elapsed() > LIMIT {
-            let _ = child.kill();
+            let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", child.id())]).status();
             let _ = child.wait();
             break None;
         }
