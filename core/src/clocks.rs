@@ -32,6 +32,7 @@
 //!
 //! All reads of these words race with atomic updates, so they are atomic loads too.
 
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use peregrine_transport::{Result, ShardMap, Transport, Window};
@@ -247,6 +248,17 @@ impl Clocks {
         match &self.finished {
             Some(tree) => tree.complete(it),
             None => Ok(self.first_not_done(it)?.is_none()),
+        }
+    }
+
+    /// The ranks to look at for chunks of `it` not yet done (copies to compute): past
+    /// [`crate::queue::SAMPLE_ABOVE`] ranks with the done tree, those of the first leaf node some
+    /// of whose ranks are not done, found from the root down (empty: all are done); else every
+    /// rank.
+    pub fn undone(&self, it: u64) -> Result<Range<usize>> {
+        match &self.finished {
+            Some(tree) if self.world > crate::queue::SAMPLE_ABOVE => Ok(tree.missing(it)?.unwrap_or(0..0)),
+            _ => Ok(0..self.world),
         }
     }
 

@@ -95,6 +95,51 @@ fn experiment_config_errors_are_clear() {
     }
 }
 
+/// Past 64 ranks a look for chunks without a staleness bound reads one random block of 16
+/// queues (`queue::sampled`), and speculative execution reads the done tree for chunks to copy:
+/// the slow rank's chunks are still found, taken and copied, each row applied once.
+#[test]
+fn eighty_ranks_take_over_and_copy_from_a_slow_one_through_sampled_looks_and_the_done_tree() {
+    let d_tmp = scratch("sampled");
+    let d = d_tmp.path();
+    let data = d.join("rows.pgd");
+    let data = data.to_string_lossy().into_owned();
+    ok(&["data", "gen", "sparse", &data, "--rows", "40960", "--features", "50"]);
+    let run = d.join("run");
+    let r = run.to_string_lossy().into_owned();
+    #[rustfmt::skip]
+    let args = [
+        "train", "--model", "synthetic", "--data", &data, "--run-dir", &r, "--quiet", "--scheme", "asp",
+        "--ranks", "80", "--threads", "1", "--chunk-cost", "1ms", "--params", "1000", "--batch", "20480",
+        "--chunk", "64", "--iterations", "6", "--straggler", "persistent:rank=0,speed=0.25",
+    ];
+    let (_, stderr) = ok(&args);
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).expect("summary"))
+            .expect("json");
+    let per_rank = summary["per_rank"].as_array().expect("per rank");
+    assert_eq!(per_rank.len(), 80, "{stderr}");
+    let sum = |k: &str| per_rank.iter().map(|p| p[k].as_u64().expect(k)).sum::<u64>();
+    // Six whole batches (two an epoch of 40,960 rows), every row once.
+    assert_eq!(sum("rows"), 6 * 20480, "{stderr}");
+    assert!(sum("taken") > 0, "no chunk was taken over: {per_rank:?}");
+    // Speculative execution past 64 ranks: copies of chunks not done are looked for under the
+    // done tree's first node not done, and the fastest rate among 16 ranks drawn at random.
+    let spec = d.join("spec");
+    let spec_s = spec.to_string_lossy().into_owned();
+    let mut args = args.to_vec();
+    args[6] = &spec_s;
+    args[9] = "speculative";
+    let (_, stderr) = ok(&args);
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(spec.join("summary.json")).expect("summary"))
+            .expect("json");
+    let per_rank = summary["per_rank"].as_array().expect("per rank");
+    let sum = |k: &str| per_rank.iter().map(|p| p[k].as_u64().expect(k)).sum::<u64>();
+    assert_eq!(sum("rows"), 6 * 20480, "every row once, copies or not: {stderr}");
+    assert!(sum("cloned") + sum("discarded") > 0, "no copy was computed: {per_rank:?}");
+}
+
 /// `measured <m> s, simulated <s> s, ratio <r>` from a replay's line starting with `what`.
 #[test]
 fn synthetic_workload_runs_many_ranks_and_refuses_bad_settings() {

@@ -897,6 +897,18 @@ impl Window<u64> {
         dispatch!(&self.inner, w => w.load_batch(ranges, out))
     }
 
+    /// Counts a batch of `n` loads as [`load_batch`](Self::load_batch) counts them, without
+    /// issuing them, in a serial world ([`local::serial_world`], whose operations a simulator
+    /// charges): for a simulated rank that already holds what they would read (the same words,
+    /// in the same state, that another rank of the world read). Does nothing in any other world.
+    pub fn count_loads(&self, n: usize) {
+        match &self.inner {
+            WindowInner::Local(w) => w.count_loads(n),
+            #[cfg(feature = "mpi")]
+            WindowInner::Mpi(_) => {}
+        }
+    }
+
     /// Atomically stores `value` into global element `index` and returns the previous value
     /// (MPI: `MPI_Fetch_and_op` with `MPI_REPLACE`).
     pub fn swap(&self, index: usize, value: u64) -> Result<u64> {

@@ -56,11 +56,11 @@ impl View for Live<'_> {
     fn version(&self) -> crate::scheme::Result<u64> {
         self.clocks.version()
     }
-    fn queues(&self) -> crate::scheme::Result<Vec<words::Queue>> {
-        self.queues.peek_all()
-    }
     fn candidates(&self, it: u64) -> crate::scheme::Result<Range<usize>> {
         self.queues.candidates(it)
+    }
+    fn undone(&self, it: u64) -> crate::scheme::Result<Range<usize>> {
+        self.clocks.undone(it)
     }
     fn queues_in(&self, ranks: Range<usize>) -> crate::scheme::Result<Vec<words::Queue>> {
         self.queues.peek_in(ranks)
@@ -68,11 +68,6 @@ impl View for Live<'_> {
     fn rates_in(&self, ranks: Range<usize>) -> crate::scheme::Result<Vec<f64>> {
         let mut bits = vec![0; ranks.len()];
         self.rates.load_range(ranks.start, &mut bits)?;
-        Ok(bits.into_iter().map(f64::from_bits).collect())
-    }
-    fn rates(&self) -> crate::scheme::Result<Vec<f64>> {
-        let mut bits = vec![0; self.world];
-        self.rates.load_range(0, &mut bits)?;
         Ok(bits.into_iter().map(f64::from_bits).collect())
     }
 }

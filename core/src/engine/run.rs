@@ -177,6 +177,7 @@ impl<'a, M: Model> Run<'a, M> {
             plan: &plan,
             simulated: false,
             params: model.layout().params,
+            shared: None,
         };
         let policy = cfg.scheme.scheme.policy(&setup)?;
         // A dense model under a synchronous scheme steps at the parameters' owners.

@@ -30,7 +30,7 @@ use peregrine_transport::{ShardMap, Window};
 
 use super::narx::Narx;
 use super::staleness::Bound;
-use super::{Family, Parsed, Policy, Result, SchemeKind, Setup, View};
+use super::{Family, Parsed, Policy, Result, SchemeKind, Setup, Shared, View};
 use crate::plan::Plan;
 use crate::record::{Figure, IterRecord, RankTotals};
 
@@ -80,8 +80,9 @@ impl SchemeKind for LbBsp {
             last: 0.0,
             error: 0.0,
             predictions: 0,
-            speeds: Vec::with_capacity(t.world_size()),
+            speeds: Vec::new(),
             budget: (!setup.simulated && self.predictor == Predictor::Narx).then(TrainBudget::default),
+            shared: setup.shared.clone(),
         }))
     }
 }
@@ -102,6 +103,24 @@ struct Balanced {
     speeds: Vec<f64>,
     /// NARX's training time (none in a simulated world: it trains every step there).
     budget: Option<TrainBudget>,
+    /// In a simulated world, the split its ranks share ([`Shared::split`]): the first rank to
+    /// open an iteration computes it, the others take their part (and are charged the reads).
+    shared: Option<Arc<Shared>>,
+}
+
+impl Balanced {
+    /// Drops the shared split if it was computed from predictions of the parity of `slot`,
+    /// which this rank is about to overwrite. Under BSP nobody writes a slot while a rank may
+    /// still split by it (see `before_tick`), so this never drops a split still in use; it
+    /// keeps the shared split exact whatever the order.
+    fn overwrite(&self, slot: usize) {
+        if let Some(shared) = &self.shared {
+            let mut split = shared.split.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if split.as_ref().is_some_and(|(it, _)| (it % 2) as usize == slot) {
+                *split = None;
+            }
+        }
+    }
 }
 
 /// Share of a rank's wall-clock time that NARX's training may take.
@@ -164,13 +183,27 @@ impl Policy for Balanced {
     fn chunks(&mut self, view: &dyn View, it: u64, plan: &Plan) -> Result<Range<usize>> {
         // Every rank's prediction for this iteration (one of its two words), in one batch.
         let n = view.world();
+        let r = view.rank();
+        let part = |starts: &[usize]| starts[r]..starts[r + 1];
+        if let Some(shared) = &self.shared {
+            let split = shared.split.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some((_, starts)) = split.as_ref().filter(|(at, _)| *at == it) {
+                self.preds.count_loads(n);
+                return Ok(part(starts));
+            }
+        }
         let slot = (it % 2) as usize;
         let words: Vec<_> = (0..n).map(|r| 2 * r + slot..2 * r + slot + 1).collect();
         let mut bits = vec![0; n];
         self.preds.load_batch(&words, &mut bits)?;
         self.speeds.clear();
         self.speeds.extend(bits.into_iter().map(f64::from_bits));
-        Ok(split_weighted(plan.batch_chunks(it), &self.speeds, view.rank()))
+        let starts: Arc<[usize]> = split_starts(plan.batch_chunks(it), &self.speeds).into();
+        if let Some(shared) = &self.shared {
+            *shared.split.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                Some((it, starts.clone()));
+        }
+        Ok(part(&starts))
     }
 
     fn state(&self) -> Vec<f64> {
@@ -186,6 +219,8 @@ impl Policy for Balanced {
             (self.history, self.last) = (h, last);
             // The first iterations after the resume split by this prediction (either parity).
             if last > 0.0 {
+                self.overwrite(0);
+                self.overwrite(1);
                 self.preds.swap(2 * rank, last.to_bits())?;
                 self.preds.swap(2 * rank + 1, last.to_bits())?;
             }
@@ -218,6 +253,7 @@ impl Policy for Balanced {
         rec.scheme.set("predicted", Figure::Value(self.last));
         // Slot (t + 1) mod 2: a rank still starting t reads slot t mod 2, and nobody can write
         // slot t mod 2 again (for t + 2) before everyone has started t + 1.
+        self.overwrite(((it + 1) % 2) as usize);
         self.preds.swap(2 * view.rank() + ((it + 1) % 2) as usize, self.last.to_bits())?;
         Ok(())
     }
@@ -492,13 +528,12 @@ pub fn loads() -> (f64, f64) {
 const MIN_GAIN: f64 = 0.05;
 
 /// Splits `chunks` chunks over ranks by predicted `speeds` (chunks per unit of time; non-positive
-/// or non-finite ones count as the mean of the others, all such: even split): rank `r`'s chunk
-/// range. The split minimizes the predicted makespan `max(n_r / s_r)` over whole chunks with at
-/// least one chunk each (each chunk goes where it finishes first, ties to the lower rank), and is
-/// used only when it beats
-/// the even split's by at least [`MIN_GAIN`]; every rank derives the same split from the same
-/// speeds.
-pub(crate) fn split_weighted(chunks: usize, speeds: &[f64], r: usize) -> std::ops::Range<usize> {
+/// or non-finite ones count as the mean of the others, all such: even split): rank `r`'s chunks
+/// are `starts[r]..starts[r + 1]`. The split minimizes the predicted makespan `max(n_r / s_r)`
+/// over whole chunks with at least one chunk each (each chunk goes where it finishes first, ties
+/// to the lower rank), and is used only when it beats the even split's by at least
+/// [`MIN_GAIN`]; every rank derives the same split from the same speeds.
+pub(crate) fn split_starts(chunks: usize, speeds: &[f64]) -> Vec<usize> {
     let n = speeds.len();
     let good: Vec<f64> = speeds.iter().copied().filter(|w| w.is_finite() && *w > 0.0).collect();
     let mean = if good.is_empty() { 1.0 } else { good.iter().sum::<f64>() / good.len() as f64 };
@@ -510,8 +545,12 @@ pub(crate) fn split_weighted(chunks: usize, speeds: &[f64], r: usize) -> std::op
     let floor = usize::from(chunks >= n);
     let best = fill(chunks, &s, floor);
     let counts = if makespan(&best) < (1.0 - MIN_GAIN) * makespan(&even) { best } else { even };
-    let start: usize = counts[..r].iter().sum();
-    start..start + counts[r]
+    std::iter::once(0)
+        .chain(counts.iter().scan(0, |at, &c| {
+            *at += c;
+            Some(*at)
+        }))
+        .collect()
 }
 
 /// Water-filling: `floor` chunks each, then each further chunk to the rank that would finish it
@@ -563,6 +602,65 @@ fn fill(chunks: usize, s: &[f64], floor: usize) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Rank `r`'s part of [`split_starts`].
+    fn split_weighted(chunks: usize, speeds: &[f64], r: usize) -> std::ops::Range<usize> {
+        let starts = split_starts(chunks, speeds);
+        starts[r]..starts[r + 1]
+    }
+
+    #[test]
+    fn a_simulated_world_splits_once_and_each_rank_gets_what_it_would_compute() {
+        use peregrine_transport::Transport;
+        let n = 3;
+        let world: Vec<Transport> = peregrine_transport::local::serial_world(n)
+            .expect("a serial world")
+            .into_iter()
+            .map(Transport::Local)
+            .collect();
+        let plan = Plan::new(6400, 640, n, 64, 1).expect("a plan");
+        let shared = Arc::new(Shared::default());
+        let kind = LbBsp { predictor: Predictor::MovingAverage };
+        let mut policies: Vec<_> = world
+            .iter()
+            .map(|t| {
+                let setup = Setup {
+                    t,
+                    steal: false,
+                    start: 0,
+                    plan: &plan,
+                    simulated: true,
+                    params: 0,
+                    shared: Some(shared.clone()),
+                };
+                kind.policy(&setup).expect("a policy")
+            })
+            .collect();
+        let view = |r| super::super::Snapshot::new(r, n);
+        // Iteration 0 publishes speeds 1, 2 and 1 for iteration 1 (rank r computed 640 rows).
+        for (r, p) in policies.iter_mut().enumerate() {
+            let mut rec = IterRecord { rows: 640, threads: 1, ..Default::default() };
+            let busy = Duration::from_secs_f64(if r == 1 { 0.5 } else { 1.0 });
+            p.before_tick(&view(r), 0, busy, &mut rec).expect("a hook");
+        }
+        for t in &world {
+            t.take_ops();
+        }
+        let want = split_starts(plan.batch_chunks(1), &[640.0, 1280.0, 640.0]);
+        assert_eq!(want, [0, 3, 8, 10]);
+        for (r, p) in policies.iter_mut().enumerate() {
+            assert_eq!(p.chunks(&view(r), 1, &plan).expect("a split"), want[r]..want[r + 1], "rank {r}");
+            // Charged as reading every rank's word in one batch, computed or shared.
+            assert_eq!(world[r].take_ops(), peregrine_transport::Ops::batch(n), "rank {r}");
+        }
+        assert_eq!(shared.split.lock().expect("the split").as_ref().map(|(it, _)| *it), Some(1));
+        // A write of the other parity keeps it; a write of its own parity drops it.
+        let mut rec = IterRecord { rows: 640, threads: 1, ..Default::default() };
+        policies[0].before_tick(&view(0), 1, Duration::from_secs(1), &mut rec).expect("a hook");
+        assert!(shared.split.lock().expect("the split").is_some());
+        policies[0].before_tick(&view(0), 2, Duration::from_secs(1), &mut rec).expect("a hook");
+        assert!(shared.split.lock().expect("the split").is_none());
+    }
 
     #[test]
     fn narx_trains_within_its_share_of_the_time() {

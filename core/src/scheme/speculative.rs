@@ -19,7 +19,8 @@ use std::sync::{Arc, Mutex};
 use peregrine_transport::{ShardMap, Transport, Window};
 
 use super::staleness::Bound;
-use super::{others, Family, OwnChunks, Parsed, Policy, Result, SchemeKind, Setup, View};
+use super::{Family, OwnChunks, Parsed, Policy, Result, SchemeKind, Setup, View};
+use crate::queue::sampled;
 use crate::words::{self, ClaimWord, CLAIM_BITS};
 
 pub(crate) const FAMILY: Family =
@@ -83,13 +84,13 @@ struct Copies {
 }
 
 impl Copies {
-    /// [`candidate`], skipping chunks settled or being copied by a thread of this rank; marked as
-    /// being copied if `mark`.
-    fn pick(&self, view: &dyn View, mark: bool) -> Result<Option<(usize, u32)>> {
+    /// [`candidate`] in iteration `it`, skipping chunks settled or being copied by a thread of
+    /// this rank; marked as being copied if `mark`.
+    fn pick(&self, view: &dyn View, it: u64, mark: bool) -> Result<Option<(usize, u32)>> {
         // Held across the reads: this rank's threads pick one after another, so no two copy the
         // same chunk (picks are rare: once per copy, and polls while lining up).
         let mut cloning = self.cloning.lock().expect("cloning");
-        let got = candidate(view, self.tag, |v, word| self.claims.settled_bits(v, self.tag, word), &cloning)?;
+        let got = candidate(view, it, |v, word| self.claims.settled_bits(v, self.tag, word), &cloning)?;
         if let (Some(p), true) = (got, mark) {
             cloning.push(p);
         }
@@ -97,24 +98,27 @@ impl Copies {
     }
 }
 
-/// The chunk to copy next: the first one handed out to a thread (below its queue's head) of the
-/// iteration tagged `tag`, not settled and not in `busy`, on the first other rank slow enough to
-/// copy ([`copies_from`]). A copy of an on-time rank's chunk mostly loses, and a copy in real
-/// compute cannot be cut short, so it would delay this rank's push. `settled(rank, word)` gives
-/// the settled chunks of the rank's claim word `word` as bits (chunks `48 * word ..`): one read
-/// per 48 chunks, not one per chunk.
+/// The chunk to copy next: the first one handed out to a thread (below its queue's head) of
+/// iteration `it`, not settled and not in `busy`, on the first other rank slow enough to copy
+/// ([`copies_from`]) among those not done ([`View::undone`]: every rank, or past 64 ranks one
+/// leaf node of the done tree). A copy of an on-time rank's chunk mostly loses, and a copy in
+/// real compute cannot be cut short, so it would delay this rank's push. `settled(rank, word)`
+/// gives the settled chunks of the rank's claim word `word` as bits (chunks `48 * word ..`): one
+/// read per 48 chunks, not one per chunk.
 pub(crate) fn candidate(
     view: &dyn View,
-    tag: u16,
+    it: u64,
     mut settled: impl FnMut(usize, u32) -> Result<u64>,
     busy: &[(usize, u32)],
 ) -> Result<Option<(usize, u32)>> {
-    // Every rank's queue and rate, each in one batch.
-    let (queues, rates) = (view.queues()?, view.rates()?);
-    let mine = rates[view.rank()];
-    for v in others(view) {
-        let q = queues[v];
-        if q.tag != tag || !copies_from(mine, rates[v]) {
+    let (me, tag, ranks) = (view.rank(), words::tag(it), view.undone(it)?);
+    // The ranks' queues and rates, each in one batch (this rank's rate on its own if it is not
+    // among them).
+    let (queues, rates) = (view.queues_in(ranks.clone())?, view.rates_in(ranks.clone())?);
+    let mine = if ranks.contains(&me) { rates[me - ranks.start] } else { view.rate(me)? };
+    for v in ranks.clone().filter(|&v| v != me) {
+        let (q, theirs) = (queues[v - ranks.start], rates[v - ranks.start]);
+        if q.tag != tag || !copies_from(mine, theirs) {
             continue;
         }
         for word in 0..q.head.div_ceil(CLAIM_BITS) {
@@ -148,9 +152,13 @@ impl Policy for Copies {
         true
     }
 
+    /// Reads the fastest other rank's rate: every rank's in one batch, or past
+    /// [`crate::queue::SAMPLE_ABOVE`] ranks the fastest of a block of 16 drawn at random (reading every rank's
+    /// rate at every rank is O(N^2) words an iteration).
     fn open(&mut self, view: &dyn View, it: u64) -> Result<()> {
-        let rates = view.rates()?;
-        self.fastest = others(view).map(|v| rates[v]).fold(0.0, f64::max);
+        let (me, ranks) = (view.rank(), sampled(view.world(), view.rank(), it, 0));
+        let rates = view.rates_in(ranks.clone())?;
+        self.fastest = ranks.clone().filter(|&v| v != me).map(|v| rates[v - ranks.start]).fold(0.0, f64::max);
         self.tag = words::tag(it);
         self.claims.reset(view.rank(), self.tag)?;
         self.cloning.lock().expect("cloning").clear();
@@ -185,12 +193,12 @@ impl Policy for Copies {
         true
     }
 
-    fn copy_due(&self, view: &dyn View, _it: u64, waited: bool) -> Result<bool> {
-        Ok(waited && self.pick(view, false)?.is_some())
+    fn copy_due(&self, view: &dyn View, it: u64, waited: bool) -> Result<bool> {
+        Ok(waited && self.pick(view, it, false)?.is_some())
     }
 
-    fn copy(&self, view: &dyn View, _it: u64) -> Result<Option<(usize, u32)>> {
-        self.pick(view, true)
+    fn copy(&self, view: &dyn View, it: u64) -> Result<Option<(usize, u32)>> {
+        self.pick(view, it, true)
     }
 
     fn ready(&self, view: &dyn View, it: u64) -> Result<bool> {
@@ -315,6 +323,16 @@ mod tests {
         v.queues[2] = Queue { tag: 7, head: 3, tail: 10 };
         // In iteration 6 only rank 3 is there to copy.
         assert_eq!(candidate(&v, 6, none, &[]).expect("view"), Some((3, 0)));
+        // Past 64 ranks only the ranks of the done tree's first node not done are read (this
+        // rank's rate on its own): the first not done is rank 2's node, or rank 3's.
+        v.undone = Some(2..4);
+        assert_eq!(candidate(&v, 7, none, &[]).expect("view"), Some((2, 0)));
+        v.undone = Some(3..4);
+        assert_eq!(candidate(&v, 7, none, &[]).expect("view"), None, "rank 3 is in iteration 6");
+        assert_eq!(candidate(&v, 6, none, &[]).expect("view"), Some((3, 0)));
+        v.undone = Some(0..0);
+        assert_eq!(candidate(&v, 6, none, &[]).expect("view"), None, "every rank is done");
+        v.undone = None;
         // With no rate of its own yet, a rank copies nothing.
         v.rates[0] = 0.0;
         assert_eq!(candidate(&v, 7, none, &[]).expect("view"), None);

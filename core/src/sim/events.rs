@@ -2,111 +2,193 @@
 //! costs are exact), earliest first, events at the same time in the order they were scheduled.
 //!
 //! A simulation of 4,096 ranks of 16 threads keeps ~65,000 events scheduled (one per busy
-//! thread) and pops one per chunk, so the queue is most of its time: a 4-ary min-heap of 16-byte
-//! entries (time; sequence number and the event's slot packed in one word), four children in
-//! one cache line, the events themselves in a slab beside it. A binary heap of the events
-//! themselves (48 bytes each) spent 42 % of a 2,048-rank simulation in `pop`.
+//! thread) and pops one per chunk, so the queue is most of its time. It has two levels: each
+//! group of events (a rank's: [`Grouped`]) in a small heap of its own, and the groups in a
+//! 4-ary heap by their earliest event. A pop sifts through a heap of ~4,000 groups (six levels,
+//! ~100 KB that stay in cache) and one of ~16 events, where one heap of every event (1 MB at
+//! 65,000 16-byte entries, the events in a slab beside it) missed the cache at most of its eight
+//! levels and at the slab: 40 % of a simulation's time was that heap's `pop`. The order is the
+//! same: by time, then scheduling order.
 
 /// Virtual time in nanoseconds.
 pub type Nanos = u64;
 
-/// Bits of an entry's second word that hold the event's slot (the rest: its sequence number).
-const SLOT_BITS: u32 = 24;
-/// Children per heap node.
+/// Children per node of the heap of groups.
 const ARITY: usize = 4;
+/// A group's position in the heap of groups when it has no event scheduled.
+const ABSENT: u32 = u32::MAX;
 
-/// One scheduled event in the heap: ordered by time, then sequence number.
+/// An event's group: events of one group share a heap (a simulation's: the rank's). Any
+/// grouping gives the same order; one whose groups hold few events each at a time is fastest.
+pub trait Grouped {
+    /// The event's group, a small index (the queue keeps a heap per index up to the largest).
+    fn group(&self) -> usize;
+}
+
+/// When an event is due: by time, then by sequence number (scheduling order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Entry {
+struct Due {
     at: Nanos,
-    /// Sequence number (high bits) and slot (low [`SLOT_BITS`]).
-    key: u64,
+    seq: u64,
+}
+
+/// A group in the heap of groups: when its earliest event is due.
+#[derive(Clone, Copy, Debug)]
+struct Top {
+    first: Due,
+    group: u32,
 }
 
 /// Events of type `E`, earliest first; ties in scheduling order.
 #[derive(Debug)]
 pub struct EventQueue<E> {
-    heap: Vec<Entry>,
-    slots: Vec<Option<E>>,
-    free: Vec<u32>,
+    /// Per group, a binary min-heap of its events (held in the heap: an event read from a slab
+    /// beside it missed the cache as often as the heap of every event had).
+    groups: Vec<Vec<(Due, E)>>,
+    /// The groups with events, a 4-ary min-heap by their earliest event.
+    tops: Vec<Top>,
+    /// Per group, its index in `tops` ([`ABSENT`]: none).
+    pos: Vec<u32>,
     seq: u64,
     now: Nanos,
     popped: u64,
+    len: usize,
 }
 
 impl<E> Default for EventQueue<E> {
     fn default() -> Self {
-        Self { heap: Vec::new(), slots: Vec::new(), free: Vec::new(), seq: 0, now: 0, popped: 0 }
+        Self { groups: Vec::new(), tops: Vec::new(), pos: Vec::new(), seq: 0, now: 0, popped: 0, len: 0 }
     }
 }
 
-impl<E> EventQueue<E> {
+impl<E: Grouped + Copy> EventQueue<E> {
     /// Schedules `event` at `at` (not before now: an event in the past runs now).
     pub fn push(&mut self, at: Nanos, event: E) {
+        let g = event.group();
+        assert!(g < ABSENT as usize, "an event group past 2^32 - 1");
         self.seq += 1;
-        let slot = match self.free.pop() {
-            Some(s) => {
-                self.slots[s as usize] = Some(event);
-                s
-            }
-            None => {
-                self.slots.push(Some(event));
-                (self.slots.len() - 1) as u32
-            }
-        };
-        assert!(slot < 1 << SLOT_BITS, "more than 2^24 events scheduled at once");
-        assert!(self.seq < 1 << (64 - SLOT_BITS), "more than 2^40 events scheduled");
-        let e = Entry { at: at.max(self.now), key: (self.seq << SLOT_BITS) | u64::from(slot) };
-        // Sift up.
-        let mut i = self.heap.len();
-        self.heap.push(e);
+        let due = Due { at: at.max(self.now), seq: self.seq };
+        if g >= self.groups.len() {
+            self.groups.resize_with(g + 1, Vec::new);
+            self.pos.resize(g + 1, ABSENT);
+        }
+        let heap = &mut self.groups[g];
+        // Sift up in the group's heap.
+        let mut i = heap.len();
+        heap.push((due, event));
         while i > 0 {
-            let parent = (i - 1) / ARITY;
-            if self.heap[parent] <= e {
+            let parent = (i - 1) / 2;
+            if heap[parent].0 <= due {
                 break;
             }
-            self.heap[i] = self.heap[parent];
+            heap[i] = heap[parent];
             i = parent;
         }
-        self.heap[i] = e;
+        heap[i] = (due, event);
+        self.len += 1;
+        if i > 0 {
+            return;
+        }
+        // The group's earliest event is new: the group moves up among the groups (or joins).
+        let at = match self.pos[g] {
+            ABSENT => {
+                self.tops.push(Top { first: due, group: g as u32 });
+                self.tops.len() - 1
+            }
+            p => {
+                self.tops[p as usize].first = due;
+                p as usize
+            }
+        };
+        self.sift_up(at);
     }
 
     /// The next event and its time, which becomes the current time.
     pub fn pop(&mut self) -> Option<(Nanos, E)> {
-        let top = *self.heap.first()?;
-        let last = self.heap.pop().expect("a heap with a first entry has a last");
-        if !self.heap.is_empty() {
-            // Sift the last entry down from the root.
-            let n = self.heap.len();
+        let top = *self.tops.first()?;
+        let g = top.group as usize;
+        let heap = &mut self.groups[g];
+        let (due, event) = heap[0];
+        let last = heap.pop().expect("a group among the tops has an event");
+        if heap.is_empty() {
+            // The group has no event left: it leaves the tops.
+            self.pos[g] = ABSENT;
+            let moved = self.tops.pop().expect("the tops have a first");
+            if !self.tops.is_empty() {
+                self.tops[0] = moved;
+                self.sift_down(0);
+            }
+        } else {
+            // Sift the group's last event down from its root.
+            let n = heap.len();
             let mut i = 0;
             loop {
-                let first = i * ARITY + 1;
-                if first >= n {
+                let l = 2 * i + 1;
+                if l >= n {
                     break;
                 }
-                let end = (first + ARITY).min(n);
-                let mut min = first;
-                for c in first + 1..end {
-                    if self.heap[c] < self.heap[min] {
-                        min = c;
-                    }
-                }
-                if last <= self.heap[min] {
+                let c = if l + 1 < n && heap[l + 1].0 < heap[l].0 { l + 1 } else { l };
+                if last.0 <= heap[c].0 {
                     break;
                 }
-                self.heap[i] = self.heap[min];
-                i = min;
+                heap[i] = heap[c];
+                i = c;
             }
-            self.heap[i] = last;
+            heap[i] = last;
+            self.tops[0].first = heap[0].0;
+            self.sift_down(0);
         }
-        let slot = (top.key & ((1 << SLOT_BITS) - 1)) as u32;
-        let e = self.slots[slot as usize].take().expect("a scheduled event's slot holds it");
-        self.free.push(slot);
-        self.now = top.at;
+        self.now = due.at;
         self.popped += 1;
-        Some((top.at, e))
+        self.len -= 1;
+        Some((due.at, event))
     }
 
+    /// Moves the group at `i` of the tops up to its place.
+    fn sift_up(&mut self, mut i: usize) {
+        let t = self.tops[i];
+        while i > 0 {
+            let parent = (i - 1) / ARITY;
+            if self.tops[parent].first <= t.first {
+                break;
+            }
+            self.tops[i] = self.tops[parent];
+            self.pos[self.tops[i].group as usize] = i as u32;
+            i = parent;
+        }
+        self.tops[i] = t;
+        self.pos[t.group as usize] = i as u32;
+    }
+
+    /// Moves the group at `i` of the tops down to its place.
+    fn sift_down(&mut self, mut i: usize) {
+        let t = self.tops[i];
+        let n = self.tops.len();
+        loop {
+            let first = i * ARITY + 1;
+            if first >= n {
+                break;
+            }
+            let end = (first + ARITY).min(n);
+            let mut min = first;
+            for c in first + 1..end {
+                if self.tops[c].first < self.tops[min].first {
+                    min = c;
+                }
+            }
+            if t.first <= self.tops[min].first {
+                break;
+            }
+            self.tops[i] = self.tops[min];
+            self.pos[self.tops[i].group as usize] = i as u32;
+            i = min;
+        }
+        self.tops[i] = t;
+        self.pos[t.group as usize] = i as u32;
+    }
+}
+
+impl<E> EventQueue<E> {
     /// The current time: that of the last event popped.
     pub fn now(&self) -> Nanos {
         self.now
@@ -114,12 +196,12 @@ impl<E> EventQueue<E> {
 
     /// Events scheduled and not yet popped.
     pub fn len(&self) -> usize {
-        self.heap.len()
+        self.len
     }
 
     /// Whether no event is scheduled.
     pub fn is_empty(&self) -> bool {
-        self.heap.is_empty()
+        self.len == 0
     }
 
     /// Events popped so far.
@@ -131,6 +213,25 @@ impl<E> EventQueue<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Groups for the tests' events: any grouping must give the same order.
+    impl Grouped for &str {
+        fn group(&self) -> usize {
+            self.len()
+        }
+    }
+
+    impl Grouped for i32 {
+        fn group(&self) -> usize {
+            self.unsigned_abs() as usize % 2
+        }
+    }
+
+    impl Grouped for u64 {
+        fn group(&self) -> usize {
+            (crate::plan::mix(*self) % 61) as usize
+        }
+    }
 
     #[test]
     fn events_come_out_by_time_then_in_scheduling_order() {

@@ -67,7 +67,7 @@ use serde::Serialize;
 
 pub use crate::engine::NodeCombine;
 pub use cost::{CombineCosts, ComputeModel, Link, Measured, Network, Preset, Replay};
-pub use events::{EventQueue, Nanos};
+pub use events::{EventQueue, Grouped, Nanos};
 
 use crate::engine::{Config, IterRecord, RankTotals, TrainError};
 use crate::plan::Plan;
@@ -315,6 +315,7 @@ fn build(s: &SimConfig, plan: &Plan) -> Result<(Vec<Transport>, Policies), SimEr
     let world: Vec<Transport> =
         peregrine_transport::local::serial_world(s.ranks)?.into_iter().map(Transport::Local).collect();
     let mut policies = Vec::with_capacity(s.ranks);
+    let shared = std::sync::Arc::new(crate::scheme::Shared::default());
     for t in &world {
         policies.push(s.cfg.scheme.scheme.policy(&Setup {
             t,
@@ -323,6 +324,7 @@ fn build(s: &SimConfig, plan: &Plan) -> Result<(Vec<Transport>, Policies), SimEr
             plan,
             simulated: true,
             params: 0,
+            shared: Some(shared.clone()),
         })?);
     }
     for t in &world {

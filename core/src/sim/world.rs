@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Range;
 
 use super::cost::{nanos, CombineCosts, ComputeModel};
-use super::events::{EventQueue, Nanos};
+use super::events::{EventQueue, Grouped, Nanos};
 use super::{SimConfig, SimError};
 use peregrine_transport::{Ops, Transport};
 
@@ -119,6 +119,13 @@ enum Ev {
     Check(usize),
 }
 
+/// A rank's events share a heap of the queue (a few at a time: one per busy thread).
+impl Grouped for Ev {
+    fn group(&self) -> usize {
+        self.rank()
+    }
+}
+
 impl Ev {
     /// The rank the event is for.
     fn rank(self) -> usize {
@@ -132,6 +139,9 @@ impl Ev {
         }
     }
 }
+
+/// A thread computing a copy: `(rank, thread, the thread's generation with the copy)`.
+type Copier = (usize, usize, u64);
 
 /// A simulation in progress.
 pub(super) struct Sim<'a> {
@@ -150,8 +160,8 @@ pub(super) struct Sim<'a> {
     waiting: BTreeMap<u64, Vec<usize>>,
     /// Ranks lining up with nothing to do, by iteration.
     lined: HashMap<u64, Vec<usize>>,
-    /// Copies running, by chunk `(owner, chunk)`: `(rank, thread)`.
-    copying: HashMap<(usize, u32), Vec<(usize, usize)>>,
+    /// Copies started, by chunk `(owner, chunk)`, until the chunk is claimed.
+    copying: HashMap<(usize, u32), Vec<Copier>>,
     /// The batches of the last few iterations: `(iteration, start, end)` at `iteration % 4`.
     batches: [Cell<(u64, usize, usize)>; 4],
     /// Whether the ranks of a node combine on the node ([`SimConfig::node_combine`]).

@@ -333,11 +333,16 @@ impl LocalRank {
     /// In a serial world, the window operations (gets, writes, atomics) this rank issued since
     /// the last call; 0 elsewhere.
     pub fn take_ops(&self) -> crate::Ops {
+        // A load first: most calls find nothing counted, and a swap is a locked instruction.
         let take = |i: usize| {
-            self.world
-                .ops
-                .as_ref()
-                .map_or(0, |o| o[self.rank][i].swap(0, std::sync::atomic::Ordering::Relaxed))
+            self.world.ops.as_ref().map_or(0, |o| {
+                let c = &o[self.rank][i];
+                if c.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+                    0
+                } else {
+                    c.swap(0, std::sync::atomic::Ordering::Relaxed)
+                }
+            })
         };
         crate::Ops { trips: take(0), pipelined: take(1) }
     }

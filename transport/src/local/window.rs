@@ -277,6 +277,11 @@ impl<T: Elem> LocalWindow<T> {
         Ok(())
     }
 
+    /// Counts `n` loads issued back to back, without issuing them (a serial world only).
+    pub(crate) fn count_loads(&self, n: usize) {
+        self.world.count_batch(self.rank, n);
+    }
+
     pub(crate) fn swap(&self, index: usize, value: T) -> Result<T> {
         self.atomic(index, |a| T::atomic_swap(a, value))
     }

@@ -130,12 +130,12 @@ impl Sim<'_> {
                                 th,
                                 t.saturating_add(extra),
                                 Item::Claimed(c),
-                                &[(r, it, c)],
+                                (r, it, c..c + 1),
                             );
                         }
                         continue;
                     }
-                    return self.start(r, th, t.saturating_add(extra), Item::OwnCopy(c), &[(r, it, c)]);
+                    return self.start(r, th, t.saturating_add(extra), Item::OwnCopy(c), (r, it, c..c + 1));
                 }
                 self.ranks[r].threads[th].own = None;
                 let view = SimView::new(&self.w, r);
@@ -150,7 +150,7 @@ impl Sim<'_> {
                 if let Some(item) = self.take(r, take, true) {
                     extra = extra.saturating_add(self.drained_by(r, take.rank));
                     let chunks = Self::chunks_of(&item);
-                    return self.start(r, th, t.saturating_add(extra), item, &chunks);
+                    return self.start(r, th, t.saturating_add(extra), item, chunks);
                 }
                 continue;
             }
@@ -162,8 +162,8 @@ impl Sim<'_> {
                 extra = extra.saturating_add(self.charge(r, view.ops()));
                 if mode == OwnChunks::Whole {
                     self.ranks[r].threads[th].own = Some((range.end..range.end, mode));
-                    let chunks: Vec<_> = range.clone().map(|c| (r, it, c)).collect();
-                    return self.start(r, th, t.saturating_add(extra), Item::Whole(range), &chunks);
+                    let chunks = (r, it, range.clone());
+                    return self.start(r, th, t.saturating_add(extra), Item::Whole(range), chunks);
                 }
                 self.ranks[r].threads[th].own = Some((range, mode));
                 continue;
@@ -180,7 +180,7 @@ impl Sim<'_> {
                     if let Some(item) = self.take(r, take, false) {
                         extra = extra.saturating_add(self.drained_by(r, take.rank));
                         let chunks = Self::chunks_of(&item);
-                        return self.start(r, th, t.saturating_add(extra), item, &chunks);
+                        return self.start(r, th, t.saturating_add(extra), item, chunks);
                     }
                 }
             }
@@ -206,7 +206,7 @@ impl Sim<'_> {
                 th,
                 t.saturating_add(extra),
                 Item::Copy { owner, chunk },
-                &[(owner, it, chunk)],
+                (owner, it, chunk..chunk + 1),
             );
         }
     }
@@ -220,23 +220,32 @@ impl Sim<'_> {
         Some(Item::Help { victim: take.rank, vit: words::untag(g, it), chunks, reassigned })
     }
 
-    /// The chunks `(owner, owner's iteration, chunk)` of a take-over.
-    fn chunks_of(item: &Item) -> Vec<(usize, u64, u32)> {
+    /// The chunks `(owner, owner's iteration, chunks)` of a take-over.
+    fn chunks_of(item: &Item) -> (usize, u64, Range<u32>) {
         match item {
-            Item::Help { victim, vit, chunks, .. } => chunks.clone().map(|c| (*victim, *vit, c)).collect(),
-            _ => Vec::new(),
+            Item::Help { victim, vit, chunks, .. } => (*victim, *vit, chunks.clone()),
+            _ => (0, 0, 0..0),
         }
     }
 
-    /// Starts `item` on thread `th` of `r` at `t`: its chunks' compute, then the injected delay.
-    fn start(&mut self, r: usize, th: usize, t: Nanos, item: Item, chunks: &[(usize, u64, u32)]) -> R<bool> {
+    /// Starts `item` on thread `th` of `r` at `t`: the compute of its chunks (`owner`'s `chunks`
+    /// of the owner's iteration `cit`), then the injected delay.
+    fn start(
+        &mut self,
+        r: usize,
+        th: usize,
+        t: Nanos,
+        item: Item,
+        chunks: (usize, u64, Range<u32>),
+    ) -> R<bool> {
         let rk = &self.ranks[r];
         let slowdown = match &self.s.compute {
             ComputeModel::Replay(_) => 1.0,
             _ => self.s.cfg.inject.slowdown(r, t as f64 * 1e-9, self.s.max_threads()),
         };
         let mut compute = 0.0;
-        for &(owner, cit, c) in chunks {
+        let (owner, cit, chunks) = chunks;
+        for c in chunks {
             let g = self.global_chunk(owner, cit, c);
             compute += self.s.compute.chunk(r, rk.it, cit, g);
         }
@@ -244,7 +253,8 @@ impl Sim<'_> {
         let delay = nanos(compute as f64 * 1e-9 * rk.delay);
         if let Item::OwnCopy(c) | Item::Copy { chunk: c, .. } = item {
             let owner = if let Item::Copy { owner, .. } = item { owner } else { r };
-            self.copying.entry((owner, c)).or_default().push((r, th));
+            let gen = self.ranks[r].threads[th].gen + 1;
+            self.copying.entry((owner, c)).or_default().push((r, th, gen));
         }
         let thread = &mut self.ranks[r].threads[th];
         thread.gen += 1;
@@ -286,7 +296,7 @@ impl Sim<'_> {
                 1
             }
             &Item::OwnCopy(c) => {
-                completed.extend(self.copy_done(r, th, r, c, t)?);
+                completed.extend(self.copy_done(r, r, c, t)?);
                 1
             }
             Item::Help { victim, vit, chunks, reassigned } => {
@@ -300,7 +310,7 @@ impl Sim<'_> {
                 n
             }
             &Item::Copy { owner, chunk } => {
-                completed.extend(self.copy_done(r, th, owner, chunk, t)?);
+                completed.extend(self.copy_done(r, owner, chunk, t)?);
                 1
             }
         };
@@ -325,20 +335,14 @@ impl Sim<'_> {
     }
 
     /// A copy of `owner`'s chunk `chunk` (`owner == r`: the rank's own, computed as a copy) ended
-    /// on thread `th` of `r` at `t`: applied if it claims the chunk first (then the other copies'
+    /// on a thread of `r` at `t`: applied if it claims the chunk first (then the other copies'
     /// delays stop), dropped if not. Returns the iteration the chunk completed, if it did (with
     /// the time until that is seen: [`Sim::done`]).
-    fn copy_done(
-        &mut self,
-        r: usize,
-        th: usize,
-        owner: usize,
-        chunk: u32,
-        t: Nanos,
-    ) -> R<Option<(u64, Nanos)>> {
+    fn copy_done(&mut self, r: usize, owner: usize, chunk: u32, t: Nanos) -> R<Option<(u64, Nanos)>> {
         let it = self.ranks[r].it;
-        self.unmark(owner, chunk, r, th);
         if !self.policies[r].claim(owner, words::tag(it), chunk)? {
+            // Claimed before (and its copies settled then), or its iteration is over.
+            self.copying.remove(&(owner, chunk));
             self.ranks[r].rec.discarded += 1;
             return Ok(None);
         }
@@ -389,21 +393,17 @@ impl Sim<'_> {
         b
     }
 
-    fn unmark(&mut self, owner: usize, chunk: u32, r: usize, th: usize) {
-        if let Some(v) = self.copying.get_mut(&(owner, chunk)) {
-            v.retain(|&x| x != (r, th));
-            if v.is_empty() {
-                self.copying.remove(&(owner, chunk));
-            }
-        }
-    }
-
     /// `owner`'s chunk `chunk` was claimed at `t`: the other copies' injected delays stop there
-    /// (their compute cannot be cut short).
+    /// (their compute cannot be cut short). A copy whose thread has moved on since (its item's
+    /// generation is not the one it started with) is skipped: finished copies are not removed
+    /// one by one, which with thousands of copies of one chunk was quadratic.
     fn settle(&mut self, owner: usize, chunk: u32, t: Nanos) {
-        let Some(others) = self.copying.get(&(owner, chunk)).cloned() else { return };
-        for (r, th) in others {
+        let Some(others) = self.copying.remove(&(owner, chunk)) else { return };
+        for (r, th, gen) in others {
             let thread = &mut self.ranks[r].threads[th];
+            if thread.gen != gen {
+                continue;
+            }
             let at = thread.compute_end.max(t);
             if at < thread.end {
                 thread.end = at;

@@ -18,14 +18,10 @@ pub(super) struct Words {
     pub(super) min: u64,
     at_min: usize,
     pub(super) version: u64,
-    pub(super) queues: Vec<Queue>,
-    /// The iteration each queue belongs to.
-    qit: Vec<u64>,
+    /// Every rank's queue and progress word (each chunk taken and done touches both).
+    pub(super) ranks: Vec<RankWords>,
     /// Chunks queued, per iteration (no zero entries).
     queued: BTreeMap<u64, u64>,
-    pub(super) progress: Vec<ProgressWord>,
-    /// The iteration each progress word belongs to (`None`: none announced yet).
-    pit: Vec<Option<u64>>,
     /// Per iteration, ranks whose progress word is that iteration's with every chunk done.
     complete: HashMap<u64, usize>,
     pub(super) rates: Vec<f64>,
@@ -37,12 +33,35 @@ pub(super) struct Words {
     /// The tree of drained queues (`crate::queue`), when ranks take over chunks under a
     /// staleness bound, with every rank's first iteration whose queue it has not drained.
     pub(super) drained: Option<(SimTree, FirstAtMost)>,
+    /// Looks without the tree of drained queues so far (drawing their blocks).
+    looks: std::cell::Cell<u64>,
+    /// With the done tree: every rank's first iteration whose chunks are not all done (where a
+    /// descent of the done tree ends).
+    undone: Option<FirstAtMost>,
 }
+
+/// A rank's chunk queue and progress word, with the iterations they belong to: one cache line
+/// (a simulation of thousands of ranks touches a random rank's words at every chunk).
+#[derive(Clone, Copy, Debug)]
+#[repr(align(64))]
+pub(super) struct RankWords {
+    pub(super) queue: Queue,
+    pub(super) progress: ProgressWord,
+    /// The iteration the queue belongs to.
+    qit: u64,
+    /// The iteration the progress word belongs to ([`NONE`]: none announced yet).
+    pit: u64,
+}
+
+/// No iteration announced yet.
+const NONE: u64 = u64::MAX;
 
 impl Words {
     pub(super) fn new(world: usize, trees: Option<bool>, version_kept: bool, drained: bool) -> Self {
         Self {
             drained: drained.then(|| (SimTree::new(world), FirstAtMost::new(world, 0))),
+            looks: std::cell::Cell::new(0),
+            undone: (trees == Some(true)).then(|| FirstAtMost::new(world, 0)),
             trees: trees.map(|lines_up| (SimTree::new(world), lines_up.then(|| SimTree::new(world)))),
             version_kept,
             world,
@@ -50,11 +69,16 @@ impl Words {
             min: 0,
             at_min: world,
             version: 0,
-            queues: vec![Queue::default(); world],
-            qit: vec![0; world],
+            ranks: vec![
+                RankWords {
+                    queue: Queue::default(),
+                    progress: ProgressWord::unpack(ProgressWord::NONE),
+                    qit: 0,
+                    pit: NONE,
+                };
+                world
+            ],
             queued: BTreeMap::new(),
-            progress: vec![ProgressWord::unpack(ProgressWord::NONE); world],
-            pit: vec![None; world],
             complete: HashMap::new(),
             rates: vec![0.0; world],
         }
@@ -87,35 +111,36 @@ impl Words {
     /// Announces and queues `r`'s `n` chunks of `it`.
     pub(super) fn open(&mut self, r: usize, it: u64, n: u32) {
         let tag = words::tag(it);
-        let old = self.queues[r];
-        self.unqueue(self.qit[r], old.left());
-        self.queues[r] = Queue { tag, head: 0, tail: n };
-        self.qit[r] = it;
+        let old = self.ranks[r];
+        self.unqueue(old.qit, old.queue.left());
         if n > 0 {
             *self.queued.entry(it).or_default() += u64::from(n);
         }
-        if let Some(p) = self.pit[r] {
-            if self.progress[r].done >= self.progress[r].total {
-                *self.complete.entry(p).or_default() -= 1;
-            }
+        if old.pit != NONE && old.progress.done >= old.progress.total {
+            *self.complete.entry(old.pit).or_default() -= 1;
         }
-        self.progress[r] = ProgressWord { tag, total: n, done: 0 };
-        self.pit[r] = Some(it);
+        self.ranks[r] = RankWords {
+            queue: Queue { tag, head: 0, tail: n },
+            progress: ProgressWord { tag, total: n, done: 0 },
+            qit: it,
+            pit: it,
+        };
         if n == 0 {
             *self.complete.entry(it).or_default() += 1;
+            self.finished(r, it);
         }
     }
 
     /// Takes up to `max` chunks from the head of `r`'s own queue.
     pub(super) fn take_own(&mut self, r: usize, max: u32) -> Option<Range<u32>> {
-        let q = &mut self.queues[r];
-        let n = q.left().min(max);
+        let w = &mut self.ranks[r];
+        let n = w.queue.left().min(max);
         if n == 0 {
             return None;
         }
-        let got = q.head..q.head + n;
-        q.head += n;
-        let it = self.qit[r];
+        let got = w.queue.head..w.queue.head + n;
+        w.queue.head += n;
+        let it = w.qit;
         self.unqueue(it, n);
         Some(got)
     }
@@ -123,15 +148,15 @@ impl Words {
     /// Takes `fraction` of `victim`'s queued chunks (at least one) from its tail, as
     /// [`crate::queue::ChunkQueues::steal`] does.
     pub(super) fn steal(&mut self, victim: usize, fraction: f64) -> Option<(u16, Range<u32>)> {
-        let q = &mut self.queues[victim];
-        let left = q.left();
+        let w = &mut self.ranks[victim];
+        let left = w.queue.left();
         let n = ((f64::from(left) * fraction).ceil() as u32).max(1).min(left);
         if n == 0 {
             return None;
         }
-        q.tail -= n;
-        let got = (q.tag, q.tail..q.tail + n);
-        let it = self.qit[victim];
+        w.queue.tail -= n;
+        let got = (w.queue.tag, w.queue.tail..w.queue.tail + n);
+        let it = w.qit;
         self.unqueue(it, n);
         Some(got)
     }
@@ -139,16 +164,59 @@ impl Words {
     /// Counts `n` more of `r`'s chunks done; returns the iteration whose chunks of `r`'s this
     /// completed, if it did, and whether every rank's are now done.
     pub(super) fn done(&mut self, r: usize, n: u32) -> Option<(u64, bool)> {
-        let p = &mut self.progress[r];
-        let before = p.done >= p.total;
-        p.done += n;
-        let it = self.pit[r]?;
-        if !before && p.done >= p.total {
+        let w = &mut self.ranks[r];
+        let before = w.progress.done >= w.progress.total;
+        w.progress.done += n;
+        let it = w.pit;
+        if it == NONE {
+            return None;
+        }
+        if !before && w.progress.done >= w.progress.total {
+            self.finished(r, it);
             let c = self.complete.entry(it).or_default();
             *c += 1;
             return Some((it, *c == self.world));
         }
         None
+    }
+
+    /// `r`'s chunks of `it` are all done.
+    fn finished(&mut self, r: usize, it: u64) {
+        if let Some(undone) = &mut self.undone {
+            undone.set(r, it + 1);
+        }
+    }
+
+    /// The ranks of the first leaf node of the done tree with a rank whose chunks of `it` are not
+    /// all done (empty: none), past [`crate::queue::SAMPLE_ABOVE`] ranks with the done tree;
+    /// else every rank ([`crate::clocks::Clocks::undone`]).
+    pub(super) fn undone(&self, it: u64) -> Range<usize> {
+        match (&self.undone, &self.trees) {
+            (Some(undone), Some((_, Some(tree)))) if self.world > crate::queue::SAMPLE_ABOVE => {
+                match undone.first(it) {
+                    Some(r) => {
+                        let host = tree.shape.host(r, 0);
+                        host..(host + crate::tree::FAN).min(self.world)
+                    }
+                    None => 0..0,
+                }
+            }
+            _ => 0..self.world,
+        }
+    }
+
+    /// What [`Words::undone`] reads: the done tree's descent (as [`Words::descent_ops`]'s).
+    pub(super) fn undone_ops(&self) -> Ops {
+        let mut ops = Ops::default();
+        if let (Some(_), Some((_, Some(tree)))) = (&self.undone, &self.trees) {
+            if self.world > crate::queue::SAMPLE_ABOVE {
+                ops += Ops::batch(1);
+                for _ in 1..tree.shape.levels() {
+                    ops += Ops::batch(crate::tree::FAN.min(self.world));
+                }
+            }
+        }
+        ops
     }
 
     pub(super) fn all_done(&self, it: u64) -> bool {
@@ -159,16 +227,18 @@ impl Words {
     /// that iteration (the take that emptied it, or the fill with none, arrives at the tree).
     pub(super) fn drain(&mut self, r: usize) -> Option<u64> {
         let (_, next) = self.drained.as_mut()?;
-        let it = self.qit[r];
-        (self.queues[r].left() == 0 && next.get(r) <= it).then(|| {
+        let w = &self.ranks[r];
+        let it = w.qit;
+        (w.queue.left() == 0 && next.get(r) <= it).then(|| {
             next.set(r, it + 1);
             it
         })
     }
 
     /// The ranks of the first leaf node of the tree of drained queues with a rank that has not
-    /// drained `it` (a look for chunks to take over), or every rank without the tree.
-    pub(super) fn candidates(&self, it: u64) -> Range<usize> {
+    /// drained `it` (`r`'s look for chunks to take over), or without the tree a block drawn at
+    /// random ([`crate::queue::sampled`]).
+    pub(super) fn candidates(&self, r: usize, it: u64) -> Range<usize> {
         match &self.drained {
             Some((tree, next)) => match next.first(it) {
                 Some(r) => {
@@ -177,7 +247,11 @@ impl Words {
                 }
                 None => 0..0,
             },
-            None => 0..self.world,
+            None => {
+                let look = self.looks.get();
+                self.looks.set(look + 1);
+                crate::queue::sampled(self.world, r, it, look)
+            }
         }
     }
 
@@ -196,25 +270,18 @@ impl Words {
     }
 
     /// What a look for chunks to take over costs: the descent, then the candidates' words in one
-    /// batch (a leaf node's with the tree, every rank's without).
+    /// batch (a leaf node's with the tree, a block's or every rank's without).
     pub(super) fn look_ops(&self) -> Ops {
         let mut ops = self.descent_ops();
-        ops += Ops::batch(if self.drained.is_some() { crate::tree::FAN.min(self.world) } else { self.world });
+        let fan = crate::tree::FAN.min(self.world);
+        let sampled = self.world > crate::queue::SAMPLE_ABOVE;
+        ops += Ops::batch(if self.drained.is_some() || sampled { fan } else { self.world });
         ops
     }
 
     /// Whether a rank other than `r` among the candidates of `it` has chunks of `it` queued.
     pub(super) fn stealable_near(&self, r: usize, it: u64) -> bool {
-        if self.drained.is_none() {
-            return self.stealable(r, it);
-        }
-        self.candidates(it).any(|v| v != r && self.qit[v] == it && self.queues[v].left() > 0)
-    }
-
-    /// Whether a rank other than `r` has chunks of `it` queued.
-    fn stealable(&self, r: usize, it: u64) -> bool {
-        let mine = if self.qit[r] == it { u64::from(self.queues[r].left()) } else { 0 };
-        self.queued.get(&it).is_some_and(|&c| c > mine)
+        self.candidates(r, it).any(|v| v != r && self.ranks[v].qit == it && self.ranks[v].queue.left() > 0)
     }
 
     /// Whether any rank has chunks queued of an iteration not after `it`.

@@ -67,11 +67,11 @@ impl View for SimView<'_> {
     }
     fn queue(&self, rank: usize) -> crate::scheme::Result<Queue> {
         self.read();
-        Ok(self.w.queues[rank])
+        Ok(self.w.ranks[rank].queue)
     }
     fn progress(&self, rank: usize) -> crate::scheme::Result<ProgressWord> {
         self.read();
-        Ok(self.w.progress[rank])
+        Ok(self.w.ranks[rank].progress)
     }
     fn rate(&self, rank: usize) -> crate::scheme::Result<f64> {
         self.read();
@@ -81,23 +81,19 @@ impl View for SimView<'_> {
         self.read_all();
         Ok(self.w.clocks.clone())
     }
-    fn queues(&self) -> crate::scheme::Result<Vec<Queue>> {
-        self.read_all();
-        Ok(self.w.queues.clone())
-    }
-    fn rates(&self) -> crate::scheme::Result<Vec<f64>> {
-        self.read_all();
-        Ok(self.w.rates.clone())
-    }
     /// The descent of the tree of drained queues (its reads charged here, the candidates' words
     /// by the reads that follow).
     fn candidates(&self, it: u64) -> crate::scheme::Result<Range<usize>> {
         self.add(self.w.descent_ops());
-        Ok(self.w.candidates(it))
+        Ok(self.w.candidates(self.rank, it))
+    }
+    fn undone(&self, it: u64) -> crate::scheme::Result<Range<usize>> {
+        self.add(self.w.undone_ops());
+        Ok(self.w.undone(it))
     }
     fn queues_in(&self, ranks: Range<usize>) -> crate::scheme::Result<Vec<Queue>> {
         self.add(Ops::batch(ranks.len()));
-        Ok(self.w.queues[ranks].to_vec())
+        Ok(self.w.ranks[ranks].iter().map(|w| w.queue).collect())
     }
     fn rates_in(&self, ranks: Range<usize>) -> crate::scheme::Result<Vec<f64>> {
         self.add(Ops::batch(ranks.len()));
