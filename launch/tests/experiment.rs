@@ -138,6 +138,10 @@ fn eighty_ranks_take_over_and_copy_from_a_slow_one_through_sampled_looks_and_the
     let sum = |k: &str| per_rank.iter().map(|p| p[k].as_u64().expect(k)).sum::<u64>();
     assert_eq!(sum("rows"), 6 * 20480, "every row once, copies or not: {stderr}");
     assert!(sum("cloned") + sum("discarded") > 0, "no copy was computed: {per_rank:?}");
+    // Its replay: ranks lining up, woken at every other rank's opening, poll once at a time (a
+    // chain of polls per wake filled the event queue).
+    let (stdout, stderr) = ok(&["simulate", "--replay", &spec_s]);
+    assert!(stdout.contains("time per iteration: measured"), "{stdout}{stderr}");
 }
 
 /// `measured <m> s, simulated <s> s, ratio <r>` from a replay's line starting with `what`.

@@ -66,6 +66,8 @@ impl<E: Grouped + Copy> EventQueue<E> {
     pub fn push(&mut self, at: Nanos, event: E) {
         let g = event.group();
         assert!(g < ABSENT as usize, "an event group past 2^32 - 1");
+        // A simulation holds about one event per thread; far more is a storm of events (a bug).
+        assert!(self.len < 1 << 26, "more than 2^26 events scheduled at once");
         self.seq += 1;
         let due = Due { at: at.max(self.now), seq: self.seq };
         if g >= self.groups.len() {

@@ -106,6 +106,8 @@ struct Rank {
     finished: Nanos,
     /// Under the node combine: the rank and its node's barrier.
     gate: Gate,
+    /// Whether a poll of the line-up (`Ev::Check`) is pending.
+    polling: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -223,6 +225,7 @@ impl<'a> Sim<'a> {
                 totals: RankTotals::default(),
                 finished: 0,
                 gate: Gate::Through,
+                polling: false,
             })
             .collect();
         let mut q = EventQueue::default();
@@ -281,6 +284,7 @@ impl<'a> Sim<'a> {
                 }
                 Ev::Ticked(r) => self.ticked(r, t)?,
                 Ev::Check(r) => {
+                    self.ranks[r].polling = false;
                     if self.ranks[r].phase == RankPhase::LineWait {
                         self.line_up(r, t)?;
                     }

@@ -70,9 +70,15 @@ impl Sim<'_> {
                 rk.help_start = t;
                 return self.start_threads(r, t, true);
             }
-            // Polled again: copies become due with time and with the others' rates.
+            // Polled again: copies become due with time and with the others' rates. One poll
+            // pending at a time: a rank woken again while one is pending (each rank's opening
+            // wakes the ranks lining up) would start a second chain of polls, and at 80 ranks
+            // the chains filled the event queue.
             let poll = (rk.per_chunk / 2).max(5_000);
-            self.q.push(due_at.max(t.saturating_add(poll)), Ev::Check(r));
+            if !rk.polling {
+                self.q.push(due_at.max(t.saturating_add(poll)), Ev::Check(r));
+                self.ranks[r].polling = true;
+            }
         }
         self.ranks[r].phase = RankPhase::LineWait;
         self.lined.entry(it).or_default().push(r);
