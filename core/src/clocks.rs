@@ -252,12 +252,12 @@ impl Clocks {
     }
 
     /// The ranks to look at for chunks of `it` not yet done (copies to compute): past
-    /// [`crate::queue::SAMPLE_ABOVE`] ranks with the done tree, those of the first leaf node some
+    /// [`crate::queue::READ_ALL_UP_TO`] ranks with the done tree, those of the first leaf node some
     /// of whose ranks are not done, found from the root down (empty: all are done); else every
     /// rank.
     pub fn undone(&self, it: u64) -> Result<Range<usize>> {
         match &self.finished {
-            Some(tree) if self.world > crate::queue::SAMPLE_ABOVE => Ok(tree.missing(it)?.unwrap_or(0..0)),
+            Some(tree) if self.world > crate::queue::READ_ALL_UP_TO => Ok(tree.missing(it)?.unwrap_or(0..0)),
             _ => Ok(0..self.world),
         }
     }

@@ -27,7 +27,7 @@
 //!
 //! Without a staleness bound (ASP, DynSGD) there is no tree (its ring of slots needs the bound),
 //! and past [`SAMPLE_ABOVE`] ranks a look reads the queues of one block of [`crate::tree::FAN`]
-//! ranks drawn at random: O(1) words per look instead of N. A victim is missed
+//! ranks drawn at random: O(1) words per look instead of N (below it, every queue). A victim is missed
 //! by most looks, but not by most ranks: with `N` ranks of `T` threads looking as they run out,
 //! each block is read by about `16 T` looks a round whatever `N` is, as in randomized work
 //! stealing.
@@ -41,19 +41,29 @@ use crate::tree::Tree;
 use crate::words::Queue;
 pub use crate::words::{tag, MAX_CHUNKS};
 
-/// Worlds up to this many ranks read every queue per look without the tree: a batch of 64
-/// words costs a few round trips (~5 us over InfiniBand, against chunks of ~200 us), and the
-/// simulator finds sampling slower there (asp+steal at 64 ranks under disruptions: 1.47x Ideal
-/// sampled, 1.39x reading all); at 4,096 ranks a batch of every word is ~0.3 ms a look.
-pub const SAMPLE_ABOVE: usize = 64;
+/// Worlds up to this many ranks read every queue per look without the tree. Simulated ASP with
+/// taking over (16 threads a rank, 40 iterations; time per iteration against Ideal, every queue
+/// read against one random block of 16): under a power law of stragglers (`alpha=4`) reading
+/// every queue wins up to 2,048 ranks (512: 1.46x against 1.89x; 2,048: 1.88x against 2.03x),
+/// the global choice of the victim with most left outweighing the cost of the reads; with one
+/// rank at half speed or disrupted machines sampling wins from 1,024 ranks (1,024: 1.18x against
+/// 1.03x and 1.77x against 1.58x); at 4,096 it wins in all three (power law 2.54x against
+/// 2.06x), where a batch of every word is ~0.3 ms a look. Over the three, sampling is behind at
+/// 512 ranks (geometric mean 1.45x against 1.33x), even at 1,024 (1.45x against 1.48x) and ahead
+/// from 2,048 (1.50x against 1.74x).
+pub const SAMPLE_ABOVE: usize = 1024;
 
-/// The ranks a look without the tree of drained queues reads: every rank in a world of at most
-/// [`SAMPLE_ABOVE`], else the `b`-th block of [`crate::tree::FAN`] ranks (`b * FAN ..`, the last
-/// block shorter), `b` drawn from `rank`, `it` and the rank's `look` count (each block equally
-/// likely).
+/// Where the fewest ranks are read: the whole world up to this size (a batch of 64 words costs a
+/// few round trips, ~5 us over InfiniBand, against chunks of ~200 us). Past it, speculative
+/// execution reads the done tree for chunks to copy and a random block's rates for the fastest.
+pub const READ_ALL_UP_TO: usize = 64;
+
+/// A block of [`crate::tree::FAN`] ranks drawn at random, all ranks of a world of at most `FAN`:
+/// the `b`-th block (`b * FAN ..`, the last block shorter), `b` drawn from `rank`, `it` and the
+/// rank's `look` count (each block equally likely).
 pub fn sampled(world: usize, rank: usize, it: u64, look: u64) -> Range<usize> {
     let fan = crate::tree::FAN;
-    if world <= SAMPLE_ABOVE {
+    if world <= fan {
         return 0..world;
     }
     let blocks = world.div_ceil(fan) as u64;
@@ -100,12 +110,15 @@ impl ChunkQueues {
 
     /// The ranks to look at for chunks of iteration `it` to take over: with the tree of drained
     /// queues, those of the first leaf node some of whose ranks have not drained `it` (empty if
-    /// every rank has); else a block of [`crate::tree::FAN`] ranks drawn at random
-    /// ([`sampled`]).
+    /// every rank has); else every rank, or past [`SAMPLE_ABOVE`] ranks a block of
+    /// [`crate::tree::FAN`] drawn at random ([`sampled`]).
     pub fn candidates(&self, it: u64) -> Result<Range<usize>> {
         match &self.drained {
             Some(tree) => Ok(tree.missing(it)?.unwrap_or(0..0)),
-            None => Ok(sampled(self.world, self.rank, it, self.looks.fetch_add(1, Ordering::Relaxed))),
+            None if self.world > SAMPLE_ABOVE => {
+                Ok(sampled(self.world, self.rank, it, self.looks.fetch_add(1, Ordering::Relaxed)))
+            }
+            None => Ok(0..self.world),
         }
     }
 
@@ -210,8 +223,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_look_without_the_tree_reads_every_rank_up_to_64_then_a_random_block() {
-        assert_eq!(sampled(64, 3, 7, 0), 0..64);
+    fn a_sampled_look_reads_a_random_block_of_16() {
+        assert_eq!(sampled(16, 3, 7, 0), 0..16);
         assert_eq!(sampled(1, 0, 0, 9), 0..1);
         // 100 ranks: blocks of 16 from 0, the last of 4; each drawn about as often.
         let mut seen = [0u32; 7];

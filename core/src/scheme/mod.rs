@@ -348,7 +348,7 @@ pub(crate) trait View {
         Ok(0..self.world())
     }
     /// The ranks worth looking at for chunks of `it` not yet done (copies to compute; this rank
-    /// may be among them; empty: every rank is done). Past [`crate::queue::SAMPLE_ABOVE`] ranks
+    /// may be among them; empty: every rank is done). Past [`crate::queue::READ_ALL_UP_TO`] ranks
     /// in a run that lines up under a staleness bound, the ranks of one leaf node of the done
     /// tree (found in O(log N): `crate::clocks`); else every rank.
     fn undone(&self, _it: u64) -> Result<Range<usize>> {

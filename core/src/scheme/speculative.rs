@@ -20,7 +20,7 @@ use peregrine_transport::{ShardMap, Transport, Window};
 
 use super::staleness::Bound;
 use super::{Family, OwnChunks, Parsed, Policy, Result, SchemeKind, Setup, View};
-use crate::queue::sampled;
+use crate::queue::{sampled, READ_ALL_UP_TO};
 use crate::words::{self, ClaimWord, CLAIM_BITS};
 
 pub(crate) const FAMILY: Family =
@@ -153,10 +153,11 @@ impl Policy for Copies {
     }
 
     /// Reads the fastest other rank's rate: every rank's in one batch, or past
-    /// [`crate::queue::SAMPLE_ABOVE`] ranks the fastest of a block of 16 drawn at random (reading every rank's
+    /// [`crate::queue::READ_ALL_UP_TO`] ranks the fastest of a block of 16 drawn at random (reading every rank's
     /// rate at every rank is O(N^2) words an iteration).
     fn open(&mut self, view: &dyn View, it: u64) -> Result<()> {
-        let (me, ranks) = (view.rank(), sampled(view.world(), view.rank(), it, 0));
+        let (me, world) = (view.rank(), view.world());
+        let ranks = if world > READ_ALL_UP_TO { sampled(world, me, it, 0) } else { 0..world };
         let rates = view.rates_in(ranks.clone())?;
         self.fastest = ranks.clone().filter(|&v| v != me).map(|v| rates[v - ranks.start]).fold(0.0, f64::max);
         self.tag = words::tag(it);

@@ -188,11 +188,11 @@ impl Words {
     }
 
     /// The ranks of the first leaf node of the done tree with a rank whose chunks of `it` are not
-    /// all done (empty: none), past [`crate::queue::SAMPLE_ABOVE`] ranks with the done tree;
+    /// all done (empty: none), past [`crate::queue::READ_ALL_UP_TO`] ranks with the done tree;
     /// else every rank ([`crate::clocks::Clocks::undone`]).
     pub(super) fn undone(&self, it: u64) -> Range<usize> {
         match (&self.undone, &self.trees) {
-            (Some(undone), Some((_, Some(tree)))) if self.world > crate::queue::SAMPLE_ABOVE => {
+            (Some(undone), Some((_, Some(tree)))) if self.world > crate::queue::READ_ALL_UP_TO => {
                 match undone.first(it) {
                     Some(r) => {
                         let host = tree.shape.host(r, 0);
@@ -209,7 +209,7 @@ impl Words {
     pub(super) fn undone_ops(&self) -> Ops {
         let mut ops = Ops::default();
         if let (Some(_), Some((_, Some(tree)))) = (&self.undone, &self.trees) {
-            if self.world > crate::queue::SAMPLE_ABOVE {
+            if self.world > crate::queue::READ_ALL_UP_TO {
                 ops += Ops::batch(1);
                 for _ in 1..tree.shape.levels() {
                     ops += Ops::batch(crate::tree::FAN.min(self.world));
@@ -247,11 +247,12 @@ impl Words {
                 }
                 None => 0..0,
             },
-            None => {
+            None if self.world > crate::queue::SAMPLE_ABOVE => {
                 let look = self.looks.get();
                 self.looks.set(look + 1);
                 crate::queue::sampled(self.world, r, it, look)
             }
+            None => 0..self.world,
         }
     }
 
