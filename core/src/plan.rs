@@ -34,7 +34,7 @@ pub enum PlanError {
     /// rank all of them).
     #[error(
         "a batch of {batch} rows is {chunks} chunks of {chunk}; at most {} fit a rank's queue: raise the chunk size",
-        crate::queue::MAX_CHUNKS
+        crate::words::MAX_CHUNKS
     )]
     TooManyChunks {
         /// Batch rows.
@@ -71,7 +71,7 @@ impl Plan {
         }
         let batch = batch.min(rows);
         let chunks = batch.div_ceil(chunk);
-        if chunks > crate::queue::MAX_CHUNKS as usize {
+        if chunks > crate::words::MAX_CHUNKS as usize {
             return Err(PlanError::TooManyChunks { batch, chunks, chunk });
         }
         Ok(Self { rows, batch, world, chunk, seed })
