@@ -91,7 +91,9 @@ impl<M: Model> Run<'_, M> {
             return Ok(None);
         }
         // Every rank has arrived: no evaluation can be asked any more; join the ones asked
-        // before, in order, then read the model.
+        // before, in order, then read the model. From here a stopped rank holds the others in a
+        // collective, where no read can name it.
+        self.watch.saw(Behind::Collective);
         self.serve_evals(&mut local.evals)?;
         self.t.barrier()?;
         let scheme = self.gather_scheme_state(policy)?;
@@ -138,6 +140,8 @@ impl<M: Model> Run<'_, M> {
             local.last_checkpoint = (at, s.train_seconds);
         }
         self.t.allreduce(&mut agreed, ReduceOp::Max)?;
+        // The collectives are over: nobody is behind in them any more.
+        self.watch.saw_nobody();
         self.watch.beat();
         self.traced("checkpoint", "checkpoint", checkpointing, Args::default().int("iter", at));
         local.checkpoint_time += started.elapsed();

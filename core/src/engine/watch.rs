@@ -102,6 +102,9 @@ pub(super) enum Behind {
     Chunks { rank: usize, holder: Option<usize> },
     /// The first rank that had not arrived at the checkpoint.
     Arrival { rank: usize },
+    /// Every rank had arrived at the checkpoint, and this one went on into its collectives (a
+    /// rank stopped after arriving holds everyone there, unseen by any read).
+    Collective,
     /// A rank whose clock was no lower than any other's, marked as passing its tick up the
     /// clock tree ([`crate::clocks::PASSING`]): stopped there, it keeps every rank waiting.
     Passing { rank: usize, clock: u64 },
@@ -176,6 +179,11 @@ impl Watch {
     pub fn saw(&self, b: Behind) {
         let it = self.iteration.load(Ordering::Relaxed);
         *self.behind.lock().expect("watch") = Some((b, it));
+    }
+
+    /// Forgets whom the rank saw behind (a wait that named someone is over).
+    pub fn saw_nobody(&self) {
+        *self.behind.lock().expect("watch") = None;
     }
 
     /// The rank the rank saw behind in its iteration `it`, if any.
@@ -282,6 +290,14 @@ impl Watch {
                     "rank {r} looks stuck: it had not arrived at a checkpoint when rank {rank} last looked"
                 )
             }
+            // Two ranks: the one rank 0 waits for in a collective is the other.
+            (true, Some(Behind::Collective)) if world == 2 => format!(
+                "rank {} looks stuck: every rank had arrived at the checkpoint and rank {rank} waits for it                  in the checkpoint's collectives",
+                1 - rank.min(1)
+            ),
+            (true, Some(Behind::Collective)) => format!(
+                "every rank had arrived at the checkpoint and rank {rank} waits in its collectives: one of                  the other ranks looks stuck (a collective does not say which)"
+            ),
             (true, None) => format!("rank {rank} had not read the other ranks' progress yet"),
         };
         // Seen in an earlier iteration (the rank is now blocked where it reads nothing: inside a
@@ -346,6 +362,23 @@ mod tests {
         // A rank behind the others comes first: the one passing is on its way.
         w.saw_clocks(1, &[7, 7, 6, 7 | PASSING]);
         assert_eq!(w.behind_in(6), Some(2));
+    }
+
+    #[test]
+    fn a_rank_stopped_after_arriving_at_a_checkpoint_is_named_among_two() {
+        for (world, rank, want) in
+            [(2, 0, "rank 1 looks stuck"), (2, 1, "rank 0 looks stuck"), (3, 0, "one of")]
+        {
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let w = Watch::new(0);
+            w.mark(Phase::Checkpointing, 400);
+            w.saw(Behind::Collective);
+            assert_eq!(w.behind_in(400), None, "nobody to name as waited for");
+            let (_tx, rx) = mpsc::channel();
+            w.guard(rank, world, &dog(50, seen.clone()), None, &rx);
+            let seen = seen.lock().expect("seen");
+            assert!(seen[0].contains(want) && seen[0].contains("collectives"), "{}", seen[0]);
+        }
     }
 
     #[test]

@@ -154,10 +154,14 @@ impl<E: Grouped + Copy> EventQueue<E> {
             if self.tops[parent].first <= t.first {
                 break;
             }
-            self.tops[i] = self.tops[parent];
-            self.pos[self.tops[i].group as usize] = i as u32;
+            self.put(i, self.tops[parent]);
             i = parent;
         }
+        self.put(i, t);
+    }
+
+    /// Puts `t` at `i` of the tops, where its group's position says it is.
+    fn put(&mut self, i: usize, t: Top) {
         self.tops[i] = t;
         self.pos[t.group as usize] = i as u32;
     }
@@ -181,12 +185,10 @@ impl<E: Grouped + Copy> EventQueue<E> {
             if t.first <= self.tops[min].first {
                 break;
             }
-            self.tops[i] = self.tops[min];
-            self.pos[self.tops[i].group as usize] = i as u32;
+            self.put(i, self.tops[min]);
             i = min;
         }
-        self.tops[i] = t;
-        self.pos[t.group as usize] = i as u32;
+        self.put(i, t);
     }
 }
 
