@@ -298,6 +298,13 @@ impl Watch {
             (true, Some(Behind::Collective)) => format!(
                 "every rank had arrived at the checkpoint and rank {rank} waits in its collectives: one of                  the other ranks looks stuck (a collective does not say which)"
             ),
+            // Two ranks: whatever rank 0 waits for (a collective of an evaluation, a one-sided
+            // call) is the other one, read or not.
+            (true, None) if world == 2 => format!(
+                "rank {} looks stuck: rank {rank} had not seen it behind in a read, but it is the only \
+                 other rank",
+                1 - rank.min(1)
+            ),
             (true, None) => format!("rank {rank} had not read the other ranks' progress yet"),
         };
         // Seen in an earlier iteration (the rank is now blocked where it reads nothing: inside a
@@ -365,7 +372,7 @@ mod tests {
     }
 
     #[test]
-    fn a_rank_stopped_after_arriving_at_a_checkpoint_is_named_among_two() {
+    fn a_rank_stopped_after_arriving_at_a_checkpoint_or_unseen_is_named_among_two() {
         for (world, rank, want) in
             [(2, 0, "rank 1 looks stuck"), (2, 1, "rank 0 looks stuck"), (3, 0, "one of")]
         {
@@ -378,6 +385,17 @@ mod tests {
             w.guard(rank, world, &dog(50, seen.clone()), None, &rx);
             let seen = seen.lock().expect("seen");
             assert!(seen[0].contains(want) && seen[0].contains("collectives"), "{}", seen[0]);
+        }
+        // Nothing seen at all (blocked in an evaluation's collective before any read): among two
+        // ranks the other one; among more, nobody.
+        for (world, want) in [(2, "rank 1 looks stuck"), (3, "had not read the other ranks' progress")] {
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let w = Watch::new(0);
+            w.mark(Phase::Evaluating, 300);
+            let (_tx, rx) = mpsc::channel();
+            w.guard(0, world, &dog(50, seen.clone()), None, &rx);
+            let seen = seen.lock().expect("seen");
+            assert!(seen[0].contains(want), "{}", seen[0]);
         }
     }
 
