@@ -193,13 +193,7 @@ impl Words {
     pub(super) fn undone(&self, it: u64) -> Range<usize> {
         match (&self.undone, &self.trees) {
             (Some(undone), Some((_, Some(tree)))) if self.world > crate::queue::READ_ALL_UP_TO => {
-                match undone.first(it) {
-                    Some(r) => {
-                        let host = tree.shape.host(r, 0);
-                        host..(host + crate::tree::FAN).min(self.world)
-                    }
-                    None => 0..0,
-                }
+                self.leaf(tree, undone.first(it))
             }
             _ => 0..self.world,
         }
@@ -210,10 +204,7 @@ impl Words {
         let mut ops = Ops::default();
         if let (Some(_), Some((_, Some(tree)))) = (&self.undone, &self.trees) {
             if self.world > crate::queue::READ_ALL_UP_TO {
-                ops += Ops::batch(1);
-                for _ in 1..tree.shape.levels() {
-                    ops += Ops::batch(crate::tree::FAN.min(self.world));
-                }
+                ops += self.descent(tree);
             }
         }
         ops
@@ -240,13 +231,7 @@ impl Words {
     /// random ([`crate::queue::sampled`]).
     pub(super) fn candidates(&self, r: usize, it: u64) -> Range<usize> {
         match &self.drained {
-            Some((tree, next)) => match next.first(it) {
-                Some(r) => {
-                    let host = tree.shape.host(r, 0);
-                    host..(host + crate::tree::FAN).min(self.world)
-                }
-                None => 0..0,
-            },
+            Some((tree, next)) => self.leaf(tree, next.first(it)),
             None if self.world > crate::queue::SAMPLE_ABOVE => {
                 let look = self.looks.get();
                 self.looks.set(look + 1);
@@ -260,14 +245,26 @@ impl Words {
     /// a node's children per level below it (counted at [`crate::tree::FAN`]); nothing without
     /// the tree.
     pub(super) fn descent_ops(&self) -> Ops {
-        let mut ops = Ops::default();
-        if let Some((tree, _)) = &self.drained {
-            ops += Ops::batch(1);
-            for _ in 1..tree.shape.levels() {
-                ops += Ops::batch(crate::tree::FAN.min(self.world));
-            }
+        self.drained.as_ref().map_or(Ops::default(), |(tree, _)| self.descent(tree))
+    }
+
+    /// A descent of `tree`: one load of its root and a batch of a node's children per level
+    /// below it (counted at [`crate::tree::FAN`]).
+    fn descent(&self, tree: &SimTree) -> Ops {
+        let mut ops = Ops::batch(1);
+        for _ in 1..tree.shape.levels() {
+            ops += Ops::batch(crate::tree::FAN.min(self.world));
         }
         ops
+    }
+
+    /// The ranks of `tree`'s leaf node that holds rank `first` (none: empty), where a descent
+    /// to the first incomplete leaf ends.
+    fn leaf(&self, tree: &SimTree, first: Option<usize>) -> Range<usize> {
+        first.map_or(0..0, |r| {
+            let host = tree.shape.host(r, 0);
+            host..(host + crate::tree::FAN).min(self.world)
+        })
     }
 
     /// What a look for chunks to take over costs: the descent, then the candidates' words in one
