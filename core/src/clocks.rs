@@ -68,6 +68,8 @@ pub struct Clocks {
     finished: Option<Tree>,
     /// Rank 0: updates pushed by every rank (when the policy reads the version).
     version: Option<Window<u64>>,
+    /// Descents of the done tree so far (drawing their paths).
+    looks: std::sync::atomic::AtomicU64,
     rank: usize,
     world: usize,
 }
@@ -96,6 +98,7 @@ impl Clocks {
             } else {
                 None
             },
+            looks: std::sync::atomic::AtomicU64::new(0),
             rank: t.rank(),
             world,
         };
@@ -252,12 +255,15 @@ impl Clocks {
     }
 
     /// The ranks to look at for chunks of `it` not yet done (copies to compute): past
-    /// [`crate::queue::READ_ALL_UP_TO`] ranks with the done tree, those of the first leaf node some
-    /// of whose ranks are not done, found from the root down (empty: all are done); else every
-    /// rank.
+    /// [`crate::queue::READ_ALL_UP_TO`] ranks with the done tree, those of a leaf node some of
+    /// whose ranks are not done, found from the root down on a random path
+    /// ([`Tree::missing`]; empty: all are done); else every rank.
     pub fn undone(&self, it: u64) -> Result<Range<usize>> {
         match &self.finished {
-            Some(tree) if self.world > crate::queue::READ_ALL_UP_TO => Ok(tree.missing(it)?.unwrap_or(0..0)),
+            Some(tree) if self.world > crate::queue::READ_ALL_UP_TO => {
+                let look = self.looks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Ok(tree.missing(it, crate::queue::draw(self.rank, it, look))?.unwrap_or(0..0))
+            }
             _ => Ok(0..self.world),
         }
     }

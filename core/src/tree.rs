@@ -64,7 +64,7 @@ impl Shape {
     }
 
     /// Ranks under one node of `level`.
-    fn span(&self, level: usize) -> usize {
+    pub fn span(&self, level: usize) -> usize {
         self.fan.saturating_pow(level as u32 + 1)
     }
 
@@ -82,6 +82,12 @@ impl Shape {
         let below = if level == 0 { 1 } else { self.span(level - 1) };
         ranks.div_ceil(below) as u64
     }
+}
+
+/// Which of `open` incomplete children a descent with `draw` enters at `level` (each equally
+/// likely over draws; the simulator's descent draws the same).
+pub fn pick(draw: u64, level: usize, open: usize) -> usize {
+    (crate::plan::mix(draw ^ ((level as u64) << 56)) % open as u64) as usize
 }
 
 /// A combining tree of one-sided counters over the world (see the module's documentation).
@@ -141,11 +147,12 @@ impl Tree {
         (self.shape.levels * self.slots + (k % self.slots as u64) as usize, k / self.slots as u64)
     }
 
-    /// The leaves under the first node of level 0 not complete at `j`, found from the root down
-    /// through the first incomplete child at each level: one batch of at most [`FAN`] words per
-    /// level below the root's, one more load for the root. `None` if `j` is complete (or became
-    /// so during the descent).
-    pub fn missing(&self, j: u64) -> Result<Option<Range<usize>>> {
+    /// The leaves under a node of level 0 not complete at `j`, found from the root down through
+    /// an incomplete child at each level, the one [`pick`] draws from `draw` among them (looks
+    /// with different draws spread over the incomplete nodes instead of crowding the first): one
+    /// batch of at most [`FAN`] words per level below the root's, one more load for the root.
+    /// `None` if `j` is complete (or became so during the descent).
+    pub fn missing(&self, j: u64, draw: u64) -> Result<Option<Range<usize>>> {
         if self.complete(j)? {
             return Ok(None);
         }
@@ -159,7 +166,9 @@ impl Tree {
             ranges.extend((0..kids).map(|i| kid(i).0..kid(i).0 + 1));
             counts.resize(kids, 0);
             self.words.load_batch(&ranges, &mut counts)?;
-            match (0..kids).find(|&i| counts[i] < kid(i).1) {
+            let open = |i: &usize| counts[*i] < kid(*i).1;
+            let n = (0..kids).filter(open).count();
+            match (0..kids).filter(open).nth(pick(draw, level, n.max(1))) {
                 Some(i) => host += i * span,
                 None => return Ok(None),
             }
@@ -266,17 +275,20 @@ mod tests {
     }
 
     #[test]
-    fn the_descent_finds_the_first_leaf_node_not_complete() {
+    fn every_descent_ends_at_a_leaf_node_not_complete_and_draws_spread_them() {
         // 40 ranks: leaf nodes 0-15, 16-31, 32-39 under a root; then 300 ranks, three levels.
+        // Each rank descends with 8 draws: every descent ends at a leaf node with a late rank,
+        // and over a world's descents at each of them.
         for (world, late, want) in [
-            (40, vec![37], Some(32..40)),
-            (40, vec![37, 3], Some(0..16)),
-            (40, vec![], None),
-            (300, vec![299], Some(288..300)),
-            (300, vec![299, 130], Some(128..144)),
-            (1, vec![0], Some(0..1)),
+            (40, vec![37], vec![32]),
+            (40, vec![37, 3], vec![0, 32]),
+            (40, vec![], vec![]),
+            (300, vec![299], vec![288]),
+            (300, vec![299, 130], vec![128, 288]),
+            (300, vec![299, 130, 131, 20], vec![16, 128, 288]),
+            (1, vec![0], vec![0]),
         ] {
-            let got = peregrine_transport::run_local(world, |t| -> Result<Option<Range<usize>>> {
+            let got = peregrine_transport::run_local(world, |t| -> Result<Vec<Option<Range<usize>>>> {
                 let tree = Tree::new(&t, "test tree", 3, 0)?;
                 for j in 0..4u64 {
                     // Everyone arrives at every slot but the last, where the late ranks do not.
@@ -285,16 +297,21 @@ mod tests {
                     }
                     t.barrier()?;
                 }
-                let missing = tree.missing(3)?;
-                assert_eq!(tree.missing(2)?, None);
+                let draws = (0..8).map(|d| crate::plan::mix(t.rank() as u64 * 8 + d));
+                let missing = draws.map(|d| tree.missing(3, d)).collect::<Result<Vec<_>>>()?;
+                assert_eq!(tree.missing(2, 0)?, None);
                 t.barrier()?;
                 tree.free()?;
                 Ok(missing)
             })
             .expect("world");
-            for m in got {
-                assert_eq!(m.expect("rank"), want, "{world} ranks, late {late:?}");
-            }
+            // The leaf nodes' first ranks (each leaf node holds 16 ranks, the last fewer).
+            let ends = got.into_iter().flat_map(|m| m.expect("rank")).flatten();
+            let mut seen: Vec<usize> =
+                ends.inspect(|r| assert_eq!(r.end, (r.start + 16).min(world))).map(|r| r.start).collect();
+            seen.sort_unstable();
+            seen.dedup();
+            assert_eq!(seen, want, "{world} ranks, late {late:?}");
         }
     }
 

@@ -324,8 +324,8 @@ mod tests {
         v.queues[2] = Queue { tag: 7, head: 3, tail: 10 };
         // In iteration 6 only rank 3 is there to copy.
         assert_eq!(candidate(&v, 6, none, &[]).expect("view"), Some((3, 0)));
-        // Past 64 ranks only the ranks of the done tree's first node not done are read (this
-        // rank's rate on its own): the first not done is rank 2's node, or rank 3's.
+        // Past 64 ranks only the ranks of the node the done tree's descent ends at are read (this
+        // rank's rate on its own): rank 2's node, or rank 3's.
         v.undone = Some(2..4);
         assert_eq!(candidate(&v, 7, none, &[]).expect("view"), Some((2, 0)));
         v.undone = Some(3..4);

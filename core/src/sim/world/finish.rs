@@ -130,6 +130,8 @@ impl Sim<'_> {
         let it = self.ranks[r].it;
         let view = SimView::new(&self.w, r);
         let busy = Duration::from_nanos(self.ranks[r].busy);
+        let rec = &mut self.ranks[r].rec;
+        rec.busy = busy.as_secs_f64() / rec.threads.max(1) as f64;
         self.policies[r].before_tick(&view, it, busy, &mut self.ranks[r].rec)?;
         let mut cost = self.charge(r, view.ops()).saturating_add(self.s.net.atomic(r, r));
         if let Some((clock, _)) = self.w.trees.as_mut() {

@@ -33,8 +33,10 @@ pub(super) struct Words {
     /// The tree of drained queues (`crate::queue`), when ranks take over chunks under a
     /// staleness bound, with every rank's first iteration whose queue it has not drained.
     pub(super) drained: Option<(SimTree, FirstAtMost)>,
-    /// Looks without the tree of drained queues so far (drawing their blocks).
+    /// Looks for chunks to take over so far (drawing their blocks or descents).
     looks: std::cell::Cell<u64>,
+    /// Descents of the done tree so far (drawing their paths).
+    copy_looks: std::cell::Cell<u64>,
     /// With the done tree: every rank's first iteration whose chunks are not all done (where a
     /// descent of the done tree ends).
     undone: Option<FirstAtMost>,
@@ -61,6 +63,7 @@ impl Words {
         Self {
             drained: drained.then(|| (SimTree::new(world), FirstAtMost::new(world, 0))),
             looks: std::cell::Cell::new(0),
+            copy_looks: std::cell::Cell::new(0),
             undone: (trees == Some(true)).then(|| FirstAtMost::new(world, 0)),
             trees: trees.map(|lines_up| (SimTree::new(world), lines_up.then(|| SimTree::new(world)))),
             version_kept,
@@ -187,14 +190,15 @@ impl Words {
         }
     }
 
-    /// The ranks of the first leaf node of the done tree with a rank whose chunks of `it` are not
-    /// all done (empty: none), past [`crate::queue::READ_ALL_UP_TO`] ranks with the done tree;
+    /// The ranks of a leaf node of the done tree with a rank whose chunks of `it` are not all
+    /// done, on `r`'s random path (empty: none), past [`crate::queue::READ_ALL_UP_TO`] ranks with the done tree;
     /// else every rank ([`crate::clocks::Clocks::undone`]).
-    pub(super) fn undone(&self, it: u64) -> Range<usize> {
+    pub(super) fn undone(&self, r: usize, it: u64) -> Range<usize> {
         match (&self.undone, &self.trees) {
-            (Some(undone), Some((_, Some(tree)))) if self.world > crate::queue::READ_ALL_UP_TO => {
-                self.leaf(tree, undone.first(it))
-            }
+            (Some(undone), Some((_, Some(tree)))) if self.world > crate::queue::READ_ALL_UP_TO => self.leaf(
+                tree,
+                undone.pick(&tree.shape, it, crate::queue::draw(r, it, Self::next(&self.copy_looks))),
+            ),
             _ => 0..self.world,
         }
     }
@@ -226,16 +230,15 @@ impl Words {
         })
     }
 
-    /// The ranks of the first leaf node of the tree of drained queues with a rank that has not
-    /// drained `it` (`r`'s look for chunks to take over), or without the tree a block drawn at
+    /// The ranks of a leaf node of the tree of drained queues with a rank that has not drained
+    /// `it`, on a random path (`r`'s look for chunks to take over), or without the tree a block drawn at
     /// random ([`crate::queue::sampled`]).
     pub(super) fn candidates(&self, r: usize, it: u64) -> Range<usize> {
         match &self.drained {
-            Some((tree, next)) => self.leaf(tree, next.first(it)),
+            Some((tree, next)) => self
+                .leaf(tree, next.pick(&tree.shape, it, crate::queue::draw(r, it, Self::next(&self.looks)))),
             None if self.world > crate::queue::SAMPLE_ABOVE => {
-                let look = self.looks.get();
-                self.looks.set(look + 1);
-                crate::queue::sampled(self.world, r, it, look)
+                crate::queue::sampled(self.world, r, it, Self::next(&self.looks))
             }
             None => 0..self.world,
         }
@@ -259,12 +262,19 @@ impl Words {
     }
 
     /// The ranks of `tree`'s leaf node that holds rank `first` (none: empty), where a descent
-    /// to the first incomplete leaf ends.
+    /// ends.
     fn leaf(&self, tree: &SimTree, first: Option<usize>) -> Range<usize> {
         first.map_or(0..0, |r| {
             let host = tree.shape.host(r, 0);
             host..(host + crate::tree::FAN).min(self.world)
         })
+    }
+
+    /// The count `c` held, which it now holds one more than.
+    fn next(c: &std::cell::Cell<u64>) -> u64 {
+        let n = c.get();
+        c.set(n + 1);
+        n
     }
 
     /// What a look for chunks to take over costs: the descent, then the candidates' words in one

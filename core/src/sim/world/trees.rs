@@ -41,16 +41,27 @@ impl FirstAtMost {
         }
     }
 
-    /// The first index whose value is at most `bound`.
-    pub(super) fn first(&self, bound: u64) -> Option<usize> {
+    /// The least value of the aligned block of `span` indices (a power of two) from `start`.
+    fn block(&self, start: usize, span: usize) -> u64 {
+        self.min[(self.size + start) / span]
+    }
+
+    /// Where a descent of a combining tree of `shape` with `draw` ends
+    /// ([`crate::tree::Tree::missing`]): the first index of a leaf node holding an index whose
+    /// value is at most `bound`, entering at each level the child [`crate::tree::pick`] draws
+    /// among those holding one.
+    pub(super) fn pick(&self, shape: &Shape, bound: u64, draw: u64) -> Option<usize> {
         if self.min[1] > bound {
             return None;
         }
-        let mut i = 1;
-        while i < self.size {
-            i = if self.min[2 * i] <= bound { 2 * i } else { 2 * i + 1 };
+        let mut host = 0;
+        for level in (1..shape.levels()).rev() {
+            let (span, kids) = (shape.span(level - 1), shape.children(host, level) as usize);
+            let open = |i: &usize| self.block(host + i * span, span) <= bound;
+            let k = crate::tree::pick(draw, level, (0..kids).filter(open).count().max(1));
+            host += (0..kids).filter(open).nth(k)? * span;
         }
-        Some(i - self.size)
+        Some(host)
     }
 }
 
@@ -108,6 +119,51 @@ impl Sim<'_> {
         match self.w.trees.as_mut() {
             Some((_, Some(tree))) => tree.arrive(&self.s.net, r, owner, it).0,
             _ => 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::Tree;
+
+    #[test]
+    fn a_simulated_descent_ends_where_the_engines_does() {
+        // The engine's tree of 300 ranks (three levels) and the simulator's values, with the same
+        // ranks late at slot 3: for every draw both descents end at the same leaf node.
+        for late in [vec![299], vec![299, 130], vec![5, 20, 130, 131, 250, 299], vec![]] {
+            let mut sim = FirstAtMost::new(300, 4);
+            for &r in &late {
+                sim.set(r, 3);
+            }
+            let shape = Shape::new(300, crate::tree::FAN);
+            let engine =
+                peregrine_transport::run_local(300, |t| -> peregrine_transport::Result<Vec<Option<usize>>> {
+                    let tree = Tree::new(&t, "test tree", 3, 0)?;
+                    for j in 0..4u64 {
+                        if j < 3 || !late.contains(&t.rank()) {
+                            tree.arrive(t.rank(), j)?;
+                        }
+                        t.barrier()?;
+                    }
+                    let ends =
+                        (0..16).map(|d| Ok(tree.missing(3, d * 7919 + t.rank() as u64)?.map(|r| r.start)));
+                    let ends = ends.collect::<peregrine_transport::Result<Vec<_>>>()?;
+                    t.barrier()?;
+                    tree.free()?;
+                    Ok(ends)
+                })
+                .expect("world");
+            for (rank, ends) in engine.into_iter().enumerate() {
+                for (d, end) in ends.expect("rank").into_iter().enumerate() {
+                    let draw = d as u64 * 7919 + rank as u64;
+                    assert_eq!(sim.pick(&shape, 3, draw), end, "late {late:?}, draw {draw}");
+                    if let Some(leaf) = end {
+                        assert!(late.iter().any(|&r| shape.host(r, 0) == leaf), "{leaf} holds a late rank");
+                    }
+                }
+            }
         }
     }
 }

@@ -89,7 +89,7 @@ impl View for SimView<'_> {
     }
     fn undone(&self, it: u64) -> crate::scheme::Result<Range<usize>> {
         self.add(self.w.undone_ops());
-        Ok(self.w.undone(it))
+        Ok(self.w.undone(self.rank, it))
     }
     fn queues_in(&self, ranks: Range<usize>) -> crate::scheme::Result<Vec<Queue>> {
         self.add(Ops::batch(ranks.len()));
