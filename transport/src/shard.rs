@@ -14,6 +14,10 @@ pub const SHARD_LINE: usize = 64;
 pub struct ShardMap {
     /// `offsets[r]..offsets[r + 1]` is rank `r`'s shard; `offsets[0] == 0`.
     offsets: Vec<usize>,
+    /// Every shard's length when all are equal and non-empty (0: they are not), so that
+    /// [`ShardMap::owner`] divides instead of searching (the words of every rank: clocks, queues,
+    /// claims).
+    uniform: usize,
 }
 
 /// One contiguous piece of a global range that lies inside a single shard.
@@ -77,7 +81,10 @@ impl ShardMap {
             offsets.push(acc);
         }
         assert!(offsets.len() > 1, "a shard map needs at least one part");
-        Self { offsets }
+        let first = offsets[1];
+        let uniform =
+            if first > 0 && offsets.iter().enumerate().all(|(r, &o)| o == r * first) { first } else { 0 };
+        Self { offsets, uniform }
     }
 
     /// Number of shards (the world size the map is for).
@@ -109,6 +116,9 @@ impl ShardMap {
     pub fn owner(&self, index: usize) -> Option<(usize, usize)> {
         if index >= self.total() {
             return None;
+        }
+        if let Some(rank) = index.checked_div(self.uniform) {
+            return Some((rank, index % self.uniform));
         }
         // The last shard whose start is <= index and that is non-empty.
         let rank = self.offsets.partition_point(|&o| o <= index) - 1;
@@ -339,6 +349,18 @@ mod tests {
                     prop_assert!(m.range(r).contains(&i));
                     prop_assert_eq!(m.range(r).start + off, i);
                 }
+            }
+        }
+
+        #[test]
+        fn owner_of_equal_shards_divides_as_the_search_does(len in 1usize..10, parts in 1usize..8, i in 0usize..80) {
+            // Equal non-empty shards take the division; with one longer shard after them, the
+            // search.
+            let m = ShardMap::from_lens(vec![len; parts]);
+            let searched = ShardMap::from_lens((0..=parts).map(|r| if r < parts { len } else { len + 1 }));
+            match m.owner(i) {
+                None => prop_assert!(i >= len * parts),
+                Some(o) => prop_assert_eq!(Some(o), searched.owner(i)),
             }
         }
     }

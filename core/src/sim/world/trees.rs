@@ -41,11 +41,6 @@ impl FirstAtMost {
         }
     }
 
-    /// The least value of the aligned block of `span` indices (a power of two) from `start`.
-    fn block(&self, start: usize, span: usize) -> u64 {
-        self.min[(self.size + start) / span]
-    }
-
     /// Where a descent of a combining tree of `shape` with `draw` ends
     /// ([`crate::tree::Tree::missing`]): the first index of a leaf node holding an index whose
     /// value is at most `bound`, entering at each level the child [`crate::tree::pick`] draws
@@ -54,12 +49,23 @@ impl FirstAtMost {
         if self.min[1] > bound {
             return None;
         }
-        let mut host = 0;
+        let (mut host, mut open) = (0, [0; crate::tree::FAN]);
         for level in (1..shape.levels()).rev() {
             let (span, kids) = (shape.span(level - 1), shape.children(host, level) as usize);
-            let open = |i: &usize| self.block(host + i * span, span) <= bound;
-            let k = crate::tree::pick(draw, level, (0..kids).filter(open).count().max(1));
-            host += (0..kids).filter(open).nth(k)? * span;
+            // The children's minima: consecutive nodes of the segment tree, one per aligned
+            // block of `span` (a power of two) indices.
+            let first = (self.size + host) >> span.trailing_zeros();
+            let mut n = 0;
+            for (i, &m) in self.min[first..first + kids].iter().enumerate() {
+                if m <= bound {
+                    open[n] = i;
+                    n += 1;
+                }
+            }
+            if n == 0 {
+                return None;
+            }
+            host += open[crate::tree::pick(draw, level, n)] * span;
         }
         Some(host)
     }
