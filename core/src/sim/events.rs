@@ -63,7 +63,8 @@ impl<E> Default for EventQueue<E> {
 
 impl<E: Grouped + Copy> EventQueue<E> {
     /// Schedules `event` at `at` (not before now: an event in the past runs now).
-    pub fn push(&mut self, at: Nanos, event: E) {
+    pub fn push(&mut self, at: Nanos, event: impl Into<E>) {
+        let event = event.into();
         let g = event.group();
         assert!(g < ABSENT as usize, "an event group past 2^32 - 1");
         // A simulation holds about one event per thread; far more is a storm of events (a bug).

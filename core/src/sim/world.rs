@@ -54,7 +54,7 @@ enum Item {
 struct Thread {
     item: Option<Item>,
     /// Bumped when the thread's end event is replaced (a copy's delay cut short).
-    gen: u64,
+    gen: u32,
     started: Nanos,
     /// When the item's compute (before its injected delay) ends, and when it ends.
     compute_end: Nanos,
@@ -114,18 +114,11 @@ struct Rank {
 enum Ev {
     Open(usize),
     Compute(usize),
-    Thread(usize, usize, u64),
+    Thread(usize, usize, u32),
     Pushed(usize),
     /// The rank's tick has landed (and passed up the clock tree).
     Ticked(usize),
     Check(usize),
-}
-
-/// A rank's events share a heap of the queue (a few at a time: one per busy thread).
-impl Grouped for Ev {
-    fn group(&self) -> usize {
-        self.rank()
-    }
 }
 
 impl Ev {
@@ -142,14 +135,61 @@ impl Ev {
     }
 }
 
+/// An [`Ev`] as the queue holds it: 12 bytes instead of 32 (ranks and threads fit in 32 and 16
+/// bits: `simulate` takes at most 1,000,000 ranks of 1,024 threads), so that a rank's heap of
+/// events, ~16 of them with their times, spans 8 cache lines instead of 12.
+#[derive(Clone, Copy, Debug)]
+struct Packed {
+    rank: u32,
+    gen: u32,
+    thread: u16,
+    kind: u8,
+}
+
+impl From<Ev> for Packed {
+    fn from(ev: Ev) -> Self {
+        let (kind, thread, gen) = match ev {
+            Ev::Open(_) => (0, 0, 0),
+            Ev::Compute(_) => (1, 0, 0),
+            Ev::Thread(_, th, gen) => (2, th, gen),
+            Ev::Pushed(_) => (3, 0, 0),
+            Ev::Ticked(_) => (4, 0, 0),
+            Ev::Check(_) => (5, 0, 0),
+        };
+        debug_assert!(ev.rank() <= u32::MAX as usize && thread <= usize::from(u16::MAX));
+        Self { rank: ev.rank() as u32, gen, thread: thread as u16, kind }
+    }
+}
+
+impl From<Packed> for Ev {
+    fn from(p: Packed) -> Self {
+        let r = p.rank as usize;
+        match p.kind {
+            0 => Self::Open(r),
+            1 => Self::Compute(r),
+            2 => Self::Thread(r, usize::from(p.thread), p.gen),
+            3 => Self::Pushed(r),
+            4 => Self::Ticked(r),
+            _ => Self::Check(r),
+        }
+    }
+}
+
+/// A rank's events share a heap of the queue (a few at a time: one per busy thread).
+impl Grouped for Packed {
+    fn group(&self) -> usize {
+        self.rank as usize
+    }
+}
+
 /// A thread computing a copy: `(rank, thread, the thread's generation with the copy)`.
-type Copier = (usize, usize, u64);
+type Copier = (usize, usize, u32);
 
 /// A simulation in progress.
 pub(super) struct Sim<'a> {
     s: &'a SimConfig,
     plan: Plan,
-    q: EventQueue<Ev>,
+    q: EventQueue<Packed>,
     w: Words,
     ranks: Vec<Rank>,
     policies: Vec<Box<dyn Policy>>,
@@ -261,6 +301,7 @@ impl<'a> Sim<'a> {
     /// Runs every event; returns the time the last rank finished.
     pub(super) fn run(&mut self) -> R<Nanos> {
         while let Some((t, ev)) = self.q.pop() {
+            let ev = Ev::from(ev);
             if t >= super::HORIZON {
                 let rank = ev.rank();
                 return Err(SimError::Horizon { rank, iteration: self.ranks[rank].it });

@@ -150,7 +150,7 @@ mod tests {
     fn computing(sim: &mut Sim<'_>, skip: usize) -> R<Vec<usize>> {
         let mut ranks = Vec::new();
         while let Some((t, ev)) = sim.q.pop() {
-            match ev {
+            match Ev::from(ev) {
                 Ev::Open(r) if r != skip => sim.open(r, t)?,
                 Ev::Compute(r) if sim.through(r, Stage::Pull, t) => ranks.push(r),
                 _ => {}

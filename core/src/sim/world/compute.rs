@@ -253,11 +253,11 @@ impl Sim<'_> {
         let delay = nanos(compute as f64 * 1e-9 * rk.delay);
         if let Item::OwnCopy(c) | Item::Copy { chunk: c, .. } = item {
             let owner = if let Item::Copy { owner, .. } = item { owner } else { r };
-            let gen = self.ranks[r].threads[th].gen + 1;
+            let gen = self.ranks[r].threads[th].gen.wrapping_add(1);
             self.copying.entry((owner, c)).or_default().push((r, th, gen));
         }
         let thread = &mut self.ranks[r].threads[th];
-        thread.gen += 1;
+        thread.gen = thread.gen.wrapping_add(1);
         thread.item = Some(item);
         thread.started = t;
         thread.compute_end = t.saturating_add(compute);
@@ -407,7 +407,7 @@ impl Sim<'_> {
             let at = thread.compute_end.max(t);
             if at < thread.end {
                 thread.end = at;
-                thread.gen += 1;
+                thread.gen = thread.gen.wrapping_add(1);
                 self.q.push(at, Ev::Thread(r, th, thread.gen));
             }
         }
