@@ -15,7 +15,7 @@ pub struct ShardMap {
     /// `offsets[r]..offsets[r + 1]` is rank `r`'s shard; `offsets[0] == 0`.
     offsets: Vec<usize>,
     /// Every shard's length when all are equal and non-empty (0: they are not), so that
-    /// [`ShardMap::owner`] divides instead of searching (the words of every rank: clocks, queues,
+    /// [`ShardMap::owner`] shifts or divides instead of searching (the words of every rank: clocks, queues,
     /// claims).
     uniform: usize,
 }
@@ -116,6 +116,11 @@ impl ShardMap {
     pub fn owner(&self, index: usize) -> Option<(usize, usize)> {
         if index >= self.total() {
             return None;
+        }
+        if self.uniform.is_power_of_two() {
+            // One word a rank (queues, clocks) or a power of two of them: a shift.
+            let shift = self.uniform.trailing_zeros();
+            return Some((index >> shift, index & (self.uniform - 1)));
         }
         if let Some(rank) = index.checked_div(self.uniform) {
             return Some((rank, index % self.uniform));
