@@ -15,8 +15,8 @@ pub struct ShardMap {
     /// `offsets[r]..offsets[r + 1]` is rank `r`'s shard; `offsets[0] == 0`.
     offsets: Vec<usize>,
     /// Every shard's length when all are equal and non-empty (0: they are not), so that
-    /// [`ShardMap::owner`] shifts or divides instead of searching (the words of every rank: clocks, queues,
-    /// claims).
+    /// [`ShardMap::owner`] shifts or divides instead of searching (the words of every rank:
+    /// clocks, queues, claims).
     uniform: usize,
 }
 
