@@ -24,7 +24,7 @@
 //! found in three batches instead of one of 4,096 words. With many slow ranks the looks spread
 //! over their nodes: a descent through the *first* such node made every thief crowd one node
 //! while others held queued chunks (slack Falcon under disrupted machines, simulated at 128 ranks
-//! of 32 threads: 11.6x Ideal, 3.3x with random paths). What it cannot see: a rank that has not
+//! of 32 threads: 11.6x Ideal, 4.0x with random paths). What it cannot see: a rank that has not
 //! filled `t` yet counts as not drained (its queue is read and holds nothing of `t`).
 //!
 //! Without a staleness bound (ASP, DynSGD) there is no tree (its ring of slots needs the bound),

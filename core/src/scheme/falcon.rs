@@ -163,15 +163,9 @@ impl Policy for Epsp {
         self.bound().staleness()
     }
 
-    /// Elastic parallelism from the iteration's chunks per second of a thread *in chunks*
-    /// (`busy`): a slower rate says the cores are contended. Seconds spent looking for chunks to
-    /// take over or waiting for others are not the cores' fault; counted in (chunks per second of
-    /// the whole compute phase), they made ranks give up threads when looks came back empty, and
-    /// then every look slower still (simulated under disrupted machines at 128 ranks of 32
-    /// threads, enforced Falcon 2.26x Ideal against 1.55x without elasticity).
     fn end(&mut self, rec: &IterRecord) {
-        if rec.busy > 0.0 {
-            let per_thread = (rec.own + rec.taken) as f64 / (rec.busy * rec.threads as f64);
+        if rec.compute > 0.0 {
+            let per_thread = (rec.own + rec.taken) as f64 / (rec.compute * rec.threads as f64);
             self.best_per_thread = self.best_per_thread.max(per_thread);
             self.active = Some(elastic(per_thread, self.best_per_thread, rec.threads, self.cap));
         }
@@ -229,19 +223,14 @@ mod tests {
     fn the_policy_measures_per_thread_rates_from_the_record() {
         let mut p = Epsp { slack: Some(2), best_per_thread: 0.0, active: None, cap: 1 };
         assert_eq!(p.threads(4), 4);
-        // 40 chunks, each thread 0.1 s in chunks, 4 threads: 100/s per thread, the best so far:
-        // stays at 4.
-        p.end(&IterRecord { own: 30, taken: 10, compute: 0.1, busy: 0.1, threads: 4, ..Default::default() });
+        // 40 chunks in 0.1 s on 4 threads: 100/s per thread, the best so far: stays at 4.
+        p.end(&IterRecord { own: 30, taken: 10, compute: 0.1, threads: 4, ..Default::default() });
         assert_eq!(p.threads(4), 4);
         // 20 chunks in 0.1 s on 4 threads: 50/s, below 60% of 100: 3 threads next.
-        p.end(&IterRecord { own: 20, compute: 0.1, busy: 0.1, threads: 4, ..Default::default() });
+        p.end(&IterRecord { own: 20, compute: 0.1, threads: 4, ..Default::default() });
         assert_eq!(p.threads(4), 3);
         // 29 chunks in 0.1 s on 3 threads: 96.7/s, above 90%: back to 4.
-        p.end(&IterRecord { own: 29, compute: 0.1, busy: 0.1, threads: 3, ..Default::default() });
-        assert_eq!(p.threads(4), 4);
-        // 20 chunks in a 0.1 s compute phase whose threads were in chunks 0.05 s each (the rest
-        // looking for chunks to take over): 100/s, the cores' best: no thread given up.
-        p.end(&IterRecord { own: 20, compute: 0.1, busy: 0.05, threads: 4, ..Default::default() });
+        p.end(&IterRecord { own: 29, compute: 0.1, threads: 3, ..Default::default() });
         assert_eq!(p.threads(4), 4);
         assert!(!p.line_up(), "slack mode has no compute-done point");
     }
