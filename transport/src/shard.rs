@@ -358,7 +358,11 @@ mod tests {
         }
 
         #[test]
-        fn owner_of_equal_shards_divides_as_the_search_does(len in 1usize..10, parts in 1usize..8, i in 0usize..80) {
+        fn owner_of_equal_shards_is_the_searched_one(
+            len in 1usize..10,
+            parts in 1usize..8,
+            i in 0usize..80,
+        ) {
             // Equal non-empty shards take the division; with one longer shard after them, the
             // search.
             let m = ShardMap::from_lens(vec![len; parts]);

@@ -191,8 +191,8 @@ impl Words {
     }
 
     /// The ranks of a leaf node of the done tree with a rank whose chunks of `it` are not all
-    /// done, on `r`'s random path (empty: none), past [`crate::queue::READ_ALL_UP_TO`] ranks with the done tree;
-    /// else every rank ([`crate::clocks::Clocks::undone`]).
+    /// done, on `r`'s random path (empty: none), past [`crate::queue::READ_ALL_UP_TO`] ranks
+    /// with the done tree; else every rank ([`crate::clocks::Clocks::undone`]).
     pub(super) fn undone(&self, r: usize, it: u64) -> Range<usize> {
         match (&self.undone, &self.trees) {
             (Some(undone), Some((_, Some(tree)))) if self.world > crate::queue::READ_ALL_UP_TO => self.leaf(
