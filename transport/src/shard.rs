@@ -363,7 +363,7 @@ mod tests {
             parts in 1usize..8,
             i in 0usize..80,
         ) {
-            // Equal non-empty shards take the division; with one longer shard after them, the
+            // Equal non-empty shards take the shift or division; with one longer shard after them, the
             // search.
             let m = ShardMap::from_lens(vec![len; parts]);
             let searched = ShardMap::from_lens((0..=parts).map(|r| if r < parts { len } else { len + 1 }));
