@@ -84,10 +84,13 @@ impl Shape {
     }
 }
 
-/// Which of `open` incomplete children a descent with `draw` enters at `level` (each equally
-/// likely over draws; the simulator's descent draws the same).
-pub fn pick(draw: u64, level: usize, open: usize) -> usize {
-    (crate::plan::mix(draw ^ ((level as u64) << 56)) % open as u64) as usize
+/// Which of the incomplete children `open` a descent with `draw` enters at `level` (each equally
+/// likely over draws; the engine's and the simulator's descents both pick here). `None`: none is
+/// open.
+pub fn pick(draw: u64, level: usize, mut open: impl Iterator<Item = usize> + Clone) -> Option<usize> {
+    let n = open.clone().count() as u64;
+    let k = crate::plan::mix(draw ^ ((level as u64) << 56)).checked_rem(n)?;
+    open.nth(k as usize)
 }
 
 /// A combining tree of one-sided counters over the world (see the module's documentation).
@@ -166,9 +169,7 @@ impl Tree {
             ranges.extend((0..kids).map(|i| kid(i).0..kid(i).0 + 1));
             counts.resize(kids, 0);
             self.words.load_batch(&ranges, &mut counts)?;
-            let open = |i: &usize| counts[*i] < kid(*i).1;
-            let n = (0..kids).filter(open).count();
-            match (0..kids).filter(open).nth(pick(draw, level, n.max(1))) {
+            match pick(draw, level, (0..kids).filter(|&i| counts[i] < kid(i).1)) {
                 Some(i) => host += i * span,
                 None => return Ok(None),
             }

@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use peregrine_transport::Ops;
 
-use super::trees::{FirstAtMost, SimTree};
+use super::trees::{Minima, SimTree};
 use crate::words::{self, ProgressWord, Queue};
 
 /// Every rank's one-sided words (clocks, queues, progress, rates), with the sums the simulator
@@ -32,14 +32,14 @@ pub(super) struct Words {
     pub(super) version_kept: bool,
     /// The tree of drained queues (`crate::queue`), when ranks take over chunks under a
     /// staleness bound, with every rank's first iteration whose queue it has not drained.
-    pub(super) drained: Option<(SimTree, FirstAtMost)>,
+    pub(super) drained: Option<(SimTree, Minima)>,
     /// Looks for chunks to take over so far (drawing their blocks or descents).
     looks: std::cell::Cell<u64>,
     /// Descents of the done tree so far (drawing their paths).
     copy_looks: std::cell::Cell<u64>,
     /// With the done tree: every rank's first iteration whose chunks are not all done (where a
     /// descent of the done tree ends).
-    undone: Option<FirstAtMost>,
+    undone: Option<Minima>,
 }
 
 /// A rank's chunk queue and progress word, with the iterations they belong to: one cache line
@@ -61,10 +61,10 @@ const NONE: u64 = u64::MAX;
 impl Words {
     pub(super) fn new(world: usize, trees: Option<bool>, version_kept: bool, drained: bool) -> Self {
         Self {
-            drained: drained.then(|| (SimTree::new(world), FirstAtMost::new(world, 0))),
+            drained: drained.then(|| (SimTree::new(world), Minima::new(world, 0))),
             looks: std::cell::Cell::new(0),
             copy_looks: std::cell::Cell::new(0),
-            undone: (trees == Some(true)).then(|| FirstAtMost::new(world, 0)),
+            undone: (trees == Some(true)).then(|| Minima::new(world, 0)),
             trees: trees.map(|lines_up| (SimTree::new(world), lines_up.then(|| SimTree::new(world)))),
             version_kept,
             world,

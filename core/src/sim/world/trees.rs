@@ -8,16 +8,16 @@ use super::Sim;
 use crate::sim::{Nanos, Network};
 use crate::tree::Shape;
 
-/// Values per index, and the first index whose value is at most a bound, in O(log n): where a
-/// descent of the tree of drained queues ends (the first rank that has not drained an
-/// iteration).
-pub(super) struct FirstAtMost {
+/// Values per index and the minimum of every aligned block of them, in O(log n): where a
+/// descent of the tree of drained queues or the done tree ends (a leaf node with a rank that has
+/// not drained, or done, an iteration).
+pub(super) struct Minima {
     /// A segment tree of minima: leaves at `size..2 * size`.
     min: Vec<u64>,
     size: usize,
 }
 
-impl FirstAtMost {
+impl Minima {
     pub(super) fn new(n: usize, value: u64) -> Self {
         let size = n.next_power_of_two();
         let mut min = vec![u64::MAX; 2 * size];
@@ -49,23 +49,14 @@ impl FirstAtMost {
         if self.min[1] > bound {
             return None;
         }
-        let (mut host, mut open) = (0, [0; crate::tree::FAN]);
+        let mut host = 0;
         for level in (1..shape.levels()).rev() {
             let (span, kids) = (shape.span(level - 1), shape.children(host, level) as usize);
             // The children's minima: consecutive nodes of the segment tree, one per aligned
             // block of `span` (a power of two) indices.
             let first = (self.size + host) >> span.trailing_zeros();
-            let mut n = 0;
-            for (i, &m) in self.min[first..first + kids].iter().enumerate() {
-                if m <= bound {
-                    open[n] = i;
-                    n += 1;
-                }
-            }
-            if n == 0 {
-                return None;
-            }
-            host += open[crate::tree::pick(draw, level, n)] * span;
+            host +=
+                crate::tree::pick(draw, level, (0..kids).filter(|&i| self.min[first + i] <= bound))? * span;
         }
         Some(host)
     }
@@ -139,7 +130,7 @@ mod tests {
         // The engine's tree of 300 ranks (three levels) and the simulator's values, with the same
         // ranks late at slot 3: for every draw both descents end at the same leaf node.
         for late in [vec![299], vec![299, 130], vec![5, 20, 130, 131, 250, 299], vec![]] {
-            let mut sim = FirstAtMost::new(300, 4);
+            let mut sim = Minima::new(300, 4);
             for &r in &late {
                 sim.set(r, 3);
             }
