@@ -108,6 +108,9 @@ struct Rank {
     gate: Gate,
     /// Whether a poll of the line-up (`Ev::Check`) is pending.
     polling: bool,
+    /// Operations on the policy's own windows issued before a look the simulator made on the
+    /// rank's behalf and not charged yet ([`Sim::unlooked`]): charged with the rank's next step.
+    owed: Cell<Ops>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -266,6 +269,7 @@ impl<'a> Sim<'a> {
                 finished: 0,
                 gate: Gate::Through,
                 polling: false,
+                owed: Cell::new(Ops::default()),
             })
             .collect();
         let mut q = EventQueue::default();
@@ -381,7 +385,24 @@ impl<'a> Sim<'a> {
     /// gap for each one pipelined behind another.
     fn charge(&self, r: usize, mut ops: Ops) -> Nanos {
         ops += self.world[r].take_ops();
+        ops += self.ranks[r].owed.take();
         nanos(ops.trips as f64 * self.read_cost + ops.pipelined as f64 * self.gap_cost)
+    }
+
+    /// Before a look the simulator makes on `r`'s behalf (a waiting rank's `ready`, a lining-up
+    /// rank's `copy_due`): sets aside what the rank's policy issued so far, still to be charged.
+    fn look(&self, r: usize) {
+        let mut owed = self.ranks[r].owed.get();
+        owed += self.world[r].take_ops();
+        self.ranks[r].owed.set(owed);
+    }
+
+    /// After such a look found nothing: drops what it read. A real rank polls while it waits or
+    /// lines up, idle; only the poll that finds the condition true delays what it does next (one
+    /// poll, charged where the rank goes on), not each of the looks the simulator makes to learn
+    /// when that is (at 4,096 ranks, one per other rank's event).
+    fn unlooked(&self, r: usize) {
+        let _ = self.world[r].take_ops();
     }
 
     fn transfer_cost(&self, r: usize, it: u64) -> Nanos {

@@ -64,12 +64,14 @@ impl Sim<'_> {
             let due_at =
                 [rk.own_done, rk.helped, rk.per_chunk].into_iter().fold(rk.c1, Nanos::saturating_add);
             let view = SimView::new(&self.w, r);
+            self.look(r);
             if self.policies[r].copy_due(&view, it, t >= due_at)? {
                 let rk = &mut self.ranks[r];
                 rk.phase = RankPhase::LineHelp { copies: true };
                 rk.help_start = t;
                 return self.start_threads(r, t, true);
             }
+            self.unlooked(r);
             // Polled again: copies become due with time and with the others' rates. One poll
             // pending at a time: a rank woken again while one is pending (each rank's opening
             // wakes the ranks lining up) would start a second chain of polls, and at 80 ranks
@@ -197,7 +199,9 @@ impl Sim<'_> {
     /// iteration one poll (its reads) after `t`.
     fn resume(&mut self, r: usize, it: u64, t: Nanos) -> R<bool> {
         let view = SimView::new(&self.w, r);
+        self.look(r);
         if !self.policies[r].ready(&view, it)? {
+            self.unlooked(r);
             return Ok(false);
         }
         let at = t.max(self.ranks[r].wait_since).saturating_add(self.charge(r, view.ops()));
