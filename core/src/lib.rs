@@ -60,6 +60,7 @@ pub mod scheme;
 pub mod sim;
 pub mod speed_traces;
 pub mod straggler;
+pub mod sums;
 pub mod team;
 pub mod tree;
 pub mod words;

@@ -148,6 +148,41 @@ fn eighty_ranks_take_over_and_copy_from_a_slow_one() {
     assert!(stdout.contains("time per iteration: measured"), "{stdout}{stderr}");
 }
 
+/// 260 ranks as threads: LB-BSP past 256 ranks splits by a tree of sums of the predictions
+/// instead of every rank reading every rank's: each row once, and the quarter-speed rank's share
+/// shrinks.
+#[test]
+fn lb_bsp_past_256_ranks_splits_by_the_tree_of_sums() {
+    let d_tmp = scratch("lbbsp-tree");
+    let d = d_tmp.path();
+    let data = d.join("rows.pgd");
+    let data = data.to_string_lossy().into_owned();
+    ok(&["data", "gen", "sparse", &data, "--rows", "266240", "--features", "20"]);
+    let run = d.join("run");
+    let r = run.to_string_lossy().into_owned();
+    // 8 chunks a rank: enough for a weighted split to beat the even one by the scheme's margin.
+    #[rustfmt::skip]
+    let args = [
+        "train", "--model", "synthetic", "--data", &data, "--run-dir", &r, "--quiet", "--scheme", "lb-bsp",
+        "--ranks", "260", "--threads", "1", "--chunk-cost", "1ms", "--params", "1000", "--batch", "133120",
+        "--chunk", "64", "--iterations", "6", "--straggler", "persistent:rank=0,speed=0.25",
+    ];
+    let (_, stderr) = ok(&args);
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).expect("summary"))
+            .expect("json");
+    let per_rank = summary["per_rank"].as_array().expect("per rank");
+    assert_eq!(per_rank.len(), 260, "{stderr}");
+    let rows: Vec<u64> = per_rank.iter().map(|p| p["rows"].as_u64().expect("rows")).collect();
+    assert_eq!(rows.iter().sum::<u64>(), 6 * 133_120, "every row once: {stderr}");
+    let mut others = rows[1..].to_vec();
+    others.sort_unstable();
+    let median = others[others.len() / 2];
+    // Even, rank 0 would compute 8 chunks an iteration like everyone; split by the predictions
+    // from the second iteration on, 2 or 3.
+    assert!(rows[0] * 10 < median * 6, "rank 0 computed {} rows, the median rank {median}", rows[0]);
+}
+
 /// `measured <m> s, simulated <s> s, ratio <r>` from a replay's line starting with `what`.
 #[test]
 fn synthetic_workload_runs_many_ranks_and_refuses_bad_settings() {

@@ -18,7 +18,14 @@
 //! predictors` compares the three on speed traces with and without structure ([`super::traces`]).
 //!
 //! LB-BSP synchronizes as BSP and never takes chunks over (resizing the shares is its answer to
-//! stragglers). The predictions live in a window, two words per rank (one per iteration parity).
+//! stragglers). Up to [`READ_ALL_UP_TO`] ranks the predictions live in a window, two words per
+//! rank (one per iteration parity), and every rank reads all of them and splits by water-filling
+//! ([`split_starts`]). Past that, reading every rank's word each iteration was the scheme's cost
+//! at scale (4,096 ranks: 2.45x the balanced bound, simulated): the predictions go into a tree of
+//! sums ([`crate::sums`], in fixed point), and each rank reads the world's totals and the sums of
+//! the ranks before it (O(log N) words) and takes its part of a split in proportion to the
+//! predictions ([`part_by_sums`]), each part within a chunk of water-filling's. There, the
+//! first iteration after a resume splits evenly (its round of the tree is empty).
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -27,6 +34,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use peregrine_transport::{ShardMap, Window};
+
+use crate::sums::{Sums, Totals, PARTS};
 
 use super::narx::Narx;
 use super::staleness::Bound;
@@ -73,8 +82,15 @@ impl SchemeKind for LbBsp {
 
     fn policy(&self, setup: &Setup<'_>) -> Result<Box<dyn Policy>> {
         let t = setup.t;
+        let preds = if t.world_size() > READ_ALL_UP_TO {
+            Published::Tree(Sums::new(t, "speed predictions")?)
+        } else {
+            Published::Words(
+                t.alloc_window("speed predictions", &ShardMap::from_lens(vec![2; t.world_size()]))?,
+            )
+        };
         Ok(Box::new(Balanced {
-            preds: t.alloc_window("speed predictions", &ShardMap::from_lens(vec![2; t.world_size()]))?,
+            preds,
             history: History::new(self.predictor),
             loads: (!setup.simulated).then(Loads::default),
             last: 0.0,
@@ -83,6 +99,7 @@ impl SchemeKind for LbBsp {
             speeds: Vec::new(),
             budget: (!setup.simulated && self.predictor == Predictor::Narx).then(TrainBudget::default),
             shared: setup.shared.clone(),
+            level: None,
         }))
     }
 }
@@ -90,8 +107,7 @@ impl SchemeKind for LbBsp {
 /// The policy: shares from the published predictions, this rank's prediction published before
 /// each tick.
 struct Balanced {
-    /// Every rank's predicted speed (f64 bits) for iterations of either parity.
-    preds: Window<u64>,
+    preds: Published,
     history: History,
     /// The node's loads (none in a simulated world).
     loads: Option<Loads>,
@@ -106,6 +122,10 @@ struct Balanced {
     /// In a simulated world, the split its ranks share ([`Shared::split`]): the first rank to
     /// open an iteration computes it, the others take their part (and are charged the reads).
     shared: Option<Arc<Shared>>,
+    /// Past [`READ_ALL_UP_TO`] ranks, the totals of the last split and the chunks beyond one a
+    /// rank of the next iteration: the level the next predictions' base counts are taken at
+    /// ([`published`]).
+    level: Option<(Totals, usize)>,
 }
 
 impl Balanced {
@@ -121,6 +141,30 @@ impl Balanced {
             }
         }
     }
+}
+
+/// Ranks up to which every rank reads every prediction and splits by water-filling; past them,
+/// the tree of sums. Where the two cost the same: simulated over InfiniBand (16 threads a rank,
+/// 60 iterations, time per iteration / Ideal, reading every prediction -> the tree), 128 ranks
+/// 1.04x -> 1.07x with no straggler and 1.29x -> 1.32x with one at half speed, 256 ranks 1.08x
+/// -> 1.09x and 1.33x -> 1.33x, 512 ranks 1.16x -> 1.11x and 1.40x -> 1.35x, 4,096 ranks 2.45x ->
+/// 1.35x with the straggler.
+pub(crate) const READ_ALL_UP_TO: usize = 256;
+
+/// Where the ranks' predictions are published.
+enum Published {
+    /// Every rank's predicted speed (f64 bits) for iterations of either parity, each rank
+    /// reading all (up to [`READ_ALL_UP_TO`] ranks).
+    Words(Window<u64>),
+    /// Their sums in fixed point ([`fixed`]), a round per parity.
+    Tree(Sums),
+}
+
+/// A prediction in the tree's fixed point: 1/1024 of a row per second (`None`: no prediction).
+/// Capped at 2^40 (10^9 rows a second), so that sums over 2^24 ranks, scaled by the count of
+/// predictions in [`part_by_sums`], fit.
+fn fixed(speed: f64) -> Option<u64> {
+    (speed.is_finite() && speed > 0.0).then(|| ((speed * 1024.0).round() as u64).clamp(1, 1 << 40))
 }
 
 /// Share of a rank's wall-clock time that NARX's training may take.
@@ -184,18 +228,27 @@ impl Policy for Balanced {
         // Every rank's prediction for this iteration (one of its two words), in one batch.
         let n = view.world();
         let r = view.rank();
+        let slot = (it % 2) as usize;
+        let preds = match &self.preds {
+            Published::Tree(sums) => {
+                let (world, (before, mine)) = (sums.totals(slot)?, sums.before(r, slot)?);
+                let next = plan.batch_chunks(it + 1);
+                self.level = Some((world, next - n * usize::from(next >= n)));
+                return Ok(part_by_sums(plan.batch_chunks(it), n, r, world, before, mine));
+            }
+            Published::Words(w) => w,
+        };
         let part = |starts: &[usize]| starts[r]..starts[r + 1];
         if let Some(shared) = &self.shared {
             let split = shared.split.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             if let Some((_, starts)) = split.as_ref().filter(|(at, _)| *at == it) {
-                self.preds.count_loads(n);
+                preds.count_loads(n);
                 return Ok(part(starts));
             }
         }
-        let slot = (it % 2) as usize;
         let words: Vec<_> = (0..n).map(|r| 2 * r + slot..2 * r + slot + 1).collect();
         let mut bits = vec![0; n];
-        self.preds.load_batch(&words, &mut bits)?;
+        preds.load_batch(&words, &mut bits)?;
         self.speeds.clear();
         self.speeds.extend(bits.into_iter().map(f64::from_bits));
         let starts: Arc<[usize]> = split_starts(plan.batch_chunks(it), &self.speeds).into();
@@ -218,11 +271,11 @@ impl Policy for Balanced {
         if let (Some(h), true) = (History::from_vec(predictor, rest), last.is_finite() && last >= 0.0) {
             (self.history, self.last) = (h, last);
             // The first iterations after the resume split by this prediction (either parity).
-            if last > 0.0 {
+            if let (Published::Words(preds), true) = (&self.preds, last > 0.0) {
                 self.overwrite(0);
                 self.overwrite(1);
-                self.preds.swap(2 * rank, last.to_bits())?;
-                self.preds.swap(2 * rank + 1, last.to_bits())?;
+                preds.swap(2 * rank, last.to_bits())?;
+                preds.swap(2 * rank + 1, last.to_bits())?;
             }
         }
         Ok(())
@@ -253,8 +306,16 @@ impl Policy for Balanced {
         rec.scheme.set("predicted", Figure::Value(self.last));
         // Slot (t + 1) mod 2: a rank still starting t reads slot t mod 2, and nobody can write
         // slot t mod 2 again (for t + 2) before everyone has started t + 1.
-        self.overwrite(((it + 1) % 2) as usize);
-        self.preds.swap(2 * view.rank() + ((it + 1) % 2) as usize, self.last.to_bits())?;
+        let slot = ((it + 1) % 2) as usize;
+        match &self.preds {
+            Published::Words(preds) => {
+                self.overwrite(slot);
+                preds.swap(2 * view.rank() + slot, self.last.to_bits())?;
+            }
+            Published::Tree(sums) => {
+                sums.add(view.rank(), slot, published(fixed(self.last), self.level, view.world()))?
+            }
+        }
         Ok(())
     }
 
@@ -279,7 +340,10 @@ impl Policy for Balanced {
     }
 
     fn free(self: Box<Self>) -> Result<()> {
-        self.preds.free()
+        match self.preds {
+            Published::Words(w) => w.free(),
+            Published::Tree(sums) => sums.free(),
+        }
     }
 }
 
@@ -553,6 +617,86 @@ pub(crate) fn split_starts(chunks: usize, speeds: &[f64]) -> Vec<usize> {
         .collect()
 }
 
+/// What a rank adds to the tree of sums past [`READ_ALL_UP_TO`] ranks ([`part_by_sums`] splits
+/// by them): its prediction in fixed point (0: none); its base count, the chunks its prediction
+/// earns at the last split's level (`spare * p / S` rounded down, `S` the predictions' sum then,
+/// `spare` the chunks beyond one a rank of the next iteration), and its weight for the chunks
+/// the base counts leave: its prediction if at least the last split's mean, else 0. Without a
+/// last split in which every rank had a prediction, no base count and the prediction as weight.
+pub(crate) fn published(pred: Option<u64>, level: Option<(Totals, usize)>, n: usize) -> [u64; PARTS] {
+    let Some(p) = pred else { return [0; PARTS] };
+    match level {
+        Some((t, spare)) if t.count == n as u64 && t.sum[0] > 0 => {
+            let base = u128::from(p) * spare as u128 / u128::from(t.sum[0]);
+            let fast = u128::from(p) * u128::from(t.count) >= u128::from(t.sum[0]);
+            [p, base as u64, if fast { p } else { 0 }]
+        }
+        _ => [p, 0, p],
+    }
+}
+
+/// Rank `rank`'s part of `chunks` chunks split over `n` ranks by their predictions, from the
+/// tree of sums ([`crate::sums`]) of what they [`published`]: `world`, every rank's, `before`,
+/// those of ranks `0..rank`, and `mine`. Each rank keeps at least one chunk (when there are
+/// enough), in integers from prefix sums alone, so that the parts of all ranks tile the batch
+/// exactly:
+/// - where every rank predicted and the base counts fit the batch: its base count, and of the
+///   chunks left `L`, rank `k` starts at `B_k + round(L * F_k / F)` (`B_k`, `F_k` the base
+///   counts and weights before it, `F` all weights). A rank slower than the mean gets its base
+///   count, rounded down, as water-filling gives a slow rank no chunk it would finish last; the
+///   others share the rest in proportion;
+/// - otherwise, in proportion to the predictions, a rank without one counting as their mean
+///   (as in [`split_starts`]): rank `k` starts at `round(spare * P_k / S)`;
+/// - none at all: the even split.
+///
+/// Each part is within a chunk of its proportional share or of its base count. Used only
+/// where it beats the even split by [`MIN_GAIN`], judged from the totals alone (the proportional
+/// split's makespan is at most `spare / S + 2 / slowest`, against the even split's), so that
+/// every rank decides alike.
+pub(crate) fn part_by_sums(
+    chunks: usize,
+    n: usize,
+    rank: usize,
+    world: Totals,
+    before: Totals,
+    mine: [u64; PARTS],
+) -> Range<usize> {
+    let even = crate::plan::split(chunks, rank, n);
+    if world.count == 0 || world.sum[0] == 0 || n == 0 {
+        return even;
+    }
+    let floor = usize::from(chunks >= n);
+    let spare = (chunks - floor * n) as u128;
+    let mean = world.sum[0] as f64 / world.count as f64;
+    let slowest = match world.min {
+        Some(m) if world.count == n as u64 => m as f64,
+        Some(m) => (m as f64).min(mean),
+        None => mean,
+    };
+    let weighted = spare as f64 / (mean * n as f64) + (floor + 1) as f64 / slowest;
+    if weighted >= (1.0 - MIN_GAIN) * chunks.div_ceil(n) as f64 / slowest {
+        return even;
+    }
+    // `base + round(left * weight_before / weights)` from the start of the rank's parts.
+    let at = |k: usize, base: u128, left: u128, p: u128, total: u128| {
+        k * floor + (base + (2 * left * p + total) / (2 * total)) as usize
+    };
+    let [_, bases, weights] = world.sum.map(u128::from);
+    if world.count == n as u64 && bases <= spare && weights > 0 {
+        let (b, w) = (u128::from(before.sum[1]), u128::from(before.sum[2]));
+        let left = spare - bases;
+        let (own_b, own_w) = (u128::from(mine[1]), u128::from(mine[2]));
+        return at(rank, b, left, w, weights)..at(rank + 1, b + own_b, left, w + own_w, weights);
+    }
+    // Every prediction times the count of predictions, a missing one as their sum (the mean,
+    // times the count): integers throughout, so every rank computes the same starts.
+    let (count, sum) = (u128::from(world.count), u128::from(world.sum[0]));
+    let total = sum * n as u128;
+    let own = if mine[0] > 0 { u128::from(mine[0]) * count } else { sum };
+    let prefix = u128::from(before.sum[0]) * count + (rank as u128 - u128::from(before.count)) * sum;
+    at(rank, 0, spare, prefix, total)..at(rank + 1, 0, spare, prefix + own, total)
+}
+
 /// Water-filling: `floor` chunks each, then each further chunk to the rank that would finish it
 /// first (`(count + 1) / speed` smallest, ties to the lowest rank), until `chunks` are given.
 /// Starts from a proportional share known not to exceed the result (see below) and fills the
@@ -752,6 +896,105 @@ mod tests {
         assert_eq!(split_weighted(8, &[1.0, 0.85], 0), 0..4);
         assert_eq!(split_weighted(8, &[1.0, 0.7], 0), 0..5);
         assert_eq!(split_weighted(8, &[0.5, 1.0], 0), 0..3, "the slow rank gets fewer");
+    }
+
+    /// Every rank's part of [`part_by_sums`] when each [`published`] its prediction in `speeds`
+    /// at `level`, the tree's totals computed here; and the totals.
+    fn parts_by_sums(
+        chunks: usize,
+        speeds: &[Option<u64>],
+        level: Option<(Totals, usize)>,
+    ) -> (Vec<Range<usize>>, Totals) {
+        let n = speeds.len();
+        let values: Vec<[u64; PARTS]> = speeds.iter().map(|&p| published(p, level, n)).collect();
+        let totals = |vs: &[[u64; PARTS]]| {
+            vs.iter().fold(Totals::default(), |mut t, &v| {
+                t.add(Totals::of(v));
+                t
+            })
+        };
+        let world = totals(&values);
+        let parts =
+            (0..n).map(|r| part_by_sums(chunks, n, r, world, totals(&values[..r]), values[r])).collect();
+        (parts, world)
+    }
+
+    /// Two splits of `chunks` by `speeds`: the first without a level, the second at the first's.
+    fn two_splits(chunks: usize, speeds: &[Option<u64>]) -> [Vec<Range<usize>>; 2] {
+        let (first, world) = parts_by_sums(chunks, speeds, None);
+        let spare = chunks - speeds.len() * usize::from(chunks >= speeds.len());
+        [first, parts_by_sums(chunks, speeds, Some((world, spare))).0]
+    }
+
+    #[test]
+    fn parts_from_the_tree_of_sums_are_proportional_and_tile_the_batch() {
+        // 100 ranks, 3200 chunks; rank 0 at half the others' speed: one chunk each, then the 3100
+        // left in proportion (99.5 shares: 31.16 chunks a share). The first split: rank 0 ends
+        // at 1 + round(15.58) = 17 chunks, rank 1 at 2 + round(15.58 + 31.16) = 49.
+        let mut speeds = vec![Some(2048); 100];
+        speeds[0] = Some(1024);
+        let [first, second] = two_splits(3200, &speeds);
+        assert_eq!((first[0].clone(), first[1].clone(), first[99].end), (0..17, 17..49, 3200));
+        // The second, at the first's level: base counts 15 (rank 0) and 31 (the others), 3084 in
+        // all; the 16 left go to the ranks at or above the mean in proportion. Rank 0 gets
+        // 1 + 15 = 16 chunks (as water-filling: at 16 it would finish its 17th after every fast
+        // rank its 33rd), rank 1 2 + 46 + round(16 / 99) = 48.
+        assert_eq!((second[0].clone(), second[1].clone(), second[99].end), (0..16, 16..48, 3200));
+        assert_eq!(second.iter().filter(|p| p.len() == 33).count(), 16);
+        // A missing prediction counts as the mean: all missing but one, the even split.
+        let mut one = vec![None; 100];
+        one[5] = Some(3000);
+        assert!(two_splits(3200, &one).iter().flatten().all(|p| p.len() == 32));
+        // Noise of a few percent moves nothing (the even split's makespan is not beaten by 5 %).
+        let noisy: Vec<_> = (0..100).map(|r| Some(1000 + (r % 7) * 10)).collect();
+        assert!(two_splits(3200, &noisy).iter().flatten().all(|p| p.len() == 32));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn parts_by_sums_cover_every_chunk_once_and_stay_within_a_chunk_of_the_share(
+            chunks in 0usize..5000,
+            speeds in proptest::collection::vec(proptest::option::weighted(0.9, 1u64..1 << 40), 1..300),
+        ) {
+            let n = speeds.len();
+            let floor = usize::from(chunks >= n);
+            let spare = (chunks - floor * n) as f64;
+            let (_, world) = parts_by_sums(chunks, &speeds, None);
+            let [first, second] = two_splits(chunks, &speeds);
+            for (round, parts) in [first, second].iter().enumerate() {
+                let mut at = 0;
+                for p in parts {
+                    proptest::prop_assert_eq!(p.start, at);
+                    proptest::prop_assert!(p.end >= p.start);
+                    if chunks >= n {
+                        proptest::prop_assert!(!p.is_empty(), "every rank keeps a chunk");
+                    }
+                    at = p.end;
+                }
+                proptest::prop_assert_eq!(at, chunks);
+                if (0..n).all(|r| parts[r] == crate::plan::split(chunks, r, n)) {
+                    continue;
+                }
+                // Within a chunk of the share: in proportion to the predictions (a missing one as
+                // their mean); in the second split with every rank predicting, of the base count
+                // plus a share of what the base counts leave, by the weights.
+                let v: Vec<f64> = speeds.iter().flatten().map(|&x| x as f64).collect();
+                let mean = v.iter().sum::<f64>() / v.len() as f64;
+                let s: Vec<f64> = speeds.iter().map(|x| x.map_or(mean, |x| x as f64)).collect();
+                let total = s.iter().sum::<f64>();
+                let level = (round == 1).then_some((world, chunks - floor * n));
+                let values: Vec<_> = speeds.iter().map(|&p| published(p, level, n)).collect();
+                let (bases, weights) = values.iter().fold((0, 0), |(b, w), v| (b + v[1], w + v[2]));
+                for (p, (sk, v)) in parts.iter().zip(s.iter().zip(&values)) {
+                    let share = if world.count == n as u64 && bases as f64 <= spare && weights > 0 {
+                        floor as f64 + v[1] as f64 + (spare - bases as f64) * v[2] as f64 / weights as f64
+                    } else {
+                        floor as f64 + spare * sk / total
+                    };
+                    proptest::prop_assert!((p.len() as f64 - share).abs() <= 1.0 + 1e-6, "{} vs {share}", p.len());
+                }
+            }
+        }
     }
 
     #[test]
