@@ -95,6 +95,29 @@ fn experiment_config_errors_are_clear() {
     }
 }
 
+/// Trains the synthetic workload on `rows` generated rows as `args` say (after `train`, the
+/// data and the run directory `name` under `d`): the run directory, every rank's summary and
+/// stderr.
+fn synthetic(
+    d: &std::path::Path,
+    name: &str,
+    rows: &str,
+    args: &[&str],
+) -> (String, Vec<serde_json::Value>, String) {
+    let data = d.join(format!("{name}.pgd")).to_string_lossy().into_owned();
+    if !std::path::Path::new(&data).exists() {
+        ok(&["data", "gen", "sparse", &data, "--rows", rows, "--features", "20"]);
+    }
+    let run = d.join(name).to_string_lossy().into_owned();
+    let mut all = vec!["train", "--model", "synthetic", "--data", &data, "--run-dir", &run, "--quiet"];
+    all.extend_from_slice(args);
+    let (_, stderr) = ok(&all);
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join(name).join("summary.json")).expect("summary"))
+            .expect("json");
+    (run.clone(), summary["per_rank"].as_array().expect("per rank").clone(), stderr)
+}
+
 /// 80 ranks as threads: ASP takes a slow rank's chunks over, and speculative execution, past 64
 /// ranks, looks for chunks to copy under the done tree's first node not done and for the fastest
 /// rate among 16 ranks drawn at random (`queue::READ_ALL_UP_TO`): each row is applied once.
@@ -103,48 +126,30 @@ fn experiment_config_errors_are_clear() {
 fn eighty_ranks_take_over_and_copy_from_a_slow_one() {
     let d_tmp = scratch("sampled");
     let d = d_tmp.path();
-    let data = d.join("rows.pgd");
-    let data = data.to_string_lossy().into_owned();
-    ok(&["data", "gen", "sparse", &data, "--rows", "40960", "--features", "50"]);
-    let run = d.join("run");
-    let r = run.to_string_lossy().into_owned();
     #[rustfmt::skip]
     let args = [
-        "train", "--model", "synthetic", "--data", &data, "--run-dir", &r, "--quiet", "--scheme", "asp",
-        "--ranks", "80", "--threads", "1", "--chunk-cost", "1ms", "--params", "1000", "--batch", "20480",
-        "--chunk", "64", "--iterations", "6", "--straggler", "persistent:rank=0,speed=0.25",
+        "--scheme", "asp", "--ranks", "80", "--threads", "1", "--chunk-cost", "1ms", "--params", "1000",
+        "--batch", "20480", "--chunk", "64", "--iterations", "6", "--straggler", "persistent:rank=0,speed=0.25",
     ];
-    let (_, stderr) = ok(&args);
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).expect("summary"))
-            .expect("json");
-    let per_rank = summary["per_rank"].as_array().expect("per rank");
+    let (_, per_rank, stderr) = synthetic(d, "run", "40960", &args);
     assert_eq!(per_rank.len(), 80, "{stderr}");
-    let sum = |k: &str| per_rank.iter().map(|p| p[k].as_u64().expect(k)).sum::<u64>();
+    let sum = |p: &[serde_json::Value], k: &str| p.iter().map(|p| p[k].as_u64().expect(k)).sum::<u64>();
     // Six whole batches (two an epoch of 40,960 rows), every row once.
-    assert_eq!(sum("rows"), 6 * 20480, "{stderr}");
-    assert!(sum("taken") > 0, "no chunk was taken over: {per_rank:?}");
+    assert_eq!(sum(&per_rank, "rows"), 6 * 20480, "{stderr}");
+    assert!(sum(&per_rank, "taken") > 0, "no chunk was taken over: {per_rank:?}");
     // Speculative execution past 64 ranks: copies of chunks not done are looked for under the
     // done tree's first node not done, and the fastest rate among 16 ranks drawn at random.
-    let spec = d.join("spec");
-    let spec_s = spec.to_string_lossy().into_owned();
     let mut args = args.to_vec();
-    args[6] = &spec_s;
-    args[9] = "speculative";
+    args[1] = "speculative";
     // Without taking over: idle ranks can only copy (with it they may take every queued chunk
     // of the slow rank first, and on a loaded machine copy nothing).
     args.push("--no-steal");
-    let (_, stderr) = ok(&args);
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(spec.join("summary.json")).expect("summary"))
-            .expect("json");
-    let per_rank = summary["per_rank"].as_array().expect("per rank");
-    let sum = |k: &str| per_rank.iter().map(|p| p[k].as_u64().expect(k)).sum::<u64>();
-    assert_eq!(sum("rows"), 6 * 20480, "every row once, copies or not: {stderr}");
-    assert!(sum("cloned") + sum("discarded") > 0, "no copy was computed: {per_rank:?}");
+    let (spec, per_rank, stderr) = synthetic(d, "spec", "40960", &args);
+    assert_eq!(sum(&per_rank, "rows"), 6 * 20480, "every row once, copies or not: {stderr}");
+    assert!(sum(&per_rank, "cloned") + sum(&per_rank, "discarded") > 0, "no copy was computed: {per_rank:?}");
     // Its replay: ranks lining up, woken at every other rank's opening, poll once at a time (a
     // chain of polls per wake filled the event queue).
-    let (stdout, stderr) = ok(&["simulate", "--replay", &spec_s]);
+    let (stdout, stderr) = ok(&["simulate", "--replay", &spec]);
     assert!(stdout.contains("time per iteration: measured"), "{stdout}{stderr}");
 }
 
@@ -154,24 +159,13 @@ fn eighty_ranks_take_over_and_copy_from_a_slow_one() {
 #[test]
 fn lb_bsp_past_256_ranks_splits_by_the_tree_of_sums() {
     let d_tmp = scratch("lbbsp-tree");
-    let d = d_tmp.path();
-    let data = d.join("rows.pgd");
-    let data = data.to_string_lossy().into_owned();
-    ok(&["data", "gen", "sparse", &data, "--rows", "266240", "--features", "20"]);
-    let run = d.join("run");
-    let r = run.to_string_lossy().into_owned();
     // 8 chunks a rank: enough for a weighted split to beat the even one by the scheme's margin.
     #[rustfmt::skip]
     let args = [
-        "train", "--model", "synthetic", "--data", &data, "--run-dir", &r, "--quiet", "--scheme", "lb-bsp",
-        "--ranks", "260", "--threads", "1", "--chunk-cost", "1ms", "--params", "1000", "--batch", "133120",
-        "--chunk", "64", "--iterations", "6", "--straggler", "persistent:rank=0,speed=0.25",
+        "--scheme", "lb-bsp", "--ranks", "260", "--threads", "1", "--chunk-cost", "1ms", "--params", "1000",
+        "--batch", "133120", "--chunk", "64", "--iterations", "6", "--straggler", "persistent:rank=0,speed=0.25",
     ];
-    let (_, stderr) = ok(&args);
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).expect("summary"))
-            .expect("json");
-    let per_rank = summary["per_rank"].as_array().expect("per rank");
+    let (_, per_rank, stderr) = synthetic(d_tmp.path(), "run", "266240", &args);
     assert_eq!(per_rank.len(), 260, "{stderr}");
     let rows: Vec<u64> = per_rank.iter().map(|p| p["rows"].as_u64().expect("rows")).collect();
     assert_eq!(rows.iter().sum::<u64>(), 6 * 133_120, "every row once: {stderr}");
