@@ -18,13 +18,13 @@
 //! predictors` compares the three on speed traces with and without structure ([`super::traces`]).
 //!
 //! LB-BSP synchronizes as BSP and never takes chunks over (resizing the shares is its answer to
-//! stragglers). Up to [`READ_ALL_UP_TO`] ranks the predictions live in a window, two words per
+//! stragglers). Up to `READ_ALL_UP_TO` ranks the predictions live in a window, two words per
 //! rank (one per iteration parity), and every rank reads all of them and splits by water-filling
-//! ([`split_starts`]). Past that, reading every rank's word each iteration was the scheme's cost
+//! (`split_starts`). Past that, reading every rank's word each iteration was the scheme's cost
 //! at scale (4,096 ranks: 2.45x the balanced bound, simulated): the predictions go into a tree of
 //! sums ([`crate::sums`], in fixed point), and each rank reads the world's totals and the sums of
 //! the ranks before it (O(log N) words) and takes its part of a split in proportion to the
-//! predictions ([`part_by_sums`]), each part within a chunk of water-filling's. There, the
+//! predictions (`part_by_sums`), each part within a chunk of water-filling's. There, the
 //! first iteration after a resume splits evenly (its round of the tree is empty).
 
 use std::collections::VecDeque;
