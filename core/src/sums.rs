@@ -1,7 +1,7 @@
 //! Sums over the world through the combining tree's shape ([`crate::tree::Shape`]): each rank
 //! adds [`PARTS`] values (the first of them counted: a rank with 0 there has none), and any rank
-//! then reads the world's totals and the sums of the ranks before it, at a cost per rank of O(log N) words instead of a read of every
-//! rank's (LB-BSP's split past 256 ranks).
+//! then reads the world's totals and the sums of the ranks before it, at a cost per rank of
+//! O(log N) words instead of a read of every rank's (LB-BSP's split past 256 ranks).
 //!
 //! A rank writes its values into its own words, then adds them to its level-0 node's running
 //! sums (count of first values, each part's sum: one accumulate; the least first value) and,

@@ -1,10 +1,10 @@
 //! Backup workers (Sync-opt, Chen et al. 2016): each iteration applies the first `N - b` updates
 //! to arrive; later ones are dropped, and a rank that was late moves straight on to the iteration
-//! the others are in. The dynamic variant (after DBW's rule, here with one server-side `b`; `dbw.rs` is the
-//! decentralized scheme itself) chooses `b` for each iteration from the arrivals of the one two
-//! before (whose late ranks have had an iteration more to arrive): the `k = N - b` that maximizes
-//! updates per unit of time, `k / d_(k)`, where `d_(k)` is the compute time of the k-th rank to
-//! arrive (k at least half the ranks).
+//! the others are in. The dynamic variant (after DBW's rule, here with one server-side `b`;
+//! `dbw.rs` is the decentralized scheme itself) chooses `b` for each iteration from the arrivals
+//! of the one two before (whose late ranks have had an iteration more to arrive): the `k = N - b`
+//! that maximizes updates per unit of time, `k / d_(k)`, where `d_(k)` is the compute time of the
+//! k-th rank to arrive (k at least half the ranks).
 //!
 //! Words on rank 0 (a window; every count a compare-and-swap against the word read, so a late rank
 //! can never count towards an iteration that is over): for two slots `s = t mod 2`, `arrived[s]`
@@ -13,11 +13,12 @@
 //! the number of completed iterations; then, for the dynamic choice, `best[s]`: the best
 //! `k / d_(k)` among the iteration's arrivals so far ([`candidate`]), each arriving rank raising it
 //! with its own (one load, rarely a compare-and-swap: O(1) per rank, where reading every rank's
-//! last time was O(N) per iteration for the rank closing it, 1.9x the bound at 4,096 ranks). The
-//! rank whose commit completes iteration `t` prepares the slot of `t + 1` (choosing its `k` from
-//! `best` of `t - 1`, the same slot's, before clearing it) before raising `done`, so a rank starting `t + 1` (after seeing `done > t`) always
-//! finds it ready; a rank still in `t - 1` sees a tag that is not its iteration and knows it is
-//! late.
+//! last time was O(N) per iteration for the rank closing it, 1.9x the bound at 4,096 ranks).
+//!
+//! The rank whose commit completes iteration `t` prepares the slot of `t + 1` (choosing its `k`
+//! from `best` of `t - 1`, the same slot's, before clearing it) before raising `done`, so a rank
+//! starting `t + 1` (after seeing `done > t`) always finds it ready; a rank still in `t - 1` sees a
+//! tag that is not its iteration and knows it is late.
 
 use std::fmt;
 use std::sync::Arc;

@@ -991,7 +991,8 @@ mod tests {
                     } else {
                         floor as f64 + spare * sk / total
                     };
-                    proptest::prop_assert!((p.len() as f64 - share).abs() <= 1.0 + 1e-6, "{} vs {share}", p.len());
+                    let off = (p.len() as f64 - share).abs();
+                    proptest::prop_assert!(off <= 1.0 + 1e-6, "{} vs {share}", p.len());
                 }
             }
         }
