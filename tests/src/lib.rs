@@ -291,9 +291,13 @@ pub mod clocks {
     //! `threads` threads of every rank count chunks of every rank done, racing for each rank's
     //! last one (whose add arrives at the done tree); a rank that sees the iteration done checks
     //! every progress word. Then under SSP(2) the ranks tick as fast as the bound lets them, a
-    //! rank now and then held back, and every "reached" is checked against every clock.
+    //! rank now and then held back, and every "reached" is checked against every clock. Last,
+    //! the tree of sums (`peregrine_core::sums`, LB-BSP's split at scale): every rank adds its
+    //! values to a round at once, and after a barrier each reads the world's totals and the sums
+    //! before it, checked against the values every rank added.
 
     use peregrine_core::clocks::{wait_until, Clocks, Reads};
+    use peregrine_core::sums::{Sums, Totals, PARTS};
     use peregrine_transport::Transport;
 
     /// What one rank saw.
@@ -303,6 +307,8 @@ pub mod clocks {
         pub lined_up: u64,
         /// Clocks ticked under SSP(2).
         pub ticked: u64,
+        /// Rounds of the tree of sums checked.
+        pub summed: u64,
     }
 
     /// Runs the check on this rank (collective). `Err` says what went wrong.
@@ -368,7 +374,39 @@ pub mod clocks {
         }
         t.barrier().map_err(e)?;
         ssp.free().map_err(e)?;
-        Ok(Report { lined_up: iterations, ticked: iterations })
+        sums(t, iterations)?;
+        Ok(Report { lined_up: iterations, ticked: iterations, summed: iterations })
+    }
+
+    /// The tree of sums, `rounds` rounds (collective): rank `r`'s values in round `j` are a
+    /// function of both (no first value for every fifth), so every rank knows what to expect.
+    fn sums(t: &Transport, rounds: u64) -> Result<(), String> {
+        let e = |e: peregrine_transport::Error| e.to_string();
+        let (n, me) = (t.world_size(), t.rank());
+        let values = |r: usize, j: u64| -> [u64; PARTS] {
+            let first =
+                if (r as u64 + j).is_multiple_of(5) { 0 } else { 1 + (r as u64 * 131 + j * 17) % 999 };
+            [first, (r as u64 + 2 * j) % 3, r as u64 * 10_007 + j]
+        };
+        let sums = Sums::new(t, "sums").map_err(e)?;
+        for j in 0..rounds {
+            sums.add(me, j as usize, values(me, j)).map_err(e)?;
+            t.barrier().map_err(e)?;
+            let (mut world, mut before) = (Totals::default(), Totals::default());
+            for r in 0..n {
+                world.add(Totals::of(values(r, j)));
+                if r < me {
+                    before.add(Totals::of(values(r, j)));
+                }
+            }
+            let got = (sums.totals(j as usize).map_err(e)?, sums.before(me, j as usize).map_err(e)?);
+            if got != (world, (before, values(me, j))) {
+                return Err(format!("rank {me}, round {j}: the tree said {got:?}, the ranks added {world:?} and {before:?} before"));
+            }
+            // Every rank has read round j before anyone adds to its words again (round j + 2).
+            t.barrier().map_err(e)?;
+        }
+        sums.free().map_err(e)
     }
 
     /// Every clock is at least `need`, as `reached` said.

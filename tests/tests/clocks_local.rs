@@ -10,7 +10,7 @@ fn the_trees_answer_as_every_ranks_words_do() {
         let reports = run_local(ranks, |t| agree(&t, 25, threads)).expect("world");
         for (r, rep) in reports.into_iter().enumerate() {
             let rep = rep.unwrap_or_else(|m| panic!("{ranks} ranks x {threads} threads, rank {r}: {m}"));
-            assert_eq!((rep.lined_up, rep.ticked), (25, 25));
+            assert_eq!((rep.lined_up, rep.ticked, rep.summed), (25, 25, 25));
         }
     }
 }

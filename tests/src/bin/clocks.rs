@@ -1,7 +1,8 @@
 //! SPMD program: the clocks' combining-tree check (`peregrine_tests::clocks`) on every rank.
 //!
 //! `clocks [--backend local|mpi] [--ranks N] [--iterations K] [--threads T]`; exit 0 iff every
-//! rank saw the trees answer exactly as reading every rank's word does.
+//! rank saw the trees answer exactly as reading every rank's word does (and the tree of sums as
+//! the values every rank added).
 
 use std::process::ExitCode;
 
@@ -23,10 +24,11 @@ fn main() -> ExitCode {
             Ok(r) => {
                 if t.rank() == 0 {
                     println!(
-                        "clocks: the trees agree with every rank's words: {} ranks x {threads} threads, {} iterations lined up, {} ticks under SSP(2) ({})",
+                        "clocks: the trees agree with every rank's words: {} ranks x {threads} threads, {} iterations lined up, {} ticks under SSP(2), {} rounds of sums ({})",
                         t.world_size(),
                         r.lined_up,
                         r.ticked,
+                        r.summed,
                         t.backend()
                     );
                 }
