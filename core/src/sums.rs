@@ -47,6 +47,14 @@ impl Totals {
         Self { count: u64::from(first.is_some()), sum: values, min: first }
     }
 
+    /// The totals of ranks' `values`.
+    pub fn of_all(values: impl IntoIterator<Item = [u64; PARTS]>) -> Self {
+        values.into_iter().fold(Self::default(), |mut t, v| {
+            t.add(Self::of(v));
+            t
+        })
+    }
+
     /// Adds `o`'s values to these.
     pub fn add(&mut self, o: Totals) {
         self.count += o.count;
@@ -119,7 +127,7 @@ impl Sums {
             self.words.accumulate(node + RUNNING, &running)?;
             self.words.flush(host)?;
             if let Some(min) = carry.min {
-                self.raise(node + RUNNING + NOT_MIN, !min)?;
+                crate::words::raise(&self.words, node + RUNNING + NOT_MIN, !min, |_| true)?;
             }
             // Counted in after its sums have landed.
             if self.words.fetch_add(node + ARRIVED, 1)? + 1 != self.shape.children(rank, level) {
@@ -133,19 +141,6 @@ impl Sums {
             self.words.put(node + ARRIVED, &[0; 1 + WORDS])?;
             self.words.flush(host)?;
             carry = unpack(&w);
-        }
-        Ok(())
-    }
-
-    /// Raises word `i` to at least `v`.
-    fn raise(&self, i: usize, v: u64) -> Result<()> {
-        let mut cur = self.words.load(i)?;
-        while v > cur {
-            let prev = self.words.compare_and_swap(i, cur, v)?;
-            if prev == cur {
-                break;
-            }
-            cur = prev;
         }
         Ok(())
     }
@@ -236,14 +231,8 @@ mod tests {
                 for j in 0..5u64 {
                     sums.add(r, j as usize, value(r, j))?;
                     t.barrier()?;
-                    let mut want = Totals::default();
-                    let mut before = Totals::default();
-                    for k in 0..world {
-                        want.add(Totals::of(value(k, j)));
-                        if k < r {
-                            before.add(Totals::of(value(k, j)));
-                        }
-                    }
+                    let want = Totals::of_all((0..world).map(|k| value(k, j)));
+                    let before = Totals::of_all((0..r).map(|k| value(k, j)));
                     assert_eq!(sums.totals(j as usize)?, want, "world {world}, round {j}");
                     assert_eq!(
                         sums.before(r, j as usize)?,

@@ -11,6 +11,25 @@
 //! Tags are the iteration number modulo the field's range ([`tag`] for the 16-bit ones): a reader
 //! that finds another iteration's tag knows the word is not about the iteration it means.
 
+/// Raises word `i` of `words` to `v` by compare-and-swap, as long as the word read is below `v`
+/// and `keep` holds for it (one load when it does not; a word other ranks raise too is read
+/// again after each lost race): a maximum kept one-sidedly, as MPI has no fetch-and-max for it.
+pub fn raise(
+    words: &peregrine_transport::Window<u64>,
+    i: usize,
+    v: u64,
+    keep: impl Fn(u64) -> bool,
+) -> peregrine_transport::Result<()> {
+    let mut cur = words.load(i)?;
+    while v > cur && keep(cur) {
+        match words.compare_and_swap(i, cur, v)? {
+            prev if prev == cur => break,
+            prev => cur = prev,
+        }
+    }
+    Ok(())
+}
+
 /// Most chunks a queue or progress word can count (24 bits).
 pub const MAX_CHUNKS: u32 = (1 << 24) - 1;
 const MASK24: u64 = (1 << 24) - 1;

@@ -392,13 +392,8 @@ pub mod clocks {
         for j in 0..rounds {
             sums.add(me, j as usize, values(me, j)).map_err(e)?;
             t.barrier().map_err(e)?;
-            let (mut world, mut before) = (Totals::default(), Totals::default());
-            for r in 0..n {
-                world.add(Totals::of(values(r, j)));
-                if r < me {
-                    before.add(Totals::of(values(r, j)));
-                }
-            }
+            let world = Totals::of_all((0..n).map(|r| values(r, j)));
+            let before = Totals::of_all((0..me).map(|r| values(r, j)));
             let got = (sums.totals(j as usize).map_err(e)?, sums.before(me, j as usize).map_err(e)?);
             if got != (world, (before, values(me, j))) {
                 return Err(format!("rank {me}, round {j}: the tree said {got:?}, the ranks added {world:?} and {before:?} before"));

@@ -185,7 +185,7 @@ impl Counters {
             // The first two iterations' bests, empty and tagged (later ones are cleared by the
             // rank closing the iteration before).
             for it in [start, start + 1] {
-                me.words.swap(BEST + (it % 2) as usize, candidate(0, Duration::ZERO, n, it))?;
+                me.words.swap(BEST + (it % 2) as usize, no_candidate(it))?;
             }
         }
         me.words.flush_all()?;
@@ -225,14 +225,10 @@ impl Counters {
         self.was_late = before >= k;
         if self.fixed.is_none() && !was_late {
             let mine = candidate(before + 1, compute, self.world, it);
-            let i = BEST + (it % 2) as usize;
-            let mut cur = self.words.load(i)?;
-            while mine > cur && tag_of(cur) == tag_of(mine) {
-                match self.words.compare_and_swap(i, cur, mine)? {
-                    prev if prev == cur => break,
-                    prev => cur = prev,
-                }
-            }
+            // Not over a word of another iteration (a late arrival of `it - 2`).
+            crate::words::raise(&self.words, BEST + (it % 2) as usize, mine, |cur| {
+                tag_of(cur) == tag_of(mine)
+            })?;
         }
         Ok(if before < k { Arrival::InTime { k } } else { Arrival::Late })
     }
@@ -249,7 +245,7 @@ impl Counters {
             if self.fixed.is_none() {
                 // `t + 1`'s best (read for the choice above, as `t - 1`'s), empty and tagged: a
                 // late arrival of `t - 1` leaves it alone.
-                self.words.swap(BEST + s / 2, candidate(0, Duration::ZERO, self.world, it + 1))?;
+                self.words.swap(BEST + s / 2, no_candidate(it + 1))?;
             }
             self.words.fetch_add(DONE, 1)?;
         }
@@ -266,7 +262,7 @@ impl Counters {
         let Some(before) = it.checked_sub(1) else { return Ok(self.world) };
         let best = self.words.load(BEST + (before % 2) as usize)?;
         let k = (best & 0xffff) as usize;
-        let tagged = tag_of(best) == tag_of(candidate(0, Duration::ZERO, self.world, before));
+        let tagged = tag_of(best) == tag_of(no_candidate(before));
         Ok(if tagged && k > 0 { k } else { self.world })
     }
 
@@ -292,7 +288,12 @@ fn candidate(k: u64, compute: Duration, n: usize, it: u64) -> u64 {
     let eligible = k > 0 && k as usize >= n.div_ceil(2);
     let rate = if eligible { k as f32 / compute.as_micros().max(1) as f32 } else { 0.0 };
     let k = if eligible { k } else { 0 };
-    (u64::from(rate.to_bits()) << 32) | ((it & 0xffff) << 16) | (k & 0xffff)
+    (u64::from(rate.to_bits()) << 32) | no_candidate(it) | (k & 0xffff)
+}
+
+/// The word `best` of iteration `it` starts from: no candidate, the rate 0 ([`candidate`]).
+fn no_candidate(it: u64) -> u64 {
+    (it & 0xffff) << 16
 }
 
 /// A [`candidate`] word's iteration tag.
@@ -309,7 +310,7 @@ mod tests {
     fn best_k(d: &[u64]) -> u64 {
         let best = (0..d.len())
             .map(|i| candidate(i as u64 + 1, Duration::from_micros(d[i]), d.len(), 7))
-            .fold(candidate(0, Duration::ZERO, d.len(), 7), u64::max);
+            .fold(no_candidate(7), u64::max);
         best & 0xffff
     }
 

@@ -42,7 +42,7 @@ use super::staleness::Bound;
 use super::{Family, Parsed, Policy, Result, SchemeKind, Setup, Shared, View};
 use crate::plan::Plan;
 use crate::record::{Figure, IterRecord, RankTotals};
-use split::{fixed, part_by_sums, published, split_starts};
+use split::{fixed, floor_and_spare, part_by_sums, published, split_starts};
 
 mod split;
 
@@ -221,15 +221,13 @@ impl Policy for Balanced {
     }
 
     fn chunks(&mut self, view: &dyn View, it: u64, plan: &Plan) -> Result<Range<usize>> {
-        // Every rank's prediction for this iteration (one of its two words), in one batch.
         let n = view.world();
         let r = view.rank();
         let slot = (it % 2) as usize;
         let preds = match &self.preds {
             Published::Tree(sums) => {
                 let (world, (before, mine)) = (sums.totals(slot)?, sums.before(r, slot)?);
-                let next = plan.batch_chunks(it + 1);
-                self.level = Some((world, next - n * usize::from(next >= n)));
+                self.level = Some((world, floor_and_spare(plan.batch_chunks(it + 1), n).1));
                 return Ok(part_by_sums(plan.batch_chunks(it), n, r, world, before, mine));
             }
             Published::Words(w) => w,
@@ -242,6 +240,7 @@ impl Policy for Balanced {
                 return Ok(part(starts));
             }
         }
+        // Every rank's prediction for this iteration (one of its two words), in one batch.
         let words: Vec<_> = (0..n).map(|r| 2 * r + slot..2 * r + slot + 1).collect();
         let mut bits = vec![0; n];
         preds.load_batch(&words, &mut bits)?;

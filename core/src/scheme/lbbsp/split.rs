@@ -13,6 +13,14 @@ pub(super) fn fixed(speed: f64) -> Option<u64> {
     (speed.is_finite() && speed > 0.0).then(|| ((speed * 1024.0).round() as u64).clamp(1, 1 << 38))
 }
 
+/// The chunks of `chunks` every one of `n` ranks keeps (one when there are enough: a rank given
+/// none would never measure its speed again, and a low estimate would stick), and those left
+/// beyond them to split by speed.
+pub(super) fn floor_and_spare(chunks: usize, n: usize) -> (usize, usize) {
+    let floor = usize::from(chunks >= n);
+    (floor, chunks - floor * n)
+}
+
 /// How much shorter (predicted) a weighted split must make the iteration before it replaces the
 /// even split: moving chunks on the strength of noisy speed estimates costs more than it saves
 /// (with one chunk of eight moved by a 10% measurement wobble, every iteration waits for the
@@ -32,10 +40,7 @@ pub(crate) fn split_starts(chunks: usize, speeds: &[f64]) -> Vec<usize> {
     let s: Vec<f64> = speeds.iter().map(|&x| if x.is_finite() && x > 0.0 { x } else { mean }).collect();
     let even: Vec<usize> = (0..n).map(|k| crate::plan::split(chunks, k, n).len()).collect();
     let makespan = |counts: &[usize]| counts.iter().zip(&s).map(|(&c, &v)| c as f64 / v).fold(0.0, f64::max);
-    // Every rank keeps at least one chunk (when there are enough): a rank given none would never
-    // measure its speed again, and a low estimate would stick.
-    let floor = usize::from(chunks >= n);
-    let best = fill(chunks, &s, floor);
+    let best = fill(chunks, &s, floor_and_spare(chunks, n).0);
     let counts = if makespan(&best) < (1.0 - MIN_GAIN) * makespan(&even) { best } else { even };
     std::iter::once(0)
         .chain(counts.iter().scan(0, |at, &c| {
@@ -95,8 +100,8 @@ pub(crate) fn part_by_sums(
     if world.count == 0 || world.sum[0] == 0 || n == 0 {
         return even;
     }
-    let floor = usize::from(chunks >= n);
-    let spare = (chunks - floor * n) as u128;
+    let (floor, spare) = floor_and_spare(chunks, n);
+    let spare = spare as u128;
     let mean = world.sum[0] as f64 / world.count as f64;
     let slowest = match world.min {
         Some(m) if world.count == n as u64 => m as f64,
@@ -241,12 +246,7 @@ mod tests {
     ) -> (Vec<Range<usize>>, Totals) {
         let n = speeds.len();
         let values: Vec<[u64; PARTS]> = speeds.iter().map(|&p| published(p, level, n)).collect();
-        let totals = |vs: &[[u64; PARTS]]| {
-            vs.iter().fold(Totals::default(), |mut t, &v| {
-                t.add(Totals::of(v));
-                t
-            })
-        };
+        let totals = |vs: &[[u64; PARTS]]| Totals::of_all(vs.iter().copied());
         let world = totals(&values);
         let parts =
             (0..n).map(|r| part_by_sums(chunks, n, r, world, totals(&values[..r]), values[r])).collect();
@@ -256,7 +256,7 @@ mod tests {
     /// Two splits of `chunks` by `speeds`: the first without a level, the second at the first's.
     fn two_splits(chunks: usize, speeds: &[Option<u64>]) -> [Vec<Range<usize>>; 2] {
         let (first, world) = parts_by_sums(chunks, speeds, None);
-        let spare = chunks - speeds.len() * usize::from(chunks >= speeds.len());
+        let spare = floor_and_spare(chunks, speeds.len()).1;
         [first, parts_by_sums(chunks, speeds, Some((world, spare))).0]
     }
 
