@@ -6,6 +6,8 @@
 # mpirun; replays each run with `peregrine simulate --replay` and prints a Markdown table of
 # measured and simulated time per iteration.
 #   scripts/sim-validate-many.sh [local|mpi|both] [RANKS...]     (default: local 8 16 32)
+# THREADS sets the threads a rank (default 2); PEREGRINE, a built `peregrine` to run instead of
+# building one (e.g. on a machine without the toolchain).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/common.sh
@@ -27,14 +29,18 @@ if [ "$which" != local ]; then
     features=(--features mpi)
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 fi
-cargo build --release --locked -p peregrine "${features[@]}"
-P=$PWD/target/release/peregrine
+if [ -n "${PEREGRINE:-}" ]; then
+    P=$(realpath "$PEREGRINE")
+else
+    cargo build --release --locked -p peregrine "${features[@]}"
+    P=$PWD/target/release/peregrine
+fi
 d=target/sim-validate-many
 mkdir -p "$d"
 [ -f "$d/rows.pgd" ] || "$P" data gen dense "$d/rows.pgd" --rows 200000 --features 4 --classes 2
 schemes=(bsp bsp+steal ssp:3+steal flexrr falcon)
 patterns=(ideal persistent:rank=0,speed=0.5)
-threads=2
+threads=${THREADS:-2}
 
 table=$d/table.md
 {

@@ -4,6 +4,8 @@
 # (if built and installed) under mpirun; replays each run with `peregrine simulate --replay`, and
 # prints a Markdown table of measured and simulated time per iteration and time to target.
 #   scripts/sim-validate.sh [local|mpi|both]     (default: local)
+# RANKS sets the rank counts (default "2 4"); PEREGRINE, a built `peregrine` to run instead of
+# building one (e.g. on a machine without the toolchain).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/common.sh
@@ -14,8 +16,12 @@ if [ "$which" != local ]; then
     ensure_packages "${MPI_BUILD_PACKAGES[@]}"
     features=(--features mpi)
 fi
-cargo build --release --locked -p peregrine "${features[@]}"
-P=$PWD/target/release/peregrine
+if [ -n "${PEREGRINE:-}" ]; then
+    P=$(realpath "$PEREGRINE")
+else
+    cargo build --release --locked -p peregrine "${features[@]}"
+    P=$PWD/target/release/peregrine
+fi
 d=target/sim-validate
 mkdir -p "$d"
 [ -f "$d/dense.pgd" ] || "$P" data gen dense "$d/dense.pgd" --rows 20000 --features 784 --classes 10
@@ -35,7 +41,7 @@ table=$d/table.md
     echo "|---|---|---|---|---|---|---|---|---|---|"
 } >"$table"
 for backend in "${backends[@]}"; do
-    for ranks in 2 4; do
+    for ranks in ${RANKS:-2 4}; do
         for pattern in "${patterns[@]}"; do
             for spec in "${schemes[@]}"; do
                 scheme=${spec%+steal}
