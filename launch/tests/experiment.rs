@@ -177,6 +177,26 @@ fn lb_bsp_past_256_ranks_splits_by_the_tree_of_sums() {
     assert!(rows[0] * 10 < median * 6, "rank 0 computed {} rows, the median rank {median}", rows[0]);
 }
 
+/// The end game under BSP with taking over, 8 ranks as threads: rank 0 at 0.4x speed (10 ms a
+/// chunk against 4 ms, 8 chunks a thread) takes its own chunks at 0, 10 and 20 ms (each round
+/// ending before the free threads would end it: 37 ms), and at 30 ms leaves the 10 left to the
+/// others, who run dry at 32 ms and end them by 37 ms, where its own fourth round would end at
+/// 40 ms. It computes 6 of its 16 chunks an iteration, not 8; every row once.
+#[test]
+fn bsp_with_taking_over_leaves_a_slow_ranks_last_chunks_to_the_free_threads() {
+    let d_tmp = scratch("end-game");
+    #[rustfmt::skip]
+    let args = [
+        "--scheme", "bsp", "--ranks", "8", "--threads", "2", "--chunk-cost", "4ms", "--params", "1000",
+        "--batch", "8192", "--chunk", "64", "--iterations", "6", "--straggler", "persistent:rank=0,speed=0.4",
+    ];
+    let (_, per_rank, stderr) = synthetic(d_tmp.path(), "run", "16384", &args);
+    let rows: Vec<u64> = per_rank.iter().map(|p| p["rows"].as_u64().expect("rows")).collect();
+    assert_eq!(rows.iter().sum::<u64>(), 6 * 8192, "every row once: {stderr}");
+    // 6 chunks of 64 rows an iteration with the end game, 8 without.
+    assert!(rows[0] <= 6 * 7 * 64, "rank 0 computed {} rows in 6 iterations: {stderr}", rows[0]);
+}
+
 /// `measured <m> s, simulated <s> s, ratio <r>` from a replay's line starting with `what`.
 #[test]
 fn synthetic_workload_runs_many_ranks_and_refuses_bad_settings() {

@@ -12,7 +12,7 @@ use super::trace::{Args, Event, Span};
 use super::TrainError;
 use crate::model::{Delta, KeySet, Model, PassRows};
 use crate::queue;
-use crate::scheme::{thread_share, OwnChunks, Policy, Share};
+use crate::scheme::{endgame, thread_share, OwnChunks, Policy, Share};
 use crate::team::Team;
 use crate::words;
 
@@ -160,7 +160,16 @@ impl<M: Model> Run<'_, M> {
     ) -> Result<(), TrainError> {
         let tag = queue::tag(it);
         let view = self.view();
+        // The end game: a thread leaves its rank's next chunks to free threads elsewhere once at
+        // most in an iteration, then takes what they left.
+        let mut left_once = !policy.leaves_chunks();
         while own && !failed.load(Ordering::Relaxed) {
+            if !left_once {
+                if let Some(until) = self.end_game(it)? {
+                    left_once = true;
+                    self.wait_for_takers(it, until)?;
+                }
+            }
             let Some(r) = self.queues.take_own(self.cfg.grain)? else { break };
             let part = self.own.lock().expect("own chunks").clone();
             let start = part.start;
@@ -216,6 +225,55 @@ impl<M: Model> Run<'_, M> {
             self.help(victim, vit, r.clone(), replica, slot)?;
             slot.taken += u64::from(r.end - r.start);
         }
+        Ok(())
+    }
+
+    /// The end game ([`endgame`]): until when (since the compute began) a thread about to take
+    /// one of the rank's own chunks leaves them to the free threads of other ranks, or `None` to
+    /// take it now. The typical rank's rate is read once an iteration, after the rank's first
+    /// chunk.
+    fn end_game(&self, it: u64) -> Result<Option<Duration>, TrainError> {
+        let chunks = self.iter_chunks.load(Ordering::Relaxed);
+        if chunks == 0 {
+            return Ok(None);
+        }
+        let left = self.queues.remaining(self.rank)?;
+        if left == 0 {
+            return Ok(None);
+        }
+        let rate = {
+            let mut typical = self.typical.lock().expect("typical rate");
+            if typical.0 != it + 1 {
+                *typical = (it + 1, endgame::typical_rate(&self.view(), it, 0)?);
+            }
+            typical.1
+        };
+        let lanes = self.lanes();
+        let turn = endgame::Turn {
+            now: self.iter_start.lock().map(|s| s.elapsed()).unwrap_or_default().as_secs_f64(),
+            mine: self.iter_busy.load(Ordering::Relaxed) as f64 * 1e-9 / chunks as f64,
+            left,
+            part: self.own.lock().expect("own chunks").len() as u32,
+            threads: lanes,
+            others: self.world - 1,
+            rate,
+        };
+        let until = turn.leave().map(Duration::from_secs_f64);
+        if let (Some(until), Some(t)) = (until, &self.trace) {
+            let args = Args::default().int("iter", it).int("left", left).num("until_s", until.as_secs_f64());
+            t.instant("leave to free threads", "scheme", args);
+        }
+        Ok(until)
+    }
+
+    /// Waits until the rank's queue is empty (free threads took what was left) or `until` since
+    /// the compute began.
+    fn wait_for_takers(&self, it: u64, until: Duration) -> Result<(), TrainError> {
+        let start = *self.iter_start.lock().expect("iteration start");
+        crate::clocks::wait_until(|| -> Result<bool, TrainError> {
+            let q = self.queues.peek(self.rank)?;
+            Ok(q.tag != queue::tag(it) || q.left() == 0 || start.elapsed() >= until)
+        })?;
         Ok(())
     }
 

@@ -64,6 +64,9 @@ pub(super) struct Run<'a, M: Model> {
     pub iter_busy: AtomicU64,
     /// When the current iteration's compute began.
     pub iter_start: Mutex<Instant>,
+    /// The end game's typical chunk rate ([`crate::scheme::endgame`]), read once an iteration:
+    /// `(iteration + 1, rate)` (0: not read yet).
+    pub typical: Mutex<(u64, f64)>,
     /// Whether iterations whose chunks touch pairwise disjoint keys push their new values as
     /// puts ([`Config::put_disjoint`](super::Config::put_disjoint)): under a synchronous policy
     /// without copies of chunks, for a model whose update is its own (not a gradient an
@@ -264,6 +267,7 @@ impl<'a, M: Model> Run<'a, M> {
             iter_chunks: AtomicU64::new(0),
             iter_busy: AtomicU64::new(0),
             iter_start: Mutex::new(Instant::now()),
+            typical: Mutex::new((0, 0.0)),
             puts,
             values: AtomicBool::new(false),
             own: Mutex::new(0..0),

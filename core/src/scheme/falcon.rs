@@ -155,6 +155,10 @@ impl Policy for Epsp {
         self.slack.is_none()
     }
 
+    fn leaves_chunks(&self) -> bool {
+        self.slack.is_none()
+    }
+
     fn ready(&self, view: &dyn View, it: u64) -> Result<bool> {
         self.bound().ready(view, it)
     }
@@ -164,8 +168,12 @@ impl Policy for Epsp {
     }
 
     fn end(&mut self, rec: &IterRecord) {
-        if rec.compute > 0.0 {
-            let per_thread = (rec.own + rec.taken) as f64 / (rec.compute * rec.threads as f64);
+        // The threads' time in chunks, not the compute's wall time: a thread idle at the end of
+        // the round (nothing left to take, or its last chunks left to free threads elsewhere by
+        // the end game) is not a contended core.
+        let seconds = if rec.busy > 0.0 { rec.busy } else { rec.compute };
+        if seconds > 0.0 {
+            let per_thread = (rec.own + rec.taken) as f64 / (seconds * rec.threads as f64);
             self.best_per_thread = self.best_per_thread.max(per_thread);
             self.active = Some(elastic(per_thread, self.best_per_thread, rec.threads, self.cap));
         }
@@ -232,6 +240,12 @@ mod tests {
         // 29 chunks in 0.1 s on 3 threads: 96.7/s, above 90%: back to 4.
         p.end(&IterRecord { own: 29, compute: 0.1, threads: 3, ..Default::default() });
         assert_eq!(p.threads(4), 4);
+        // 20 chunks on 4 threads in a compute of 0.1 s, but 0.05 s of it in chunks a thread (the
+        // rest idle at the end): 100/s, not contended: stays at 4.
+        p.end(&IterRecord { own: 20, compute: 0.1, busy: 0.05, threads: 4, ..Default::default() });
+        assert_eq!(p.threads(4), 4);
         assert!(!p.line_up(), "slack mode has no compute-done point");
+        assert!(!p.leaves_chunks(), "nor an end game");
+        assert!(Epsp { slack: None, ..p }.leaves_chunks(), "the enforced mode has both");
     }
 }

@@ -30,6 +30,7 @@ use crate::words::{self, ProgressWord, Queue};
 mod backup;
 mod dbw;
 mod dynsgd;
+pub(crate) mod endgame;
 mod falcon;
 mod flexrr;
 pub mod lbbsp;
@@ -562,6 +563,14 @@ pub(crate) trait Policy: Send + Sync {
     /// iteration are done before pushing (helping with queued ones), so that nobody reads the
     /// iteration's parameters after someone changed them.
     fn line_up(&self) -> bool {
+        false
+    }
+
+    /// Whether a thread of this rank, about to take one of its own queued chunks, leaves it to
+    /// the free threads of other ranks when they would finish it sooner ([`endgame`]): for
+    /// schemes whose iteration ends with its last chunk, with taking over, every rank's part of
+    /// one size. Such a policy reads the ranks' chunk rates (fixed for the run).
+    fn leaves_chunks(&self) -> bool {
         false
     }
 

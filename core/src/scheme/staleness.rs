@@ -107,6 +107,14 @@ impl Policy for Staleness {
         self.bound == Bound::Bsp && self.steal
     }
 
+    fn leaves_chunks(&self) -> bool {
+        self.line_up()
+    }
+
+    fn reads_rates(&self) -> bool {
+        self.leaves_chunks()
+    }
+
     fn ready(&self, view: &dyn View, it: u64) -> Result<bool> {
         self.bound.ready(view, it)
     }
@@ -168,7 +176,10 @@ mod tests {
             (Bound::Ssp(0), true, false),
             (Bound::Asp, true, false),
         ] {
-            assert_eq!(Staleness { bound, steal }.line_up(), lines_up, "{bound} steal {steal}");
+            let p = Staleness { bound, steal };
+            assert_eq!(p.line_up(), lines_up, "{bound} steal {steal}");
+            // The end game, and the rates it reads, where the iteration ends with its last chunk.
+            assert_eq!((p.leaves_chunks(), p.reads_rates()), (lines_up, lines_up), "{bound} steal {steal}");
         }
     }
 }

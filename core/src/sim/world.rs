@@ -47,6 +47,8 @@ enum Item {
     Help { victim: usize, vit: u64, chunks: Range<u32>, reassigned: bool },
     /// A copy of `owner`'s chunk, while lining up.
     Copy { owner: usize, chunk: u32 },
+    /// The end game: the rank's next own chunks left to free threads elsewhere, until the end.
+    Leave,
 }
 
 /// One compute thread of a rank.
@@ -63,6 +65,9 @@ struct Thread {
     own: Option<(Range<u32>, OwnChunks)>,
     /// Reassignments to take before the rank's own next chunks.
     takes: VecDeque<Take>,
+    /// Whether the thread may still leave own chunks to free threads elsewhere in the iteration
+    /// (the end game: once).
+    leave: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,6 +105,8 @@ struct Rank {
     wait_since: Nanos,
     iter_chunks: u64,
     busy: Nanos,
+    /// The end game's typical chunk rate, read once an iteration.
+    typical: Option<f64>,
     applied: bool,
     rec: IterRecord,
     totals: RankTotals,
@@ -263,6 +270,7 @@ impl<'a> Sim<'a> {
                 wait_since: 0,
                 iter_chunks: 0,
                 busy: 0,
+                typical: None,
                 applied: true,
                 rec: IterRecord::default(),
                 totals: RankTotals::default(),

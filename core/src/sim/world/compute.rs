@@ -8,7 +8,7 @@ use super::barriers::Stage;
 use super::view::SimView;
 use super::{Ev, Item, RankPhase, Sim, R};
 use crate::engine::IterRecord;
-use crate::scheme::{thread_share, OwnChunks, Take};
+use crate::scheme::{endgame, thread_share, OwnChunks, Take};
 use crate::sim::cost::{nanos, ComputeModel};
 use crate::sim::Nanos;
 use crate::words;
@@ -87,6 +87,11 @@ impl Sim<'_> {
         rk.iter_chunks = 0;
         rk.busy = 0;
         rk.busy_threads = 0;
+        rk.typical = None;
+        let leave = self.policies[r].leaves_chunks();
+        for thread in &mut rk.threads {
+            thread.leave = leave;
+        }
         self.start_threads(r, t, false)
     }
 
@@ -154,6 +159,13 @@ impl Sim<'_> {
                 }
                 continue;
             }
+            if self.ranks[r].threads[th].leave {
+                if let Some((until, cost)) = self.end_game(r, t.saturating_add(extra))? {
+                    self.ranks[r].threads[th].leave = false;
+                    let at = t.saturating_add(extra).saturating_add(cost);
+                    return Ok(self.wait_for_takers(r, th, at, until));
+                }
+            }
             extra = extra.saturating_add(self.s.net.atomic(r, r));
             if let Some(range) = self.w.take_own(r, self.s.cfg.grain) {
                 extra = extra.saturating_add(self.drained_by(r, r));
@@ -186,6 +198,53 @@ impl Sim<'_> {
             }
             return Ok(false);
         }
+    }
+
+    /// The end game ([`endgame`]) for a thread of `r` about to take one of its own chunks at `t`:
+    /// until when it leaves them to free threads elsewhere, and what reading the typical rate
+    /// cost (once an iteration); `None` to take the chunk now.
+    fn end_game(&mut self, r: usize, t: Nanos) -> R<Option<(Nanos, Nanos)>> {
+        let rk = &self.ranks[r];
+        let words = &self.w.ranks[r];
+        let left = words.queue.left();
+        if rk.iter_chunks == 0 || left == 0 {
+            return Ok(None);
+        }
+        let mut cost = 0;
+        let rate = match rk.typical {
+            Some(rate) => rate,
+            None => {
+                let view = SimView::new(&self.w, r);
+                let rate = endgame::typical_rate(&view, rk.it, 0)?;
+                cost = self.charge(r, view.ops());
+                self.ranks[r].typical = Some(rate);
+                rate
+            }
+        };
+        let rk = &self.ranks[r];
+        let turn = endgame::Turn {
+            now: t.saturating_sub(rk.c1) as f64 * 1e-9,
+            mine: rk.busy as f64 * 1e-9 / rk.iter_chunks as f64,
+            left,
+            part: words.progress.total,
+            threads: rk.active,
+            others: self.w.world - 1,
+            rate,
+        };
+        Ok(turn.leave().map(|until| (rk.c1.saturating_add(nanos(until)), cost)))
+    }
+
+    /// Thread `th` of `r` leaves its rank's next chunks to free threads elsewhere from `at` until
+    /// `until`, then takes what they left.
+    fn wait_for_takers(&mut self, r: usize, th: usize, at: Nanos, until: Nanos) -> bool {
+        let thread = &mut self.ranks[r].threads[th];
+        thread.gen = thread.gen.wrapping_add(1);
+        thread.item = Some(Item::Leave);
+        thread.started = at;
+        thread.end = until.max(at);
+        thread.compute_end = thread.end;
+        self.q.push(thread.end, Ev::Thread(r, th, thread.gen));
+        true
     }
 
     /// A copy for thread `th` of `r` while lining up, as long as the policy names one.
@@ -313,6 +372,8 @@ impl Sim<'_> {
                 completed.extend(self.copy_done(r, owner, chunk, t)?);
                 1
             }
+            // Not busy while waiting: on to what the free threads left.
+            Item::Leave => return self.next_item(r, th, t),
         };
         let rk = &mut self.ranks[r];
         rk.iter_chunks += u64::from(n);
@@ -324,6 +385,11 @@ impl Sim<'_> {
         for (done, after) in completed {
             self.wake_lined(done, t.saturating_add(after))?;
         }
+        self.next_item(r, th, t)
+    }
+
+    /// Thread `th` of `r`, free at `t`, starts its next item, or is done with the round.
+    fn next_item(&mut self, r: usize, th: usize, t: Nanos) -> R<()> {
         let copies = matches!(self.ranks[r].phase, RankPhase::LineHelp { copies: true });
         if !self.dispatch(r, th, t, copies)? {
             self.ranks[r].busy_threads -= 1;

@@ -148,12 +148,12 @@ impl Words {
         Some(got)
     }
 
-    /// Takes `fraction` of `victim`'s queued chunks (at least one) from its tail, as
+    /// Takes `fraction` of `victim`'s queued chunks (to the nearest, at least one) from its tail, as
     /// [`crate::queue::ChunkQueues::steal`] does.
     pub(super) fn steal(&mut self, victim: usize, fraction: f64) -> Option<(u16, Range<u32>)> {
         let w = &mut self.ranks[victim];
         let left = w.queue.left();
-        let n = ((f64::from(left) * fraction).ceil() as u32).max(1).min(left);
+        let n = ((f64::from(left) * fraction).round() as u32).max(1).min(left);
         if n == 0 {
             return None;
         }
