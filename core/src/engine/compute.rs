@@ -161,12 +161,14 @@ impl<M: Model> Run<'_, M> {
         let tag = queue::tag(it);
         let view = self.view();
         // The end game: a thread leaves its rank's next chunks to free threads elsewhere once at
-        // most in an iteration, then takes what they left.
-        let mut left_once = !policy.leaves_chunks();
+        // most in an iteration, then takes what they left; the rank, found slower than they are,
+        // then takes over no other rank's chunks (computing or lining up).
+        let mut may_leave = policy.leaves_chunks();
         while own && !failed.load(Ordering::Relaxed) {
-            if !left_once {
+            if may_leave {
                 if let Some(until) = self.end_game(it)? {
-                    left_once = true;
+                    may_leave = false;
+                    self.left_chunks.store(true, Ordering::Relaxed);
                     self.wait_for_takers(it, until)?;
                 }
             }
@@ -219,7 +221,7 @@ impl<M: Model> Run<'_, M> {
             }
             slot.takes = takes;
         }
-        while self.steal && !failed.load(Ordering::Relaxed) {
+        while self.steal && !self.left_chunks.load(Ordering::Relaxed) && !failed.load(Ordering::Relaxed) {
             let Some((victim, vit, r, share)) = self.take_over(policy, it)? else { break };
             self.took(slot, "take over", victim, vit, &r, share);
             self.help(victim, vit, r.clone(), replica, slot)?;
@@ -230,33 +232,34 @@ impl<M: Model> Run<'_, M> {
 
     /// The end game ([`endgame`]): until when (since the compute began) a thread about to take
     /// one of the rank's own chunks leaves them to the free threads of other ranks, or `None` to
-    /// take it now. The typical rank's rate is read once an iteration, after the rank's first
-    /// chunk.
+    /// take it now. The other ranks are surveyed once an iteration, after the rank's first chunk.
     fn end_game(&self, it: u64) -> Result<Option<Duration>, TrainError> {
         let chunks = self.iter_chunks.load(Ordering::Relaxed);
-        if chunks == 0 {
+        if chunks == 0 || !self.backoff.lock().expect("end game backoff").allows(it) {
             return Ok(None);
         }
         let left = self.queues.remaining(self.rank)?;
         if left == 0 {
             return Ok(None);
         }
-        let rate = {
-            let mut typical = self.typical.lock().expect("typical rate");
-            if typical.0 != it + 1 {
-                *typical = (it + 1, endgame::typical_rate(&self.view(), it, 0)?);
+        let now = self.iter_start.lock().map(|s| s.elapsed()).unwrap_or_default().as_secs_f64();
+        let part = self.own.lock().expect("own chunks").len() as u32;
+        let seen = {
+            let mut seen = self.seen.lock().expect("survey");
+            if seen.0 != it + 1 {
+                let survey = endgame::survey(&self.view(), it, 0, part)?;
+                let rate = chunks as f64 / now.max(1e-9);
+                *seen = (it + 1, endgame::Seen { survey, at: now, queued: left, rate });
             }
-            typical.1
+            seen.1
         };
-        let lanes = self.lanes();
         let turn = endgame::Turn {
-            now: self.iter_start.lock().map(|s| s.elapsed()).unwrap_or_default().as_secs_f64(),
+            now,
             mine: self.iter_busy.load(Ordering::Relaxed) as f64 * 1e-9 / chunks as f64,
-            left,
-            part: self.own.lock().expect("own chunks").len() as u32,
-            threads: lanes,
+            part,
+            threads: if self.team.is_some() { 1 } else { self.cfg.threads.max(1) },
             others: self.world - 1,
-            rate,
+            seen,
         };
         let until = turn.leave().map(Duration::from_secs_f64);
         if let (Some(until), Some(t)) = (until, &self.trace) {
@@ -267,13 +270,22 @@ impl<M: Model> Run<'_, M> {
     }
 
     /// Waits until the rank's queue is empty (free threads took what was left) or `until` since
-    /// the compute began.
+    /// the compute began; a queue still holding chunks then pauses the end game
+    /// ([`endgame::Backoff`]).
     fn wait_for_takers(&self, it: u64, until: Duration) -> Result<(), TrainError> {
         let start = *self.iter_start.lock().expect("iteration start");
+        let mut answered = false;
         crate::clocks::wait_until(|| -> Result<bool, TrainError> {
             let q = self.queues.peek(self.rank)?;
-            Ok(q.tag != queue::tag(it) || q.left() == 0 || start.elapsed() >= until)
+            answered = q.tag != queue::tag(it) || q.left() == 0;
+            Ok(answered || start.elapsed() >= until)
         })?;
+        let mut backoff = self.backoff.lock().expect("end game backoff");
+        if answered {
+            backoff.answered();
+        } else {
+            backoff.missed(it);
+        }
         Ok(())
     }
 

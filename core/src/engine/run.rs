@@ -64,9 +64,14 @@ pub(super) struct Run<'a, M: Model> {
     pub iter_busy: AtomicU64,
     /// When the current iteration's compute began.
     pub iter_start: Mutex<Instant>,
-    /// The end game's typical chunk rate ([`crate::scheme::endgame`]), read once an iteration:
-    /// `(iteration + 1, rate)` (0: not read yet).
-    pub typical: Mutex<(u64, f64)>,
+    /// The end game's survey of other ranks ([`crate::scheme::endgame`]), read once an
+    /// iteration: `(iteration + 1, what was seen)` (0: not read yet).
+    pub seen: Mutex<(u64, crate::scheme::endgame::Seen)>,
+    /// Whether the end game's leaves paid lately.
+    pub backoff: Mutex<crate::scheme::endgame::Backoff>,
+    /// Whether a thread left own chunks to free threads in the current iteration: the rank,
+    /// slower than they are, then takes over no other rank's chunks (computing or lining up).
+    pub left_chunks: AtomicBool,
     /// Whether iterations whose chunks touch pairwise disjoint keys push their new values as
     /// puts ([`Config::put_disjoint`](super::Config::put_disjoint)): under a synchronous policy
     /// without copies of chunks, for a model whose update is its own (not a gradient an
@@ -267,7 +272,9 @@ impl<'a, M: Model> Run<'a, M> {
             iter_chunks: AtomicU64::new(0),
             iter_busy: AtomicU64::new(0),
             iter_start: Mutex::new(Instant::now()),
-            typical: Mutex::new((0, 0.0)),
+            seen: Mutex::new((0, Default::default())),
+            backoff: Mutex::new(Default::default()),
+            left_chunks: AtomicBool::new(false),
             puts,
             values: AtomicBool::new(false),
             own: Mutex::new(0..0),
@@ -558,6 +565,7 @@ impl<'a, M: Model> Run<'a, M> {
         self.watch.mark(Phase::Computing, it);
         self.iter_chunks.store(0, Ordering::Relaxed);
         self.iter_busy.store(0, Ordering::Relaxed);
+        self.left_chunks.store(false, Ordering::Relaxed);
         *self.iter_start.lock().expect("iteration start") = compute_start;
         self.compute(policy, it, replica, true)?;
         self.traced("compute", "compute", Span(compute_start), Args::default().int("iter", it));
@@ -586,7 +594,7 @@ impl<'a, M: Model> Run<'a, M> {
                     }
                 }
                 let h = Instant::now();
-                if self.steal && self.stealable(it)? {
+                if self.steal && !self.left_chunks.load(Ordering::Relaxed) && self.stealable(it)? {
                     self.compute(policy, it, replica, false)?;
                 } else if policy.copy_due(
                     &self.view(),

@@ -105,8 +105,13 @@ struct Rank {
     wait_since: Nanos,
     iter_chunks: u64,
     busy: Nanos,
-    /// The end game's typical chunk rate, read once an iteration.
-    typical: Option<f64>,
+    /// The end game's survey of other ranks, read once an iteration.
+    seen: Option<crate::scheme::endgame::Seen>,
+    /// Whether the end game's leaves paid lately.
+    backoff: crate::scheme::endgame::Backoff,
+    /// Whether a thread left own chunks to free threads in this iteration: the rank, slower than
+    /// they are, then takes over no other rank's chunks (computing or lining up).
+    left: bool,
     applied: bool,
     rec: IterRecord,
     totals: RankTotals,
@@ -270,7 +275,9 @@ impl<'a> Sim<'a> {
                 wait_since: 0,
                 iter_chunks: 0,
                 busy: 0,
-                typical: None,
+                seen: None,
+                backoff: Default::default(),
+                left: false,
                 applied: true,
                 rec: IterRecord::default(),
                 totals: RankTotals::default(),

@@ -87,8 +87,9 @@ impl Sim<'_> {
         rk.iter_chunks = 0;
         rk.busy = 0;
         rk.busy_threads = 0;
-        rk.typical = None;
+        rk.seen = None;
         let leave = self.policies[r].leaves_chunks();
+        rk.left = false;
         for thread in &mut rk.threads {
             thread.leave = leave;
         }
@@ -153,6 +154,7 @@ impl Sim<'_> {
             if let Some(take) = self.ranks[r].threads[th].takes.pop_front() {
                 extra = extra.saturating_add(self.s.net.atomic(r, take.rank));
                 if let Some(item) = self.take(r, take, true) {
+                    self.emptied(take.rank, t.saturating_add(extra));
                     extra = extra.saturating_add(self.drained_by(r, take.rank));
                     let chunks = Self::chunks_of(&item);
                     return self.start(r, th, t.saturating_add(extra), item, chunks);
@@ -162,6 +164,7 @@ impl Sim<'_> {
             if self.ranks[r].threads[th].leave {
                 if let Some((until, cost)) = self.end_game(r, t.saturating_add(extra))? {
                     self.ranks[r].threads[th].leave = false;
+                    self.ranks[r].left = true;
                     let at = t.saturating_add(extra).saturating_add(cost);
                     return Ok(self.wait_for_takers(r, th, at, until));
                 }
@@ -182,7 +185,7 @@ impl Sim<'_> {
             }
             // Out of own chunks: take over from the victim the policy names (it names only ranks
             // with chunks queued, so none is asked for when nothing is queued anywhere).
-            if self.steal && self.w.any_queued(it) {
+            if self.steal && !self.ranks[r].left && self.w.any_queued(it) {
                 for _ in 0..self.w.world {
                     let view = SimView::new(&self.w, r);
                     let victim = self.policies[r].victim(&view, it)?;
@@ -190,6 +193,7 @@ impl Sim<'_> {
                     let Some(take) = victim else { break };
                     extra = extra.saturating_add(self.s.net.atomic(r, take.rank));
                     if let Some(item) = self.take(r, take, false) {
+                        self.emptied(take.rank, t.saturating_add(extra));
                         extra = extra.saturating_add(self.drained_by(r, take.rank));
                         let chunks = Self::chunks_of(&item);
                         return self.start(r, th, t.saturating_add(extra), item, chunks);
@@ -201,35 +205,37 @@ impl Sim<'_> {
     }
 
     /// The end game ([`endgame`]) for a thread of `r` about to take one of its own chunks at `t`:
-    /// until when it leaves them to free threads elsewhere, and what reading the typical rate
+    /// until when it leaves them to free threads elsewhere, and what surveying the other ranks
     /// cost (once an iteration); `None` to take the chunk now.
     fn end_game(&mut self, r: usize, t: Nanos) -> R<Option<(Nanos, Nanos)>> {
         let rk = &self.ranks[r];
         let words = &self.w.ranks[r];
-        let left = words.queue.left();
-        if rk.iter_chunks == 0 || left == 0 {
+        let (left, part) = (words.queue.left(), words.progress.total);
+        if rk.iter_chunks == 0 || left == 0 || !rk.backoff.allows(rk.it) {
             return Ok(None);
         }
+        let now = t.saturating_sub(rk.c1) as f64 * 1e-9;
         let mut cost = 0;
-        let rate = match rk.typical {
-            Some(rate) => rate,
+        let seen = match rk.seen {
+            Some(seen) => seen,
             None => {
                 let view = SimView::new(&self.w, r);
-                let rate = endgame::typical_rate(&view, rk.it, 0)?;
+                let survey = endgame::survey(&view, rk.it, 0, part)?;
+                let rate = rk.iter_chunks as f64 / now.max(1e-9);
                 cost = self.charge(r, view.ops());
-                self.ranks[r].typical = Some(rate);
-                rate
+                let seen = endgame::Seen { survey, at: now, queued: left, rate };
+                self.ranks[r].seen = Some(seen);
+                seen
             }
         };
         let rk = &self.ranks[r];
         let turn = endgame::Turn {
-            now: t.saturating_sub(rk.c1) as f64 * 1e-9,
+            now,
             mine: rk.busy as f64 * 1e-9 / rk.iter_chunks as f64,
-            left,
-            part: words.progress.total,
-            threads: rk.active,
+            part,
+            threads: self.s.max_threads(),
             others: self.w.world - 1,
-            rate,
+            seen,
         };
         Ok(turn.leave().map(|until| (rk.c1.saturating_add(nanos(until)), cost)))
     }
@@ -245,6 +251,24 @@ impl Sim<'_> {
         thread.compute_end = thread.end;
         self.q.push(thread.end, Ev::Thread(r, th, thread.gen));
         true
+    }
+
+    /// `victim`'s queue was taken from at `t`: if that emptied it, its threads that left their
+    /// chunks to free threads ([`Item::Leave`]) see it at their next poll and go on.
+    fn emptied(&mut self, victim: usize, t: Nanos) {
+        if self.w.ranks[victim].queue.left() > 0 {
+            return;
+        }
+        let at = t.saturating_add(self.s.net.atomic(victim, victim));
+        for th in 0..self.ranks[victim].threads.len() {
+            let thread = &mut self.ranks[victim].threads[th];
+            if matches!(thread.item, Some(Item::Leave)) && at < thread.end {
+                thread.gen = thread.gen.wrapping_add(1);
+                thread.end = at;
+                thread.compute_end = at;
+                self.q.push(at, Ev::Thread(victim, th, thread.gen));
+            }
+        }
     }
 
     /// A copy for thread `th` of `r` while lining up, as long as the policy names one.
@@ -372,8 +396,17 @@ impl Sim<'_> {
                 completed.extend(self.copy_done(r, owner, chunk, t)?);
                 1
             }
-            // Not busy while waiting: on to what the free threads left.
-            Item::Leave => return self.next_item(r, th, t),
+            // Not busy while waiting: on to what the free threads left (if they left any, the
+            // end game pauses).
+            Item::Leave => {
+                let rk = &mut self.ranks[r];
+                if self.w.ranks[r].queue.left() > 0 {
+                    rk.backoff.missed(it);
+                } else {
+                    rk.backoff.answered();
+                }
+                return self.next_item(r, th, t);
+            }
         };
         let rk = &mut self.ranks[r];
         rk.iter_chunks += u64::from(n);
