@@ -189,12 +189,26 @@ fn bsp_with_taking_over_leaves_a_slow_ranks_last_chunks_to_the_free_threads() {
     let args = [
         "--scheme", "bsp", "--ranks", "8", "--threads", "2", "--chunk-cost", "4ms", "--params", "1000",
         "--batch", "8192", "--chunk", "64", "--iterations", "6", "--straggler", "persistent:rank=0,speed=0.4",
+        "--trace",
     ];
-    let (_, per_rank, stderr) = synthetic(d_tmp.path(), "run", "16384", &args);
+    let (run, per_rank, stderr) = synthetic(d_tmp.path(), "run", "16384", &args);
     let rows: Vec<u64> = per_rank.iter().map(|p| p["rows"].as_u64().expect("rows")).collect();
     assert_eq!(rows.iter().sum::<u64>(), 6 * 8192, "every row once: {stderr}");
     // 6 chunks of 64 rows an iteration with the end game, 8 without.
     assert!(rows[0] <= 6 * 7 * 64, "rank 0 computed {} rows in 6 iterations: {stderr}", rows[0]);
+    // Each leave is on the timeline of the thread that left, on rank 0 only.
+    let trace: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(std::path::Path::new(&run).join("trace.json")).expect("trace"),
+    )
+    .expect("json");
+    let leaves: Vec<&serde_json::Value> = trace["traceEvents"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["name"] == "leave to free threads")
+        .collect();
+    assert!(!leaves.is_empty(), "no leave traced");
+    assert!(leaves.iter().all(|e| e["pid"] == 0 && e["tid"] != 0), "{leaves:?}");
 }
 
 /// `measured <m> s, simulated <s> s, ratio <r>` from a replay's line starting with `what`.

@@ -166,7 +166,7 @@ impl<M: Model> Run<'_, M> {
         let mut may_leave = policy.leaves_chunks();
         while own && !failed.load(Ordering::Relaxed) {
             if may_leave {
-                if let Some(until) = self.end_game(it)? {
+                if let Some(until) = self.end_game(it, slot)? {
                     may_leave = false;
                     self.left_chunks.store(true, Ordering::Relaxed);
                     self.wait_for_takers(it, until)?;
@@ -233,7 +233,7 @@ impl<M: Model> Run<'_, M> {
     /// The end game ([`endgame`]): until when (since the compute began) a thread about to take
     /// one of the rank's own chunks leaves them to the free threads of other ranks, or `None` to
     /// take it now. The other ranks are surveyed once an iteration, after the rank's first chunk.
-    fn end_game(&self, it: u64) -> Result<Option<Duration>, TrainError> {
+    fn end_game(&self, it: u64, slot: &mut Slot<M::Work>) -> Result<Option<Duration>, TrainError> {
         let chunks = self.iter_chunks.load(Ordering::Relaxed);
         if chunks == 0 || !self.backoff.lock().expect("end game backoff").allows(it) {
             return Ok(None);
@@ -264,7 +264,7 @@ impl<M: Model> Run<'_, M> {
         let until = turn.leave().map(Duration::from_secs_f64);
         if let (Some(until), Some(t)) = (until, &self.trace) {
             let args = Args::default().int("iter", it).int("left", left).num("until_s", until.as_secs_f64());
-            t.instant("leave to free threads", "scheme", args);
+            t.instant_into(&mut slot.events, slot.tid, ("leave to free threads", "scheme"), args);
         }
         Ok(until)
     }
