@@ -245,6 +245,13 @@ impl Clocks {
         Ok(ProgressWord::unpack(self.progress.load(rank)?))
     }
 
+    /// The progress words of `ranks`, read in one batch.
+    pub fn progress_in(&self, ranks: Range<usize>) -> Result<Vec<ProgressWord>> {
+        let mut words = vec![0; ranks.len()];
+        self.progress.load_range(ranks.start, &mut words)?;
+        Ok(words.into_iter().map(ProgressWord::unpack).collect())
+    }
+
     /// Whether every rank has started iteration `it` and all its chunks are done: one load of
     /// the done tree's root, or every progress word read in one batch.
     pub fn all_done(&self, it: u64) -> Result<bool> {

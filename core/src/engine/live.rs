@@ -65,6 +65,9 @@ impl View for Live<'_> {
     fn queues_in(&self, ranks: Range<usize>) -> crate::scheme::Result<Vec<words::Queue>> {
         self.queues.peek_in(ranks)
     }
+    fn progress_in(&self, ranks: Range<usize>) -> crate::scheme::Result<Vec<words::ProgressWord>> {
+        self.clocks.progress_in(ranks)
+    }
     fn rates_in(&self, ranks: Range<usize>) -> crate::scheme::Result<Vec<f64>> {
         let mut bits = vec![0; ranks.len()];
         self.rates.load_range(ranks.start, &mut bits)?;

@@ -57,14 +57,22 @@ fn helps(me: usize, v: usize, world: usize) -> bool {
     d >= 1 && d <= (world - 1).min(HELPER_GROUP)
 }
 
-/// The ranks `me` helps, in rank order: O(group), not O(world) (asked after every own chunk).
-fn helped(me: usize, world: usize) -> impl Iterator<Item = usize> {
-    let mut group = [usize::MAX; HELPER_GROUP];
-    for d in 1..=(world.saturating_sub(1)).min(HELPER_GROUP) {
-        group[d - 1] = (me + world - d) % world;
+/// The ranks `me` helps, in rank order, as at most two runs of consecutive ranks (the group
+/// wraps past rank 0), each read in one batch: O(group), not O(world) (asked after every own
+/// chunk).
+fn helped_runs(me: usize, world: usize) -> [std::ops::Range<usize>; 2] {
+    let n = world.saturating_sub(1).min(HELPER_GROUP);
+    if me >= n {
+        [me - n..me, 0..0]
+    } else {
+        [0..me, world - (n - me)..world]
     }
-    group.sort_unstable();
-    group.into_iter().filter(|&v| v != usize::MAX)
+}
+
+/// The ranks `me` helps, in rank order.
+#[cfg(test)]
+fn helped(me: usize, world: usize) -> impl Iterator<Item = usize> {
+    helped_runs(me, world).into_iter().flatten()
 }
 
 /// The policy.
@@ -77,23 +85,35 @@ impl Policy for Reassign {
         true
     }
 
-    /// The group members more than [`LAG`] behind this rank, with chunks still queued.
+    /// The group members more than [`LAG`] behind this rank, with chunks still queued: their
+    /// queues and progress words read in a batch each (per run of consecutive ranks).
     fn after_own_chunk(&self, view: &dyn View, it: u64, out: &mut Vec<Take>) -> Result<()> {
         let (me, world) = (view.rank(), view.world());
         let here = view.progress(me)?.position(it);
-        for v in helped(me, world) {
-            if view.queue(v)?.left() == 0 || here - view.progress(v)?.position(it) <= LAG {
+        for run in helped_runs(me, world).into_iter().filter(|r| !r.is_empty()) {
+            let queues = view.queues_in(run.clone())?;
+            if queues.iter().all(|q| q.left() == 0) {
                 continue;
             }
-            out.push(Take { rank: v, share: Share::Configured });
+            let progress = view.progress_in(run.clone())?;
+            for ((v, q), p) in run.zip(queues).zip(progress) {
+                if q.left() == 0 || here - p.position(it) <= LAG {
+                    continue;
+                }
+                out.push(Take { rank: v, share: Share::Configured });
+            }
         }
         Ok(())
     }
 
     fn victim(&self, view: &dyn View, it: u64) -> Result<Option<Take>> {
-        // Only the group's queues are read (a handful of words, however large the world).
+        // Only the group's queues are read (a handful of words, however large the world), a
+        // batch per run of consecutive ranks.
         let (me, world) = (view.rank(), view.world());
-        let queues = helped(me, world).map(|v| Ok((v, view.queue(v)?))).collect::<Result<Vec<_>>>()?;
+        let mut queues = Vec::with_capacity(HELPER_GROUP);
+        for run in helped_runs(me, world).into_iter().filter(|r| !r.is_empty()) {
+            queues.extend(run.clone().zip(view.queues_in(run)?));
+        }
         let most = best_queued(it, queues.into_iter(), |_, q| Ok(f64::from(q.left())))?;
         Ok(most.map(|rank| Take { rank, share: Share::Configured }))
     }

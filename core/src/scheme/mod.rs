@@ -363,6 +363,10 @@ pub(crate) trait View {
     fn rates_in(&self, ranks: Range<usize>) -> Result<Vec<f64>> {
         ranks.map(|r| self.rate(r)).collect()
     }
+    /// The progress words of `ranks`, read in one batch.
+    fn progress_in(&self, ranks: Range<usize>) -> Result<Vec<ProgressWord>> {
+        ranks.map(|r| self.progress(r)).collect()
+    }
 
     /// Whether every rank's clock is at least `clock` (in a run with a staleness bound, one
     /// load of a combining tree's root: `crate::clocks`).

@@ -95,6 +95,10 @@ impl View for SimView<'_> {
         self.add(Ops::batch(ranks.len()));
         Ok(self.w.ranks[ranks].iter().map(|w| w.queue).collect())
     }
+    fn progress_in(&self, ranks: Range<usize>) -> crate::scheme::Result<Vec<ProgressWord>> {
+        self.add(Ops::batch(ranks.len()));
+        Ok(self.w.ranks[ranks].iter().map(|w| w.progress).collect())
+    }
     fn rates_in(&self, ranks: Range<usize>) -> crate::scheme::Result<Vec<f64>> {
         self.add(Ops::batch(ranks.len()));
         Ok(self.w.rates[ranks].to_vec())
