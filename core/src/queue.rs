@@ -79,6 +79,14 @@ pub fn draw(rank: usize, it: u64, look: u64) -> u64 {
     crate::plan::mix(crate::plan::mix(rank as u64 ^ (look << 20)) ^ it)
 }
 
+/// How many of `left` queued chunks a thief taking `fraction` of them takes: rounded to the
+/// nearest, at least one, at most `max` (0 when none is left). Rounded up, the last thieves of an
+/// iteration took two chunks each (a thread's share of 32 chunks left, 1.33) where one each would
+/// end it a chunk sooner.
+pub fn steal_count(left: u32, fraction: f64, max: u32) -> u32 {
+    ((f64::from(left) * fraction).round() as u32).clamp(1, max.max(1)).min(left)
+}
+
 /// The chunk queues of all ranks. Shared by reference between a rank's threads.
 #[derive(Debug)]
 pub struct ChunkQueues {
@@ -203,15 +211,12 @@ impl ChunkQueues {
         Ok(taken.map(|(_, r)| r))
     }
 
-    /// Takes over, from the tail of `victim`'s queue, `fraction` of its remaining chunks rounded
-    /// to the nearest (at least one, at most `max`): FlexRR takes half, Falcon enough to equalise
-    /// projected finish times. Rounded up, the last thieves of an iteration took two chunks each
-    /// (a thread's share of 32 chunks left, 1.33) where one each would end it a chunk sooner.
-    /// Returns the tag of the iteration the chunks belong to with them.
+    /// Takes over, from the tail of `victim`'s queue, [`steal_count`] of its remaining chunks:
+    /// FlexRR takes half, Falcon enough to equalise projected finish times. Returns the tag of
+    /// the iteration the chunks belong to with them.
     pub fn steal(&self, victim: usize, fraction: f64, max: u32) -> Result<Option<(u16, Range<u32>)>> {
         self.update(victim, |head, tail| {
-            let left = tail.saturating_sub(head);
-            let n = ((f64::from(left) * fraction).round() as u32).clamp(1, max.max(1)).min(left);
+            let n = steal_count(tail.saturating_sub(head), fraction, max);
             (n > 0).then(|| (head, tail - n, tail - n..tail))
         })
     }

@@ -118,6 +118,14 @@ fn synthetic(
     (run.clone(), summary["per_rank"].as_array().expect("per rank").clone(), stderr)
 }
 
+/// Every rank's rows from a run's summary (`per_rank`), checked to add up to `total`: every row
+/// computed once.
+fn rows_once(per_rank: &[serde_json::Value], total: u64, stderr: &str) -> Vec<u64> {
+    let rows: Vec<u64> = per_rank.iter().map(|p| p["rows"].as_u64().expect("rows")).collect();
+    assert_eq!(rows.iter().sum::<u64>(), total, "every row once: {stderr}");
+    rows
+}
+
 /// 80 ranks as threads: ASP takes a slow rank's chunks over, and speculative execution, past 64
 /// ranks, looks for chunks to copy under the done tree's first node not done and for the fastest
 /// rate among 16 ranks drawn at random (`queue::READ_ALL_UP_TO`): each row is applied once.
@@ -167,8 +175,7 @@ fn lb_bsp_past_256_ranks_splits_by_the_tree_of_sums() {
     ];
     let (_, per_rank, stderr) = synthetic(d_tmp.path(), "run", "266240", &args);
     assert_eq!(per_rank.len(), 260, "{stderr}");
-    let rows: Vec<u64> = per_rank.iter().map(|p| p["rows"].as_u64().expect("rows")).collect();
-    assert_eq!(rows.iter().sum::<u64>(), 6 * 133_120, "every row once: {stderr}");
+    let rows = rows_once(&per_rank, 6 * 133_120, &stderr);
     let mut others = rows[1..].to_vec();
     others.sort_unstable();
     let median = others[others.len() / 2];
@@ -192,8 +199,7 @@ fn bsp_with_taking_over_leaves_a_slow_ranks_last_chunks_to_the_free_threads() {
         "--trace",
     ];
     let (run, per_rank, stderr) = synthetic(d_tmp.path(), "run", "16384", &args);
-    let rows: Vec<u64> = per_rank.iter().map(|p| p["rows"].as_u64().expect("rows")).collect();
-    assert_eq!(rows.iter().sum::<u64>(), 6 * 8192, "every row once: {stderr}");
+    let rows = rows_once(&per_rank, 6 * 8192, &stderr);
     // 6 chunks of 64 rows an iteration with the end game, 8 without.
     assert!(rows[0] <= 6 * 7 * 64, "rank 0 computed {} rows in 6 iterations: {stderr}", rows[0]);
     // Each leave is on the timeline of the thread that left, on rank 0 only.

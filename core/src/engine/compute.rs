@@ -234,35 +234,25 @@ impl<M: Model> Run<'_, M> {
     /// one of the rank's own chunks leaves them to the free threads of other ranks, or `None` to
     /// take it now. The other ranks are surveyed once an iteration, after the rank's first chunk.
     fn end_game(&self, it: u64, slot: &mut Slot<M::Work>) -> Result<Option<Duration>, TrainError> {
-        let chunks = self.iter_chunks.load(Ordering::Relaxed);
-        if chunks == 0 || !self.backoff.lock().expect("end game backoff").allows(it) {
-            return Ok(None);
-        }
-        let left = self.queues.remaining(self.rank)?;
-        if left == 0 {
-            return Ok(None);
-        }
-        let now = self.iter_start.lock().map(|s| s.elapsed()).unwrap_or_default().as_secs_f64();
-        let part = self.own.lock().expect("own chunks").len() as u32;
-        let seen = {
-            let mut seen = self.seen.lock().expect("survey");
-            if seen.0 != it + 1 {
-                let survey = endgame::survey(&self.view(), it, 0, part)?;
-                let rate = chunks as f64 / now.max(1e-9);
-                *seen = (it + 1, endgame::Seen { survey, at: now, queued: left, rate });
-            }
-            seen.1
-        };
-        let turn = endgame::Turn {
-            now,
-            mine: self.iter_busy.load(Ordering::Relaxed) as f64 * 1e-9 / chunks as f64,
-            part,
+        let rank = endgame::Rank {
+            now: self.iter_start.lock().map(|s| s.elapsed()).unwrap_or_default().as_secs_f64(),
+            chunks: self.iter_chunks.load(Ordering::Relaxed),
+            busy: self.iter_busy.load(Ordering::Relaxed) as f64 * 1e-9,
             threads: if self.team.is_some() { 1 } else { self.cfg.threads.max(1) },
             others: self.world - 1,
-            seen,
         };
-        let until = turn.leave().map(Duration::from_secs_f64);
+        let until = self.end_game.lock().expect("end game").leave(
+            it,
+            &rank,
+            || self.queues.remaining(self.rank),
+            || {
+                let part = self.own.lock().expect("own chunks").len() as u32;
+                Ok((endgame::survey(&self.view(), it, part)?, part))
+            },
+        )?;
+        let until = until.map(Duration::from_secs_f64);
         if let (Some(until), Some(t)) = (until, &self.trace) {
+            let left = self.queues.remaining(self.rank)?;
             let args = Args::default().int("iter", it).int("left", left).num("until_s", until.as_secs_f64());
             t.instant_into(&mut slot.events, slot.tid, ("leave to free threads", "scheme"), args);
         }
@@ -280,7 +270,7 @@ impl<M: Model> Run<'_, M> {
             answered = q.tag != queue::tag(it) || q.left() == 0;
             Ok(answered || start.elapsed() >= until)
         })?;
-        let mut backoff = self.backoff.lock().expect("end game backoff");
+        let backoff = &mut self.end_game.lock().expect("end game").backoff;
         if answered {
             backoff.answered();
         } else {

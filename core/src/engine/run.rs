@@ -64,11 +64,8 @@ pub(super) struct Run<'a, M: Model> {
     pub iter_busy: AtomicU64,
     /// When the current iteration's compute began.
     pub iter_start: Mutex<Instant>,
-    /// The end game's survey of other ranks ([`crate::scheme::endgame`]), read once an
-    /// iteration: `(iteration + 1, what was seen)` (0: not read yet).
-    pub seen: Mutex<(u64, crate::scheme::endgame::Seen)>,
-    /// Whether the end game's leaves paid lately.
-    pub backoff: Mutex<crate::scheme::endgame::Backoff>,
+    /// The end game's survey of other ranks and its pause ([`crate::scheme::endgame`]).
+    pub end_game: Mutex<crate::scheme::endgame::State>,
     /// Whether a thread left own chunks to free threads in the current iteration: the rank,
     /// slower than they are, then takes over no other rank's chunks (computing or lining up).
     pub left_chunks: AtomicBool,
@@ -272,8 +269,7 @@ impl<'a, M: Model> Run<'a, M> {
             iter_chunks: AtomicU64::new(0),
             iter_busy: AtomicU64::new(0),
             iter_start: Mutex::new(Instant::now()),
-            seen: Mutex::new((0, Default::default())),
-            backoff: Mutex::new(Default::default()),
+            end_game: Mutex::new(Default::default()),
             left_chunks: AtomicBool::new(false),
             puts,
             values: AtomicBool::new(false),

@@ -48,8 +48,6 @@ pub(crate) struct Turn {
     pub now: f64,
     /// This rank's seconds a chunk on one thread, so far in the iteration (0: none done yet).
     pub mine: f64,
-    /// The rank's part of the batch in chunks (every rank's, under parts of one size).
-    pub part: u32,
     /// Threads a rank is configured with (a typical rank's: this rank's own may be fewer, given up
     /// by elastic parallelism or an injected pattern).
     pub threads: usize,
@@ -59,14 +57,16 @@ pub(crate) struct Turn {
     pub seen: Seen,
 }
 
-/// A [`Survey`] with when it was read (seconds since the rank's compute began) and this rank's
-/// chunks queued and chunk rate then.
+/// A [`Survey`] with when it was read (seconds since the rank's compute began), this rank's
+/// chunks queued and chunk rate then, and its part of the batch in chunks (every rank's, under
+/// parts of one size).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct Seen {
     pub survey: Survey,
     pub at: f64,
     pub queued: u32,
     pub rate: f64,
+    pub part: u32,
 }
 
 impl Turn {
@@ -82,7 +82,7 @@ impl Turn {
         }
         let chunk = self.threads as f64 / v.rate;
         // A typical rank runs out of its own chunks then, and takes over from then on.
-        let free = f64::from(self.part) / v.rate;
+        let free = f64::from(seen.part) / v.rate;
         let others = self.others as f64;
         let queued = v.mean_queued * others + f64::from(seen.queued);
         let rate = v.mean_rate * others + seen.rate;
@@ -132,24 +132,82 @@ impl Backoff {
     }
 }
 
+/// What a rank's thread about to take an own chunk reads of its rank.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Rank {
+    /// Seconds since the rank's compute of the iteration began.
+    pub now: f64,
+    /// Chunks the rank computed so far in the iteration, and its threads' seconds in them.
+    pub chunks: u64,
+    pub busy: f64,
+    /// Threads a rank is configured with, and the other ranks ([`Turn`]).
+    pub threads: usize,
+    pub others: usize,
+}
+
+/// A rank's end game across its threads: the iteration's survey, read once, and the pause.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct State {
+    /// The iteration surveyed last, and what was seen.
+    seen: Option<(u64, Seen)>,
+    pub backoff: Backoff,
+}
+
+impl State {
+    /// For a thread of `rank` about to take one of its own chunks of iteration `it`: until when
+    /// it leaves them to the free threads of other ranks ([`Turn::leave`]), or `None` to take it
+    /// now. `left` reads the rank's chunks queued, `survey` the other ranks and its part (once an
+    /// iteration, after the rank's first chunk and while chunks are queued).
+    pub(crate) fn leave(
+        &mut self,
+        it: u64,
+        rank: &Rank,
+        mut left: impl FnMut() -> Result<u32>,
+        survey: impl FnOnce() -> Result<(Survey, u32)>,
+    ) -> Result<Option<f64>> {
+        if rank.chunks == 0 || !self.backoff.allows(it) {
+            return Ok(None);
+        }
+        let seen = match self.seen {
+            Some((at, seen)) if at == it => seen,
+            _ => {
+                let queued = left()?;
+                if queued == 0 {
+                    return Ok(None);
+                }
+                let (survey, part) = survey()?;
+                let rate = rank.chunks as f64 / rank.now.max(1e-9);
+                let seen = Seen { survey, at: rank.now, queued, rate, part };
+                self.seen = Some((it, seen));
+                seen
+            }
+        };
+        let mine = rank.busy / rank.chunks as f64;
+        let turn = Turn { now: rank.now, mine, threads: rank.threads, others: rank.others, seen };
+        match turn.leave() {
+            Some(until) if left()? > 0 => Ok(Some(until)),
+            _ => Ok(None),
+        }
+    }
+}
+
 /// Surveys a random block of other ranks (at most [`crate::tree::FAN`], their queues and rates
-/// each read in one batch; the block drawn from `look`) in iteration `it`, parts being `part`
-/// chunks.
-pub(crate) fn survey(view: &dyn View, it: u64, look: u64, part: u32) -> Result<Survey> {
-    let (me, block) = (view.rank(), crate::queue::sampled(view.world(), view.rank(), it, look));
+/// each read in one batch; the block drawn from the rank and the iteration) in iteration `it`,
+/// parts being `part` chunks.
+pub(crate) fn survey(view: &dyn View, it: u64, part: u32) -> Result<Survey> {
+    let (me, block) = (view.rank(), crate::queue::sampled(view.world(), view.rank(), it, 0));
     let (rates, queues) = (view.rates_in(block.clone())?, view.queues_in(block.clone())?);
     let others = || block.clone().filter(|&r| r != me).map(|r| r - block.start);
-    let mut known: Vec<f64> = others().map(|i| rates[i]).filter(|v| *v > 0.0 && v.is_finite()).collect();
-    if known.is_empty() {
+    let known = |i: usize| Some(rates[i]).filter(|v| *v > 0.0 && v.is_finite());
+    let mut rates_known: Vec<f64> = others().filter_map(known).collect();
+    if rates_known.is_empty() {
         return Ok(Survey::default());
     }
-    known.sort_by(f64::total_cmp);
-    let rate = known[known.len() / 2];
+    rates_known.sort_by(f64::total_cmp);
+    let rate = rates_known[rates_known.len() / 2];
     let n = others().count() as f64;
     let tag = words::tag(it);
-    let mean_rate =
-        others().map(|i| if rates[i] > 0.0 && rates[i].is_finite() { rates[i] } else { rate }).sum::<f64>()
-            / n;
+    let mean_rate = others().map(|i| known(i).unwrap_or(rate)).sum::<f64>() / n;
     let mean_queued = others()
         .map(|i| if queues[i].tag == tag { f64::from(queues[i].left()) } else { f64::from(part) })
         .sum::<f64>()
@@ -167,8 +225,8 @@ mod tests {
     /// with 32 chunks queued each, this rank at 40,000 with 48.
     fn half_speed(now: f64) -> Turn {
         let survey = Survey { rate: 80_000.0, mean_rate: 80_000.0, mean_queued: 32.0 };
-        let seen = Seen { survey, at: 400e-6, queued: 48, rate: 40_000.0 };
-        Turn { now, mine: 400e-6, part: 64, threads: 16, others: 63, seen }
+        let seen = Seen { survey, at: 400e-6, queued: 48, rate: 40_000.0, part: 64 };
+        Turn { now, mine: 400e-6, threads: 16, others: 63, seen }
     }
 
     #[test]
@@ -203,8 +261,8 @@ mod tests {
         // slow ranks' chunks to take first, and the rank takes its second round (ending at 1,200).
         let survey =
             Survey { rate: 80_000.0, mean_rate: (80_000.0 + 80_000.0 / 3.0) / 2.0, mean_queued: 32.0 };
-        let seen = Seen { survey, at: 600e-6, queued: 48, rate: 80_000.0 / 3.0 };
-        let t = Turn { now: 600e-6, mine: 600e-6, part: 64, threads: 16, others: 63, seen };
+        let seen = Seen { survey, at: 600e-6, queued: 48, rate: 80_000.0 / 3.0, part: 64 };
+        let t = Turn { now: 600e-6, mine: 600e-6, threads: 16, others: 63, seen };
         let drained = 600e-6 + 2064.0 / (63.0 * survey.mean_rate + seen.rate);
         assert!((t.theirs().expect("known") - (drained + 250e-6)).abs() < 1e-12);
         assert_eq!(t.leave(), None);
@@ -274,21 +332,21 @@ mod tests {
             words::Queue { tag: t, head: 10, tail: 10 },
             words::Queue { tag: t, head: 7, tail: 8 },
         ];
-        let s = survey(&v, 3, 0, 10).expect("view");
+        let s = survey(&v, 3, 10).expect("view");
         assert_eq!(s.rate, 90.0);
         // Rank 2's unknown rate counts at the median: (80 + 90 + 100 + 90) / 4.
         assert_eq!(s.mean_rate, 90.0);
         // 4 + 10 + 0 + 1 chunks over 4 ranks.
         assert_eq!(s.mean_queued, 3.75);
         v.rates = vec![0.0, 10.0, 0.0, 0.0, 0.0];
-        assert_eq!(survey(&v, 3, 0, 10).expect("view"), Survey::default());
+        assert_eq!(survey(&v, 3, 10).expect("view"), Survey::default());
         // Past 16 ranks a block of 16 is read, not every rank.
         let mut v = Snapshot::new(0, 64);
         v.rates = (0..64).map(|r| 1000.0 + r as f64).collect();
         v.queues = vec![words::Queue { tag: t, head: 0, tail: 4 }; 64];
         let block = crate::queue::sampled(64, 0, 3, 0);
         assert_eq!(block.len(), 16);
-        let s = survey(&v, 3, 0, 10).expect("view");
+        let s = survey(&v, 3, 10).expect("view");
         assert!(block.clone().any(|r| (1000.0 + r as f64) == s.rate), "{s:?} from {block:?}");
         assert_eq!(s.mean_queued, 4.0);
     }

@@ -105,10 +105,8 @@ struct Rank {
     wait_since: Nanos,
     iter_chunks: u64,
     busy: Nanos,
-    /// The end game's survey of other ranks, read once an iteration.
-    seen: Option<crate::scheme::endgame::Seen>,
-    /// Whether the end game's leaves paid lately.
-    backoff: crate::scheme::endgame::Backoff,
+    /// The end game's survey of other ranks and its pause.
+    end_game: crate::scheme::endgame::State,
     /// Whether a thread left own chunks to free threads in this iteration: the rank, slower than
     /// they are, then takes over no other rank's chunks (computing or lining up).
     left: bool,
@@ -275,8 +273,7 @@ impl<'a> Sim<'a> {
                 wait_since: 0,
                 iter_chunks: 0,
                 busy: 0,
-                seen: None,
-                backoff: Default::default(),
+                end_game: Default::default(),
                 left: false,
                 applied: true,
                 rec: IterRecord::default(),

@@ -87,7 +87,6 @@ impl Sim<'_> {
         rk.iter_chunks = 0;
         rk.busy = 0;
         rk.busy_threads = 0;
-        rk.seen = None;
         let leave = self.policies[r].leaves_chunks();
         rk.left = false;
         for thread in &mut rk.threads {
@@ -153,8 +152,7 @@ impl Sim<'_> {
             }
             if let Some(take) = self.ranks[r].threads[th].takes.pop_front() {
                 extra = extra.saturating_add(self.s.net.atomic(r, take.rank));
-                if let Some(item) = self.take(r, take, true) {
-                    self.emptied(take.rank, t.saturating_add(extra));
+                if let Some(item) = self.take(r, take, true, t.saturating_add(extra)) {
                     extra = extra.saturating_add(self.drained_by(r, take.rank));
                     let chunks = Self::chunks_of(&item);
                     return self.start(r, th, t.saturating_add(extra), item, chunks);
@@ -192,8 +190,7 @@ impl Sim<'_> {
                     extra = extra.saturating_add(self.charge(r, view.ops()));
                     let Some(take) = victim else { break };
                     extra = extra.saturating_add(self.s.net.atomic(r, take.rank));
-                    if let Some(item) = self.take(r, take, false) {
-                        self.emptied(take.rank, t.saturating_add(extra));
+                    if let Some(item) = self.take(r, take, false, t.saturating_add(extra)) {
                         extra = extra.saturating_add(self.drained_by(r, take.rank));
                         let chunks = Self::chunks_of(&item);
                         return self.start(r, th, t.saturating_add(extra), item, chunks);
@@ -209,35 +206,29 @@ impl Sim<'_> {
     /// cost (once an iteration); `None` to take the chunk now.
     fn end_game(&mut self, r: usize, t: Nanos) -> R<Option<(Nanos, Nanos)>> {
         let rk = &self.ranks[r];
-        let words = &self.w.ranks[r];
-        let (left, part) = (words.queue.left(), words.progress.total);
-        if rk.iter_chunks == 0 || left == 0 || !rk.backoff.allows(rk.it) {
-            return Ok(None);
-        }
-        let now = t.saturating_sub(rk.c1) as f64 * 1e-9;
-        let mut cost = 0;
-        let seen = match rk.seen {
-            Some(seen) => seen,
-            None => {
-                let view = SimView::new(&self.w, r);
-                let survey = endgame::survey(&view, rk.it, 0, part)?;
-                let rate = rk.iter_chunks as f64 / now.max(1e-9);
-                cost = self.charge(r, view.ops());
-                let seen = endgame::Seen { survey, at: now, queued: left, rate };
-                self.ranks[r].seen = Some(seen);
-                seen
-            }
-        };
-        let rk = &self.ranks[r];
-        let turn = endgame::Turn {
-            now,
-            mine: rk.busy as f64 * 1e-9 / rk.iter_chunks as f64,
-            part,
+        let rank = endgame::Rank {
+            now: t.saturating_sub(rk.c1) as f64 * 1e-9,
+            chunks: rk.iter_chunks,
+            busy: rk.busy as f64 * 1e-9,
             threads: self.s.max_threads(),
             others: self.w.world - 1,
-            seen,
         };
-        Ok(turn.leave().map(|until| (rk.c1.saturating_add(nanos(until)), cost)))
+        let (it, words, mut state) = (rk.it, &self.w.ranks[r], rk.end_game);
+        let mut surveyed = None;
+        let until = state.leave(
+            it,
+            &rank,
+            || Ok(words.queue.left()),
+            || {
+                let view = SimView::new(&self.w, r);
+                let survey = endgame::survey(&view, it, words.progress.total)?;
+                surveyed = Some(view.ops());
+                Ok((survey, words.progress.total))
+            },
+        )?;
+        self.ranks[r].end_game = state;
+        let cost = surveyed.map_or(0, |ops| self.charge(r, ops));
+        Ok(until.map(|until| (self.ranks[r].c1.saturating_add(nanos(until)), cost)))
     }
 
     /// Thread `th` of `r` leaves its rank's next chunks to free threads elsewhere from `at` until
@@ -256,7 +247,7 @@ impl Sim<'_> {
     /// `victim`'s queue was taken from at `t`: if that emptied it, its threads that left their
     /// chunks to free threads ([`Item::Leave`]) see it at their next poll and go on.
     fn emptied(&mut self, victim: usize, t: Nanos) {
-        if self.w.ranks[victim].queue.left() > 0 {
+        if !self.ranks[victim].left || self.w.ranks[victim].queue.left() > 0 {
             return;
         }
         let at = t.saturating_add(self.s.net.atomic(victim, victim));
@@ -295,11 +286,12 @@ impl Sim<'_> {
     }
 
     /// Takes the chunks `take` names from its victim's queue for one thread of `r` (in its current
-    /// iteration).
-    fn take(&mut self, r: usize, take: Take, reassigned: bool) -> Option<Item> {
+    /// iteration) at `t` (the victim's threads waiting in the end game see it if that emptied it).
+    fn take(&mut self, r: usize, take: Take, reassigned: bool, t: Nanos) -> Option<Item> {
         let it = self.ranks[r].it;
         let fraction = thread_share(take.share, self.s.cfg.steal_fraction, self.ranks[r].active);
         let (g, chunks) = self.w.steal(take.rank, fraction)?;
+        self.emptied(take.rank, t);
         Some(Item::Help { victim: take.rank, vit: words::untag(g, it), chunks, reassigned })
     }
 
@@ -399,11 +391,11 @@ impl Sim<'_> {
             // Not busy while waiting: on to what the free threads left (if they left any, the
             // end game pauses).
             Item::Leave => {
-                let rk = &mut self.ranks[r];
+                let backoff = &mut self.ranks[r].end_game.backoff;
                 if self.w.ranks[r].queue.left() > 0 {
-                    rk.backoff.missed(it);
+                    backoff.missed(it);
                 } else {
-                    rk.backoff.answered();
+                    backoff.answered();
                 }
                 return self.next_item(r, th, t);
             }

@@ -148,12 +148,11 @@ impl Words {
         Some(got)
     }
 
-    /// Takes `fraction` of `victim`'s queued chunks (to the nearest, at least one) from its tail, as
-    /// [`crate::queue::ChunkQueues::steal`] does.
+    /// Takes `fraction` of `victim`'s queued chunks ([`crate::queue::steal_count`]) from its
+    /// tail, as [`crate::queue::ChunkQueues::steal`] does.
     pub(super) fn steal(&mut self, victim: usize, fraction: f64) -> Option<(u16, Range<u32>)> {
         let w = &mut self.ranks[victim];
-        let left = w.queue.left();
-        let n = ((f64::from(left) * fraction).round() as u32).max(1).min(left);
+        let n = crate::queue::steal_count(w.queue.left(), fraction, u32::MAX);
         if n == 0 {
             return None;
         }
