@@ -202,7 +202,6 @@ fn bsp_with_taking_over_leaves_a_slow_ranks_last_chunks_to_the_free_threads() {
     let rows = rows_once(&per_rank, 6 * 8192, &stderr);
     // 6 chunks of 64 rows an iteration with the end game, 8 without.
     assert!(rows[0] <= 6 * 7 * 64, "rank 0 computed {} rows in 6 iterations: {stderr}", rows[0]);
-    // Each leave is on the timeline of the thread that left, on rank 0 only.
     let trace: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(std::path::Path::new(&run).join("trace.json")).expect("trace"),
     )
@@ -213,8 +212,19 @@ fn bsp_with_taking_over_leaves_a_slow_ranks_last_chunks_to_the_free_threads() {
         .iter()
         .filter(|e| e["name"] == "leave to free threads")
         .collect();
-    assert!(!leaves.is_empty(), "no leave traced");
-    assert!(leaves.iter().all(|e| e["pid"] == 0 && e["tid"] != 0), "{leaves:?}");
+    // Each leave is on the timeline of a thread, not the rank's own track. Another rank may leave
+    // a chunk too where this loaded machine slowed it (the rule sees any slow rank, not only the
+    // injected one), but the chunks left are mostly rank 0's.
+    assert!(leaves.iter().all(|e| e["tid"] != 0), "{leaves:?}");
+    let left = |on_0: bool| -> u64 {
+        leaves
+            .iter()
+            .filter(|e| (e["pid"] == 0) == on_0)
+            .map(|e| e["args"]["left"].as_u64().expect("left"))
+            .sum()
+    };
+    assert!(left(true) > 0, "rank 0 left no chunk: {leaves:?}");
+    assert!(left(true) > 4 * left(false), "{leaves:?}");
 }
 
 /// `measured <m> s, simulated <s> s, ratio <r>` from a replay's line starting with `what`.
