@@ -6,8 +6,10 @@
 # mpirun; replays each run with `peregrine simulate --replay` and prints a Markdown table of
 # measured and simulated time per iteration.
 #   scripts/sim-validate-many.sh [local|mpi|both] [RANKS...]     (default: local 8 16 32)
-# THREADS sets the threads a rank (default 2); PEREGRINE, a built `peregrine` to run instead of
-# building one (e.g. on a machine without the toolchain).
+# THREADS sets the threads a rank (default 2); SCHEMES, the schemes (default "bsp bsp+steal
+# ssp:3+steal flexrr falcon"; a `+steal` suffix takes over, a scheme without it under BSP-like
+# schemes does not); PEREGRINE, a built `peregrine` to run instead of building one (e.g. on a
+# machine without the toolchain).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/common.sh
@@ -38,7 +40,7 @@ fi
 d=target/sim-validate-many
 mkdir -p "$d"
 [ -f "$d/rows.pgd" ] || "$P" data gen dense "$d/rows.pgd" --rows 200000 --features 4 --classes 2
-schemes=(bsp bsp+steal ssp:3+steal flexrr falcon)
+read -r -a schemes <<<"${SCHEMES:-bsp bsp+steal ssp:3+steal flexrr falcon}"
 patterns=(ideal persistent:rank=0,speed=0.5)
 threads=${THREADS:-2}
 
@@ -55,7 +57,7 @@ for backend in "${backends[@]}"; do
             for spec in "${schemes[@]}"; do
                 scheme=${spec%+steal}
                 steal=()
-                [ "$scheme" = "$spec" ] && [ "$scheme" != flexrr ] && [ "$scheme" != falcon ] && steal=(--no-steal)
+                case "${scheme%%:*}" in flexrr | falcon) ;; *) [ "$scheme" = "$spec" ] && steal=(--no-steal) ;; esac
                 name="$backend-$ranks-${pattern%%:*}-${spec//[:+]/_}"
                 run=$d/runs/$name
                 rm -rf "$run"
