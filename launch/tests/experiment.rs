@@ -188,43 +188,50 @@ fn lb_bsp_past_256_ranks_splits_by_the_tree_of_sums() {
 /// chunk against 4 ms, 8 chunks a thread) takes its own chunks at 0, 10 and 20 ms (each round
 /// ending before the free threads would end it: 37 ms), and at 30 ms leaves the 10 left to the
 /// others, who run dry at 32 ms and end them by 37 ms, where its own fourth round would end at
-/// 40 ms. It computes 6 of its 16 chunks an iteration, not 8; every row once.
+/// 40 ms. It computes 6 of its 16 chunks an iteration, not 8; every row once. The same under
+/// speculation with taking over (its default), where copies of the running chunks may also win.
 #[test]
 fn bsp_with_taking_over_leaves_a_slow_ranks_last_chunks_to_the_free_threads() {
     let d_tmp = scratch("end-game");
-    #[rustfmt::skip]
-    let args = [
-        "--scheme", "bsp", "--ranks", "8", "--threads", "2", "--chunk-cost", "4ms", "--params", "1000",
-        "--batch", "8192", "--chunk", "64", "--iterations", "6", "--straggler", "persistent:rank=0,speed=0.4",
-        "--trace",
-    ];
-    let (run, per_rank, stderr) = synthetic(d_tmp.path(), "run", "16384", &args);
-    let rows = rows_once(&per_rank, 6 * 8192, &stderr);
-    // 6 chunks of 64 rows an iteration with the end game, 8 without.
-    assert!(rows[0] <= 6 * 7 * 64, "rank 0 computed {} rows in 6 iterations: {stderr}", rows[0]);
-    let trace: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(std::path::Path::new(&run).join("trace.json")).expect("trace"),
-    )
-    .expect("json");
-    let leaves: Vec<&serde_json::Value> = trace["traceEvents"]
-        .as_array()
-        .expect("events")
-        .iter()
-        .filter(|e| e["name"] == "leave to free threads")
-        .collect();
-    // Each leave is on the timeline of a thread, not the rank's own track. Another rank may leave
-    // a chunk too where this loaded machine slowed it (the rule sees any slow rank, not only the
-    // injected one), but the chunks left are mostly rank 0's.
-    assert!(leaves.iter().all(|e| e["tid"] != 0), "{leaves:?}");
-    let left = |on_0: bool| -> u64 {
-        leaves
+    for scheme in ["bsp", "speculative"] {
+        #[rustfmt::skip]
+        let args = [
+            "--scheme", scheme, "--ranks", "8", "--threads", "2", "--chunk-cost", "4ms", "--params", "1000",
+            "--batch", "8192", "--chunk", "64", "--iterations", "6", "--straggler", "persistent:rank=0,speed=0.4",
+            "--trace",
+        ];
+        let (run, per_rank, stderr) = synthetic(d_tmp.path(), scheme, "16384", &args);
+        let rows = rows_once(&per_rank, 6 * 8192, &stderr);
+        // 6 chunks of 64 rows an iteration with the end game, 8 without.
+        assert!(
+            rows[0] <= 6 * 7 * 64,
+            "{scheme}: rank 0 computed {} rows in 6 iterations: {stderr}",
+            rows[0]
+        );
+        let trace: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(std::path::Path::new(&run).join("trace.json")).expect("trace"),
+        )
+        .expect("json");
+        let leaves: Vec<&serde_json::Value> = trace["traceEvents"]
+            .as_array()
+            .expect("events")
             .iter()
-            .filter(|e| (e["pid"] == 0) == on_0)
-            .map(|e| e["args"]["left"].as_u64().expect("left"))
-            .sum()
-    };
-    assert!(left(true) > 0, "rank 0 left no chunk: {leaves:?}");
-    assert!(left(true) > 4 * left(false), "{leaves:?}");
+            .filter(|e| e["name"] == "leave to free threads")
+            .collect();
+        // Each leave is on the timeline of a thread, not the rank's own track. Another rank may
+        // leave a chunk too where this loaded machine slowed it (the rule sees any slow rank,
+        // not only the injected one), but the chunks left are mostly rank 0's.
+        assert!(leaves.iter().all(|e| e["tid"] != 0), "{scheme}: {leaves:?}");
+        let left = |on_0: bool| -> u64 {
+            leaves
+                .iter()
+                .filter(|e| (e["pid"] == 0) == on_0)
+                .map(|e| e["args"]["left"].as_u64().expect("left"))
+                .sum()
+        };
+        assert!(left(true) > 0, "{scheme}: rank 0 left no chunk: {leaves:?}");
+        assert!(left(true) > 4 * left(false), "{scheme}: {leaves:?}");
+    }
 }
 
 /// `measured <m> s, simulated <s> s, ratio <r>` from a replay's line starting with `what`.

@@ -5,7 +5,8 @@
 //! applied (the other copy is dropped, an injected delay of the late copy cut short). Ranks that
 //! are not slow claim their chunks before computing them, so they pay nothing for copies. With
 //! taking over (`speculative+steal`) queued chunks are taken over too; without it only running
-//! chunks are copied, as in MapReduce.
+//! chunks are copied, as in MapReduce; with it a slow rank also leaves its last chunks to the free
+//! threads where they would finish them sooner (the end game of [`super::endgame`]).
 //!
 //! The claim bitmap: per rank, one bit per chunk of its current iteration, 48 chunks to a word
 //! tagged with the iteration ([`crate::words::ClaimWord`]). A chunk's result is applied only by
@@ -150,6 +151,10 @@ impl Policy for Copies {
 
     fn reads_rates(&self) -> bool {
         true
+    }
+
+    fn leaves_chunks(&self) -> bool {
+        self.steal
     }
 
     /// Reads the fastest other rank's rate: every rank's in one batch, or past
@@ -337,6 +342,29 @@ mod tests {
         // With no rate of its own yet, a rank copies nothing.
         v.rates[0] = 0.0;
         assert_eq!(candidate(&v, 7, none, &[]).expect("view"), None);
+    }
+
+    #[test]
+    fn with_taking_over_a_slow_ranks_last_chunks_are_left_to_the_free_threads() {
+        peregrine_transport::run_local(1, |t| -> Result<()> {
+            for steal in [false, true] {
+                let p = Copies {
+                    claims: Claims::new(&t, 8)?,
+                    cloning: Mutex::new(Vec::new()),
+                    steal,
+                    tag: 0,
+                    fastest: 0.0,
+                };
+                // The end game moves queued chunks: only where they can be taken over (without
+                // taking over, the slow rank's chunks are copied once running, as in MapReduce).
+                assert_eq!((p.takes_over(), p.leaves_chunks()), (steal, steal));
+                Box::new(p).free()?;
+            }
+            Ok(())
+        })
+        .expect("world")
+        .into_iter()
+        .for_each(|r| r.expect("rank"));
     }
 
     #[test]
