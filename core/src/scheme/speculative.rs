@@ -13,6 +13,13 @@
 //! whoever sets its bit (a compare-and-swap), so exactly once however many copies run; a word
 //! tagged with another iteration claims nothing (a copy that finishes after its iteration is over
 //! is dropped).
+//!
+//! One copy a chunk, as MapReduce's and LATE's one backup a task: beside each claim word a word of
+//! the same shape marks the chunks a copy was started of, set by the copier with a
+//! compare-and-swap before it starts; a chunk marked is not copied again. Copies of one chunk all
+//! end at about the same time (the copiers are the fast ranks), so more of them win nothing, and
+//! every idle thread of thousands of ranks copying the same few running chunks cost each of them
+//! a pull and a chunk's compute for nothing (and the simulator an event each).
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -85,17 +92,27 @@ struct Copies {
 }
 
 impl Copies {
-    /// [`candidate`] in iteration `it`, skipping chunks settled or being copied by a thread of
-    /// this rank; marked as being copied if `mark`.
+    /// [`candidate`] in iteration `it`, skipping chunks settled or copied already (by any
+    /// rank); if `mark`, marked as copied (another copier that marked it first: the next
+    /// candidate).
     fn pick(&self, view: &dyn View, it: u64, mark: bool) -> Result<Option<(usize, u32)>> {
-        // Held across the reads: this rank's threads pick one after another, so no two copy the
-        // same chunk (picks are rare: once per copy, and polls while lining up).
+        // Held across the reads: this rank's threads pick one after another, so no two of them
+        // race for the same chunk's mark (picks are rare: once per copy, and polls while lining
+        // up).
         let mut cloning = self.cloning.lock().expect("cloning");
-        let got = candidate(view, it, |v, word| self.claims.settled_bits(v, self.tag, word), &cloning)?;
-        if let (Some(p), true) = (got, mark) {
-            cloning.push(p);
+        let tag = words::tag(it);
+        loop {
+            let got = candidate(view, it, |v, word| self.claims.closed_bits(v, tag, word), &cloning)?;
+            match got {
+                Some(p) if mark => {
+                    if self.claims.mark_copied(p.0, tag, p.1)? {
+                        cloning.push(p);
+                        return Ok(got);
+                    }
+                }
+                _ => return Ok(got),
+            }
         }
-        Ok(got)
     }
 }
 
@@ -220,28 +237,36 @@ impl Policy for Copies {
     }
 }
 
-/// The claim bitmap (see the module's documentation).
+/// The claim bitmap and the bitmap of copies started (see the module's documentation): claim
+/// word `w` of a rank and its copies word side by side, one read for both.
 struct Claims {
     window: Window<u64>,
     per_rank: usize,
 }
 
+/// Of a claim word and its copies word: the claim word.
+const CLAIMED: usize = 0;
+/// The copies word.
+const COPIED: usize = 1;
+
 impl Claims {
     /// Collective: words for `max_chunks` chunks per rank.
     fn new(t: &Transport, max_chunks: usize) -> Result<Self> {
         let per_rank = max_chunks.div_ceil(CLAIM_BITS as usize).max(1);
-        let window = t.alloc_window("chunk claims", &ShardMap::from_lens(vec![per_rank; t.world_size()]))?;
+        let map = ShardMap::from_lens(vec![2 * per_rank; t.world_size()]);
+        let window = t.alloc_window("chunk claims", &map)?;
         Ok(Self { window, per_rank })
     }
 
-    fn at(&self, rank: usize, chunk: u32) -> (usize, u64) {
-        (rank * self.per_rank + (chunk / CLAIM_BITS) as usize, 1 << (chunk % CLAIM_BITS))
+    /// The index of `rank`'s claim word `word` (`CLAIMED`) or copies word (`COPIED`).
+    fn word(&self, rank: usize, word: usize, which: usize) -> usize {
+        2 * (rank * self.per_rank + word) + which
     }
 
-    /// Opens this rank's words for the iteration tagged `tag`, nothing claimed (before its queue
-    /// is filled, so nobody sees the iteration's chunks with stale claims).
+    /// Opens this rank's words for the iteration tagged `tag`, nothing claimed or copied (before
+    /// its queue is filled, so nobody sees the iteration's chunks with stale bits).
     fn reset(&self, rank: usize, tag: u16) -> Result<()> {
-        for i in rank * self.per_rank..(rank + 1) * self.per_rank {
+        for i in self.word(rank, 0, CLAIMED)..self.word(rank + 1, 0, CLAIMED) {
             self.window.swap(i, ClaimWord { tag, bits: 0 }.pack())?;
         }
         Ok(())
@@ -249,7 +274,22 @@ impl Claims {
 
     /// Claims `rank`'s chunk `chunk` of iteration `tag`: true for the first caller only.
     fn claim(&self, rank: usize, tag: u16, chunk: u32) -> Result<bool> {
-        let (i, bit) = self.at(rank, chunk);
+        self.set(rank, tag, chunk, CLAIMED)
+    }
+
+    /// Marks a copy of `rank`'s chunk `chunk` of iteration `tag` started: true for the first
+    /// caller only.
+    fn mark_copied(&self, rank: usize, tag: u16, chunk: u32) -> Result<bool> {
+        self.set(rank, tag, chunk, COPIED)
+    }
+
+    /// Sets `chunk`'s bit in `rank`'s word `which` for iteration `tag`: true if this call set it.
+    fn set(&self, rank: usize, tag: u16, chunk: u32, which: usize) -> Result<bool> {
+        let word = (chunk / CLAIM_BITS) as usize;
+        if word >= self.per_rank {
+            return Ok(false);
+        }
+        let (i, bit) = (self.word(rank, word, which), 1 << (chunk % CLAIM_BITS));
         let mut cur = self.window.load(i)?;
         loop {
             let w = ClaimWord::unpack(cur);
@@ -270,8 +310,20 @@ impl Claims {
         if word as usize >= self.per_rank {
             return Ok(!0);
         }
-        let w = ClaimWord::unpack(self.window.load(rank * self.per_rank + word as usize)?);
+        let w = ClaimWord::unpack(self.window.load(self.word(rank, word as usize, CLAIMED))?);
         Ok(if w.tag == tag { w.bits } else { !0 })
+    }
+
+    /// The chunks of `rank`'s claim word `word` not to copy in iteration `tag`: settled, or
+    /// copied already (both words in one read), as bits.
+    fn closed_bits(&self, rank: usize, tag: u16, word: u32) -> Result<u64> {
+        if word as usize >= self.per_rank {
+            return Ok(!0);
+        }
+        let mut w = [0; 2];
+        self.window.load_range(self.word(rank, word as usize, CLAIMED), &mut w)?;
+        let [claimed, copied] = w.map(ClaimWord::unpack);
+        Ok(if claimed.tag == tag && copied.tag == tag { claimed.bits | copied.bits } else { !0 })
     }
 
     /// Whether `rank`'s chunk `chunk` of iteration `tag` can no longer be claimed.
@@ -361,6 +413,38 @@ mod tests {
                 Box::new(p).free()?;
             }
             Ok(())
+        })
+        .expect("world")
+        .into_iter()
+        .for_each(|r| r.expect("rank"));
+    }
+
+    #[test]
+    fn a_chunk_is_copied_once_and_its_copy_mark_does_not_claim_it() {
+        peregrine_transport::run_local(2, |t| -> Result<()> {
+            let c = Claims::new(&t, 100)?;
+            c.reset(t.rank(), 4)?;
+            t.barrier()?;
+            if t.rank() == 1 {
+                // Rank 0's chunk 50 (bit 2 of word 1): marked once; still claimable, by its
+                // owner's thread or by the copy, once.
+                assert!(c.mark_copied(0, 4, 50)?);
+                assert!(!c.mark_copied(0, 4, 50)?, "copied twice");
+                assert!(!c.settled(0, 4, 50)?, "a copy started is not a result");
+                assert_eq!(c.closed_bits(0, 4, 1)?, 1 << 2);
+                assert!(c.claim(0, 4, 51)?);
+                assert_eq!(c.closed_bits(0, 4, 1)?, 0b1100, "claimed (51) or copied (50)");
+                assert_eq!(c.settled_bits(0, 4, 1)?, 0b1000, "claimed only");
+                // Another iteration's words, or a word past the rank's: nothing to copy.
+                assert_eq!(c.closed_bits(0, 5, 1)?, !0);
+                assert_eq!(c.closed_bits(0, 4, 9)?, !0);
+                assert!(!c.mark_copied(0, 5, 52)?, "a word of iteration 4 marks nothing of 5");
+                assert!(!c.mark_copied(0, 4, 48 * 9)?, "past the rank's words");
+                // Rank 1's own words are apart from rank 0's.
+                assert_eq!(c.closed_bits(1, 4, 1)?, 0);
+            }
+            t.barrier()?;
+            c.window.free()
         })
         .expect("world")
         .into_iter()

@@ -1,5 +1,6 @@
 //! Windows of the local backend.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::{lock, World};
@@ -24,6 +25,11 @@ pub struct LocalWindow<T: Elem> {
     locks: Arc<[Arc<Mutex<()>>]>,
     /// Writes issued by this rank and not yet complete at their target.
     pending: Mutex<Pending<T>>,
+    /// How many of them, kept under the lock of `pending`: a load, atomic or flush with none
+    /// pending (most of them) does not take that lock. A write issued by another thread of the
+    /// rank is seen as surely as through the lock: its count is stored before the lock is
+    /// released.
+    queued: AtomicUsize,
 }
 
 #[derive(Debug)]
@@ -60,6 +66,7 @@ impl<T: Elem> LocalWindow<T> {
             shards,
             locks,
             pending: Mutex::new(Pending { ops: Vec::new(), data: Vec::new() }),
+            queued: AtomicUsize::new(0),
         }
     }
 
@@ -192,6 +199,7 @@ impl<T: Elem> LocalWindow<T> {
             let from = pending.data.len();
             pending.data.extend_from_slice(&data[at..at + len]);
             pending.ops.push(PendingOp { target: shard, offset: r.start - lo, len, at: from, accumulate });
+            self.queued.store(pending.ops.len(), Ordering::Release);
         }
         Ok(touched)
     }
@@ -231,6 +239,7 @@ impl<T: Elem> LocalWindow<T> {
             pending.ops.push(PendingOp { target: p.rank, offset: p.offset, len: p.len, at, accumulate });
             touched = touched.add(p.rank);
         }
+        self.queued.store(pending.ops.len(), Ordering::Release);
         Ok(touched)
     }
 
@@ -329,6 +338,9 @@ impl<T: Elem> LocalWindow<T> {
     /// Applies the pending writes to `target` (all if `None`; only accumulates if
     /// `accumulates_only`), in issue order.
     fn apply(&self, target: Option<usize>, accumulates_only: bool) {
+        if self.queued.load(Ordering::Acquire) == 0 {
+            return;
+        }
         let mut guard = lock(&self.pending);
         let pending = &mut *guard;
         if pending.ops.is_empty() {
@@ -375,6 +387,7 @@ impl<T: Elem> LocalWindow<T> {
         if pending.ops.is_empty() {
             pending.data.clear();
         }
+        self.queued.store(pending.ops.len(), Ordering::Release);
     }
 
     pub(crate) fn free(self) -> Result<()> {

@@ -124,7 +124,9 @@ impl Sim<'_> {
                 if range.start < range.end {
                     let c = range.start;
                     self.ranks[r].threads[th].own = Some((c + 1..range.end, mode));
-                    if self.policies[r].settled(r, tag, c)? {
+                    // A chunk claimed first needs no look at whether it is settled (the claim
+                    // fails then), as in the engine.
+                    if mode != OwnChunks::ClaimFirst && self.policies[r].settled(r, tag, c)? {
                         continue;
                     }
                     if mode == OwnChunks::ClaimFirst {
