@@ -1,7 +1,7 @@
 //! Sums over the world through the combining tree's shape ([`crate::tree::Shape`]): each rank
 //! adds [`PARTS`] values (the first of them counted: a rank with 0 there has none), and any rank
 //! then reads the world's totals and the sums of the ranks before it, at a cost per rank of
-//! O(log N) words instead of a read of every rank's (LB-BSP's split past 256 ranks).
+//! O(log N) words instead of a read of every rank's (LB-BSP's split past 128 ranks).
 //!
 //! A rank writes its values into its own words, then adds them to its level-0 node's running
 //! sums (count of first values, each part's sum: one accumulate; the least first value) and,
@@ -10,7 +10,10 @@
 //! resets the running words and carries the totals to the parent, and so on up to the root. The
 //! sums of the ranks before rank `r` are the values of the ranks before it in its level-0 node
 //! plus, at each level above, the totals of the nodes before its own under the same parent: one
-//! batch of at most [`FAN`] nodes' totals per level.
+//! batch of at most [`FAN`] nodes' totals per level. Those reads, and the completing rank's read
+//! of a node's running sums, are plain gets (one operation a range, not an atomic load a word:
+//! a batch of 15 nodes' totals is 15 operations, not 75): by the protocol below nobody writes a
+//! word while it is read.
 //!
 //! Values are integers (callers fix the point), so every order of the adds gives the same sums
 //! and every rank derives the same split from them. Words come in two rounds (`round`, e.g. an
@@ -136,7 +139,9 @@ impl Sums {
             // The last arrival: publishes the node's totals and clears its running words for
             // the round's next use (nobody adds to it before every rank has read this one).
             let mut w = [0; WORDS];
-            self.words.load_range(node + RUNNING, &mut w)?;
+            // Every arrival's sums landed before its count (a plain read: nobody adds to them
+            // until the round's next use).
+            self.words.get(node + RUNNING, &mut w)?;
             self.words.put(node + TOTALS, &w)?;
             self.words.put(node + ARRIVED, &[0; 1 + WORDS])?;
             self.words.flush(host)?;
@@ -145,12 +150,12 @@ impl Sums {
         Ok(())
     }
 
-    /// Every rank's values of `round`, once every rank has added to it: one batch of the root's
+    /// Every rank's values of `round`, once every rank has added to it: one read of the root's
     /// totals.
     pub fn totals(&self, round: usize) -> Result<Totals> {
         let at = self.node(0, self.shape.levels() - 1, round) + TOTALS;
         let mut w = [0; WORDS];
-        self.words.load_range(at, &mut w)?;
+        self.words.get(at, &mut w)?;
         Ok(unpack(&w))
     }
 
@@ -162,7 +167,7 @@ impl Sums {
         let ranges: Vec<Range<usize>> =
             (first..=rank).map(|r| self.own(r, round, 0)..self.own(r, round, 0) + PARTS).collect();
         let mut values = vec![0; ranges.len() * PARTS];
-        self.words.load_batch(&ranges, &mut values)?;
+        self.words.get_batch(&ranges, &mut values)?;
         let mut acc = Totals::default();
         let mut mine = [0; PARTS];
         for (r, v) in (first..=rank).zip(values.chunks_exact(PARTS)) {
@@ -186,7 +191,7 @@ impl Sums {
                 })
                 .collect();
             let mut w = vec![0; WORDS * kids];
-            self.words.load_batch(&ranges, &mut w)?;
+            self.words.get_batch(&ranges, &mut w)?;
             for node in w.chunks_exact(WORDS) {
                 acc.add(unpack(node));
             }

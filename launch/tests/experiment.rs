@@ -161,11 +161,11 @@ fn eighty_ranks_take_over_and_copy_from_a_slow_one() {
     assert!(stdout.contains("time per iteration: measured"), "{stdout}{stderr}");
 }
 
-/// 260 ranks as threads: LB-BSP past 256 ranks splits by a tree of sums of the predictions
+/// 260 ranks as threads: LB-BSP past 128 ranks splits by a tree of sums of the predictions
 /// instead of every rank reading every rank's: each row once, and the quarter-speed rank's share
 /// shrinks.
 #[test]
-fn lb_bsp_past_256_ranks_splits_by_the_tree_of_sums() {
+fn lb_bsp_past_128_ranks_splits_by_the_tree_of_sums() {
     let d_tmp = scratch("lbbsp-tree");
     // 8 chunks a rank: enough for a weighted split to beat the even one by the scheme's margin.
     #[rustfmt::skip]

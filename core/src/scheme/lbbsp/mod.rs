@@ -148,11 +148,11 @@ impl Balanced {
 
 /// Ranks up to which every rank reads every prediction and splits by water-filling; past them,
 /// the tree of sums. Where the two cost the same: simulated over InfiniBand (16 threads a rank,
-/// 60 iterations, time per iteration / Ideal, reading every prediction -> the tree), 128 ranks
-/// 1.04x -> 1.07x with no straggler and 1.29x -> 1.32x with one at half speed, 256 ranks 1.08x
-/// -> 1.09x and 1.33x -> 1.33x, 512 ranks 1.16x -> 1.11x and 1.40x -> 1.35x, 4,096 ranks 2.45x ->
-/// 1.35x with the straggler.
-pub(crate) const READ_ALL_UP_TO: usize = 256;
+/// 60 iterations, time per iteration / Ideal, reading every prediction -> the tree, its reads
+/// plain gets), 64 ranks 1.02x -> 1.05x with no straggler and 1.27x -> 1.30x with one at half
+/// speed, 128 ranks 1.04x -> 1.05x and 1.29x -> 1.30x, 256 ranks 1.08x -> 1.06x and 1.33x ->
+/// 1.31x; 4,096 ranks 2.45x -> 1.32x with the straggler.
+pub(crate) const READ_ALL_UP_TO: usize = 128;
 
 /// Where the ranks' predictions are published.
 enum Published {
