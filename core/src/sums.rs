@@ -116,7 +116,7 @@ impl Sums {
     /// Adds `rank`'s `values` to `round`, and for as long as its arrival completes a node, that
     /// node's totals to the parent's. Most ranks issue a write of their own words, an
     /// accumulate of the running sums and two or three atomics on their level-0 node's host; a
-    /// rank completing a node, a load and two writes more for it, and as much again for the
+    /// rank completing a node, a read and a write more for it, and as much again for the
     /// parent.
     pub fn add(&self, rank: usize, round: usize, values: [u64; PARTS]) -> Result<()> {
         self.words.put(self.own(rank, round, 0), &values)?;
@@ -142,8 +142,10 @@ impl Sums {
             // Every arrival's sums landed before its count (a plain read: nobody adds to them
             // until the round's next use).
             self.words.get(node + RUNNING, &mut w)?;
-            self.words.put(node + TOTALS, &w)?;
-            self.words.put(node + ARRIVED, &[0; 1 + WORDS])?;
+            // The count and the running sums cleared and the totals published, in one write.
+            let mut words = [0; NODE];
+            words[TOTALS..].copy_from_slice(&w);
+            self.words.put(node + ARRIVED, &words)?;
             self.words.flush(host)?;
             carry = unpack(&w);
         }
