@@ -221,13 +221,20 @@ impl<M: Model> Run<'_, M> {
             }
             slot.takes = takes;
         }
-        while self.steal && !self.left_chunks.load(Ordering::Relaxed) && !failed.load(Ordering::Relaxed) {
+        while self.takes_over_now() && !failed.load(Ordering::Relaxed) {
             let Some((victim, vit, r, share)) = self.take_over(policy, it)? else { break };
             self.took(slot, "take over", victim, vit, &r, share);
             self.help(victim, vit, r.clone(), replica, slot)?;
             slot.taken += u64::from(r.end - r.start);
         }
         Ok(())
+    }
+
+    /// Whether this rank takes over other ranks' chunks in the current iteration: with taking
+    /// over, unless a thread left own chunks to free threads elsewhere (the rank, found slower
+    /// than they are, computing or lining up).
+    pub(super) fn takes_over_now(&self) -> bool {
+        self.steal && !self.left_chunks.load(Ordering::Relaxed)
     }
 
     /// The end game ([`endgame`]): until when (since the compute began) a thread about to take

@@ -590,7 +590,7 @@ impl<'a, M: Model> Run<'a, M> {
                     }
                 }
                 let h = Instant::now();
-                if self.steal && !self.left_chunks.load(Ordering::Relaxed) && self.stealable(it)? {
+                if self.takes_over_now() && self.stealable(it)? {
                     self.compute(policy, it, replica, false)?;
                 } else if policy.copy_due(
                     &self.view(),

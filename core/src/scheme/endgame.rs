@@ -1,6 +1,6 @@
 //! The end game of an iteration that ends with its last chunk (BSP with taking over, enforced
-//! Falcon, speculation with taking over): a slow rank's thread does not start one of its own queued chunks when the other
-//! ranks' threads, about to run out of work, would finish it sooner.
+//! Falcon, speculation with taking over): a slow rank's thread does not start one of its own
+//! queued chunks when the other ranks' threads, about to run out of work, would finish it sooner.
 //!
 //! Without it, a rank at half speed starts a chunk just as the others run dry: with 4 chunks a
 //! thread, its threads have done 2 when the others are done with 4, start a third, and the whole

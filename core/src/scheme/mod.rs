@@ -494,9 +494,11 @@ pub(crate) trait Policy: Send + Sync {
     /// Whether ranks take over each other's queued chunks (fixed for the run).
     fn takes_over(&self) -> bool;
 
-    /// Whether the policy reads the ranks' chunk rates (the engine publishes them only then).
+    /// Whether the policy reads the ranks' chunk rates (the engine publishes them only then):
+    /// at least where it has the end game ([`leaves_chunks`](Self::leaves_chunks)), which reads
+    /// them.
     fn reads_rates(&self) -> bool {
-        false
+        self.leaves_chunks()
     }
 
     /// The most iterations this policy's `ready` lets a rank's clock run ahead of the slowest
@@ -573,7 +575,7 @@ pub(crate) trait Policy: Send + Sync {
     /// Whether a thread of this rank, about to take one of its own queued chunks, leaves it to
     /// the free threads of other ranks when they would finish it sooner ([`endgame`]): for
     /// schemes whose iteration ends with its last chunk, with taking over, every rank's part of
-    /// one size. Such a policy reads the ranks' chunk rates (fixed for the run).
+    /// one size (fixed for the run).
     fn leaves_chunks(&self) -> bool {
         false
     }

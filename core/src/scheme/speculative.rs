@@ -22,7 +22,7 @@
 //! a pull and a chunk's compute for nothing (and the simulator an event each).
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use peregrine_transport::{ShardMap, Transport, Window};
 
@@ -63,13 +63,7 @@ impl SchemeKind for Speculative {
     fn policy(&self, setup: &Setup<'_>) -> Result<Box<dyn Policy>> {
         // A rank owns at most this many chunks of an iteration.
         let most = setup.plan.batch().div_ceil(setup.plan.chunk()).div_ceil(setup.t.world_size());
-        Ok(Box::new(Copies {
-            claims: Claims::new(setup.t, most)?,
-            cloning: Mutex::new(Vec::new()),
-            steal: setup.steal,
-            tag: 0,
-            fastest: 0.0,
-        }))
+        Ok(Box::new(Copies { claims: Claims::new(setup.t, most)?, steal: setup.steal, tag: 0, fastest: 0.0 }))
     }
 }
 
@@ -79,11 +73,9 @@ pub(crate) fn copies_from(mine: f64, theirs: f64) -> bool {
     theirs > 0.0 && theirs < SPECULATE_BELOW * mine
 }
 
-/// The policy: claims, and the copies this rank's threads are computing.
+/// The policy: the claims and copies bitmaps, and what the iteration opened with.
 struct Copies {
     claims: Claims,
-    /// `(rank, chunk)` copies this rank's threads are computing.
-    cloning: Mutex<Vec<(usize, u32)>>,
     steal: bool,
     /// The current iteration's tag.
     tag: u16,
@@ -93,23 +85,14 @@ struct Copies {
 
 impl Copies {
     /// [`candidate`] in iteration `it`, skipping chunks settled or copied already (by any
-    /// rank); if `mark`, marked as copied (another copier that marked it first: the next
-    /// candidate).
+    /// rank, this one's threads included); if `mark`, marked as copied (a copier that marked it
+    /// first, here or elsewhere: the next candidate).
     fn pick(&self, view: &dyn View, it: u64, mark: bool) -> Result<Option<(usize, u32)>> {
-        // Held across the reads: this rank's threads pick one after another, so no two of them
-        // race for the same chunk's mark (picks are rare: once per copy, and polls while lining
-        // up).
-        let mut cloning = self.cloning.lock().expect("cloning");
         let tag = words::tag(it);
         loop {
-            let got = candidate(view, it, |v, word| self.claims.closed_bits(v, tag, word), &cloning)?;
+            let got = candidate(view, it, |v, word| self.claims.closed_bits(v, tag, word))?;
             match got {
-                Some(p) if mark => {
-                    if self.claims.mark_copied(p.0, tag, p.1)? {
-                        cloning.push(p);
-                        return Ok(got);
-                    }
-                }
+                Some((v, c)) if mark && !self.claims.mark_copied(v, tag, c)? => {}
                 _ => return Ok(got),
             }
         }
@@ -117,17 +100,16 @@ impl Copies {
 }
 
 /// The chunk to copy next: the first one handed out to a thread (below its queue's head) of
-/// iteration `it`, not settled and not in `busy`, on the first other rank slow enough to copy
+/// iteration `it`, not closed, on the first other rank slow enough to copy
 /// ([`copies_from`]) among those not done ([`View::undone`]: every rank, or past 64 ranks one
 /// leaf node of the done tree). A copy of an on-time rank's chunk mostly loses, and a copy in
-/// real compute cannot be cut short, so it would delay this rank's push. `settled(rank, word)`
-/// gives the settled chunks of the rank's claim word `word` as bits (chunks `48 * word ..`): one
-/// read per 48 chunks, not one per chunk.
+/// real compute cannot be cut short, so it would delay this rank's push. `closed(rank, word)`
+/// gives the chunks of the rank's claim word `word` not to copy (settled, or copied already) as
+/// bits (chunks `48 * word ..`): one read per 48 chunks, not one per chunk.
 pub(crate) fn candidate(
     view: &dyn View,
     it: u64,
-    mut settled: impl FnMut(usize, u32) -> Result<u64>,
-    busy: &[(usize, u32)],
+    mut closed: impl FnMut(usize, u32) -> Result<u64>,
 ) -> Result<Option<(usize, u32)>> {
     let (me, tag, ranks) = (view.rank(), words::tag(it), view.undone(it)?);
     // The ranks' queues and rates, each in one batch (this rank's rate on its own if it is not
@@ -142,13 +124,9 @@ pub(crate) fn candidate(
         for word in 0..q.head.div_ceil(CLAIM_BITS) {
             let first = word * CLAIM_BITS;
             let handed_out = (1u64 << (q.head - first).min(CLAIM_BITS)) - 1;
-            let mut open = !settled(v, word)? & handed_out;
-            while open != 0 {
-                let c = first + open.trailing_zeros();
-                if !busy.contains(&(v, c)) {
-                    return Ok(Some((v, c)));
-                }
-                open &= open - 1;
+            let open = !closed(v, word)? & handed_out;
+            if open != 0 {
+                return Ok(Some((v, first + open.trailing_zeros())));
             }
         }
     }
@@ -184,7 +162,6 @@ impl Policy for Copies {
         self.fastest = ranks.clone().filter(|&v| v != me).map(|v| rates[v - ranks.start]).fold(0.0, f64::max);
         self.tag = words::tag(it);
         self.claims.reset(view.rank(), self.tag)?;
-        self.cloning.lock().expect("cloning").clear();
         Ok(())
     }
 
@@ -363,11 +340,11 @@ mod tests {
         v.queues[2] = Queue { tag: 7, head: 3, tail: 10 };
         v.queues[3] = Queue { tag: 6, head: 5, tail: 10 };
         let none = |_, _| Ok(0);
-        assert_eq!(candidate(&v, 7, none, &[]).expect("view"), Some((2, 0)));
+        assert_eq!(candidate(&v, 7, none).expect("view"), Some((2, 0)));
         // Chunk 0 settled and chunk 1 being copied: chunk 2; all three settled: nothing (queued
         // chunks are for taking over, not copying).
-        assert_eq!(candidate(&v, 7, |_, _| Ok(0b1), &[(2, 1)]).expect("view"), Some((2, 2)));
-        assert_eq!(candidate(&v, 7, |_, _| Ok(0b111), &[]).expect("view"), None);
+        assert_eq!(candidate(&v, 7, |_, _| Ok(0b11)).expect("view"), Some((2, 2)));
+        assert_eq!(candidate(&v, 7, |_, _| Ok(0b111)).expect("view"), None);
         // Chunks past the first claim word: rank 2 with 100 handed out, the first two words
         // settled, chunk 96 (the first of the third word) is next.
         v.queues[2] = Queue { tag: 7, head: 100, tail: 120 };
@@ -376,37 +353,31 @@ mod tests {
             words_read.set(words_read.get() + 1);
             Ok(if w < 2 { !0 } else { 0 })
         };
-        assert_eq!(candidate(&v, 7, settled, &[]).expect("view"), Some((2, 96)));
+        assert_eq!(candidate(&v, 7, settled).expect("view"), Some((2, 96)));
         assert_eq!(words_read.get(), 3, "one read per claim word");
         v.queues[2] = Queue { tag: 7, head: 3, tail: 10 };
         // In iteration 6 only rank 3 is there to copy.
-        assert_eq!(candidate(&v, 6, none, &[]).expect("view"), Some((3, 0)));
+        assert_eq!(candidate(&v, 6, none).expect("view"), Some((3, 0)));
         // Past 64 ranks only the ranks of the node the done tree's descent ends at are read (this
         // rank's rate on its own): rank 2's node, or rank 3's.
         v.undone = Some(2..4);
-        assert_eq!(candidate(&v, 7, none, &[]).expect("view"), Some((2, 0)));
+        assert_eq!(candidate(&v, 7, none).expect("view"), Some((2, 0)));
         v.undone = Some(3..4);
-        assert_eq!(candidate(&v, 7, none, &[]).expect("view"), None, "rank 3 is in iteration 6");
-        assert_eq!(candidate(&v, 6, none, &[]).expect("view"), Some((3, 0)));
+        assert_eq!(candidate(&v, 7, none).expect("view"), None, "rank 3 is in iteration 6");
+        assert_eq!(candidate(&v, 6, none).expect("view"), Some((3, 0)));
         v.undone = Some(0..0);
-        assert_eq!(candidate(&v, 6, none, &[]).expect("view"), None, "every rank is done");
+        assert_eq!(candidate(&v, 6, none).expect("view"), None, "every rank is done");
         v.undone = None;
         // With no rate of its own yet, a rank copies nothing.
         v.rates[0] = 0.0;
-        assert_eq!(candidate(&v, 7, none, &[]).expect("view"), None);
+        assert_eq!(candidate(&v, 7, none).expect("view"), None);
     }
 
     #[test]
     fn with_taking_over_a_slow_ranks_last_chunks_are_left_to_the_free_threads() {
         peregrine_transport::run_local(1, |t| -> Result<()> {
             for steal in [false, true] {
-                let p = Copies {
-                    claims: Claims::new(&t, 8)?,
-                    cloning: Mutex::new(Vec::new()),
-                    steal,
-                    tag: 0,
-                    fastest: 0.0,
-                };
+                let p = Copies { claims: Claims::new(&t, 8)?, steal, tag: 0, fastest: 0.0 };
                 // The end game moves queued chunks: only where they can be taken over (without
                 // taking over, the slow rank's chunks are copied once running, as in MapReduce).
                 assert_eq!((p.takes_over(), p.leaves_chunks()), (steal, steal));

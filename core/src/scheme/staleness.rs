@@ -111,10 +111,6 @@ impl Policy for Staleness {
         self.line_up()
     }
 
-    fn reads_rates(&self) -> bool {
-        self.leaves_chunks()
-    }
-
     fn ready(&self, view: &dyn View, it: u64) -> Result<bool> {
         self.bound.ready(view, it)
     }

@@ -185,7 +185,7 @@ impl Sim<'_> {
             }
             // Out of own chunks: take over from the victim the policy names (it names only ranks
             // with chunks queued, so none is asked for when nothing is queued anywhere).
-            if self.steal && !self.ranks[r].left && self.w.any_queued(it) {
+            if self.takes_over_now(r) && self.w.any_queued(it) {
                 for _ in 0..self.w.world {
                     let view = SimView::new(&self.w, r);
                     let victim = self.policies[r].victim(&view, it)?;
@@ -201,6 +201,12 @@ impl Sim<'_> {
             }
             return Ok(false);
         }
+    }
+
+    /// Whether `r` takes over other ranks' chunks in its current iteration: with taking over,
+    /// unless a thread of it left own chunks to free threads elsewhere (the engine's).
+    pub(super) fn takes_over_now(&self, r: usize) -> bool {
+        self.steal && !self.ranks[r].left
     }
 
     /// The end game ([`endgame`]) for a thread of `r` about to take one of its own chunks at `t`:

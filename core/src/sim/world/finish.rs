@@ -51,7 +51,7 @@ impl Sim<'_> {
             rk.rec.wait += rk.line_wait as f64 * 1e-9;
             return self.push(r, t);
         }
-        if self.steal && !self.ranks[r].left && self.w.stealable_near(r, it) {
+        if self.takes_over_now(r) && self.w.stealable_near(r, it) {
             // The look that found them (the engine's `stealable`).
             let t = t.saturating_add(self.charge(r, self.w.look_ops()));
             let rk = &mut self.ranks[r];
