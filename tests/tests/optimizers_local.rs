@@ -439,3 +439,38 @@ fn final_loss<M: Model>(
     let r = r.unwrap_or_else(|e| panic!("{s} {o}: {e}"));
     r.evals.last().expect("a final evaluation").loss
 }
+
+#[test]
+fn a_push_by_key_in_blocks_steps_as_a_push_of_whole_vectors() {
+    // 100k features, 256 rows of 12 a batch: ~3,000 touched keys an iteration, moved by key and
+    // stepped on the direct window in blocks of 512, against the same run pulling and pushing
+    // whole vectors (every parameter stepped, untouched ones with a zero gradient, which leaves
+    // AdaGrad's and FTRL's state and weights as they are). One rank, one thread: one order of
+    // every sum, so the two models are the same to the last bit.
+    let tmp = scratch("blocks");
+    let p = tmp.path().join("wide.pgd");
+    gen::sparse(&SparseSpec { rows: 3000, cols: 100_000, nnz_per_row: 12, zipf: 1.1, seed: 4 }, &p)
+        .expect("gen");
+    for o in ["adagrad", "ftrl"] {
+        let o: Optimizer = o.parse().expect("optimizer");
+        let run = |pull_whole: bool| {
+            let m = LogReg::new(&p, None, 0.1, true).expect("model");
+            let cfg = Config {
+                batch: 256,
+                chunk: 64,
+                iterations: 20,
+                threads: 1,
+                keep_params: true,
+                optimizer: o,
+                dense_pull_below: if pull_whole { usize::MAX } else { 0 },
+                ..Config::default()
+            };
+            let report = run_local(1, |t| train(&t, &m, &cfg)).expect("world").remove(0).expect("train");
+            report.params.expect("params")
+        };
+        let (by_key, whole) = (run(false), run(true));
+        let moved = by_key.iter().filter(|&&w| w != 0.0).count();
+        assert!(moved > 5000, "{o}: {moved} weights moved: too few keys for several blocks");
+        assert_eq!(by_key, whole, "{o}: stepped by key in blocks and in whole vectors");
+    }
+}

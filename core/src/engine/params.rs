@@ -441,36 +441,38 @@ impl Params {
             delta.ranges(ranges, data);
             ranges.len() > 1 && scattered(ranges.len(), params, self.w.is_direct())
         };
+        if !whole && pulled.is_none() {
+            self.state_ranges(ranges, sranges);
+            // On a direct window, in blocks: a block's state is still in the cache when its
+            // change is added back, where a push of ~40k scattered keys at once (sparse LR
+            // hashed into 2^24 features) read it again from memory.
+            let block = if self.w.is_direct() && state.is_direct() { KEYS_A_BLOCK } else { usize::MAX };
+            let (mut off, mut at) = (0, 0);
+            while at < ranges.len() {
+                let end = ranges.len().min(at.saturating_add(block));
+                let n = ranges[at..end].iter().map(Range::len).sum::<usize>();
+                let bufs = (&mut data[off..off + n], &mut *st, &mut *ds, &mut *z);
+                self.step_keys(step, (&ranges[at..end], &sranges[at..end]), bufs)?;
+                (off, at) = (off + n, end);
+            }
+            return Ok(());
+        }
         // A dense update steps in its own buffer (no copy); the next drain clears it.
         let in_place = whole && delta.dense_values_mut().is_some();
         if whole && !in_place {
             data.clear();
             data.extend_from_slice(delta.values());
-        } else if !whole {
-            self.state_ranges(ranges, sranges);
         }
         // The state (and FTRL's weights) to step with: as pulled, or read now.
         let (st, w): (&[f32], &[f32]) = match pulled {
             Some((w, st)) => (st, if derived { w } else { &[] }),
             None => {
-                let n = if whole { params } else { data.len() };
-                st.resize(n * k, 0.0);
-                z.resize(if derived { n } else { 0 }, 0.0);
-                if whole {
-                    state.get(0, st)?;
-                    if derived {
-                        self.w.get(0, z)?;
-                    }
-                } else {
-                    state.get_batch(sranges, st)?;
-                    if derived {
-                        self.w.get_batch(ranges, z)?;
-                    }
-                }
-                if derived && whole {
+                st.resize(params * k, 0.0);
+                z.resize(if derived { params } else { 0 }, 0.0);
+                state.get(0, st)?;
+                if derived {
+                    self.w.get(0, z)?;
                     self.opt.weights(self.lr, 0, &self.exempt, z, st);
-                } else if derived {
-                    self.derive(ranges, z, st);
                 }
                 (&st[..], &z[..])
             }
@@ -481,20 +483,52 @@ impl Params {
             Some(v) if in_place => v,
             _ => data,
         };
-        let mut off = 0;
+        // Every parameter where the model was pulled whole; else the touched ones, in place in
+        // whole vectors (too scattered to move by key).
         for r in ranges.iter() {
-            let (o, n) = (if whole { r.start } else { off }, r.len());
-            let w = if derived { &w[o..o + n] } else { &[] };
+            let w = if derived { &w[r.clone()] } else { &[] };
+            self.opt.step(
+                step,
+                &mut c[r.clone()],
+                &st[r.start * k..r.end * k],
+                &mut ds[r.start * k..r.end * k],
+                w,
+            );
+        }
+        self.w.accumulate(0, c)?;
+        state.accumulate(0, ds)?;
+        Ok(())
+    }
+
+    /// Steps the touched keys `ranges` (their state's ranges `sranges`) with their contributions
+    /// `c`, back to back: reads their state (and FTRL's weights) now and adds the weights' and
+    /// the state's changes (`st`, `ds`, `z`: buffers).
+    fn step_keys(
+        &self,
+        step: Step,
+        (ranges, sranges): (&[Range<usize>], &[Range<usize>]),
+        (c, st, ds, z): (&mut [f32], &mut Vec<f32>, &mut Vec<f32>, &mut Vec<f32>),
+    ) -> Result<(), TrainError> {
+        let (state, k, derived) = (self.state(), self.slots, self.opt.derived());
+        let n = c.len();
+        st.resize(n * k, 0.0);
+        z.resize(if derived { n } else { 0 }, 0.0);
+        state.get_batch(sranges, st)?;
+        if derived {
+            self.w.get_batch(ranges, z)?;
+            self.derive(ranges, z, st);
+        }
+        ds.clear();
+        ds.resize(n * k, 0.0);
+        let mut off = 0;
+        for r in ranges {
+            let (o, n) = (off, r.len());
+            let w = if derived { &z[o..o + n] } else { &[] };
             self.opt.step(step, &mut c[o..o + n], &st[o * k..(o + n) * k], &mut ds[o * k..(o + n) * k], w);
             off += n;
         }
-        if whole {
-            self.w.accumulate(0, c)?;
-            state.accumulate(0, ds)?;
-        } else {
-            self.w.accumulate_batch(ranges, data)?;
-            state.accumulate_batch(sranges, ds)?;
-        }
+        self.w.accumulate_batch(ranges, c)?;
+        state.accumulate_batch(sranges, ds)?;
         Ok(())
     }
 
@@ -792,6 +826,10 @@ impl PullKeys {
         self.whole = if whole_with_room { RECHECK - 1 } else { 0 };
     }
 }
+
+/// How many touched ranges a push by key to a direct window steps at a time
+/// ([`Params::push`]): the state of 512 keys, a line each where scattered, is 32 KB.
+const KEYS_A_BLOCK: usize = 512;
 
 /// Whether `ranges` are so many that moving all `params` elements costs less: one small one-sided
 /// operation costs about as much as moving 512 elements (~100-200 ns against 10-20 GB/s; measured
