@@ -151,7 +151,8 @@ pub struct TrainArgs {
     /// nesterov[:MU], adagrad, adam[:B1,B2] (0.9,0.999 if not given), ftrl (FTRL-Proximal; lr only).
     /// State (velocity, squared-gradient sums, moments) is sharded beside the weights and updated
     /// one-sidedly; mf runs SGD per rating at one rate (sgd) or at per-row adaptive rates (adagrad,
-    /// libmf's schedule) [default: lr sgd, softmax adam, mlp momentum, mf adagrad]. The
+    /// libmf's schedule) [default: lr adagrad on sparse data whose features are mostly absent
+    /// (one-hot, bags of ids, hashed), else sgd; softmax adam, mlp momentum, mf adagrad]. The
     /// default --lr and --lr-decay depend on it (see the README).
     #[arg(long, value_name = "NAME")]
     optimizer: Option<Optimizer>,
