@@ -215,7 +215,8 @@ pub(super) struct Sim<'a> {
     waiting: BTreeMap<u64, Vec<usize>>,
     /// Ranks lining up with nothing to do, by iteration.
     lined: HashMap<u64, Vec<usize>>,
-    /// Copies started, by chunk `(owner, chunk)`, until the chunk is claimed.
+    /// Copies of other ranks' chunks started, by chunk `(owner, chunk)`, until the chunk is
+    /// claimed (an owner's own copy of its chunk is found among its threads).
     copying: HashMap<(usize, u32), Vec<Copier>>,
     /// The batches of the last few iterations: `(iteration, start, end)` at `iteration % 4`.
     batches: [Cell<(u64, usize, usize)>; 4],

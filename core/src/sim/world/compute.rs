@@ -334,10 +334,11 @@ impl Sim<'_> {
         }
         let compute = nanos(compute * slowdown);
         let delay = nanos(compute as f64 * 1e-9 * rk.delay);
-        if let Item::OwnCopy(c) | Item::Copy { chunk: c, .. } = item {
-            let owner = if let Item::Copy { owner, .. } = item { owner } else { r };
+        // Copies of other ranks' chunks are few (a chunk is copied once); the owner's own copy
+        // of each of its chunks is found among its threads when the chunk is claimed.
+        if let Item::Copy { owner, chunk } = item {
             let gen = self.ranks[r].threads[th].gen.wrapping_add(1);
-            self.copying.entry((owner, c)).or_default().push((r, th, gen));
+            self.copying.entry((owner, chunk)).or_default().push((r, th, gen));
         }
         let thread = &mut self.ranks[r].threads[th];
         thread.gen = thread.gen.wrapping_add(1);
@@ -441,7 +442,9 @@ impl Sim<'_> {
         let it = self.ranks[r].it;
         if !self.policies[r].claim(owner, words::tag(it), chunk)? {
             // Claimed before (and its copies settled then), or its iteration is over.
-            self.copying.remove(&(owner, chunk));
+            if !self.copying.is_empty() {
+                self.copying.remove(&(owner, chunk));
+            }
             self.ranks[r].rec.discarded += 1;
             return Ok(None);
         }
@@ -497,8 +500,12 @@ impl Sim<'_> {
     /// generation is not the one it started with) is skipped: finished copies are not removed
     /// one by one, which with thousands of copies of one chunk was quadratic.
     fn settle(&mut self, owner: usize, chunk: u32, t: Nanos) {
-        let Some(others) = self.copying.remove(&(owner, chunk)) else { return };
-        for (r, th, gen) in others {
+        // The owner's thread computing it as its own copy (it started before any other copy).
+        let own = self.ranks[owner].threads.iter().enumerate().find_map(|(th, thread)| {
+            matches!(thread.item, Some(Item::OwnCopy(c)) if c == chunk).then_some((owner, th, thread.gen))
+        });
+        let others = if self.copying.is_empty() { None } else { self.copying.remove(&(owner, chunk)) };
+        for (r, th, gen) in own.into_iter().chain(others.into_iter().flatten()) {
             let thread = &mut self.ranks[r].threads[th];
             if thread.gen != gen {
                 continue;
