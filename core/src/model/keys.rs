@@ -141,7 +141,8 @@ fn radix_sort(keys: &mut Vec<u32>, scratch: &mut Vec<u32>, bound: usize) {
     let mask = (1u32 << width) - 1;
     scratch.clear();
     scratch.resize(keys.len(), 0);
-    let mut counts = vec![0usize; 1 << width];
+    let mut histogram = [0usize; 1 << 11];
+    let counts = &mut histogram[..1 << width];
     for pass in 0..passes {
         let shift = pass * width;
         counts.fill(0);

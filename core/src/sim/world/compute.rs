@@ -442,9 +442,7 @@ impl Sim<'_> {
         let it = self.ranks[r].it;
         if !self.policies[r].claim(owner, words::tag(it), chunk)? {
             // Claimed before (and its copies settled then), or its iteration is over.
-            if !self.copying.is_empty() {
-                self.copying.remove(&(owner, chunk));
-            }
+            self.copiers(owner, chunk);
             self.ranks[r].rec.discarded += 1;
             return Ok(None);
         }
@@ -495,6 +493,15 @@ impl Sim<'_> {
         b
     }
 
+    /// Takes the copies of `owner`'s chunk `chunk` by other ranks out of the map of copies (its
+    /// hashing skipped while the map is empty, as it is for most chunks).
+    fn copiers(&mut self, owner: usize, chunk: u32) -> Option<Vec<super::Copier>> {
+        if self.copying.is_empty() {
+            return None;
+        }
+        self.copying.remove(&(owner, chunk))
+    }
+
     /// `owner`'s chunk `chunk` was claimed at `t`: the other copies' injected delays stop there
     /// (their compute cannot be cut short). A copy whose thread has moved on since (its item's
     /// generation is not the one it started with) is skipped: finished copies are not removed
@@ -504,7 +511,7 @@ impl Sim<'_> {
         let own = self.ranks[owner].threads.iter().enumerate().find_map(|(th, thread)| {
             matches!(thread.item, Some(Item::OwnCopy(c)) if c == chunk).then_some((owner, th, thread.gen))
         });
-        let others = if self.copying.is_empty() { None } else { self.copying.remove(&(owner, chunk)) };
+        let others = self.copiers(owner, chunk);
         for (r, th, gen) in own.into_iter().chain(others.into_iter().flatten()) {
             let thread = &mut self.ranks[r].threads[th];
             if thread.gen != gen {

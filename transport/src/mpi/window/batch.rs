@@ -18,10 +18,12 @@ use crate::{Batch, Elem, Result, Touched};
 /// over 64 MB) miss the caches and the TLB one by one; asked ahead, the misses overlap.
 const AHEAD: usize = 48;
 
-/// Asks the CPU to bring element `at` of `a` into the cache (a hint: nothing where the target
-/// has no such instruction; `at` past the end is never read).
+/// Asks the CPU to bring the first element of `ranges[i + AHEAD]` (if there is one) of `a` into
+/// the cache: a hint, nothing where the target has no such instruction; an element past the end
+/// of `a` is never asked for.
 #[inline(always)]
-fn prefetch<A>(a: &[A], at: usize) {
+fn prefetch_ahead<A>(a: &[A], ranges: &[std::ops::Range<usize>], i: usize) {
+    let Some(at) = ranges.get(i + AHEAD).map(|r| r.start) else { return };
     #[cfg(target_arch = "x86_64")]
     if at < a.len() {
         // SAFETY: a prefetch reads nothing architecturally and cannot fault; the address is
@@ -212,9 +214,7 @@ impl<T: Elem> MpiWindow<T> {
             fence(Ordering::Acquire);
             let mut run = 0;
             for (i, r) in batch.ranges.iter().enumerate() {
-                if let Some(ahead) = batch.ranges.get(i + AHEAD) {
-                    prefetch(a, ahead.start);
-                }
+                prefetch_ahead(a, batch.ranges, i);
                 let at = if batch.positioned { r.start } else { run };
                 run += r.len();
                 // In bounds: the batch was checked (ranges inside the window, the buffer long
@@ -365,18 +365,14 @@ impl<T: Elem> MpiWindow<T> {
                 let (low, high) = batch.ranges.split_at(split);
                 for part in [high, low] {
                     for (i, r) in part.iter().enumerate() {
-                        if let Some(ahead) = part.get(i + AHEAD) {
-                            prefetch(a, ahead.start);
-                        }
+                        prefetch_ahead(a, part, i);
                         self.direct_write(a, r.start, &data[r.clone()], true, &mut held);
                     }
                 }
             } else {
                 let mut run = 0;
                 for (i, r) in batch.ranges.iter().enumerate() {
-                    if let Some(ahead) = batch.ranges.get(i + AHEAD) {
-                        prefetch(a, ahead.start);
-                    }
+                    prefetch_ahead(a, batch.ranges, i);
                     let at = if batch.positioned { r.start } else { run };
                     run += r.len();
                     self.direct_write(a, r.start, &data[at..at + r.len()], accumulate, &mut held);
