@@ -95,26 +95,60 @@ impl KeySet {
         n
     }
 
-    /// Sorts the members and writes the parameter ranges they cover into `out`, neighbouring keys
-    /// coalesced.
-    pub fn ranges(&mut self, layout: Layout, out: &mut Vec<Range<usize>>) {
-        out.clear();
+    /// Sorts the members ascending.
+    pub fn sort(&mut self) {
         if self.list.len() * 16 > self.bits.len() {
             // Many keys: reading them off the bitmap in order beats sorting them (150k keys of
             // 1M: a 16k-word scan instead of an O(k log k) sort).
-            self.list.clear();
-            for (w, &word) in self.bits.iter().enumerate() {
-                let mut b = word;
-                while b != 0 {
-                    self.list.push((w * 64) as u32 + b.trailing_zeros());
-                    b &= b - 1;
-                }
-            }
+            self.read_bitmap();
         } else if self.list.len() >= RADIX_FROM {
             radix_sort(&mut self.list, &mut self.scratch, self.bits.len() * 64);
         } else {
             self.list.sort_unstable();
         }
+    }
+
+    /// Rewrites the list from the bitmap, in order. Each word's first four members are written
+    /// whether it has them or not (the length moves by its count), so that a word costs no
+    /// branch on how many it holds: a loop until the word is empty mispredicted about once a
+    /// word (sparse LR's ~12k keys over a 1M-feature bitmap: 60 us a scan).
+    fn read_bitmap(&mut self) {
+        const FIXED: usize = 4;
+        let n = self.list.len();
+        self.list.resize(n + FIXED, 0);
+        let list = &mut self.list[..];
+        let mut len = 0;
+        for (w, &word) in self.bits.iter().enumerate() {
+            let (base, count) = ((w * 64) as u32, word.count_ones() as usize);
+            let mut b = word;
+            for j in 0..FIXED {
+                // Past the word's members: a bit index of 64, overwritten by the next word's.
+                list[len + j] = base.wrapping_add(b.trailing_zeros());
+                b &= b.wrapping_sub(1);
+            }
+            let mut at = len + FIXED;
+            while b != 0 {
+                list[at] = base + b.trailing_zeros();
+                b &= b - 1;
+                at += 1;
+            }
+            len += count;
+        }
+        debug_assert_eq!(len, n, "the bitmap holds the list's members");
+        self.list.truncate(len);
+    }
+
+    /// Sorts the members and writes the parameter ranges they cover into `out`, neighbouring keys
+    /// coalesced.
+    pub fn ranges(&mut self, layout: Layout, out: &mut Vec<Range<usize>>) {
+        self.sort();
+        self.coalesced(layout, out);
+    }
+
+    /// Writes the parameter ranges the members cover into `out`, in the list's order,
+    /// neighbouring keys coalesced: [`ranges`](Self::ranges) of a set already sorted.
+    pub fn coalesced(&self, layout: Layout, out: &mut Vec<Range<usize>>) {
+        out.clear();
         for &k in &self.list {
             let r = layout.range(k);
             match out.last_mut() {
@@ -254,6 +288,35 @@ mod tests {
         want.dedup();
         assert!(s.len() >= RADIX_FROM && s.len() * 16 <= s.bits.len());
         assert_eq!(s.keys(), &want[..]);
+    }
+
+    #[test]
+    fn words_of_any_count_read_off_the_bitmap_in_order() {
+        // Through the bitmap (more keys than a sixteenth of its words), words holding 0 to 9
+        // members (the first four written whatever the count), the last bit of a word, the last
+        // key; then the set reused.
+        let l = Layout { params: 64 * 64, width: 1 };
+        let mut s = KeySet::new(l.keys());
+        for round in 0..2u32 {
+            let mut want = Vec::new();
+            for w in 0..64u32 {
+                let count = (w * 7 + round) % 10;
+                want.extend((0..count).map(|j| w * 64 + (j * 13 + w + round) % 64));
+            }
+            want.push(64 * 64 - 1);
+            for &k in want.iter().rev() {
+                s.insert(k);
+            }
+            want.sort_unstable();
+            want.dedup();
+            assert!(s.len() * 16 > s.bits.len(), "the bitmap's path");
+            s.sort();
+            assert_eq!(s.keys(), &want[..], "round {round}");
+            let mut r = Vec::new();
+            s.coalesced(l, &mut r);
+            assert_eq!(r.iter().map(Range::len).sum::<usize>(), want.len());
+            s.clear();
+        }
     }
 
     #[test]
