@@ -41,6 +41,7 @@ cases! {
     positioned_batches_plain => "positioned-batches-of-many-ranges",
     positioned_batches_direct => "positioned-batches-on-a-direct-window",
     direct_window => "direct-window-accumulates-and-atomics",
+    stepped_with_state => "direct-window-stepped-with-its-state",
     whole_in_place => "shared-window-read-whole-in-place",
     accumulate_f32 => "accumulate-everywhere-f32",
     accumulate_f64 => "accumulate-everywhere-f64",

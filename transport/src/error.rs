@@ -167,6 +167,36 @@ pub enum ErrorKind {
         /// The collective this rank was in.
         op: &'static str,
     },
+    /// An operation on a pair of windows that are not both direct, shard for shard in
+    /// proportion ([`crate::Window::step_with_state`]).
+    #[error(
+        "rank {rank}: {op}: windows `{window}` and `{other}` are not both direct (mapped whole by \
+         every process) with shards in proportion"
+    )]
+    NotDirect {
+        /// The rank reporting it.
+        rank: usize,
+        /// Operation name.
+        op: &'static str,
+        /// The window operated on.
+        window: String,
+        /// The other window.
+        other: String,
+    },
+    /// Keys of a keyed operation out of order ([`crate::Window::step_with_state`]).
+    #[error("rank {rank}: {op} on window `{window}`: key {key} after key {after}: keys must ascend")]
+    Unordered {
+        /// The rank reporting it.
+        rank: usize,
+        /// Operation name.
+        op: &'static str,
+        /// Window name.
+        window: String,
+        /// The key out of order.
+        key: u32,
+        /// The key before it.
+        after: u32,
+    },
     /// An operation not defined for the element type (e.g. a float compare-and-swap).
     #[error("rank {rank}: {op} is not defined for elements of type {elem}")]
     Unsupported {

@@ -485,6 +485,78 @@ impl<T: Elem> Window<T> {
         dispatch!(&self.inner, w => w.write_batch(batch, data, true))
     }
 
+    /// Steps the keys `keys` (key `j`: elements `j * width ..` up to `width` of them, the last
+    /// key's cut at the window's end; ascending, no key twice) of this window and of `state` (a
+    /// window of `k` elements per element of this one's, shard for shard: an optimizer's state,
+    /// `k` slots a parameter, interleaved) in one pass, where both are direct MPI windows
+    /// ([`is_direct`](Self::is_direct): every process of the node maps them whole). In blocks of
+    /// keys: `values` (as long as this window, read at the keys' own positions) and the state
+    /// of the same elements are gathered, `f(c, st, ds)` turns the gathered values `c` into
+    /// this window's change in place and writes the state's change into `ds` (`k` per element),
+    /// and both changes are added, under the accumulate locks of the block's shard in both
+    /// windows: what [`get_batch`](Self::get_batch) of the state, then
+    /// [`accumulate_batch`](Self::accumulate_batch) of both would do, with each key passed once
+    /// instead of three times, no ranges built and no buffer as long as the batch. The state is
+    /// read without a lock (as `get_batch` reads it), so a block meets the changes that landed
+    /// before its read. Complete on return.
+    ///
+    /// An error, with nothing done, unless [`steps_with`](Self::steps_with) `state`.
+    pub fn step_with_state(
+        &self,
+        state: &Window<T>,
+        width: usize,
+        keys: &[u32],
+        values: &[T],
+        mut f: impl FnMut(&mut [T], &[T], &mut [T]),
+    ) -> Result<()> {
+        let len = self.len();
+        if values.len() != len {
+            let window = self.name().to_owned();
+            let (rank, got) = (self.rank(), values.len());
+            return Err(ErrorKind::LengthMismatch {
+                rank,
+                op: "step_with_state",
+                window,
+                expected: len,
+                got,
+            }
+            .into());
+        }
+        // Ascending, each key's first element inside the window.
+        let (op, mut prev) = ("step_with_state", None);
+        for &key in keys {
+            if (key as usize).checked_mul(width).is_none_or(|at| at >= len) {
+                let start = (key as usize).saturating_mul(width);
+                return Err(self.outside(&(start..start.saturating_add(width.max(1)))));
+            }
+            if let Some(after) = prev.filter(|&p| p >= key) {
+                let (rank, window) = (self.rank(), self.name().to_owned());
+                return Err(ErrorKind::Unordered { rank, op, window, key, after }.into());
+            }
+            prev = Some(key);
+        }
+        match (&self.inner, &state.inner) {
+            #[cfg(feature = "mpi")]
+            (WindowInner::Mpi(w), WindowInner::Mpi(s)) => w.step_with_state(s, width, keys, values, &mut f),
+            _ => {
+                let _ = &mut f;
+                let (rank, window, other) = (self.rank(), self.name().to_owned(), state.name().to_owned());
+                Err(ErrorKind::NotDirect { rank, op, window, other }.into())
+            }
+        }
+    }
+
+    /// Whether [`step_with_state`](Self::step_with_state) steps this window with `state`: both
+    /// direct MPI windows (the local backend's are not), `state`'s shards the same whole
+    /// multiple of this one's.
+    pub fn steps_with(&self, state: &Window<T>) -> bool {
+        match (&self.inner, &state.inner) {
+            #[cfg(feature = "mpi")]
+            (WindowInner::Mpi(w), WindowInner::Mpi(s)) => w.pairs_with(s).is_some(),
+            _ => false,
+        }
+    }
+
     /// Atomically adds `value` to global element `index` and returns its previous value.
     pub fn fetch_add(&self, index: usize, value: T) -> Result<T> {
         use WindowInner as Inner;

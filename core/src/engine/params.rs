@@ -429,6 +429,10 @@ impl Params {
             return write_delta(&self.w, delta, ranges, true);
         };
         let (state, k, derived) = (self.state(), self.slots, self.opt.derived());
+        // MPI processes of one node: each touched key's state read, stepped, and both changes
+        // added, in one pass over the sorted keys (sparse LR at 1M features: the push was bound
+        // by its passes over ~12k keys, three of them through the windows, and by the ranges).
+        let one_pass = pulled.is_none() && !derived && self.w.steps_with(state);
         // What steps: every parameter of a model pulled whole (untouched ones with a zero
         // gradient: momentum and Adam's moments decay as the textbook rules say, so the ranks'
         // pushes add up to one step however the rows were split); else the touched keys, back to
@@ -437,10 +441,25 @@ impl Params {
             ranges.clear();
             ranges.push(0..params);
             true
+        } else if one_pass {
+            let (keys, _) = delta.sorted_keys();
+            let runs = keys.windows(2).filter(|k| k[1] != k[0] + 1).count() + 1;
+            runs > 1 && scattered(runs, params, true)
         } else {
             delta.ranges(ranges, data);
             ranges.len() > 1 && scattered(ranges.len(), params, self.w.is_direct())
         };
+        if !whole && one_pass {
+            let width = delta.layout().width;
+            let (keys, values) = delta.sorted_keys();
+            self.w.step_with_state(state, width, keys, values, |c, st, ds| {
+                self.opt.step(step, c, st, ds, &[])
+            })?;
+            return Ok(());
+        }
+        if whole && one_pass {
+            delta.sorted_ranges(ranges, data);
+        }
         if !whole && pulled.is_none() {
             self.state_ranges(ranges, sranges);
             // On a direct window, in blocks: a block's state is still in the cache when its

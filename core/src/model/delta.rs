@@ -238,6 +238,13 @@ impl Delta {
         (self.layout.keys() == 1 && !self.is_empty()).then_some(&mut self.values[..])
     }
 
+    /// The touched keys, ascending, and the values over the whole vector.
+    pub fn sorted_keys(&mut self) -> (&[u32], &[f32]) {
+        assert!(!self.stale, "the values of an update discarded and not drained into since");
+        self.keys.sort();
+        (self.keys.keys(), &self.values)
+    }
+
     /// The touched ranges of the vector, coalesced and in order.
     pub fn key_ranges(&mut self, ranges: &mut Vec<Range<usize>>) {
         self.keys.ranges(self.layout, ranges);
@@ -245,7 +252,13 @@ impl Delta {
 
     /// The touched ranges (coalesced) and their values back to back, for `accumulate_batch`.
     pub fn ranges(&mut self, ranges: &mut Vec<Range<usize>>, data: &mut Vec<f32>) {
-        self.key_ranges(ranges);
+        self.keys.sort();
+        self.sorted_ranges(ranges, data);
+    }
+
+    /// [`ranges`](Self::ranges) after [`sorted_keys`](Self::sorted_keys), with no second sort.
+    pub fn sorted_ranges(&self, ranges: &mut Vec<Range<usize>>, data: &mut Vec<f32>) {
+        self.keys.coalesced(self.layout, ranges);
         data.clear();
         for r in ranges.iter() {
             data.extend_from_slice(&self.values[r.clone()]);

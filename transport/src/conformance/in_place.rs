@@ -233,3 +233,74 @@ pub(super) fn direct_window(t: &Transport, p: &Params) -> Outcome {
     w.free()?;
     Ok(())
 }
+
+/// Every rank steps its keys (key `j`: elements `3j..3j + 3`, the last key cut short; shards
+/// in lines, so some keys lie across two shards) of a direct window with its state window of
+/// two slots ([`Window::step_with_state`]), 50 rounds at once: each element's change is its
+/// gathered value, its state's slots count the steps and sum the values. The ranks' keys
+/// overlap; any add lost, doubled or misplaced shows in the sums. Where the windows are not
+/// both direct (the local backend, processes on several nodes), the step is an error naming
+/// them and the rest is skipped. Then bad use: keys out of order, past the window, values of
+/// the wrong length.
+pub(super) fn stepped_with_state(t: &Transport, p: &Params) -> Outcome {
+    use super::kind;
+    use crate::ErrorKind;
+    const WIDTH: usize = 3;
+    const ROUNDS: usize = 50;
+    let (rank, n) = (t.rank(), t.world_size());
+    let map = ShardMap::balanced_in_lines::<f32>(40 * n + 7, n);
+    let total = map.total();
+    let w: Window<f32> = t.alloc_direct_window("stepped", &map)?;
+    let st: Window<f32> =
+        t.alloc_direct_window("stepped state", &ShardMap::from_lens((0..n).map(|r| 2 * map.len_of(r))))?;
+    let touches = |r: usize, key: usize| !(key + r).is_multiple_of(3);
+    let keys: Vec<u32> = (0..total.div_ceil(WIDTH)).filter(|&j| touches(rank, j)).map(|j| j as u32).collect();
+    let contribution = |r: usize, i: usize| ((r + 1) * (i % 5 + 1)) as f32;
+    let values: Vec<f32> = (0..total).map(|i| contribution(rank, i)).collect();
+    let step = |c: &mut [f32], s: &[f32], ds: &mut [f32]| {
+        assert_eq!((s.len(), ds.len()), (2 * c.len(), 2 * c.len()), "state gathered in proportion");
+        for (c, d) in c.iter().zip(ds.chunks_exact_mut(2)) {
+            d.copy_from_slice(&[1.0, *c]);
+        }
+    };
+    let direct = w.steps_with(&st);
+    if let Some(whole) = p.whole_in_place {
+        ensure!(t, direct == (whole && t.backend() != crate::Backend::Local), "steps_with() is {direct}");
+    }
+    if !direct {
+        let got = kind(w.step_with_state(&st, WIDTH, &keys, &values, step));
+        ensure!(t, matches!(got, Some(ErrorKind::NotDirect { .. })), "a step where it cannot be: {got:?}");
+    } else {
+        for _ in 0..ROUNDS {
+            w.step_with_state(&st, WIDTH, &keys, &values, step)?;
+        }
+        t.barrier()?;
+        let (mut got, mut state) = (vec![0.0f32; total], vec![0.0f32; 2 * total]);
+        w.get(0, &mut got)?;
+        st.get(0, &mut state)?;
+        for i in 0..total {
+            let by: Vec<usize> = (0..n).filter(|&r| touches(r, i / WIDTH)).collect();
+            let sum = by.iter().map(|&r| contribution(r, i)).sum::<f32>() * ROUNDS as f32;
+            let steps = (by.len() * ROUNDS) as f32;
+            ensure!(
+                t,
+                got[i] == sum && state[2 * i] == steps && state[2 * i + 1] == sum,
+                "element {i}: {} with state {:?}, expected {sum} with [{steps}, {sum}] (a step lost, \
+                 doubled or misplaced)",
+                got[i],
+                &state[2 * i..2 * i + 2]
+            );
+        }
+        t.barrier()?;
+    }
+    let unordered = kind(w.step_with_state(&st, WIDTH, &[2, 1], &values, step));
+    ensure!(t, matches!(unordered, Some(ErrorKind::Unordered { key: 1, after: 2, .. })), "{unordered:?}");
+    let past = kind(w.step_with_state(&st, WIDTH, &[total.div_ceil(WIDTH) as u32], &values, step));
+    ensure!(t, matches!(past, Some(ErrorKind::OutOfRange { .. })), "a key past the window: {past:?}");
+    let short = kind(w.step_with_state(&st, WIDTH, &keys, &values[1..], step));
+    ensure!(t, matches!(short, Some(ErrorKind::LengthMismatch { .. })), "values too short: {short:?}");
+    t.barrier()?;
+    st.free()?;
+    w.free()?;
+    Ok(())
+}

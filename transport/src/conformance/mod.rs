@@ -6,7 +6,7 @@
 //!
 //! The cases live in submodules by what they check: `collectives`, `rma` (single-range gets,
 //! puts and accumulates), `batches` (batched and positioned ranges), `in_place` (own shards,
-//! shared and direct windows), `atomics` and `bad_use`. This module holds what they share and
+//! shared and direct windows, a window stepped with its state), `atomics` and `bad_use`. This module holds what they share and
 //! the runner.
 
 mod atomics;
@@ -27,7 +27,7 @@ use batches::{
     batches_between_shards, batches_inside_one_shard, positioned_batches_direct, positioned_batches_plain,
 };
 use collectives::collectives;
-use in_place::{direct_window, own_shard_in_place, whole_in_place};
+use in_place::{direct_window, own_shard_in_place, stepped_with_state, whole_in_place};
 use rma::{accumulate_everywhere, uneven_shards};
 
 pub use rma::FromSmall;
@@ -118,6 +118,7 @@ pub const CASES: &[Case] = &[
     Case { name: "positioned-batches-of-many-ranges", run: positioned_batches_plain },
     Case { name: "positioned-batches-on-a-direct-window", run: positioned_batches_direct },
     Case { name: "direct-window-accumulates-and-atomics", run: direct_window },
+    Case { name: "direct-window-stepped-with-its-state", run: stepped_with_state },
     Case { name: "bad-use-is-an-error", run: bad_use },
 ];
 

@@ -1,6 +1,7 @@
 //! Windows of the MPI backend: their collective allocation, single-range operations,
 //! atomics, completion and release. Batches and the pieces every operation is issued in are in
-//! `batch.rs`; a direct window's writes and the shard locks they hold in `locks.rs`.
+//! `batch.rs`; a direct window's writes and the shard locks they hold in `locks.rs`; a window
+//! stepped with its state window in one pass in `pair.rs`.
 
 use std::ffi::c_int;
 use std::marker::PhantomData;
@@ -18,6 +19,7 @@ use crate::{Elem, Error, ErrorKind, Result, ShardMap, Targets, Touched, SHARD_LI
 
 mod batch;
 mod locks;
+mod pair;
 
 use batch::library_is_open_mpi;
 use locks::Held;

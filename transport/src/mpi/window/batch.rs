@@ -16,14 +16,26 @@ use crate::{Batch, Elem, Result, Touched};
 /// How many ranges ahead a direct window's batch asks for the line its operations will touch.
 /// Scattered keys of a large model (sparse LR hashed into 2^24 features: ~40k single keys a push,
 /// over 64 MB) miss the caches and the TLB one by one; asked ahead, the misses overlap.
-const AHEAD: usize = 48;
+pub(super) const AHEAD: usize = 48;
 
 /// Asks the CPU to bring the first element of `ranges[i + AHEAD]` (if there is one) of `a` into
-/// the cache: a hint, nothing where the target has no such instruction; an element past the end
-/// of `a` is never asked for.
+/// the cache: to read ([`prefetch`]), or with `to_write` to write ([`prefetch_to_write`], its
+/// `owned`).
 #[inline(always)]
-fn prefetch_ahead<A>(a: &[A], ranges: &[std::ops::Range<usize>], i: usize) {
-    let Some(at) = ranges.get(i + AHEAD).map(|r| r.start) else { return };
+fn prefetch_ahead<A>(a: &[A], ranges: &[std::ops::Range<usize>], i: usize, to_write: bool) {
+    if let Some(r) = ranges.get(i + AHEAD) {
+        if to_write {
+            prefetch_to_write(a, r.start, true);
+        } else {
+            prefetch(a, r.start);
+        }
+    }
+}
+
+/// Asks the CPU to bring element `at` of `a` into the cache: a hint, nothing where the target has
+/// no such instruction; an element past the end of `a` is never asked for.
+#[inline(always)]
+pub(super) fn prefetch<A>(a: &[A], at: usize) {
     #[cfg(target_arch = "x86_64")]
     if at < a.len() {
         // SAFETY: a prefetch reads nothing architecturally and cannot fault; the address is
@@ -36,6 +48,44 @@ fn prefetch_ahead<A>(a: &[A], ranges: &[std::ops::Range<usize>], i: usize) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (a, at);
+}
+
+/// Whether this processor has `prefetchw` ([`prefetch_to_write`]).
+pub(super) fn has_prefetchw() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| {
+            // CPUID leaf 0x8000_0001, ECX bit 8 (PRFCHW), where the extended leaves go that far.
+            let top = std::arch::x86_64::__cpuid(0x8000_0000).eax;
+            top >= 0x8000_0001 && std::arch::x86_64::__cpuid(0x8000_0001).ecx & (1 << 8) != 0
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// [`prefetch`] with the intent to write where the processor has `prefetchw` (`owned`: from
+/// [`has_prefetchw`]): the line comes in owned, so that the store after a load costs no second
+/// request for ownership when another core read or wrote it last (the other rank's chunks read
+/// the weights in place; its pushes add to the same lines).
+#[inline(always)]
+pub(super) fn prefetch_to_write<A>(a: &[A], at: usize, owned: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if owned && at < a.len() {
+        // SAFETY: a prefetch reads nothing architecturally, writes nothing and cannot fault;
+        // the address is inside `a` all the same; the processor has the instruction (`owned`).
+        unsafe {
+            std::arch::asm!(
+                "prefetchw byte ptr [{0}]",
+                in(reg) a.as_ptr().add(at),
+                options(nostack, preserves_flags, readonly)
+            )
+        };
+        return;
+    }
+    let _ = owned;
+    prefetch(a, at);
 }
 
 /// The handles of a window's operations ([`MpiWindow::handles`]).
@@ -214,7 +264,7 @@ impl<T: Elem> MpiWindow<T> {
             fence(Ordering::Acquire);
             let mut run = 0;
             for (i, r) in batch.ranges.iter().enumerate() {
-                prefetch_ahead(a, batch.ranges, i);
+                prefetch_ahead(a, batch.ranges, i, false);
                 let at = if batch.positioned { r.start } else { run };
                 run += r.len();
                 // In bounds: the batch was checked (ranges inside the window, the buffer long
@@ -355,7 +405,7 @@ impl<T: Elem> MpiWindow<T> {
         touched: Touched,
     ) -> Result<Touched> {
         if let Some(a) = self.direct() {
-            let mut held = Held::none();
+            let (mut held, owned) = (Held::none(), has_prefetchw());
             if batch.positioned && accumulate {
                 // Adds in any order: each rank starts at the shard after its own and wraps
                 // around, so that ranks pushing at once (as they do after lining up) take the
@@ -365,14 +415,14 @@ impl<T: Elem> MpiWindow<T> {
                 let (low, high) = batch.ranges.split_at(split);
                 for part in [high, low] {
                     for (i, r) in part.iter().enumerate() {
-                        prefetch_ahead(a, part, i);
+                        prefetch_ahead(a, part, i, owned);
                         self.direct_write(a, r.start, &data[r.clone()], true, &mut held);
                     }
                 }
             } else {
                 let mut run = 0;
                 for (i, r) in batch.ranges.iter().enumerate() {
-                    prefetch_ahead(a, batch.ranges, i);
+                    prefetch_ahead(a, batch.ranges, i, owned);
                     let at = if batch.positioned { r.start } else { run };
                     run += r.len();
                     self.direct_write(a, r.start, &data[at..at + r.len()], accumulate, &mut held);

@@ -88,7 +88,8 @@ impl<'w> Held<'w> {
         shard
     }
 
-    fn release(&mut self) {
+    /// Releases the lock held, if any.
+    pub(super) fn release(&mut self) {
         if let Some((_, word)) = self.word.take() {
             word.store(0, Ordering::Release);
         }
