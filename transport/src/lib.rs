@@ -490,8 +490,9 @@ impl<T: Elem> Window<T> {
     /// window of `k` elements per element of this one's, shard for shard: an optimizer's state,
     /// `k` slots a parameter, interleaved) in one pass, where both are direct MPI windows
     /// ([`is_direct`](Self::is_direct): every process of the node maps them whole). In blocks of
-    /// keys: `values` (as long as this window, read at the keys' own positions) and the state
-    /// of the same elements are gathered, `f(c, st, ds)` turns the gathered values `c` into
+    /// keys: `values` (as long as this window, read at the keys' own positions and left zero
+    /// there: an update taken whole, with no pass of the caller's to clear it) and the state of
+    /// the same elements are gathered, `f(c, st, ds)` turns the gathered values `c` into
     /// this window's change in place and writes the state's change into `ds` (`k` per element),
     /// and both changes are added, under the accumulate locks of the block's shard in both
     /// windows: what [`get_batch`](Self::get_batch) of the state, then
@@ -506,7 +507,7 @@ impl<T: Elem> Window<T> {
         state: &Window<T>,
         width: usize,
         keys: &[u32],
-        values: &[T],
+        values: &mut [T],
         mut f: impl FnMut(&mut [T], &[T], &mut [T]),
     ) -> Result<()> {
         let len = self.len();

@@ -442,7 +442,7 @@ impl Params {
             ranges.push(0..params);
             true
         } else if one_pass {
-            let (keys, _) = delta.sorted_keys();
+            let keys = delta.sorted_keys();
             let runs = keys.windows(2).filter(|k| k[1] != k[0] + 1).count() + 1;
             runs > 1 && scattered(runs, params, true)
         } else {
@@ -450,10 +450,12 @@ impl Params {
             ranges.len() > 1 && scattered(ranges.len(), params, self.w.is_direct())
         };
         if !whole && one_pass {
+            // The update is taken whole: no clear of it at the next drain.
             let width = delta.layout().width;
-            let (keys, values) = delta.sorted_keys();
-            self.w.step_with_state(state, width, keys, values, |c, st, ds| {
-                self.opt.step(step, c, st, ds, &[])
+            delta.push_sorted(|keys, values| {
+                self.w.step_with_state(state, width, keys, values, |c, st, ds| {
+                    self.opt.step(step, c, st, ds, &[])
+                })
             })?;
             return Ok(());
         }

@@ -238,11 +238,31 @@ impl Delta {
         (self.layout.keys() == 1 && !self.is_empty()).then_some(&mut self.values[..])
     }
 
-    /// The touched keys, ascending, and the values over the whole vector.
-    pub fn sorted_keys(&mut self) -> (&[u32], &[f32]) {
+    /// The touched keys, ascending.
+    pub fn sorted_keys(&mut self) -> &[u32] {
+        self.keys.sort();
+        self.keys.keys()
+    }
+
+    /// Hands the touched keys, ascending, and the values over the whole vector to `push`, which
+    /// leaves the values at those keys zero when it succeeds (it took them); the update is then
+    /// empty, with no pass of its own over the keys to clear it. Where `push` fails the update
+    /// keeps its keys, so that a clear zeroes whatever it left.
+    pub fn push_sorted<E>(
+        &mut self,
+        push: impl FnOnce(&[u32], &mut [f32]) -> Result<(), E>,
+    ) -> Result<(), E> {
         assert!(!self.stale, "the values of an update discarded and not drained into since");
         self.keys.sort();
-        (self.keys.keys(), &self.values)
+        push(self.keys.keys(), &mut self.values)?;
+        debug_assert!(
+            self.keys.keys().iter().all(|&k| self.values[self.layout.range(k)].iter().all(|&v| v == 0.0)),
+            "push_sorted: values left at the keys"
+        );
+        self.keys.clear();
+        self.rows.clear();
+        self.row_keys.clear();
+        Ok(())
     }
 
     /// The touched ranges of the vector, coalesced and in order.

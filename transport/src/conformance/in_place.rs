@@ -237,7 +237,8 @@ pub(super) fn direct_window(t: &Transport, p: &Params) -> Outcome {
 /// Every rank steps its keys (key `j`: elements `3j..3j + 3`, the last key cut short; shards
 /// in lines, so some keys lie across two shards) of a direct window with its state window of
 /// two slots ([`Window::step_with_state`]), 50 rounds at once: each element's change is its
-/// gathered value, its state's slots count the steps and sum the values. The ranks' keys
+/// gathered value, its state's slots count the steps and sum the values; the values are left
+/// zero at the keys and only there. The ranks' keys
 /// overlap; any add lost, doubled or misplaced shows in the sums. Where the windows are not
 /// both direct (the local backend, processes on several nodes), the step is an error naming
 /// them and the rest is skipped. Then bad use: keys out of order, past the window, values of
@@ -256,7 +257,7 @@ pub(super) fn stepped_with_state(t: &Transport, p: &Params) -> Outcome {
     let touches = |r: usize, key: usize| !(key + r).is_multiple_of(3);
     let keys: Vec<u32> = (0..total.div_ceil(WIDTH)).filter(|&j| touches(rank, j)).map(|j| j as u32).collect();
     let contribution = |r: usize, i: usize| ((r + 1) * (i % 5 + 1)) as f32;
-    let values: Vec<f32> = (0..total).map(|i| contribution(rank, i)).collect();
+    let mut values: Vec<f32> = (0..total).map(|i| contribution(rank, i)).collect();
     let step = |c: &mut [f32], s: &[f32], ds: &mut [f32]| {
         assert_eq!((s.len(), ds.len()), (2 * c.len(), 2 * c.len()), "state gathered in proportion");
         for (c, d) in c.iter().zip(ds.chunks_exact_mut(2)) {
@@ -268,11 +269,17 @@ pub(super) fn stepped_with_state(t: &Transport, p: &Params) -> Outcome {
         ensure!(t, direct == (whole && t.backend() != crate::Backend::Local), "steps_with() is {direct}");
     }
     if !direct {
-        let got = kind(w.step_with_state(&st, WIDTH, &keys, &values, step));
+        let got = kind(w.step_with_state(&st, WIDTH, &keys, &mut values, step));
         ensure!(t, matches!(got, Some(ErrorKind::NotDirect { .. })), "a step where it cannot be: {got:?}");
     } else {
         for _ in 0..ROUNDS {
-            w.step_with_state(&st, WIDTH, &keys, &values, step)?;
+            let mut v = values.clone();
+            w.step_with_state(&st, WIDTH, &keys, &mut v, step)?;
+            // Taken whole: zero at the keys, untouched elsewhere.
+            for (i, (&x, &was)) in v.iter().zip(&values).enumerate() {
+                let want = if touches(rank, i / WIDTH) { 0.0 } else { was };
+                ensure!(t, x == want, "value {i} left {x}, expected {want}");
+            }
         }
         t.barrier()?;
         let (mut got, mut state) = (vec![0.0f32; total], vec![0.0f32; 2 * total]);
@@ -293,11 +300,11 @@ pub(super) fn stepped_with_state(t: &Transport, p: &Params) -> Outcome {
         }
         t.barrier()?;
     }
-    let unordered = kind(w.step_with_state(&st, WIDTH, &[2, 1], &values, step));
+    let unordered = kind(w.step_with_state(&st, WIDTH, &[2, 1], &mut values, step));
     ensure!(t, matches!(unordered, Some(ErrorKind::Unordered { key: 1, after: 2, .. })), "{unordered:?}");
-    let past = kind(w.step_with_state(&st, WIDTH, &[total.div_ceil(WIDTH) as u32], &values, step));
+    let past = kind(w.step_with_state(&st, WIDTH, &[total.div_ceil(WIDTH) as u32], &mut values, step));
     ensure!(t, matches!(past, Some(ErrorKind::OutOfRange { .. })), "a key past the window: {past:?}");
-    let short = kind(w.step_with_state(&st, WIDTH, &keys, &values[1..], step));
+    let short = kind(w.step_with_state(&st, WIDTH, &keys, &mut values[1..], step));
     ensure!(t, matches!(short, Some(ErrorKind::LengthMismatch { .. })), "values too short: {short:?}");
     t.barrier()?;
     st.free()?;

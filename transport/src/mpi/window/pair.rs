@@ -42,7 +42,7 @@ impl<T: Elem> MpiWindow<T> {
         state: &Self,
         width: usize,
         keys: &[u32],
-        values: &[T],
+        values: &mut [T],
         f: &mut impl FnMut(&mut [T], &[T], &mut [T]),
     ) -> Result<()> {
         let (Some(a), Some(s), Some(k)) = (self.direct(), state.direct(), self.pairs_with(state)) else {
@@ -88,10 +88,12 @@ impl<T: Elem> MpiWindow<T> {
                     let m = (at + n).min(hi) - piece;
                     if m == 1 && k == 1 {
                         // Sparse LR's keys under a one-slot optimizer: no copy of a slice of one.
-                        b.c.push(values[piece]);
+                        b.c.push(std::mem::take(&mut values[piece]));
                         b.st.push(T::atomic_load(&s[piece]));
                     } else {
-                        b.c.extend_from_slice(&values[piece..piece + m]);
+                        let v = &mut values[piece..piece + m];
+                        b.c.extend_from_slice(v);
+                        v.fill(T::default());
                         b.st.extend(s[piece * k..(piece + m) * k].iter().map(T::atomic_load));
                     }
                     b.pieces.push((piece, m));
