@@ -82,6 +82,49 @@ pub fn allowed_cpus() -> Result<Vec<usize>, String> {
     sched::allowed_cpus()
 }
 
+/// The CPUs this node gives the job: the online CPUs, or fewer where this process's cgroup (v2,
+/// or v1's cpuset controller) confines it to a set (a Slurm allocation on a larger node). Not the process's affinity mask,
+/// which a launcher binding each rank to its own cores narrows (`mpirun -n 2` binds each rank
+/// to one core): ranks that each have a core of their own do not outnumber the node's cores.
+pub fn node_cpus() -> usize {
+    // SAFETY: sysconf only reads a system setting.
+    let online = usize::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }).unwrap_or(0);
+    let online = if online > 0 { online } else { allowed_cpus().map_or(1, |c| c.len().max(1)) };
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok().and_then(|s| {
+        // `hierarchy:controllers:path` lines: v2's `0::path`, v1's `N:cpuset:path`.
+        s.lines().find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (id, controllers, path) = (f.next()?, f.next()?, f.next()?.trim());
+            let file = if id == "0" && controllers.is_empty() {
+                format!("/sys/fs/cgroup{path}/cpuset.cpus.effective")
+            } else if controllers.split(',').any(|c| c == "cpuset") {
+                format!("/sys/fs/cgroup/cpuset{path}/cpuset.effective_cpus")
+            } else {
+                return None;
+            };
+            cpu_list_len(std::fs::read_to_string(file).ok()?.trim())
+        })
+    });
+    cgroup.filter(|&n| n > 0).map_or(online, |n| n.min(online))
+}
+
+/// The number of CPUs in a kernel CPU list (`0-3,8,10-11`); `None` if it is not one.
+fn cpu_list_len(list: &str) -> Option<usize> {
+    if list.is_empty() {
+        return None;
+    }
+    list.split(',').try_fold(0usize, |n, part| {
+        let (lo, hi) = match part.split_once('-') {
+            Some((lo, hi)) => (lo.trim().parse::<usize>().ok()?, hi.trim().parse::<usize>().ok()?),
+            None => {
+                let c = part.trim().parse::<usize>().ok()?;
+                (c, c)
+            }
+        };
+        (lo <= hi).then(|| n + (hi - lo + 1))
+    })
+}
+
 /// Pins the calling thread to `cpu` (best effort: a failure leaves it where it is). Used for
 /// threads outside a pool that must share a rank's cores, like straggler-injection disruptors.
 pub fn pin_current_thread(cpu: usize) -> bool {
@@ -263,5 +306,26 @@ mod hwloc {
             set.set(c);
         }
         set
+    }
+}
+
+#[cfg(test)]
+mod cpu_list_tests {
+    use super::{cpu_list_len, node_cpus};
+
+    #[test]
+    fn cpu_lists_count_their_cpus() {
+        assert_eq!(cpu_list_len("0-3,8,10-11"), Some(7));
+        assert_eq!(cpu_list_len("5"), Some(1));
+        assert_eq!(cpu_list_len("0-1"), Some(2));
+        assert_eq!(cpu_list_len(""), None);
+        assert_eq!(cpu_list_len("3-1"), None);
+        assert_eq!(cpu_list_len("a-b"), None);
+    }
+
+    #[test]
+    fn the_node_has_at_least_the_cpus_this_thread_may_use() {
+        let mine = super::allowed_cpus().expect("mask").len();
+        assert!(node_cpus() >= mine, "node {} < mask {mine}", node_cpus());
     }
 }

@@ -82,7 +82,7 @@ mod affinity;
 mod dispatch;
 mod placement;
 
-pub use affinity::{allowed_cpus, pin_current_thread};
+pub use affinity::{allowed_cpus, node_cpus, pin_current_thread};
 pub use dispatch::{standing_in_for, RankPool};
 
 /// How long, by default, a worker spins for its next job and the caller for the end of a run

@@ -185,8 +185,11 @@ fn rank_in(
     let pool = RankPool::new(r.threads, slot, pinning).map_err(|e| AppError::Train(e.to_string()))?;
     // More ranks on the node than cores (8-32 ranks on a workstation): waits sleep soon instead
     // of yielding, and idle workers park at once. Ranks that fit (each rank's loop alternating
-    // with its compute threads) keep the short spin and yield, which their dispatch needs.
-    if ranks_on_node(t) > cpus {
+    // with its compute threads) keep the short spin and yield, which their dispatch needs. The
+    // node's cores, not this process's mask: `mpirun -n 2` binds each rank to one core, which
+    // made two ranks on two cores look oversubscribed (waits of 50 us sleeps, softmax at batch
+    // 128 0.7x as fast).
+    if ranks_on_node(t) > peregrine_core::pool::node_cpus() {
         peregrine_core::clocks::set_oversubscribed(true);
         pool.set_spin(Duration::ZERO);
     }
