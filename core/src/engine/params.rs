@@ -49,6 +49,10 @@ pub(super) struct Params {
     len: usize,
     /// A keyed model's chunks read the weights in place ([`Windows::Keyed`]).
     in_place: bool,
+    /// A push by key steps the weights with their state in one pass ([`Window::steps_with`]:
+    /// both windows direct, MPI processes of one node), where the optimizer keeps state and
+    /// its weights are not derived.
+    one_pass: bool,
     /// Node-combined pulls and pushes ([`super::node`]).
     node: Option<Combiner>,
 }
@@ -133,6 +137,7 @@ impl Params {
                 grad: None,
                 len: p,
                 in_place: false,
+                one_pass: false,
                 node: None,
             });
         }
@@ -174,7 +179,21 @@ impl Params {
         let whole = unsafe { w.whole_in_place() }?.is_some();
         let in_place =
             matches!(windows, Windows::Keyed { in_place: true }) && w.is_direct() && whole && !opt.derived();
-        Ok(Self { w, state, opt, slots, lr, exempt, own: None, grad, len: layout.params, in_place, node })
+        let one_pass = !opt.derived() && state.as_ref().is_some_and(|s| w.steps_with(s));
+        Ok(Self {
+            w,
+            state,
+            opt,
+            slots,
+            lr,
+            exempt,
+            own: None,
+            grad,
+            len: layout.params,
+            in_place,
+            one_pass,
+            node,
+        })
     }
 
     /// Whether every rank keeps its own replica.
@@ -432,7 +451,7 @@ impl Params {
         // MPI processes of one node: each touched key's state read, stepped, and both changes
         // added, in one pass over the sorted keys (sparse LR at 1M features: the push was bound
         // by its passes over ~12k keys, three of them through the windows, and by the ranges).
-        let one_pass = pulled.is_none() && !derived && self.w.steps_with(state);
+        let one_pass = pulled.is_none() && self.one_pass;
         // What steps: every parameter of a model pulled whole (untouched ones with a zero
         // gradient: momentum and Adam's moments decay as the textbook rules say, so the ranks'
         // pushes add up to one step however the rows were split); else the touched keys, back to
@@ -460,7 +479,7 @@ impl Params {
             return Ok(());
         }
         if whole && one_pass {
-            delta.sorted_ranges(ranges, data);
+            delta.ranges(ranges, data);
         }
         if !whole && pulled.is_none() {
             self.state_ranges(ranges, sranges);

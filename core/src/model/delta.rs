@@ -272,13 +272,7 @@ impl Delta {
 
     /// The touched ranges (coalesced) and their values back to back, for `accumulate_batch`.
     pub fn ranges(&mut self, ranges: &mut Vec<Range<usize>>, data: &mut Vec<f32>) {
-        self.keys.sort();
-        self.sorted_ranges(ranges, data);
-    }
-
-    /// [`ranges`](Self::ranges) after [`sorted_keys`](Self::sorted_keys), with no second sort.
-    pub fn sorted_ranges(&self, ranges: &mut Vec<Range<usize>>, data: &mut Vec<f32>) {
-        self.keys.coalesced(self.layout, ranges);
+        self.key_ranges(ranges);
         data.clear();
         for r in ranges.iter() {
             data.extend_from_slice(&self.values[r.clone()]);

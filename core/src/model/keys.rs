@@ -95,8 +95,13 @@ impl KeySet {
         n
     }
 
-    /// Sorts the members ascending.
+    /// Sorts the members ascending. A list already sorted (sorted before, nothing added since)
+    /// costs one pass that compares neighbours, not a second sort: a push sorts its keys to
+    /// decide how to move them, then hands them on sorted.
     pub fn sort(&mut self) {
+        if self.list.is_sorted() {
+            return;
+        }
         if self.list.len() * 16 > self.bits.len() {
             // Many keys: reading them off the bitmap in order beats sorting them (150k keys of
             // 1M: a 16k-word scan instead of an O(k log k) sort).
@@ -147,7 +152,7 @@ impl KeySet {
 
     /// Writes the parameter ranges the members cover into `out`, in the list's order,
     /// neighbouring keys coalesced: [`ranges`](Self::ranges) of a set already sorted.
-    pub fn coalesced(&self, layout: Layout, out: &mut Vec<Range<usize>>) {
+    fn coalesced(&self, layout: Layout, out: &mut Vec<Range<usize>>) {
         out.clear();
         for &k in &self.list {
             let r = layout.range(k);

@@ -19,16 +19,12 @@ use crate::{Batch, Elem, Result, Touched};
 pub(super) const AHEAD: usize = 48;
 
 /// Asks the CPU to bring the first element of `ranges[i + AHEAD]` (if there is one) of `a` into
-/// the cache: to read ([`prefetch`]), or with `to_write` to write ([`prefetch_to_write`], its
-/// `owned`).
+/// the cache: to write where `to_write` says the processor has `prefetchw`, else to read
+/// ([`prefetch_to_write`]).
 #[inline(always)]
 fn prefetch_ahead<A>(a: &[A], ranges: &[std::ops::Range<usize>], i: usize, to_write: bool) {
     if let Some(r) = ranges.get(i + AHEAD) {
-        if to_write {
-            prefetch_to_write(a, r.start, true);
-        } else {
-            prefetch(a, r.start);
-        }
+        prefetch_to_write(a, r.start, to_write);
     }
 }
 

@@ -27,7 +27,7 @@ impl<T: Elem> MpiWindow<T> {
             }
         } else if !T::LOCKED_ADD {
             for (d, &v) in dst.iter().zip(data) {
-                T::atomic_fetch_add(d, v);
+                add(d, v);
             }
         } else {
             let (mut at, end) = (start, start + data.len());
@@ -35,7 +35,7 @@ impl<T: Elem> MpiWindow<T> {
                 let shard = held.shard(self, at);
                 let to = end.min(self.map.range(shard).end);
                 for (d, &v) in a[at..to].iter().zip(&data[at - start..to - start]) {
-                    T::atomic_store(d, T::atomic_load(d).add(v));
+                    add(d, v);
                 }
                 at = to;
             }
@@ -49,6 +49,18 @@ impl<T: Elem> MpiWindow<T> {
         // that ended the allocation, valid while the window is live (the reference borrows
         // `self`); a line is aligned for a u32, and every process accesses the word atomically.
         unsafe { &*self.locks.add(shard * SHARD_LINE).cast::<AtomicU32>() }
+    }
+}
+
+/// Adds `v` to `d`, an element of a direct window: for element types whose adds hold their
+/// shard's lock ([`Elem::LOCKED_ADD`], floats) a plain load and store, which the caller's lock
+/// makes exclusive; an atomic add otherwise.
+#[inline(always)]
+pub(super) fn add<T: Elem>(d: &T::Atomic, v: T) {
+    if T::LOCKED_ADD {
+        T::atomic_store(d, T::atomic_load(d).add(v));
+    } else {
+        T::atomic_fetch_add(d, v);
     }
 }
 

@@ -4,7 +4,7 @@
 use std::sync::atomic::{fence, Ordering};
 
 use super::batch::{has_prefetchw, prefetch_to_write, AHEAD};
-use super::locks::Held;
+use super::locks::{add, Held};
 use super::MpiWindow;
 use crate::{Elem, ErrorKind, Result};
 
@@ -142,16 +142,5 @@ impl<T: Elem> MpiWindow<T> {
         b.c.clear();
         b.st.clear();
         b.pieces.clear();
-    }
-}
-
-/// Adds `v` to `d` under the shard's lock: a plain load and store for floats (as
-/// `direct_write` does), an atomic add otherwise.
-#[inline(always)]
-fn add<T: Elem>(d: &T::Atomic, v: T) {
-    if T::LOCKED_ADD {
-        T::atomic_store(d, T::atomic_load(d).add(v));
-    } else {
-        T::atomic_fetch_add(d, v);
     }
 }
