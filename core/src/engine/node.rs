@@ -11,7 +11,8 @@
 //!    copy in place, with no pull of its own;
 //! 2. **push**: writes its update into its slot of the node's update block, the node barrier,
 //!    then adds the node's slots up over the shards it combines, in local-rank order (the same
-//!    sum whoever adds), and sends each shard's sum to its owner: an accumulate into the weights,
+//!    sum whoever adds), and sends each shard's sum to its owner as soon as it is summed (the
+//!    send crosses the network while the next shard is summed): an accumulate into the weights,
 //!    or, where the owners step ([`super::params`]), a put into the owner's slot for this node,
 //!    which the owner steps with once every node's has landed. Its own shard's sum stays here
 //!    for its own step.
@@ -124,10 +125,10 @@ impl Combiner {
 
     /// Pulls this rank's shards of `w` into the node's copy and waits for the node's other ranks
     /// to pull theirs: the whole model, to read in place until this rank's next
-    /// [`combine`](Self::combine); `None` if the run stops meanwhile.
+    /// [`offer`](Self::offer); `None` if the run stops meanwhile.
     ///
     /// # Safety
-    /// The slice must not be used after this rank's next combine begins (the other ranks of the
+    /// The slice must not be used after this rank's next offer begins (the other ranks of the
     /// node then pull the next iteration's weights into it).
     pub(super) unsafe fn pull(
         &self,
@@ -155,54 +156,65 @@ impl Combiner {
         Ok(Some(unsafe { std::slice::from_raw_parts(self.copy.as_ptr(), self.params) }))
     }
 
-    /// Adds this rank's `update` (all `params` values; `None`: nothing to add) to the node's:
-    /// returns the node's sums of this rank's [`shards`](Self::shards), back to back, to send
-    /// to their owners; `None` if the run stops meanwhile.
-    pub(super) fn combine(
-        &self,
-        update: Option<&[f32]>,
-        wait: &mut Wait<'_>,
-    ) -> Result<Option<MutexGuard<'_, Vec<f32>>>, TrainError> {
-        let (p, i, k) = (self.params, self.layout.local(), self.layout.local_size());
-        let slot = |l: usize, r: &Range<usize>| {
-            // SAFETY: within the slots block (`k` vectors of `p`); the callers below keep to the
-            // module's protocol for who touches which slot when.
-            unsafe { self.slots.as_ptr().add(l * p + r.start) }
-        };
+    /// Offers this rank's `update` (all `params` values; `None`: nothing to add) to the node's
+    /// sum: writes it into this rank's slot and waits for the node's other ranks to write
+    /// theirs; `false` if the run stops meanwhile. [`sum_shards`](Self::sum_shards) then adds
+    /// the slots up.
+    pub(super) fn offer(&self, update: Option<&[f32]>, wait: &mut Wait<'_>) -> Result<bool, TrainError> {
+        let (p, i) = (self.params, self.layout.local());
         {
-            // SAFETY: this rank's own slot, which nobody else touches until the barrier below.
-            let mine = unsafe { std::slice::from_raw_parts_mut(slot(i, &(0..p)), p) };
+            // SAFETY: this rank's own slot (within the slots block of `k` vectors of `p`), which
+            // nobody else touches until the barrier below (the module's protocol).
+            let mine = unsafe { std::slice::from_raw_parts_mut(self.slots.as_ptr().add(i * p), p) };
             match update {
                 Some(u) if u.len() == p => mine.copy_from_slice(u),
                 _ => mine.fill(0.0),
             }
         }
-        if !barrier(&self.slots, wait)? {
-            return Ok(None);
-        }
+        barrier(&self.slots, wait)
+    }
+
+    /// The buffer of the node's sums of this rank's shards, back to back, for
+    /// [`sum_shards`](Self::sum_shards) to fill (as long as they are).
+    pub(super) fn sums(&self) -> MutexGuard<'_, Vec<f32>> {
         let mut sum = self.sum.lock().expect("the node sum");
-        sum.clear();
-        for r in &self.ranges {
-            let at = sum.len();
-            // SAFETY: slot 0 at one of this rank's own shards: read only, by this rank alone
-            // after the barrier (each rank reads the slots at its own shards).
-            sum.extend_from_slice(unsafe { std::slice::from_raw_parts(slot(0, r), r.len()) });
+        sum.resize(self.ranges.iter().map(Range::len).sum(), 0.0);
+        sum
+    }
+
+    /// After an [`offer`](Self::offer) that every rank of the node made: adds the node's slots
+    /// up over each of this rank's shards in turn, in local-rank order (the same sum whoever
+    /// adds), into its part of `out` (from [`sums`](Self::sums)), and hands that part to `send`
+    /// at once: the send of one shard's sum (a nonblocking one-sided write) crosses the network
+    /// while the next shard is summed, instead of every send waiting for the whole sum.
+    pub(super) fn sum_shards<'d, E>(
+        &self,
+        out: &'d mut [f32],
+        mut send: impl FnMut(&(Range<usize>, usize), &'d [f32]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let (p, k) = (self.params, self.layout.local_size());
+        let slot = |l: usize, r: &Range<usize>| {
+            // SAFETY: slot `l` at one of this rank's own shards (within the slots block of `k`
+            // vectors of `p`): read only, by this rank alone, after the offers' barrier (each
+            // rank reads the slots at its own shards).
+            unsafe { std::slice::from_raw_parts(self.slots.as_ptr().add(l * p + r.start), r.len()) }
+        };
+        let mut rest = out;
+        for shard in &self.shards {
+            let r = &shard.0;
+            let (sum, tail) = std::mem::take(&mut rest).split_at_mut(r.len());
+            rest = tail;
+            sum.copy_from_slice(slot(0, r));
             for l in 1..k {
-                // SAFETY: as above, slot `l`.
-                let v = unsafe { std::slice::from_raw_parts(slot(l, r), r.len()) };
-                sum[at..].iter_mut().zip(v).for_each(|(s, x)| *s += x);
+                sum.iter_mut().zip(slot(l, r)).for_each(|(s, x)| *s += x);
             }
+            send(shard, sum)?;
         }
-        Ok(Some(sum))
+        Ok(())
     }
 
-    /// The shards this rank combines, in rank order: global range and owner.
-    pub(super) fn shards(&self) -> &[(Range<usize>, usize)] {
-        &self.shards
-    }
-
-    /// This rank's own shard's node sum from the last [`combine`](Self::combine) (empty if it
-    /// has none), passed to `f`.
+    /// This rank's own shard's node sum from the last [`sum_shards`](Self::sum_shards) (empty if
+    /// it has none), passed to `f`.
     pub(super) fn own_sum<R>(&self, f: impl FnOnce(&[f32]) -> R) -> R {
         let sum = self.sum.lock().expect("the node sum");
         let mut off = 0;

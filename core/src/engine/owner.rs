@@ -99,27 +99,18 @@ impl Slots {
         Ok(Self { win, map: map.clone(), rank: t.rank(), nodes, decay })
     }
 
-    /// Node-combined: puts the node's sums `sum` of `shards` (back to back, as
-    /// [`super::node::Combiner::combine`] made them) into this node's slot at each owner on another node,
-    /// and completes the puts.
-    pub(super) fn put_node(&self, shards: &[(Range<usize>, usize)], sum: &[f32]) -> Result<(), TrainError> {
+    /// Node-combined: where this node's sum of `owner`'s shard goes at `owner` (this node's
+    /// slot there, in the window's indices); `None` for an owner on this node (a rank combines
+    /// only its own shard of its node's, which it steps itself).
+    pub(super) fn node_slot(&self, owner: usize) -> Option<usize> {
         let layout = self.nodes.as_ref().expect("node-combined slots");
-        let from = layout.node();
-        self.win.write_scope(|s| {
-            let mut off = 0;
-            for (r, owner) in shards {
-                // Of this node's shards a rank combines only its own, which it steps itself.
-                let to = layout.node_of(*owner);
-                if to != from {
-                    let slot = if from < to { from } else { from - 1 };
-                    let at = self.win.map().range(*owner).start + slot * self.map.len_of(*owner);
-                    s.put(at, &sum[off..off + r.len()])?;
-                }
-                off += r.len();
-            }
-            Ok(())
-        })?;
-        Ok(())
+        let (from, to) = (layout.node(), layout.node_of(owner));
+        let slot = match from.cmp(&to) {
+            std::cmp::Ordering::Equal => return None,
+            std::cmp::Ordering::Less => from,
+            std::cmp::Ordering::Greater => from - 1,
+        };
+        Some(self.win.map().range(owner).start + slot * self.map.len_of(owner))
     }
 
     /// Puts `values` (the whole vector) into this rank's slot at every other owner, starting

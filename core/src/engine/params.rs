@@ -726,21 +726,23 @@ impl Params {
     pub(super) fn push_node(&self, update: Option<&[f32]>, wait: &mut Wait<'_>) -> Result<(), TrainError> {
         let node = self.node.as_ref().expect("node-combined");
         // The run stops: the others of the node may have left.
-        let Some(sum) = node.combine(update, wait)? else { return Ok(()) };
-        match &self.grad {
-            Some(g) => g.put_node(node.shards(), &sum),
-            None => {
-                self.w.write_scope(|s| {
-                    let mut off = 0;
-                    for (r, _) in node.shards() {
-                        s.accumulate(r.start, &sum[off..off + r.len()])?;
-                        off += r.len();
-                    }
-                    Ok(())
-                })?;
-                Ok(())
-            }
+        if !node.offer(update, wait)? {
+            return Ok(());
         }
+        // Each shard's sum is sent as soon as it is summed, completed at the scope's end.
+        let mut sums = node.sums();
+        match &self.grad {
+            Some(g) => g.win.write_scope(|s| {
+                node.sum_shards(&mut sums, |(_, owner), sum| match g.node_slot(*owner) {
+                    Some(at) => s.put(at, sum),
+                    None => Ok(()),
+                })
+            })?,
+            None => self
+                .w
+                .write_scope(|s| node.sum_shards(&mut sums, |(r, _), sum| s.accumulate(r.start, sum)))?,
+        }
+        Ok(())
     }
 
     /// Completes this rank's writes at every target.

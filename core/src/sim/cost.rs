@@ -51,7 +51,8 @@ pub struct CombineCosts {
     /// The rank's whole update copied into its slot of the node's shared buffer.
     pub push_copy: Nanos,
     /// After the node barrier: the rank's stripe summed over the node's slots (the whole update's
-    /// bytes read), and the sums written to the ranks holding them on every other node.
+    /// bytes read), shard by shard, each shard's sum written to the rank holding it on another
+    /// node as soon as it is summed (the sends overlap the sums of the next shards).
     pub push_sum: Nanos,
     /// One node barrier once the last rank of the node arrived: one atomic round trip within
     /// the node.
@@ -185,12 +186,22 @@ impl Network {
         let bytes = params as f64 * 4.0;
         let shard = bytes / world as f64;
         let far = (world - k) as f64 * shard / k as f64;
-        let inter =
-            if params > 0 && world > k { self.inter.latency + far / self.shared_inter(k) } else { 0.0 };
+        let (latency, transfer) = if params > 0 && world > k {
+            (self.inter.latency, far / self.shared_inter(k))
+        } else {
+            (0.0, 0.0)
+        };
+        // The push sums one shard after another and sends each at once: a two-stage pipeline
+        // over the shards held elsewhere (about `(world - k) / k` of them), whose makespan is the
+        // longer stage in full and one piece of the shorter.
+        let sum = bytes / self.intra.bandwidth;
+        let pieces = ((world - k) as f64 / k as f64).round().max(1.0);
+        let push_sum =
+            if transfer > 0.0 { sum.max(transfer) + latency + sum.min(transfer) / pieces } else { sum };
         CombineCosts {
-            pull: nanos(inter + shard / self.intra.bandwidth),
+            pull: nanos(latency + transfer + shard / self.intra.bandwidth),
             push_copy: nanos(bytes / self.intra.bandwidth),
-            push_sum: nanos(bytes / self.intra.bandwidth + inter),
+            push_sum: nanos(push_sum),
             barrier: nanos(self.intra.atomic),
         }
     }
@@ -348,8 +359,21 @@ mod tests {
         assert_eq!(c.pull, nanos(10e-6 + 5e5 / 2.5e7 + 5e5 / 1e9));
         assert_eq!(c.pull, 20_510_000);
         assert_eq!(c.push_copy, 4_000_000);
+        // The sum (4 ms) and the send of the one shard held elsewhere (20 ms) do not overlap:
+        // one piece.
         assert_eq!(c.push_sum, nanos(4e6 / 1e9 + 10e-6 + 5e5 / 2.5e7));
         assert_eq!(c.push_sum, 24_010_000);
+        // 64 ranks, 4 per node: 15 shards held elsewhere, 62.5 KB each (937.5 KB at 25 MB/s:
+        // 37.5 ms), summed from 4 MB of slots (4 ms): the sends in full, behind the sum of the
+        // first shard (a fifteenth of the sum) and one latency.
+        let c = net(4).combine(0, 64, 1_000_000);
+        assert_eq!(c.push_sum, nanos(15.0 * 62_500.0 / 2.5e7 + 10e-6 + 4e6 / 1e9 / 15.0));
+        // Over a card 100 times faster (937.5 KB at 2.5 GB/s: 0.375 ms) the sum is the longer
+        // stage: in full, then the last shard's send.
+        let mut fast = net(4);
+        fast.inter.bandwidth = 1e10;
+        let c = fast.combine(0, 64, 1_000_000);
+        assert_eq!(c.push_sum, nanos(4e6 / 1e9 + 10e-6 + 15.0 * 62_500.0 / 2.5e9 / 15.0));
         assert_eq!(c.barrier, 2_000);
         // The flat transfer moves 2 MB between nodes each way (80 ms), the combine 500 KB.
         assert_eq!(net(4).transfer(5, 8, 1_000_000), nanos(10e-6 + 2e6 / 1e9 + 2e6 / 2.5e7));
