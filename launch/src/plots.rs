@@ -413,18 +413,38 @@ where
         (ridge * 1.1, peak * 1.6),
         ("sans-serif", 14),
     )])?;
-    for (i, p) in points.iter().enumerate() {
+    // A label's height in decades of the y axis: labels of points close together (the MLP at
+    // two batch sizes) go one under the other instead of over each other.
+    let height = chart.plotting_area().dim_in_pixel().1.max(1) as f64;
+    let line = 16.0 * (y_hi / y_lo).log10() / height;
+    let at: Vec<(f64, f64)> = points.iter().map(|p| (p.intensity * 1.12, p.gflops * 0.97)).collect();
+    for (i, (p, y)) in points.iter().zip(stack_labels(&at, line)).enumerate() {
         let color = Palette99::pick(i);
         let bound = peak.min(bandwidth * p.intensity);
         chart.draw_series([Circle::new((p.intensity, p.gflops), 6, color.filled())])?;
         chart.draw_series([Text::new(
             format!("{} ({:.0} % of roof)", p.label, 100.0 * p.gflops / bound),
-            (p.intensity * 1.12, p.gflops * 0.97),
+            (p.intensity * 1.12, y),
             ("sans-serif", 13),
         )])?;
     }
     root.present()?;
     Ok(())
+}
+
+/// The heights of labels wanted at `at` (x, y on logarithmic axes), each moved down by whole
+/// label heights (`line`, in decades) until it is clear of the labels placed before it (within
+/// 0.6 decades across and a label's height up or down).
+fn stack_labels(at: &[(f64, f64)], line: f64) -> Vec<f64> {
+    let mut placed: Vec<(f64, f64)> = Vec::with_capacity(at.len());
+    for &(x, y) in at {
+        let (x, mut y) = (x.log10(), y.log10());
+        while placed.iter().any(|&(px, py)| (px - x).abs() < 0.6 && (py - y).abs() < line) {
+            y -= line;
+        }
+        placed.push((x, y));
+    }
+    placed.into_iter().map(|(_, y)| 10f64.powf(y)).collect()
 }
 
 /// A logarithmic axis's tick: whole numbers from 1, else up to six decimals without trailing zeros.
@@ -433,5 +453,23 @@ fn tick(v: f64) -> String {
         format!("{v:.0}")
     } else {
         format!("{}", (v * 1e6).round() / 1e6)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stack_labels;
+
+    #[test]
+    fn labels_of_points_close_together_stack_and_others_stay() {
+        // Two MLP points at the same intensity and nearly the same height, a third far to the
+        // left at the same height, a fourth under the first two but clear of them.
+        let at = [(130.0, 390.0), (130.0, 362.0), (0.6, 380.0), (130.0, 100.0)];
+        let y = stack_labels(&at, 0.05);
+        let log = |v: f64| v.log10();
+        assert!((y[0] - 390.0).abs() < 1e-9, "{y:?}");
+        assert!((log(y[0]) - log(y[1])).abs() >= 0.05 - 1e-12, "{y:?}");
+        assert!(y[1] < 362.0, "{y:?}");
+        assert!((y[2] - 380.0).abs() < 1e-9 && (y[3] - 100.0).abs() < 1e-9, "{y:?}");
     }
 }
