@@ -171,7 +171,14 @@ impl<T: Elem> NodeShared<T> {
             return Ok(true);
         }
         match &self.inner {
-            NodeInner::Local(n) => n.check_peers().map(|()| false),
+            NodeInner::Local(n) => match n.check_peers() {
+                Ok(()) => Ok(false),
+                // A peer that entered the barrier after the count was read above, then left the
+                // world, completed it: its leaving is recorded under the lock `check_peers`
+                // takes, after its arrival, so the count read again now shows the arrival.
+                Err(_) if self.counter().load(Ordering::Acquire) >= ticket => Ok(true),
+                Err(e) => Err(e),
+            },
             #[cfg(feature = "mpi")]
             NodeInner::Mpi(_) => Ok(false),
         }
