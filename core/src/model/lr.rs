@@ -195,22 +195,13 @@ impl Model for LogReg {
 
     fn compute(&self, rows: Range<usize>, params: &[f32], work: &mut Grad) -> f64 {
         let x = Self::rows_of(&self.data.train).rows(rows);
-        self.hashed(&x, |c| {
-            let loss = match (&mut *work, self.intercept) {
-                (Grad::Dense(g), false) => lr::loss_grad_dense(c, x.labels, params, g),
-                (Grad::Dense(g), true) => lr::loss_grad_dense_intercept(c, x.labels, params, g),
-                (Grad::Sparse(g), false) => lr::loss_grad_sparse(c, x.labels, params, g),
-                (Grad::Sparse(g), true) => lr::loss_grad_sparse_intercept(c, x.labels, params, g),
-            };
-            if self.l2 > 0.0 {
-                match work {
-                    Grad::Dense(g) => {
-                        c.indices.iter().for_each(|&j| g[j as usize] += self.l2 * params[j as usize])
-                    }
-                    Grad::Sparse(g) => c.indices.iter().for_each(|&j| g.add(j, self.l2 * params[j as usize])),
-                }
+        // The L2 of the rows' features, once per occurrence (lazy: untouched features are not
+        // penalized), in the kernel's scatter.
+        self.hashed(&x, |c| match work {
+            Grad::Dense(g) => lr::loss_grad_dense_penalized(c, x.labels, params, g, self.intercept, self.l2),
+            Grad::Sparse(g) => {
+                lr::loss_grad_sparse_penalized(c, x.labels, params, g, self.intercept, self.l2)
             }
-            loss
         })
     }
 

@@ -14,6 +14,11 @@
 //!   per-row transcendental part (`exp`, `log1p`, a division) runs 8 rows at a time in `f32x8`.
 //!   The scatter `grad[j] += g v` stays scalar.
 //!
+//! The `*_penalized` functions also add `l2 * w[j]` at every nonzero of feature `j` in the same
+//! scatter (the lazy L2 of a chunk's features, once per occurrence), where a pass of its own over
+//! the nonzeros after the kernel cost a second read-modify-write of the gradient per nonzero: LR
+//! on Adult (14 nonzeros a row) computed 1.3x as many rows a second with it fused.
+//!
 //! With an intercept (the `*_intercept` functions) the margin is `z_i = x_i . w + b`, `b` the
 //! last element of `w` (a weight no feature index reaches), and its gradient `sum_i (sigmoid(z_i)
 //! - y_i)` goes into the last element of the gradient.
@@ -25,8 +30,8 @@ pub mod scalar;
 pub mod simd;
 
 pub use simd::{
-    loss_grad_dense, loss_grad_dense_intercept, loss_grad_sparse, loss_grad_sparse_intercept, margin,
-    predict, predict_intercept,
+    loss_grad_dense, loss_grad_dense_intercept, loss_grad_dense_penalized, loss_grad_sparse,
+    loss_grad_sparse_intercept, loss_grad_sparse_penalized, margin, predict, predict_intercept,
 };
 
 /// The feature weights and the intercept of `w`: all of `w` and 0 without one, else all but its
@@ -157,11 +162,17 @@ impl SparseGrad {
     /// If an index is `>= dim()`.
     #[inline]
     pub fn scatter(&mut self, indices: &[u32], values: &[f32], coef: f32) {
+        self.scatter_with(indices, values, |_, v| coef * v);
+    }
+
+    /// `g[indices[k]] += f(indices[k], values[k])` for every `k`, marking the features touched.
+    #[inline(always)]
+    fn scatter_with(&mut self, indices: &[u32], values: &[f32], f: impl Fn(u32, f32) -> f32) {
         let (dense, bits, touched) = (&mut self.dense[..], &mut self.bits[..], &mut self.touched[..]);
         let mut len = self.len;
         for (&j, &v) in indices.iter().zip(values) {
             let ju = j as usize;
-            dense[ju] += coef * v;
+            dense[ju] += f(j, v);
             let (word, bit) = (&mut bits[ju / 64], 1u64 << (ju % 64));
             let fresh = *word & bit == 0;
             *word |= bit;
@@ -246,6 +257,10 @@ impl SparseGrad {
 pub(crate) trait GradSink {
     /// `g[indices[k]] += coef * values[k]` for every `k`.
     fn scatter(&mut self, indices: &[u32], values: &[f32], coef: f32);
+
+    /// `g[j] += coef * values[k] + l2 * w[j]` for every `k`, `j = indices[k]`: the row's scatter
+    /// and the lazy L2 of its features in one pass.
+    fn scatter_l2(&mut self, indices: &[u32], values: &[f32], coef: f32, w: &[f32], l2: f32);
 }
 
 impl GradSink for [f32] {
@@ -255,12 +270,24 @@ impl GradSink for [f32] {
             self[j as usize] += coef * v;
         }
     }
+
+    #[inline(always)]
+    fn scatter_l2(&mut self, indices: &[u32], values: &[f32], coef: f32, w: &[f32], l2: f32) {
+        for (&j, &v) in indices.iter().zip(values) {
+            self[j as usize] += coef.mul_add(v, l2 * w[j as usize]);
+        }
+    }
 }
 
 impl GradSink for SparseGrad {
     #[inline(always)]
     fn scatter(&mut self, indices: &[u32], values: &[f32], coef: f32) {
         SparseGrad::scatter(self, indices, values, coef);
+    }
+
+    #[inline(always)]
+    fn scatter_l2(&mut self, indices: &[u32], values: &[f32], coef: f32, w: &[f32], l2: f32) {
+        SparseGrad::scatter_with(self, indices, values, |j, v| coef.mul_add(v, l2 * w[j as usize]));
     }
 }
 

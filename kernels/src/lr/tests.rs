@@ -300,3 +300,72 @@ fn a_trade_into_a_vector_that_is_not_empty_panics() {
     g.add(1, 1.0);
     g.trade(1.0, &mut vec![0.0; 10], &mut vec![0; 1], &mut vec![3]);
 }
+
+/// The penalized kernels give the plain kernel's loss, and its gradient plus `l2 * w[j]` at every
+/// nonzero of feature `j` (the pass the model made after the kernel before), dense and sparse,
+/// with and without an intercept, SIMD and scalar; `l2 = 0` is the plain kernel, bit for bit.
+#[test]
+fn penalized_kernels_add_the_lazy_l2_at_every_nonzero() {
+    let mut rng = Rng::new(11);
+    let dim = 97;
+    let d = Data::new(&mut rng, 203, dim, 17);
+    let (x, y) = d.view(0, 203);
+    let l2 = 0.37f32;
+    for intercept in [false, true] {
+        let len = dim + usize::from(intercept);
+        let w: Vec<f32> = (0..len).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        // The reference: the plain kernel, then the model's former pass.
+        let mut want = vec![0.0f32; len];
+        let plain = if intercept {
+            scalar::loss_grad_dense_intercept(x, y, &w, &mut want)
+        } else {
+            scalar::loss_grad_dense(x, y, &w, &mut want)
+        };
+        x.indices.iter().for_each(|&j| want[j as usize] += l2 * w[j as usize]);
+        // Each entry to 1e-5 of what its nonzeros can add up to.
+        let bound = |j: usize| {
+            let n = x.indices.iter().zip(x.values).filter(|(&i, _)| i as usize == j);
+            n.map(|(_, v)| v.abs() + l2 * w[j].abs()).sum::<f32>().max(1.0)
+        };
+        type Dense = fn(Csr<'_>, &[f32], &[f32], &mut [f32], bool, f32) -> f64;
+        type Sparse = fn(Csr<'_>, &[f32], &[f32], &mut SparseGrad, bool, f32) -> f64;
+        let variants: [(&str, Dense, Sparse); 2] = [
+            ("simd", simd::loss_grad_dense_penalized, simd::loss_grad_sparse_penalized),
+            ("scalar", scalar::loss_grad_dense_penalized, scalar::loss_grad_sparse_penalized),
+        ];
+        for (name, dense, sparse) in variants {
+            let what = format!("{name}, intercept {intercept}");
+            let mut g = vec![0.0f32; len];
+            let loss = dense(x, y, &w, &mut g, intercept, l2);
+            assert_close(loss, plain, 1.0, 1e-5, 0.0, &format!("{what}: loss"));
+            let mut s = SparseGrad::new(len);
+            let loss_s = sparse(x, y, &w, &mut s, intercept, l2);
+            assert_close(loss_s, plain, 1.0, 1e-5, 0.0, &format!("{what}: sparse loss"));
+            for j in 0..len {
+                let b = f64::from(bound(j));
+                assert_close(f64::from(g[j]), f64::from(want[j]), b, 1e-5, 0.0, &format!("{what}: g[{j}]"));
+                assert_close(
+                    f64::from(s.get(j as u32)),
+                    f64::from(want[j]),
+                    b,
+                    1e-5,
+                    0.0,
+                    &format!("{what}: s[{j}]"),
+                );
+            }
+            // The intercept is not penalized, and nothing is added where no row has the feature.
+            for j in (0..dim).filter(|&j| !x.indices.contains(&(j as u32))) {
+                assert_eq!((g[j], s.get(j as u32)), (0.0, 0.0), "{what}: untouched feature {j}");
+            }
+        }
+        // No penalty: the plain kernels, bit for bit.
+        let (mut a, mut b) = (vec![0.0f32; len], vec![0.0f32; len]);
+        let la = simd::loss_grad_dense_penalized(x, y, &w, &mut a, intercept, 0.0);
+        let lb = if intercept {
+            simd::loss_grad_dense_intercept(x, y, &w, &mut b)
+        } else {
+            simd::loss_grad_dense(x, y, &w, &mut b)
+        };
+        assert_eq!((la.to_bits(), a), (lb.to_bits(), b), "intercept {intercept}: l2 = 0");
+    }
+}
