@@ -26,13 +26,7 @@ pub fn logistic(z: f32, y: f32) -> (f64, f32) {
     (z.max(0.0) + e.ln_1p() - y * z, (p - y) as f32)
 }
 
-fn loss_grad<G: GradSink + ?Sized, const L2: bool>(
-    x: Csr<'_>,
-    y: &[f32],
-    w: &[f32],
-    grad: &mut G,
-    (intercept, l2): (bool, f32),
-) -> f64 {
+fn loss_grad<G: GradSink + ?Sized>(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut G, intercept: bool) -> f64 {
     assert_eq!(y.len(), x.n_rows(), "loss_grad: one label per row");
     let (wf, b) = split_intercept(w, intercept);
     let mut loss = 0.0f64;
@@ -41,11 +35,7 @@ fn loss_grad<G: GradSink + ?Sized, const L2: bool>(
         let (idx, val) = x.row(r);
         let (l, g) = logistic(margin(idx, val, wf) + b, yr);
         loss += l;
-        if L2 {
-            grad.scatter_l2(idx, val, g, wf, l2);
-        } else {
-            grad.scatter(idx, val, g);
-        }
+        grad.scatter(idx, val, g);
         gb += g;
     }
     if intercept && !y.is_empty() {
@@ -60,7 +50,7 @@ fn loss_grad<G: GradSink + ?Sized, const L2: bool>(
 /// If `y.len() != x.n_rows()`, `grad.len() != w.len()`, or an index is `>= w.len()`.
 pub fn loss_grad_dense(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut [f32]) -> f64 {
     assert_eq!(grad.len(), w.len(), "loss_grad_dense: grad and w differ in length");
-    loss_grad::<_, false>(x, y, w, grad, (false, 0.0))
+    loss_grad(x, y, w, grad, false)
 }
 
 /// As [`loss_grad_dense`] with an intercept, the last element of `w` (its gradient: the last
@@ -70,7 +60,7 @@ pub fn loss_grad_dense(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut [f32]) -> f6
 /// As [`loss_grad_dense`], and if `w` is empty or an index is `>= w.len() - 1`.
 pub fn loss_grad_dense_intercept(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut [f32]) -> f64 {
     assert_eq!(grad.len(), w.len(), "loss_grad_dense_intercept: grad and w differ in length");
-    loss_grad::<_, false>(x, y, w, grad, (true, 0.0))
+    loss_grad(x, y, w, grad, true)
 }
 
 /// As [`loss_grad_dense`], accumulating into the touched features of `grad`.
@@ -79,7 +69,7 @@ pub fn loss_grad_dense_intercept(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut [f
 /// If `y.len() != x.n_rows()`, `grad.dim() != w.len()`, or an index is `>= w.len()`.
 pub fn loss_grad_sparse(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut SparseGrad) -> f64 {
     assert_eq!(grad.dim(), w.len(), "loss_grad_sparse: grad and w differ in dimension");
-    loss_grad::<_, false>(x, y, w, grad, (false, 0.0))
+    loss_grad(x, y, w, grad, false)
 }
 
 /// As [`loss_grad_sparse`] with an intercept, the last element of `w`.
@@ -88,49 +78,7 @@ pub fn loss_grad_sparse(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut SparseGrad)
 /// As [`loss_grad_sparse`], and if `w` is empty or an index is `>= w.len() - 1`.
 pub fn loss_grad_sparse_intercept(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut SparseGrad) -> f64 {
     assert_eq!(grad.dim(), w.len(), "loss_grad_sparse_intercept: grad and w differ in dimension");
-    loss_grad::<_, false>(x, y, w, grad, (true, 0.0))
-}
-
-/// As [`loss_grad_dense`] (with an intercept, the last element of `w`, where `intercept`), plus
-/// `l2 * w[j]` at every nonzero of feature `j`: the lazy L2 of the rows' features, once per
-/// occurrence, in the scatter's pass (`l2 == 0`: [`loss_grad_dense`] itself).
-///
-/// # Panics
-/// As [`loss_grad_dense`] and [`loss_grad_dense_intercept`].
-pub fn loss_grad_dense_penalized(
-    x: Csr<'_>,
-    y: &[f32],
-    w: &[f32],
-    grad: &mut [f32],
-    intercept: bool,
-    l2: f32,
-) -> f64 {
-    assert_eq!(grad.len(), w.len(), "loss_grad_dense_penalized: grad and w differ in length");
-    if l2 == 0.0 {
-        loss_grad::<_, false>(x, y, w, grad, (intercept, 0.0))
-    } else {
-        loss_grad::<_, true>(x, y, w, grad, (intercept, l2))
-    }
-}
-
-/// As [`loss_grad_dense_penalized`], accumulating into the touched features of `grad`.
-///
-/// # Panics
-/// As [`loss_grad_sparse`] and [`loss_grad_sparse_intercept`].
-pub fn loss_grad_sparse_penalized(
-    x: Csr<'_>,
-    y: &[f32],
-    w: &[f32],
-    grad: &mut SparseGrad,
-    intercept: bool,
-    l2: f32,
-) -> f64 {
-    assert_eq!(grad.dim(), w.len(), "loss_grad_sparse_penalized: grad and w differ in dimension");
-    if l2 == 0.0 {
-        loss_grad::<_, false>(x, y, w, grad, (intercept, 0.0))
-    } else {
-        loss_grad::<_, true>(x, y, w, grad, (intercept, l2))
-    }
+    loss_grad(x, y, w, grad, true)
 }
 
 /// `out[i] <- sigmoid(x_i . w)`, the predicted probability of label 1.

@@ -40,7 +40,24 @@ pub fn logistic(z: f32x8, y: f32x8) -> (f32x8, f32x8) {
     (z.max(f32x8::ZERO) + e.ln_1p() - y * z, p - y)
 }
 
-fn loss_grad<G: GradSink + ?Sized, const L2: bool>(
+/// The kernel, with the lazy L2 in the scatter where `l2` is not 0 (one copy of the loop each
+/// way: the test stays out of the loop).
+fn loss_grad<G: GradSink + ?Sized>(
+    x: Csr<'_>,
+    y: &[f32],
+    w: &[f32],
+    grad: &mut G,
+    intercept: bool,
+    l2: f32,
+) -> f64 {
+    if l2 == 0.0 {
+        rows::<G, false>(x, y, w, grad, (intercept, 0.0))
+    } else {
+        rows::<G, true>(x, y, w, grad, (intercept, l2))
+    }
+}
+
+fn rows<G: GradSink + ?Sized, const L2: bool>(
     x: Csr<'_>,
     y: &[f32],
     w: &[f32],
@@ -85,7 +102,7 @@ fn loss_grad<G: GradSink + ?Sized, const L2: bool>(
 /// If `y.len() != x.n_rows()`, `grad.len() != w.len()`, or an index is `>= w.len()`.
 pub fn loss_grad_dense(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut [f32]) -> f64 {
     assert_eq!(grad.len(), w.len(), "loss_grad_dense: grad and w differ in length");
-    loss_grad::<_, false>(x, y, w, grad, (false, 0.0))
+    loss_grad(x, y, w, grad, false, 0.0)
 }
 
 /// As [`loss_grad_dense`] with an intercept, the last element of `w` (its gradient: the last
@@ -95,7 +112,7 @@ pub fn loss_grad_dense(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut [f32]) -> f6
 /// As [`loss_grad_dense`], and if `w` is empty or an index is `>= w.len() - 1`.
 pub fn loss_grad_dense_intercept(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut [f32]) -> f64 {
     assert_eq!(grad.len(), w.len(), "loss_grad_dense_intercept: grad and w differ in length");
-    loss_grad::<_, false>(x, y, w, grad, (true, 0.0))
+    loss_grad(x, y, w, grad, true, 0.0)
 }
 
 /// As [`loss_grad_dense`], accumulating into the touched features of `grad`.
@@ -104,7 +121,7 @@ pub fn loss_grad_dense_intercept(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut [f
 /// If `y.len() != x.n_rows()`, `grad.dim() != w.len()`, or an index is `>= w.len()`.
 pub fn loss_grad_sparse(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut SparseGrad) -> f64 {
     assert_eq!(grad.dim(), w.len(), "loss_grad_sparse: grad and w differ in dimension");
-    loss_grad::<_, false>(x, y, w, grad, (false, 0.0))
+    loss_grad(x, y, w, grad, false, 0.0)
 }
 
 /// As [`loss_grad_sparse`] with an intercept, the last element of `w`.
@@ -113,7 +130,7 @@ pub fn loss_grad_sparse(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut SparseGrad)
 /// As [`loss_grad_sparse`], and if `w` is empty or an index is `>= w.len() - 1`.
 pub fn loss_grad_sparse_intercept(x: Csr<'_>, y: &[f32], w: &[f32], grad: &mut SparseGrad) -> f64 {
     assert_eq!(grad.dim(), w.len(), "loss_grad_sparse_intercept: grad and w differ in dimension");
-    loss_grad::<_, false>(x, y, w, grad, (true, 0.0))
+    loss_grad(x, y, w, grad, true, 0.0)
 }
 
 /// As [`loss_grad_dense`] (with an intercept, the last element of `w`, where `intercept`), plus
@@ -131,11 +148,7 @@ pub fn loss_grad_dense_penalized(
     l2: f32,
 ) -> f64 {
     assert_eq!(grad.len(), w.len(), "loss_grad_dense_penalized: grad and w differ in length");
-    if l2 == 0.0 {
-        loss_grad::<_, false>(x, y, w, grad, (intercept, 0.0))
-    } else {
-        loss_grad::<_, true>(x, y, w, grad, (intercept, l2))
-    }
+    loss_grad(x, y, w, grad, intercept, l2)
 }
 
 /// As [`loss_grad_dense_penalized`], accumulating into the touched features of `grad`.
@@ -151,11 +164,7 @@ pub fn loss_grad_sparse_penalized(
     l2: f32,
 ) -> f64 {
     assert_eq!(grad.dim(), w.len(), "loss_grad_sparse_penalized: grad and w differ in dimension");
-    if l2 == 0.0 {
-        loss_grad::<_, false>(x, y, w, grad, (intercept, 0.0))
-    } else {
-        loss_grad::<_, true>(x, y, w, grad, (intercept, l2))
-    }
+    loss_grad(x, y, w, grad, intercept, l2)
 }
 
 /// `out[i] <- sigmoid(x_i . w)`, the predicted probability of label 1.
